@@ -1,0 +1,93 @@
+//! Fixed windows aligned to the epoch (seed 004): window `k = floor(t / W)` counts the
+//! units admitted in it.
+
+use super::RetryNeed;
+use crate::decision::{Decision, RetryAfter};
+use crate::rule::Rule;
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FixedWindowState {
+    window_index: u64,
+    count: u64,
+}
+
+/// The window at `now` and the units already admitted in it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FixedPlan {
+    window_index: u64,
+    count: u64,
+}
+
+impl FixedWindowState {
+    pub(crate) fn plan(&self, rule: &Rule, now: u64) -> FixedPlan {
+        let window_index = now / rule.window();
+        let count = if window_index == self.window_index {
+            self.count
+        } else {
+            0
+        };
+        FixedPlan {
+            window_index,
+            count,
+        }
+    }
+
+    pub(crate) fn fits(plan: FixedPlan, rule: &Rule, units: u64) -> bool {
+        plan.count + units <= rule.limit()
+    }
+
+    pub(crate) fn admit(
+        &mut self,
+        rule: &Rule,
+        plan: FixedPlan,
+        now: u64,
+        units: u64,
+        cost: u64,
+    ) -> Decision {
+        if cost > 0 {
+            self.window_index = plan.window_index;
+            self.count = plan.count + cost;
+        }
+        let count = plan.count + units;
+        Decision {
+            allowed: true,
+            limit: rule.limit(),
+            remaining: rule.limit() - count,
+            retry_after: RetryAfter::Micros(0),
+            reset_after: window_end(rule, plan) - now,
+            delay: 0,
+        }
+    }
+
+    pub(crate) fn refuse(rule: &Rule, plan: FixedPlan, now: u64, retry: RetryNeed) -> Decision {
+        let reset_after = if plan.count > 0 {
+            window_end(rule, plan) - now
+        } else {
+            0
+        };
+        Decision {
+            allowed: false,
+            limit: rule.limit(),
+            remaining: rule.limit().saturating_sub(plan.count),
+            retry_after: match retry {
+                RetryNeed::Never => RetryAfter::Never,
+                RetryNeed::None => RetryAfter::Micros(0),
+                RetryNeed::Units(_) => RetryAfter::Micros(reset_after),
+            },
+            reset_after,
+            delay: 0,
+        }
+    }
+
+    pub(crate) fn expires_at(&self, rule: &Rule) -> u64 {
+        if self.count == 0 {
+            0
+        } else {
+            (self.window_index + 1) * rule.window()
+        }
+    }
+}
+
+fn window_end(rule: &Rule, plan: FixedPlan) -> u64 {
+    (plan.window_index + 1) * rule.window()
+}

@@ -1,0 +1,93 @@
+//! GCRA, the state machine behind both `token-bucket` (same contract as redis-cell's
+//! CL.THROTTLE) and `leaky-bucket` (B = Q + 1, and an allowed request waits `tat − t` so
+//! that what passes leaves at one unit per T). State: the theoretical arrival time.
+
+use super::RetryNeed;
+use crate::decision::{Decision, RetryAfter};
+use crate::rule::{Algorithm, Rule};
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct GcraState {
+    /// TAT; 0 stands for "absent", which `max(TAT, t)` turns into `t`.
+    tat: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GcraPlan {
+    /// max(TAT, t).
+    tat: u64,
+}
+
+/// τ = T·B.
+fn tolerance(rule: &Rule) -> u64 {
+    rule.emission_interval() * rule.capacity()
+}
+
+impl GcraState {
+    pub(crate) fn plan(&self, now: u64) -> GcraPlan {
+        GcraPlan {
+            tat: self.tat.max(now),
+        }
+    }
+
+    /// `new − t ≤ τ` with `new = tat + c·T`.
+    pub(crate) fn fits(plan: GcraPlan, rule: &Rule, now: u64, units: u64) -> bool {
+        plan.tat + units * rule.emission_interval() - now <= tolerance(rule)
+    }
+
+    pub(crate) fn admit(
+        &mut self,
+        rule: &Rule,
+        plan: GcraPlan,
+        now: u64,
+        units: u64,
+        cost: u64,
+    ) -> Decision {
+        let interval = rule.emission_interval();
+        if cost > 0 {
+            self.tat = plan.tat + cost * interval;
+        }
+        let new = plan.tat + units * interval;
+        Decision {
+            allowed: true,
+            limit: rule.capacity(),
+            remaining: (tolerance(rule) - (new - now)) / interval,
+            retry_after: RetryAfter::Micros(0),
+            reset_after: new - now,
+            delay: if rule.algorithm() == Algorithm::LeakyBucket {
+                plan.tat - now
+            } else {
+                0
+            },
+        }
+    }
+
+    pub(crate) fn refuse(
+        &self,
+        rule: &Rule,
+        plan: GcraPlan,
+        now: u64,
+        retry: RetryNeed,
+    ) -> Decision {
+        let interval = rule.emission_interval();
+        let tolerance = tolerance(rule);
+        Decision {
+            allowed: false,
+            limit: rule.capacity(),
+            remaining: tolerance.saturating_sub(plan.tat - now) / interval,
+            retry_after: match retry {
+                RetryNeed::Never => RetryAfter::Never,
+                RetryNeed::None => RetryAfter::Micros(0),
+                RetryNeed::Units(units) => {
+                    RetryAfter::Micros(plan.tat + units * interval - tolerance - now)
+                }
+            },
+            reset_after: self.tat.saturating_sub(now),
+            delay: 0,
+        }
+    }
+
+    pub(crate) fn expires_at(&self) -> u64 {
+        self.tat
+    }
+}

@@ -1,0 +1,284 @@
+//! The Rust reference of SPEC.md: every algorithm as pure state transitions, no I/O and no
+//! clock reads. Stores only make them atomic (the in-memory store runs them under a lock;
+//! the Redis scripts re-implement them and are held to them by differential tests).
+//!
+//! One check of one rule goes in two steps, so that a check of several rules can be
+//! all-or-nothing: [`RuleState::evaluate`] finds whether the cost fits, then either
+//! [`RuleState::admit`] records it or [`RuleState::refuse`] answers without a change.
+
+mod fixed_window;
+mod gcra;
+mod sliding_counter;
+mod sliding_log;
+
+use fixed_window::{FixedPlan, FixedWindowState};
+use gcra::{GcraPlan, GcraState};
+use sliding_counter::{CounterPlan, SlidingCounterState};
+use sliding_log::{LogPlan, SlidingLogState};
+
+use crate::decision::Decision;
+use crate::rule::{Algorithm, Rule};
+
+/// What a refused decision's `retry_after` must say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RetryNeed {
+    /// This rule would have allowed (another rule refused the check): 0.
+    None,
+    /// The rule is over its limit for a check of this many units.
+    Units(u64),
+    /// The cost can never fit.
+    Never,
+}
+
+/// The state of one (rule, key).
+#[derive(Clone, Debug)]
+pub(crate) struct RuleState {
+    /// The latest time at which this state was written: time never runs backwards per key.
+    latest: u64,
+    kind: StateKind,
+    /// Request ids of admissions still live, so a retry is not counted twice.
+    admissions: Vec<Admission>,
+}
+
+#[derive(Clone, Debug)]
+enum StateKind {
+    Log(SlidingLogState),
+    Fixed(FixedWindowState),
+    Counter(SlidingCounterState),
+    Gcra(GcraState),
+}
+
+#[derive(Clone, Debug)]
+struct Admission {
+    request_id: Box<str>,
+    /// Until when the admission still counts (its `reset_after` when it was made).
+    expires_at: u64,
+    /// When the admitted request could go on (`delay` for leaky-bucket).
+    release_at: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Plan {
+    Log(LogPlan),
+    Fixed(FixedPlan),
+    Counter(CounterPlan),
+    Gcra(GcraPlan),
+}
+
+/// Whether a check fits one rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The cost fits.
+    Fits,
+    /// The cost does not fit now.
+    OverLimit,
+    /// The cost can never fit.
+    Never,
+    /// The request id was admitted before and still counts: allowed, nothing recorded.
+    Repeat {
+        /// When the first admission could go on.
+        release_at: u64,
+    },
+}
+
+/// The outcome of [`RuleState::evaluate`]: to be passed back to `admit` or `refuse` of the
+/// same state, unchanged in between.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Evaluation {
+    now: u64,
+    cost: u64,
+    /// The cost the decision answers for: a peek (cost 0) answers as a cost of 1.
+    units: u64,
+    verdict: Verdict,
+    plan: Plan,
+}
+
+impl Evaluation {
+    /// Fits, or is an admitted request's retry.
+    pub(crate) fn allows(&self) -> bool {
+        matches!(self.verdict, Verdict::Fits | Verdict::Repeat { .. })
+    }
+
+}
+
+impl Plan {
+    fn fits(self, rule: &Rule, now: u64, units: u64) -> bool {
+        match self {
+            Plan::Log(p) => SlidingLogState::fits(p, rule, units),
+            Plan::Fixed(p) => FixedWindowState::fits(p, rule, units),
+            Plan::Counter(p) => SlidingCounterState::fits(p, rule, units),
+            Plan::Gcra(p) => GcraState::fits(p, rule, now, units),
+        }
+    }
+}
+
+impl RuleState {
+    pub(crate) fn new(rule: &Rule) -> Self {
+        let kind = match rule.algorithm() {
+            Algorithm::SlidingLog => StateKind::Log(SlidingLogState::default()),
+            Algorithm::FixedWindow => StateKind::Fixed(FixedWindowState::default()),
+            Algorithm::SlidingCounter => StateKind::Counter(SlidingCounterState::default()),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                StateKind::Gcra(GcraState::default())
+            }
+        };
+        RuleState {
+            latest: 0,
+            kind,
+            admissions: Vec::new(),
+        }
+    }
+
+    /// Decides whether `cost` fits at `t` (clamped so time never runs backwards). Reads
+    /// only: what has expired is dropped by the next admission.
+    pub(crate) fn evaluate(
+        &self,
+        rule: &Rule,
+        t: u64,
+        cost: u64,
+        request_id: Option<&str>,
+    ) -> Evaluation {
+        let now = t.max(self.latest);
+        let units = cost.max(1);
+        let plan = match &self.kind {
+            StateKind::Log(state) => Plan::Log(state.plan(rule, now)),
+            StateKind::Fixed(state) => Plan::Fixed(state.plan(rule, now)),
+            StateKind::Counter(state) => Plan::Counter(state.plan(rule, now)),
+            StateKind::Gcra(state) => Plan::Gcra(state.plan(now)),
+        };
+        let repeat = request_id.and_then(|id| {
+            self.admissions
+                .iter()
+                .find(|a| a.expires_at > now && &*a.request_id == id)
+                .map(|a| a.release_at)
+        });
+        // The capacity bound comes first: the algorithms' arithmetic assumes units ≤ capacity.
+        let verdict = match repeat {
+            Some(release_at) => Verdict::Repeat { release_at },
+            None if units > rule.capacity() => Verdict::Never,
+            None if plan.fits(rule, now, units) => Verdict::Fits,
+            None => Verdict::OverLimit,
+        };
+        Evaluation {
+            now,
+            cost,
+            units,
+            verdict,
+            plan,
+        }
+    }
+
+    /// Records an evaluation that allows (a repeat records nothing) and answers.
+    pub(crate) fn admit(
+        &mut self,
+        rule: &Rule,
+        eval: &Evaluation,
+        request_id: Option<&str>,
+    ) -> Decision {
+        let Evaluation {
+            now, cost, units, ..
+        } = *eval;
+        if let Verdict::Repeat { release_at } = eval.verdict {
+            return Decision {
+                allowed: true,
+                delay: release_at.saturating_sub(now),
+                ..self.refuse(rule, eval)
+            };
+        }
+        let decision = match (&mut self.kind, eval.plan) {
+            (StateKind::Log(s), Plan::Log(p)) => s.admit(rule, p, now, units, cost),
+            (StateKind::Fixed(s), Plan::Fixed(p)) => s.admit(rule, p, now, units, cost),
+            (StateKind::Counter(s), Plan::Counter(p)) => s.admit(rule, p, now, units, cost),
+            (StateKind::Gcra(s), Plan::Gcra(p)) => s.admit(rule, p, now, units, cost),
+            _ => unreachable!("an evaluation is only ever passed back to the state that made it"),
+        };
+        if cost > 0 {
+            self.latest = now;
+            self.admissions.retain(|a| a.expires_at > now);
+            if let Some(id) = request_id {
+                self.admissions.push(Admission {
+                    request_id: id.into(),
+                    expires_at: now + decision.reset_after,
+                    release_at: now + decision.delay,
+                });
+            }
+        }
+        decision
+    }
+
+    /// Answers without recording: the rule's own refusal, or, when it fits but another rule
+    /// refused the check, what its state says with nothing taken.
+    pub(crate) fn refuse(&self, rule: &Rule, eval: &Evaluation) -> Decision {
+        let retry = match eval.verdict {
+            Verdict::Fits | Verdict::Repeat { .. } => RetryNeed::None,
+            Verdict::OverLimit => RetryNeed::Units(eval.units),
+            Verdict::Never => RetryNeed::Never,
+        };
+        let now = eval.now;
+        match (&self.kind, eval.plan) {
+            (StateKind::Log(s), Plan::Log(p)) => s.refuse(rule, p, now, retry),
+            (StateKind::Fixed(_), Plan::Fixed(p)) => FixedWindowState::refuse(rule, p, now, retry),
+            (StateKind::Counter(s), Plan::Counter(p)) => s.refuse(rule, p, now, retry),
+            (StateKind::Gcra(s), Plan::Gcra(p)) => s.refuse(rule, p, now, retry),
+            _ => unreachable!("an evaluation is only ever passed back to the state that made it"),
+        }
+    }
+
+    /// The time (µs) from which this state is the same as no state at all.
+    pub(crate) fn expires_at(&self, rule: &Rule) -> u64 {
+        match &self.kind {
+            StateKind::Log(s) => s.expires_at(rule),
+            StateKind::Fixed(s) => s.expires_at(rule),
+            StateKind::Counter(s) => s.expires_at(rule),
+            StateKind::Gcra(s) => s.expires_at(),
+        }
+    }
+}
+
+/// Evaluates one check against several rules (SPEC.md, "Several rules in one check"):
+/// `states[i]` belongs to `rules[i]`. Nothing is recorded; pass the evaluations to
+/// [`finish_all`], which records only if every rule allows.
+pub(crate) fn evaluate_all(
+    rules: &[&Rule],
+    states: &[&mut RuleState],
+    t: u64,
+    cost: u64,
+    request_id: Option<&str>,
+) -> Vec<Evaluation> {
+    rules
+        .iter()
+        .zip(states)
+        .map(|(rule, state)| state.evaluate(rule, t, cost, request_id))
+        .collect()
+}
+
+/// Whether a check with these evaluations is allowed: every rule allows.
+pub(crate) fn all_allow(evaluations: &[Evaluation]) -> bool {
+    evaluations.iter().all(Evaluation::allows)
+}
+
+/// Records the check in every rule if all allow, or in none, and answers per rule. In a
+/// refused check a rule that would have allowed reports `allowed = true` with nothing taken.
+pub(crate) fn finish_all(
+    rules: &[&Rule],
+    states: &mut [&mut RuleState],
+    evaluations: &[Evaluation],
+    request_id: Option<&str>,
+) -> Vec<Decision> {
+    let admit = all_allow(evaluations);
+    rules
+        .iter()
+        .zip(states.iter_mut())
+        .zip(evaluations)
+        .map(|((rule, state), eval)| {
+            if admit {
+                state.admit(rule, eval, request_id)
+            } else {
+                Decision {
+                    allowed: eval.allows(),
+                    ..state.refuse(rule, eval)
+                }
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,123 @@
+//! Exact sliding-window log (seeds 000, 001, 003): the timestamps of admitted units, kept
+//! for one window. The window at `t` is `(t − W, t]`.
+
+use std::collections::VecDeque;
+
+use super::RetryNeed;
+use crate::decision::{Decision, RetryAfter};
+use crate::rule::Rule;
+
+/// Admitted units, oldest first, with equal timestamps merged into one run: a check of
+/// cost c adds one run, so memory is bounded by the number of checks still live (≤ L).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SlidingLogState {
+    runs: VecDeque<Run>,
+    /// Units across every run.
+    live: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    at: u64,
+    units: u64,
+}
+
+/// What a check at one instant found: `n` live units, after the expired runs at the front.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LogPlan {
+    live: u64,
+    expired_runs: usize,
+}
+
+impl SlidingLogState {
+    /// Counts the live units (an entry `s` with `s ≤ t − W` has expired). Reads only: the
+    /// expired runs are dropped when the next admission writes, so a refused check changes
+    /// nothing, even for a later check that carries an earlier time.
+    pub(crate) fn plan(&self, rule: &Rule, now: u64) -> LogPlan {
+        let window = rule.window();
+        let expired_runs = self.runs.partition_point(|run| run.at + window <= now);
+        let expired: u64 = self.runs.range(..expired_runs).map(|run| run.units).sum();
+        LogPlan {
+            live: self.live - expired,
+            expired_runs,
+        }
+    }
+
+    pub(crate) fn fits(plan: LogPlan, rule: &Rule, units: u64) -> bool {
+        plan.live + units <= rule.limit()
+    }
+
+    /// Records `cost` units at `now` and answers as a check of `units` that was allowed.
+    pub(crate) fn admit(
+        &mut self,
+        rule: &Rule,
+        plan: LogPlan,
+        now: u64,
+        units: u64,
+        cost: u64,
+    ) -> Decision {
+        if cost > 0 {
+            for run in self.runs.drain(..plan.expired_runs) {
+                self.live -= run.units;
+            }
+            match self.runs.back_mut() {
+                Some(run) if run.at == now => run.units += cost,
+                _ => self.runs.push_back(Run { at: now, units: cost }),
+            }
+            self.live += cost;
+        }
+        Decision {
+            allowed: true,
+            limit: rule.limit(),
+            remaining: rule.limit() - plan.live - units,
+            retry_after: RetryAfter::Micros(0),
+            reset_after: rule.window(),
+            delay: 0,
+        }
+    }
+
+    /// Answers without recording; `retry_after` is `e_k + W − t` with `k = n + c − L`.
+    pub(crate) fn refuse(
+        &self,
+        rule: &Rule,
+        plan: LogPlan,
+        now: u64,
+        retry: RetryNeed,
+    ) -> Decision {
+        let window = rule.window();
+        let retry_after = match retry {
+            RetryNeed::Never => RetryAfter::Never,
+            RetryNeed::None => RetryAfter::Micros(0),
+            RetryNeed::Units(units) => {
+                let k = plan.live + units - rule.limit();
+                let mut seen = 0;
+                let kth = self
+                    .runs
+                    .range(plan.expired_runs..)
+                    .find(|run| {
+                        seen += run.units;
+                        seen >= k
+                    })
+                    .map_or(now, |run| run.at);
+                RetryAfter::Micros(kth + window - now)
+            }
+        };
+        Decision {
+            allowed: false,
+            limit: rule.limit(),
+            remaining: rule.limit().saturating_sub(plan.live),
+            retry_after,
+            reset_after: self
+                .runs
+                .back()
+                .filter(|_| plan.live > 0)
+                .map_or(0, |run| run.at + window - now),
+            delay: 0,
+        }
+    }
+
+    /// When every live entry has expired.
+    pub(crate) fn expires_at(&self, rule: &Rule) -> u64 {
+        self.runs.back().map_or(0, |run| run.at + rule.window())
+    }
+}

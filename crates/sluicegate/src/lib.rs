@@ -1,0 +1,15 @@
+#![doc = include_str!("../README.md")]
+
+pub(crate) mod algorithm;
+mod clock;
+mod decision;
+pub mod duration;
+mod limiter;
+mod rule;
+pub mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use decision::{Decision, RetryAfter};
+pub use limiter::Limiter;
+pub use rule::{Algorithm, DEFAULT_BUCKETS, EXACT_LIMIT, MAX_SPAN, MAX_TIME, Rule, RuleError, RuleSpec};
+pub use store::{Check, Limit, MemoryStore, MemoryStoreConfig, Outcome, Store, StoreError};

@@ -1,0 +1,500 @@
+//! Rules: an algorithm with its parameters, every bound of SPEC.md checked once, when the
+//! rule is built, so that no check can later meet arithmetic it cannot do exactly.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use crate::duration::format_duration;
+
+/// Every number a Redis script computes must stay below this (Lua numbers are doubles).
+pub const EXACT_LIMIT: u64 = 1 << 53;
+
+/// The largest timestamp (µs since the epoch) a check may carry: the year 2112. Together
+/// with [`MAX_SPAN`] it keeps `t + span` below [`EXACT_LIMIT`].
+pub const MAX_TIME: u64 = 1 << 52;
+
+/// The largest span of time (µs) a rule may add to a timestamp: about 142 years.
+pub const MAX_SPAN: u64 = (1 << 53) - (1 << 52);
+
+/// The sliding-counter default number of sub-buckets (SPEC.md).
+pub const DEFAULT_BUCKETS: u64 = 10;
+
+/// The five algorithms of SPEC.md.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Exact sliding-window log: every admitted unit is remembered for one window.
+    SlidingLog,
+    /// Sliding-window counter: N sub-buckets, the oldest one weighted (Cloudflare's estimate).
+    SlidingCounter,
+    /// Fixed windows aligned to the epoch.
+    FixedWindow,
+    /// GCRA token bucket with burst B.
+    TokenBucket,
+    /// Leaky bucket: a fixed outflow rate and a queue of Q that drops when full.
+    LeakyBucket,
+}
+
+impl Algorithm {
+    /// Every algorithm, in SPEC.md's order.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+    ];
+
+    /// The name used in configuration, on the command line and in SPEC.md.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::SlidingLog => "sliding-log",
+            Algorithm::SlidingCounter => "sliding-counter",
+            Algorithm::FixedWindow => "fixed-window",
+            Algorithm::TokenBucket => "token-bucket",
+            Algorithm::LeakyBucket => "leaky-bucket",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = RuleError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| {
+                RuleError::new(
+                    "algorithm",
+                    format!(
+                        "unknown algorithm {s:?}; expected one of sliding-log, sliding-counter, \
+                         fixed-window, token-bucket, leaky-bucket"
+                    ),
+                )
+            })
+    }
+}
+
+/// A rule's parameters as written by a user, before validation.
+///
+/// `buckets`, `burst` and `queue` belong to one algorithm each; giving one to another
+/// algorithm is an error rather than something silently ignored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleSpec {
+    /// Which algorithm decides.
+    pub algorithm: Algorithm,
+    /// L: units per window.
+    pub limit: u64,
+    /// W in µs.
+    pub window: u64,
+    /// N, sliding-counter only (default 10).
+    pub buckets: Option<u64>,
+    /// B, token-bucket only (default L).
+    pub burst: Option<u64>,
+    /// Q, leaky-bucket only (default 0).
+    pub queue: Option<u64>,
+}
+
+impl RuleSpec {
+    /// A spec with only the three common parameters set.
+    pub const fn new(algorithm: Algorithm, limit: u64, window: u64) -> Self {
+        RuleSpec {
+            algorithm,
+            limit,
+            window,
+            buckets: None,
+            burst: None,
+            queue: None,
+        }
+    }
+}
+
+/// A validated rule. Cheap to clone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    inner: Arc<RuleInner>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct RuleInner {
+    name: Box<str>,
+    identity: Box<str>,
+    /// A hash of `identity`, so stores need not hash the whole string on every check.
+    fingerprint: u64,
+    algorithm: Algorithm,
+    limit: u64,
+    window: u64,
+    buckets: u64,
+    capacity: u64,
+    emission_interval: u64,
+}
+
+impl Rule {
+    /// Validates `spec` against every bound of SPEC.md. `name` tells rules apart: two rules
+    /// with different names never share state, even with the same parameters.
+    pub fn new(name: &str, spec: &RuleSpec) -> Result<Rule, RuleError> {
+        let RuleSpec {
+            algorithm,
+            limit,
+            window,
+            buckets,
+            burst,
+            queue,
+        } = *spec;
+        let only_for = |field: &'static str, value: Option<u64>, owner: Algorithm| {
+            if value.is_some() && algorithm != owner {
+                Err(RuleError::new(
+                    field,
+                    format!("{field} applies only to {owner}, not to {algorithm}"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        only_for("buckets", buckets, Algorithm::SlidingCounter)?;
+        only_for("burst", burst, Algorithm::TokenBucket)?;
+        only_for("queue", queue, Algorithm::LeakyBucket)?;
+        if limit == 0 {
+            return Err(RuleError::new("limit", "limit must be at least 1"));
+        }
+        if limit >= EXACT_LIMIT {
+            return Err(RuleError::new(
+                "limit",
+                format!("limit {limit} is not below 2^53"),
+            ));
+        }
+        if window == 0 {
+            return Err(RuleError::new("window", "window must be longer than 0"));
+        }
+        let w = format_duration(window);
+        if window > MAX_SPAN {
+            return Err(RuleError::new(
+                "window",
+                format!("window {w} exceeds the longest supported span of 2^53 - 2^52 µs"),
+            ));
+        }
+        let mut bucket_count = 1;
+        let mut capacity = limit;
+        let mut emission_interval = 0;
+        match algorithm {
+            Algorithm::SlidingLog | Algorithm::FixedWindow => {}
+            Algorithm::SlidingCounter => {
+                bucket_count = buckets.unwrap_or(DEFAULT_BUCKETS);
+                if bucket_count == 0 {
+                    return Err(RuleError::new("buckets", "buckets must be at least 1"));
+                }
+                if window % bucket_count != 0 {
+                    return Err(RuleError::new(
+                        "buckets",
+                        format!("window {w} ({window} µs) is not divisible by {bucket_count} buckets"),
+                    ));
+                }
+                let width = window / bucket_count;
+                if limit.checked_mul(width).is_none_or(|p| p >= EXACT_LIMIT) {
+                    return Err(RuleError::new(
+                        "window",
+                        format!(
+                            "window {w} with limit {limit} exceeds 2^53 µs·units for \
+                             sliding-counter (limit × bucket width must stay below 2^53)"
+                        ),
+                    ));
+                }
+                if window + width > MAX_SPAN {
+                    return Err(RuleError::new(
+                        "window",
+                        format!("window {w} plus one bucket exceeds the longest supported span"),
+                    ));
+                }
+            }
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                capacity = match algorithm {
+                    Algorithm::TokenBucket => burst.unwrap_or(limit),
+                    _ => queue.unwrap_or(0).saturating_add(1),
+                };
+                if capacity == 0 {
+                    return Err(RuleError::new("burst", "burst must be at least 1"));
+                }
+                emission_interval = window / limit;
+                if emission_interval == 0 {
+                    return Err(RuleError::new(
+                        "limit",
+                        format!(
+                            "limit {limit} per {w} gives an emission interval below 1 µs \
+                             (window / limit must be at least 1 µs)"
+                        ),
+                    ));
+                }
+                let field = if algorithm == Algorithm::TokenBucket {
+                    "burst"
+                } else {
+                    "queue"
+                };
+                // The theoretical arrival time may run up to 2τ ahead of `t` while a
+                // check is evaluated (tat ≤ t + τ, plus a cost of at most B·T).
+                let fits = emission_interval
+                    .checked_mul(capacity)
+                    .and_then(|tau| tau.checked_mul(2))
+                    .is_some_and(|span| span <= MAX_SPAN);
+                if !fits {
+                    return Err(RuleError::new(
+                        field,
+                        format!(
+                            "{field} {} at one unit per {} µs exceeds 2^53 µs: 2 × interval × \
+                             capacity must stay below 2^53 - 2^52",
+                            capacity - u64::from(algorithm == Algorithm::LeakyBucket),
+                            emission_interval
+                        ),
+                    ));
+                }
+            }
+        }
+        let identity = format!(
+            "{name}|{algorithm}|{limit}|{window}|{bucket_count}|{capacity}",
+            name = name.len().to_string() + ":" + name
+        );
+        Ok(Rule {
+            inner: Arc::new(RuleInner {
+                name: name.into(),
+                fingerprint: {
+                    let mut hasher = std::hash::DefaultHasher::new();
+                    identity.hash(&mut hasher);
+                    hasher.finish()
+                },
+                identity: identity.into_boxed_str(),
+                algorithm,
+                limit,
+                window,
+                buckets: bucket_count,
+                capacity,
+                emission_interval,
+            }),
+        })
+    }
+
+    /// The rule's name, as given.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// A string that identifies this rule's state: its name and every parameter, so that a
+    /// rule whose parameters change starts afresh instead of misreading old state.
+    pub fn identity(&self) -> &str {
+        &self.inner.identity
+    }
+
+    pub(crate) fn fingerprint(&self) -> u64 {
+        self.inner.fingerprint
+    }
+
+    /// Whether two rules share state: the same name and parameters.
+    pub fn same_identity(&self, other: &Rule) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner) || self.identity() == other.identity()
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.inner.algorithm
+    }
+
+    /// L.
+    pub fn limit(&self) -> u64 {
+        self.inner.limit
+    }
+
+    /// W in µs.
+    pub fn window(&self) -> u64 {
+        self.inner.window
+    }
+
+    /// N for sliding-counter; 1 for every other algorithm.
+    pub fn buckets(&self) -> u64 {
+        self.inner.buckets
+    }
+
+    /// The most units a single check can ever take: L, B for token-bucket, Q + 1 for
+    /// leaky-bucket. It is also the `limit` a decision reports.
+    pub fn capacity(&self) -> u64 {
+        self.inner.capacity
+    }
+
+    /// The GCRA emission interval T = floor(W / L) in µs; 0 for the window algorithms.
+    pub fn emission_interval(&self) -> u64 {
+        self.inner.emission_interval
+    }
+
+    /// The parameters this rule was built from.
+    pub fn spec(&self) -> RuleSpec {
+        let r = &self.inner;
+        let mut spec = RuleSpec::new(r.algorithm, r.limit, r.window);
+        match r.algorithm {
+            Algorithm::SlidingCounter => spec.buckets = Some(r.buckets),
+            Algorithm::TokenBucket => spec.burst = Some(r.capacity),
+            Algorithm::LeakyBucket => spec.queue = Some(r.capacity - 1),
+            Algorithm::SlidingLog | Algorithm::FixedWindow => {}
+        }
+        spec
+    }
+}
+
+/// A rule that breaks a bound of SPEC.md: names the field and says which bound.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleError {
+    field: &'static str,
+    message: String,
+}
+
+impl RuleError {
+    pub(crate) fn new(field: &'static str, message: impl Into<String>) -> Self {
+        RuleError {
+            field,
+            message: message.into(),
+        }
+    }
+
+    /// The offending field: `algorithm`, `limit`, `window`, `buckets`, `burst` or `queue`.
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+
+    /// What is wrong, without the field prefix.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for RuleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for RuleError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::duration::parse_duration;
+
+    fn build(spec: RuleSpec) -> Result<Rule, RuleError> {
+        Rule::new("r", &spec)
+    }
+
+    #[test]
+    fn sliding_counter_product_bound_names_window_and_limit() {
+        let spec = RuleSpec::new(
+            Algorithm::SlidingCounter,
+            200_000_000,
+            parse_duration("1d").unwrap(),
+        );
+        let err = build(spec).unwrap_err();
+        assert_eq!(err.field(), "window");
+        assert!(
+            err.to_string()
+                .contains("window 1d with limit 200000000 exceeds 2^53 µs·units for sliding-counter"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bounds_are_checked_per_field() {
+        let w = 1_000_000;
+        let cases = [
+            (RuleSpec::new(Algorithm::SlidingLog, 0, w), "limit"),
+            (RuleSpec::new(Algorithm::SlidingLog, 1 << 53, w), "limit"),
+            (RuleSpec::new(Algorithm::FixedWindow, 1, 0), "window"),
+            (RuleSpec::new(Algorithm::FixedWindow, 1, MAX_SPAN + 1), "window"),
+            (
+                RuleSpec {
+                    buckets: Some(7),
+                    ..RuleSpec::new(Algorithm::SlidingCounter, 5, w)
+                },
+                "buckets",
+            ),
+            (
+                RuleSpec {
+                    buckets: Some(0),
+                    ..RuleSpec::new(Algorithm::SlidingCounter, 5, w)
+                },
+                "buckets",
+            ),
+            (
+                RuleSpec {
+                    buckets: Some(10),
+                    ..RuleSpec::new(Algorithm::SlidingLog, 5, w)
+                },
+                "buckets",
+            ),
+            (RuleSpec::new(Algorithm::TokenBucket, 2_000_000, w), "limit"),
+            (
+                RuleSpec {
+                    burst: Some(0),
+                    ..RuleSpec::new(Algorithm::TokenBucket, 5, w)
+                },
+                "burst",
+            ),
+            (
+                RuleSpec {
+                    burst: Some(1 << 40),
+                    ..RuleSpec::new(Algorithm::TokenBucket, 1, 1 << 20)
+                },
+                "burst",
+            ),
+            (
+                RuleSpec {
+                    queue: Some(1 << 40),
+                    ..RuleSpec::new(Algorithm::LeakyBucket, 1, 1 << 20)
+                },
+                "queue",
+            ),
+            (
+                RuleSpec {
+                    queue: Some(3),
+                    ..RuleSpec::new(Algorithm::TokenBucket, 1, w)
+                },
+                "queue",
+            ),
+        ];
+        for (spec, field) in cases {
+            let err = build(spec.clone()).unwrap_err();
+            assert_eq!(err.field(), field, "{spec:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn defaults_and_capacity() {
+        let w = 1_000_000;
+        let counter = build(RuleSpec::new(Algorithm::SlidingCounter, 5, w)).unwrap();
+        assert_eq!(counter.buckets(), 10);
+        let token = build(RuleSpec::new(Algorithm::TokenBucket, 5, w)).unwrap();
+        assert_eq!((token.capacity(), token.emission_interval()), (5, 200_000));
+        let leaky = build(RuleSpec::new(Algorithm::LeakyBucket, 5, w)).unwrap();
+        assert_eq!(leaky.capacity(), 1);
+        assert_eq!(leaky.spec().queue, Some(0));
+    }
+
+    #[test]
+    fn identity_separates_names_and_parameters() {
+        let spec = RuleSpec::new(Algorithm::SlidingLog, 5, 1_000_000);
+        let a = Rule::new("a|b", &spec).unwrap();
+        let b = Rule::new("a", &spec).unwrap();
+        let c = Rule::new("a", &RuleSpec::new(Algorithm::SlidingLog, 6, 1_000_000)).unwrap();
+        assert_ne!(a.identity(), b.identity());
+        assert_ne!(b.identity(), c.identity());
+    }
+
+    #[test]
+    fn algorithm_names_round_trip() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
+        }
+        assert_eq!("gcra".parse::<Algorithm>().unwrap_err().field(), "algorithm");
+    }
+}

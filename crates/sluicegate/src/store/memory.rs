@@ -1,0 +1,313 @@
+//! The in-memory store: a sharded hash table of (rule, key) → state, each shard behind its
+//! own mutex, so checks on different keys rarely contend and no lock is global.
+//!
+//! Why a plain `Mutex` per shard and not a concurrent map: a check of several rules must be
+//! atomic across all its keys. Locking the shards it touches in ascending order gives that
+//! without deadlock, and a check of one rule, the common case, takes exactly one lock and
+//! one hash lookup.
+//!
+//! Memory stays bounded two ways. Idle state expires: each shard drops the entries whose
+//! state is back to empty at most once per [`SWEEP_INTERVAL`] when a check touches it, and
+//! [`MemoryStore::sweep`] sweeps all (the server calls it periodically). And a hard cap,
+//! `max_keys`, bounds live (rule, key) entries: at the cap, a check that would create a new
+//! entry first sweeps its shard, then fails with [`StoreError::KeyCapacity`] — it is neither
+//! allowed nor rejected, and no existing entry is evicted, so a flood of new keys cannot
+//! push a busy key's state out and reset its limit. Keys already held keep deciding
+//! exactly; peeks and refused checks never create entries.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use hashbrown::HashTable;
+use std::collections::hash_map::RandomState;
+
+use super::{Check, Outcome, Store, StoreError};
+use crate::algorithm::{self, RuleState};
+use crate::clock::{Clock, SystemClock};
+use crate::rule::Rule;
+
+/// How often (µs of store time) a shard drops expired entries when checks touch it.
+pub const SWEEP_INTERVAL: u64 = 1_000_000;
+
+/// Settings of a [`MemoryStore`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryStoreConfig {
+    /// The most (rule, key) entries held at once.
+    pub max_keys: usize,
+    /// Number of independently locked shards (rounded up to a power of two).
+    pub shards: usize,
+}
+
+impl Default for MemoryStoreConfig {
+    fn default() -> Self {
+        MemoryStoreConfig {
+            max_keys: 1_000_000,
+            shards: 64,
+        }
+    }
+}
+
+/// The in-memory store. See the module documentation for memory bounds.
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    shard_mask: u64,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+    /// Entries across all shards; at most `max_keys`.
+    keys: AtomicUsize,
+    max_keys: usize,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    table: HashTable<Slot>,
+    next_sweep: u64,
+}
+
+#[derive(Debug)]
+struct Slot {
+    hash: u64,
+    rule: Rule,
+    key: Box<str>,
+    state: RuleState,
+}
+
+impl Slot {
+    fn holds(&self, rule: &Rule, key: &str) -> bool {
+        &*self.key == key && self.rule.same_identity(rule)
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new(MemoryStoreConfig::default(), Arc::new(SystemClock))
+    }
+}
+
+impl MemoryStore {
+    /// A store reading time from `clock` (checks that carry their own time use theirs).
+    pub fn new(config: MemoryStoreConfig, clock: Arc<dyn Clock>) -> Self {
+        let shard_count = config.shards.clamp(1, 1 << 16).next_power_of_two();
+        MemoryStore {
+            shards: (0..shard_count).map(|_| Mutex::default()).collect(),
+            shard_mask: shard_count as u64 - 1,
+            hasher: RandomState::new(),
+            clock,
+            keys: AtomicUsize::new(0),
+            max_keys: config.max_keys,
+        }
+    }
+
+    /// Live (rule, key) entries, including expired ones not swept yet.
+    pub fn len(&self) -> usize {
+        self.keys.load(Ordering::Relaxed)
+    }
+
+    /// Whether the store holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every entry whose state is back to empty at the clock's current time, and
+    /// returns how many were dropped.
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now_micros();
+        self.shards
+            .iter()
+            .map(|shard| self.sweep_shard(&mut lock(shard), now))
+            .sum()
+    }
+
+    /// Decides `check` synchronously: the memory store never waits on anything but a shard
+    /// lock held for the length of one decision.
+    pub fn check_now(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
+        check.validate()?;
+        let t = check.at.unwrap_or_else(|| self.clock.now_micros());
+        match check.limits {
+            [limit] => self
+                .check_one(limit.rule, limit.key, t, check)
+                .map(|decision| Outcome {
+                    decision,
+                    limits: vec![decision],
+                }),
+            _ => self.check_many(t, check).map(Outcome::from_limits),
+        }
+    }
+
+    fn check_one(
+        &self,
+        rule: &Rule,
+        key: &str,
+        t: u64,
+        check: &Check<'_>,
+    ) -> Result<crate::Decision, StoreError> {
+        let hash = self.hash(rule, key);
+        let mut shard = self.lock_for(hash);
+        self.sweep_if_due(&mut shard, t);
+        if let Some(slot) = shard.table.find_mut(hash, |s| s.holds(rule, key)) {
+            let eval = slot.state.evaluate(rule, t, check.cost, check.request_id);
+            return Ok(if eval.allows() {
+                slot.state.admit(rule, &eval, check.request_id)
+            } else {
+                slot.state.refuse(rule, &eval)
+            });
+        }
+        let mut state = RuleState::new(rule);
+        let eval = state.evaluate(rule, t, check.cost, check.request_id);
+        if !eval.allows() {
+            return Ok(state.refuse(rule, &eval));
+        }
+        if check.cost > 0 {
+            self.reserve_keys(&mut shard, t, 1)?;
+        }
+        let decision = state.admit(rule, &eval, check.request_id);
+        if check.cost > 0 {
+            shard.table.insert_unique(
+                hash,
+                Slot {
+                    hash,
+                    rule: rule.clone(),
+                    key: key.into(),
+                    state,
+                },
+                |s| s.hash,
+            );
+        }
+        Ok(decision)
+    }
+
+    /// A check of several limits, maybe in several shards: lock every shard it touches in
+    /// ascending order (so two such checks cannot deadlock), take the slots out, decide
+    /// all-or-nothing, put them back.
+    fn check_many(&self, t: u64, check: &Check<'_>) -> Result<Vec<crate::Decision>, StoreError> {
+        let hashes: Vec<u64> = check
+            .limits
+            .iter()
+            .map(|l| self.hash(l.rule, l.key))
+            .collect();
+        let mut shard_ids: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
+        shard_ids.sort_unstable();
+        shard_ids.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            shard_ids.iter().map(|&i| lock(&self.shards[i])).collect();
+        for guard in &mut guards {
+            self.sweep_if_due(guard, t);
+        }
+        let guard_of = |hash: u64| {
+            shard_ids
+                .binary_search(&self.shard_of(hash))
+                .expect("every touched shard is locked")
+        };
+
+        let mut slots: Vec<(Slot, bool)> = check
+            .limits
+            .iter()
+            .zip(&hashes)
+            .map(|(limit, &hash)| {
+                let table = &mut guards[guard_of(hash)].table;
+                match table.find_entry(hash, |s| s.holds(limit.rule, limit.key)) {
+                    Ok(entry) => (entry.remove().0, true),
+                    Err(_) => (
+                        Slot {
+                            hash,
+                            rule: limit.rule.clone(),
+                            key: limit.key.into(),
+                            state: RuleState::new(limit.rule),
+                        },
+                        false,
+                    ),
+                }
+            })
+            .collect();
+
+        let new_keys = slots.iter().filter(|(_, held)| !held).count();
+        let rules: Vec<&Rule> = check.limits.iter().map(|l| l.rule).collect();
+        let mut states: Vec<&mut RuleState> = slots.iter_mut().map(|(s, _)| &mut s.state).collect();
+        let evaluations =
+            algorithm::evaluate_all(&rules, &states, t, check.cost, check.request_id);
+        let admits = algorithm::all_allow(&evaluations) && check.cost > 0;
+        let reserved = if admits && new_keys > 0 {
+            // Sweeping for room may touch any locked shard; the first is as good as any.
+            self.reserve_keys(&mut guards[0], t, new_keys)
+        } else {
+            Ok(())
+        };
+        let decisions = reserved.map(|()| {
+            algorithm::finish_all(&rules, &mut states, &evaluations, check.request_id)
+        });
+        drop(states);
+        let keep_new = admits && decisions.is_ok();
+        for (slot, held) in slots {
+            if held || keep_new {
+                guards[guard_of(slot.hash)]
+                    .table
+                    .insert_unique(slot.hash, slot, |s| s.hash);
+            }
+        }
+        decisions
+    }
+
+    /// Accounts for `count` new entries, sweeping `shard` once if the cap is reached.
+    fn reserve_keys(&self, shard: &mut Shard, now: u64, count: usize) -> Result<(), StoreError> {
+        for attempt in 0..2 {
+            let before = self.keys.fetch_add(count, Ordering::Relaxed);
+            if before + count <= self.max_keys {
+                return Ok(());
+            }
+            self.keys.fetch_sub(count, Ordering::Relaxed);
+            if attempt == 0 && self.sweep_shard(shard, now) == 0 {
+                break;
+            }
+        }
+        Err(StoreError::KeyCapacity {
+            max_keys: self.max_keys,
+        })
+    }
+
+    fn sweep_if_due(&self, shard: &mut Shard, now: u64) {
+        if now >= shard.next_sweep {
+            self.sweep_shard(shard, now);
+        }
+    }
+
+    fn sweep_shard(&self, shard: &mut Shard, now: u64) -> usize {
+        let before = shard.table.len();
+        shard
+            .table
+            .retain(|slot| slot.state.expires_at(&slot.rule) > now);
+        let removed = before - shard.table.len();
+        self.keys.fetch_sub(removed, Ordering::Relaxed);
+        shard.next_sweep = now.saturating_add(SWEEP_INTERVAL);
+        removed
+    }
+
+    fn hash(&self, rule: &Rule, key: &str) -> u64 {
+        self.hasher.hash_one((rule.fingerprint(), key))
+    }
+
+    /// Bits 32.. pick the shard; the table itself uses the low bits and the top seven.
+    fn shard_of(&self, hash: u64) -> usize {
+        ((hash >> 32) & self.shard_mask) as usize
+    }
+
+    fn lock_for(&self, hash: u64) -> MutexGuard<'_, Shard> {
+        lock(&self.shards[self.shard_of(hash)])
+    }
+}
+
+/// A panic while a shard was locked cannot leave it half-updated in a way later checks
+/// would misread (a decision is computed before anything is written), so keep serving.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Store for MemoryStore {
+    fn check(
+        &self,
+        check: &Check<'_>,
+    ) -> impl std::future::Future<Output = Result<Outcome, StoreError>> + Send {
+        std::future::ready(self.check_now(check))
+    }
+}

@@ -1,0 +1,144 @@
+//! Stores keep the state of every (rule, key) and decide checks atomically. Every store
+//! gives the same decisions for the same checks (SPEC.md); tests hold them to it.
+
+mod memory;
+
+pub use memory::{MemoryStore, MemoryStoreConfig, SWEEP_INTERVAL};
+
+use std::fmt;
+use std::future::Future;
+
+use crate::decision::Decision;
+use crate::rule::{EXACT_LIMIT, MAX_TIME, Rule};
+
+/// The longest request id a check may carry, in bytes. Ids are kept for as long as their
+/// admission counts, so their size is bounded like everything else a key holds.
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
+
+/// One rule applied to one key.
+#[derive(Clone, Copy, Debug)]
+pub struct Limit<'a> {
+    /// The rule.
+    pub rule: &'a Rule,
+    /// The key: any UTF-8; distinct keys never share state.
+    pub key: &'a str,
+}
+
+/// One check: a cost under one or more limits, all-or-nothing.
+#[derive(Clone, Copy, Debug)]
+pub struct Check<'a> {
+    /// The limits that must all allow.
+    pub limits: &'a [Limit<'a>],
+    /// Units to take; 0 is a peek that answers as a cost of 1 and records nothing.
+    pub cost: u64,
+    /// A retried request with the same id is not counted twice while its admission counts.
+    pub request_id: Option<&'a str>,
+    /// The caller's clock (µs since the epoch), for replay, simulation and tests; `None`
+    /// uses the store's own clock.
+    pub at: Option<u64>,
+}
+
+impl<'a> Check<'a> {
+    /// A check of `cost` under `limits`, on the store's clock, without a request id.
+    pub fn new(limits: &'a [Limit<'a>], cost: u64) -> Self {
+        Check {
+            limits,
+            cost,
+            request_id: None,
+            at: None,
+        }
+    }
+
+    /// Rejects what no store can decide, before any state is touched.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        let invalid = |message: String| Err(StoreError::InvalidCheck(message));
+        if self.limits.is_empty() {
+            return invalid("a check needs at least one rule".into());
+        }
+        if self.cost >= EXACT_LIMIT {
+            return invalid(format!("cost {} is not below 2^53", self.cost));
+        }
+        if let Some(at) = self.at
+            && at >= MAX_TIME
+        {
+            return invalid(format!("time {at} µs is not below 2^52 µs (the year 2112)"));
+        }
+        if let Some(id) = self.request_id
+            && (id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES)
+        {
+            return invalid(format!(
+                "request id must be 1 to {MAX_REQUEST_ID_BYTES} bytes, got {}",
+                id.len()
+            ));
+        }
+        for (i, a) in self.limits.iter().enumerate() {
+            if self.limits[..i]
+                .iter()
+                .any(|b| a.key == b.key && a.rule.same_identity(b.rule))
+            {
+                return invalid(format!(
+                    "rule {:?} is named twice for key {:?} in one check",
+                    a.rule.name(),
+                    a.key
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a check decided: the combined decision, and each limit's own, in the check's order.
+///
+/// When the check is refused nothing is recorded anywhere; a limit that would have allowed
+/// then reports `allowed = true` with its state unchanged, so callers can tell which limits
+/// refused (Envoy's per-descriptor statuses).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The combined decision (SPEC.md, "Several rules in one check").
+    pub decision: Decision,
+    /// Each limit's decision.
+    pub limits: Vec<Decision>,
+}
+
+impl Outcome {
+    pub(crate) fn from_limits(limits: Vec<Decision>) -> Self {
+        let decision =
+            Decision::combine(&limits).expect("validated checks hold at least one limit");
+        Outcome { decision, limits }
+    }
+}
+
+/// A store of rate-limit state.
+pub trait Store: Send + Sync {
+    /// Decides `check` atomically (SPEC.md). An error means nothing was decided.
+    fn check(&self, check: &Check<'_>) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
+}
+
+/// Why a store could not decide. Never a decision: callers choose what to do (fail open,
+/// fail closed, decide locally) and say so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The check itself is malformed.
+    InvalidCheck(String),
+    /// The in-memory store holds `max_keys` live keys and this check would add one more.
+    KeyCapacity {
+        /// The configured cap.
+        max_keys: usize,
+    },
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::InvalidCheck(message) => write!(f, "invalid check: {message}"),
+            StoreError::KeyCapacity { max_keys } => write!(
+                f,
+                "in-memory store is full: {max_keys} keys are live; a new key is not admitted \
+                 until one expires (raise max_keys to hold more)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
