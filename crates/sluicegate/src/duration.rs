@@ -93,9 +93,21 @@ mod tests {
 
     #[test]
     fn rejects_malformed() {
-        for text in ["", "s", "10", "1.5s", "-1s", "1 s", "1w", "99999999999999999999d"] {
+        for text in [
+            "",
+            "s",
+            "10",
+            "1.5s",
+            "-1s",
+            "1 s",
+            "1w",
+            "99999999999999999999d",
+        ] {
             let err = parse_duration(text).unwrap_err();
-            assert!(err.to_string().contains("invalid duration"), "{text}: {err}");
+            assert!(
+                err.to_string().contains("invalid duration"),
+                "{text}: {err}"
+            );
         }
     }
 }

@@ -11,5 +11,7 @@ pub mod store;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, RetryAfter};
 pub use limiter::Limiter;
-pub use rule::{Algorithm, DEFAULT_BUCKETS, EXACT_LIMIT, MAX_SPAN, MAX_TIME, Rule, RuleError, RuleSpec};
+pub use rule::{
+    Algorithm, DEFAULT_BUCKETS, EXACT_LIMIT, MAX_SPAN, MAX_TIME, Rule, RuleError, RuleSpec,
+};
 pub use store::{Check, Limit, MemoryStore, MemoryStoreConfig, Outcome, Store, StoreError};

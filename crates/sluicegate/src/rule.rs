@@ -194,7 +194,9 @@ impl Rule {
                 if window % bucket_count != 0 {
                     return Err(RuleError::new(
                         "buckets",
-                        format!("window {w} ({window} µs) is not divisible by {bucket_count} buckets"),
+                        format!(
+                            "window {w} ({window} µs) is not divisible by {bucket_count} buckets"
+                        ),
                     ));
                 }
                 let width = window / bucket_count;
@@ -397,8 +399,9 @@ mod tests {
         let err = build(spec).unwrap_err();
         assert_eq!(err.field(), "window");
         assert!(
-            err.to_string()
-                .contains("window 1d with limit 200000000 exceeds 2^53 µs·units for sliding-counter"),
+            err.to_string().contains(
+                "window 1d with limit 200000000 exceeds 2^53 µs·units for sliding-counter"
+            ),
             "{err}"
         );
     }
@@ -410,7 +413,10 @@ mod tests {
             (RuleSpec::new(Algorithm::SlidingLog, 0, w), "limit"),
             (RuleSpec::new(Algorithm::SlidingLog, 1 << 53, w), "limit"),
             (RuleSpec::new(Algorithm::FixedWindow, 1, 0), "window"),
-            (RuleSpec::new(Algorithm::FixedWindow, 1, MAX_SPAN + 1), "window"),
+            (
+                RuleSpec::new(Algorithm::FixedWindow, 1, MAX_SPAN + 1),
+                "window",
+            ),
             (
                 RuleSpec {
                     buckets: Some(7),
@@ -495,6 +501,9 @@ mod tests {
         for a in Algorithm::ALL {
             assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
         }
-        assert_eq!("gcra".parse::<Algorithm>().unwrap_err().field(), "algorithm");
+        assert_eq!(
+            "gcra".parse::<Algorithm>().unwrap_err().field(),
+            "algorithm"
+        );
     }
 }

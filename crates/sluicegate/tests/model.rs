@@ -94,7 +94,13 @@ fn model_evaluate(rule: &Rule, key: &ModelKey, t: u64, cost: u64, id: Option<&st
             live.sort_unstable();
             let n = live.len() as u64;
             fits = n + units <= l;
-            admitted = decision(true, l, l.saturating_sub(n + units), RetryAfter::Micros(0), w_full);
+            admitted = decision(
+                true,
+                l,
+                l.saturating_sub(n + units),
+                RetryAfter::Micros(0),
+                w_full,
+            );
             let reset = live.last().map_or(0, |s| s + w_full - now);
             retry_units = if units <= l && !fits {
                 let k = (n + units - l) as usize;
@@ -114,9 +120,21 @@ fn model_evaluate(rule: &Rule, key: &ModelKey, t: u64, cost: u64, id: Option<&st
                 .sum();
             fits = n + units <= l;
             let end = (k + 1) * w_full - now;
-            admitted = decision(true, l, l.saturating_sub(n + units), RetryAfter::Micros(0), end);
+            admitted = decision(
+                true,
+                l,
+                l.saturating_sub(n + units),
+                RetryAfter::Micros(0),
+                end,
+            );
             let reset = if n > 0 { end } else { 0 };
-            refused = decision(false, l, l.saturating_sub(n), RetryAfter::Micros(reset), reset);
+            refused = decision(
+                false,
+                l,
+                l.saturating_sub(n),
+                RetryAfter::Micros(reset),
+                reset,
+            );
         }
         Algorithm::SlidingCounter => {
             let n = rule.buckets();
@@ -297,8 +315,15 @@ impl Model {
 
 fn rule_strategy() -> impl Strategy<Value = RuleSpec> {
     let windows = prop::sample::select(vec![10u64, 12, 30, 60, 100, 120]);
-    (0usize..5, 1u64..=6, windows, 1u64..=6, 0u64..=4, any::<prop::sample::Index>()).prop_map(
-        |(algo, limit, window, burst, queue, bucket_pick)| {
+    (
+        0usize..5,
+        1u64..=6,
+        windows,
+        1u64..=6,
+        0u64..=4,
+        any::<prop::sample::Index>(),
+    )
+        .prop_map(|(algo, limit, window, burst, queue, bucket_pick)| {
             let algorithm = Algorithm::ALL[algo];
             let mut spec = RuleSpec::new(algorithm, limit, window);
             match algorithm {
@@ -311,8 +336,7 @@ fn rule_strategy() -> impl Strategy<Value = RuleSpec> {
                 _ => {}
             }
             spec
-        },
-    )
+        })
 }
 
 #[derive(Clone, Debug)]
@@ -382,7 +406,10 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
         };
         let key = KEYS[event.key];
         let id = event.id.map(|i| format!("req-{i}"));
-        let limits: Vec<Limit> = chosen.iter().map(|&(_, rule)| Limit { rule, key }).collect();
+        let limits: Vec<Limit> = chosen
+            .iter()
+            .map(|&(_, rule)| Limit { rule, key })
+            .collect();
         let check = Check {
             limits: &limits,
             cost: event.cost,
@@ -399,7 +426,13 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
             t,
             event
         );
-        prop_assert_eq!(got.decision, want, "event {} at t={}: combined differs", n, t);
+        prop_assert_eq!(
+            got.decision,
+            want,
+            "event {} at t={}: combined differs",
+            n,
+            t
+        );
     }
     Ok(())
 }

@@ -98,7 +98,6 @@ impl Evaluation {
     pub(crate) fn allows(&self) -> bool {
         matches!(self.verdict, Verdict::Fits | Verdict::Repeat { .. })
     }
-
 }
 
 impl Plan {

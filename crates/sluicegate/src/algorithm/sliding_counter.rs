@@ -36,15 +36,18 @@ impl SlidingCounterState {
         let w = width(rule);
         let bucket = now / w;
         let offset = now - bucket * w;
-        let (full, sliding) = self.buckets.iter().fold((0, 0), |(full, sliding), &(j, units)| {
-            if j + n == bucket {
-                (full, units)
-            } else if j + n > bucket {
-                (full + units, sliding)
-            } else {
-                (full, sliding)
-            }
-        });
+        let (full, sliding) = self
+            .buckets
+            .iter()
+            .fold((0, 0), |(full, sliding), &(j, units)| {
+                if j + n == bucket {
+                    (full, units)
+                } else if j + n > bucket {
+                    (full + units, sliding)
+                } else {
+                    (full, sliding)
+                }
+            });
         CounterPlan {
             bucket,
             estimate_w: w * full + sliding * (w - offset),
@@ -67,7 +70,11 @@ impl SlidingCounterState {
         let w = width(rule);
         if cost > 0 {
             let n = rule.buckets();
-            while self.buckets.front().is_some_and(|&(j, _)| j + n < plan.bucket) {
+            while self
+                .buckets
+                .front()
+                .is_some_and(|&(j, _)| j + n < plan.bucket)
+            {
                 self.buckets.pop_front();
             }
             match self.buckets.back_mut() {

@@ -62,7 +62,10 @@ impl SlidingLogState {
             }
             match self.runs.back_mut() {
                 Some(run) if run.at == now => run.units += cost,
-                _ => self.runs.push_back(Run { at: now, units: cost }),
+                _ => self.runs.push_back(Run {
+                    at: now,
+                    units: cost,
+                }),
             }
             self.live += cost;
         }

@@ -225,8 +225,7 @@ impl MemoryStore {
         let new_keys = slots.iter().filter(|(_, held)| !held).count();
         let rules: Vec<&Rule> = check.limits.iter().map(|l| l.rule).collect();
         let mut states: Vec<&mut RuleState> = slots.iter_mut().map(|(s, _)| &mut s.state).collect();
-        let evaluations =
-            algorithm::evaluate_all(&rules, &states, t, check.cost, check.request_id);
+        let evaluations = algorithm::evaluate_all(&rules, &states, t, check.cost, check.request_id);
         let admits = algorithm::all_allow(&evaluations) && check.cost > 0;
         let reserved = if admits && new_keys > 0 {
             // Sweeping for room may touch any locked shard; the first is as good as any.
@@ -234,9 +233,8 @@ impl MemoryStore {
         } else {
             Ok(())
         };
-        let decisions = reserved.map(|()| {
-            algorithm::finish_all(&rules, &mut states, &evaluations, check.request_id)
-        });
+        let decisions = reserved
+            .map(|()| algorithm::finish_all(&rules, &mut states, &evaluations, check.request_id));
         drop(states);
         let keep_new = admits && decisions.is_ok();
         for (slot, held) in slots {

@@ -1,0 +1,185 @@
+//! The in-memory store's own promises: exact under concurrency, idle keys expire, and a
+//! hard cap on keys that never evicts a key's state.
+
+use std::sync::Arc;
+use std::thread;
+
+use sluicegate::{
+    Algorithm, Check, Limit, ManualClock, MemoryStore, MemoryStoreConfig, Rule, RuleSpec,
+    StoreError,
+};
+
+const S: u64 = 1_000_000;
+const HOUR: u64 = 3600 * S;
+
+fn rule(name: &str, algorithm: Algorithm, limit: u64, window: u64) -> Rule {
+    Rule::new(name, &RuleSpec::new(algorithm, limit, window)).unwrap()
+}
+
+fn check(store: &MemoryStore, rule: &Rule, key: &str, cost: u64) -> Result<bool, StoreError> {
+    let limits = [Limit { rule, key }];
+    store
+        .check_now(&Check::new(&limits, cost))
+        .map(|o| o.decision.allowed)
+}
+
+#[test]
+fn eight_threads_admit_exactly_the_limit() {
+    let clock = ManualClock::new(1_000 * HOUR);
+    let store = Arc::new(MemoryStore::new(
+        MemoryStoreConfig::default(),
+        Arc::new(clock.clone()),
+    ));
+    let rule = rule("hourly", Algorithm::SlidingLog, 1000, HOUR);
+    let admitted: usize = thread::scope(|scope| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let store = &store;
+                let rule = &rule;
+                scope.spawn(move || {
+                    (0..10_000)
+                        .filter(|_| check(store, rule, "hot", 1).unwrap())
+                        .count()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    assert_eq!(admitted, 1000);
+}
+
+/// Multi-rule checks lock several shards; opposite orders in two threads must not deadlock
+/// and must stay exact.
+#[test]
+fn multi_rule_checks_across_shards_stay_exact() {
+    let store = MemoryStore::new(
+        MemoryStoreConfig {
+            shards: 4,
+            ..MemoryStoreConfig::default()
+        },
+        Arc::new(ManualClock::new(HOUR)),
+    );
+    let rule = rule("r", Algorithm::FixedWindow, 1_500, HOUR);
+    let keys: Vec<String> = (0..16).map(|i| format!("key-{i}")).collect();
+    let admitted: usize = thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                let (store, rule, keys) = (&store, &rule, &keys);
+                scope.spawn(move || {
+                    (0..4_000)
+                        .filter(|i| {
+                            let a = &keys[(i + t) % 16];
+                            let b = &keys[(i * 7 + 3 * t + 1) % 16];
+                            let (a, b) = if t % 2 == 0 { (a, b) } else { (b, a) };
+                            if a == b {
+                                return false;
+                            }
+                            let limits = [Limit { rule, key: a }, Limit { rule, key: b }];
+                            store
+                                .check_now(&Check::new(&limits, 1))
+                                .unwrap()
+                                .decision
+                                .allowed
+                        })
+                        .count()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    // Every admitted check took one unit from two keys; no key exceeded its limit.
+    let remaining: u64 = keys
+        .iter()
+        .map(|key| {
+            let limits = [Limit { rule: &rule, key }];
+            let d = store.check_now(&Check::new(&limits, 0)).unwrap().decision;
+            // A peek answers as a cost of 1.
+            d.remaining + u64::from(d.allowed)
+        })
+        .sum();
+    assert!(admitted < 16_000, "some checks were refused");
+    assert_eq!(16 * 1_500 - remaining, 2 * admitted as u64);
+}
+
+#[test]
+fn idle_keys_expire_exactly_when_their_state_is_empty() {
+    let clock = ManualClock::new(500 * HOUR);
+    let store = MemoryStore::new(MemoryStoreConfig::default(), Arc::new(clock.clone()));
+    for algorithm in Algorithm::ALL {
+        let rule = rule(algorithm.name(), algorithm, 4, 60 * S);
+        let limits = [Limit {
+            rule: &rule,
+            key: "idle",
+        }];
+        let reset = store
+            .check_now(&Check::new(&limits, 1))
+            .unwrap()
+            .decision
+            .reset_after;
+        assert!(reset > 0, "{algorithm}");
+        clock.advance(reset - 1);
+        assert_eq!(store.sweep(), 0, "{algorithm}: state still matters");
+        assert_eq!(store.len(), 1);
+        clock.advance(1);
+        assert_eq!(store.sweep(), 1, "{algorithm}: back to empty");
+        assert!(store.is_empty());
+    }
+}
+
+#[test]
+fn shards_sweep_themselves_as_checks_pass() {
+    let clock = ManualClock::new(HOUR);
+    let store = MemoryStore::new(
+        MemoryStoreConfig {
+            shards: 1,
+            ..MemoryStoreConfig::default()
+        },
+        Arc::new(clock.clone()),
+    );
+    let rule = rule("r", Algorithm::SlidingLog, 1, S);
+    for i in 0..100 {
+        assert!(check(&store, &rule, &format!("k{i}"), 1).unwrap());
+    }
+    assert_eq!(store.len(), 100);
+    clock.advance(2 * S);
+    assert!(check(&store, &rule, "fresh", 1).unwrap());
+    assert_eq!(store.len(), 1, "the shard dropped the 100 expired keys");
+}
+
+#[test]
+fn key_cap_refuses_new_keys_without_evicting_any() {
+    let clock = ManualClock::new(HOUR);
+    let store = MemoryStore::new(
+        MemoryStoreConfig {
+            max_keys: 100,
+            shards: 8,
+        },
+        Arc::new(clock.clone()),
+    );
+    let rule = rule("r", Algorithm::SlidingLog, 5, 60 * S);
+    for _ in 0..5 {
+        assert!(check(&store, &rule, "victim", 1).unwrap());
+    }
+    assert!(!check(&store, &rule, "victim", 1).unwrap());
+
+    let mut admitted = 0;
+    let mut full = 0;
+    for i in 0..10_000 {
+        match check(&store, &rule, &format!("flood-{i}"), 1) {
+            Ok(true) => admitted += 1,
+            Err(StoreError::KeyCapacity { max_keys: 100 }) => full += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((admitted, full), (99, 10_000 - 99));
+    assert_eq!(store.len(), 100);
+    // The flood evicted nothing: the victim is still at its limit.
+    assert!(!check(&store, &rule, "victim", 1).unwrap());
+    // Peeks create nothing, so they still answer for new keys at the cap.
+    assert!(check(&store, &rule, "newcomer", 0).unwrap());
+
+    // Once the window has passed the old keys are swept to make room.
+    clock.advance(60 * S);
+    assert!(check(&store, &rule, "newcomer", 1).unwrap());
+    assert!(store.len() <= 100);
+}

@@ -1,0 +1,334 @@
+//! The worked examples of the seeds and SPEC.md, with every value derived by hand.
+
+use std::sync::Arc;
+
+use sluicegate::{
+    Algorithm, Check, Decision, Limit, ManualClock, MemoryStore, MemoryStoreConfig, RetryAfter,
+    Rule, RuleSpec, StoreError,
+};
+
+const MS: u64 = 1_000;
+const S: u64 = 1_000_000;
+
+fn store() -> MemoryStore {
+    MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)))
+}
+
+fn rule(name: &str, algorithm: Algorithm, limit: u64, window: u64) -> Rule {
+    Rule::new(name, &RuleSpec::new(algorithm, limit, window)).unwrap()
+}
+
+fn check_at(store: &MemoryStore, rule: &Rule, key: &str, cost: u64, at: u64) -> Decision {
+    let limits = [Limit { rule, key }];
+    let check = Check {
+        at: Some(at),
+        ..Check::new(&limits, cost)
+    };
+    store.check_now(&check).unwrap().decision
+}
+
+/// Seed 003's trace: W = 1000 ms, L = 3.
+#[test]
+fn seed_003_sliding_log_trace() {
+    let store = store();
+    let rule = rule("seed-003", Algorithm::SlidingLog, 3, 1000 * MS);
+    // (time ms, allowed, remaining, retry_after ms, reset_after ms)
+    let expected = [
+        (100, true, 2, 0, 1000),
+        (400, true, 1, 0, 1000),
+        (800, true, 0, 0, 1000),
+        // Oldest live entry 100 leaves at 1100: 200 ms; newest 800 leaves at 1800.
+        (900, false, 0, 200, 900),
+        (1200, true, 0, 0, 1000),
+        (1500, true, 0, 0, 1000),
+        // Live: 800, 1200, 1500; 800 leaves at 1800.
+        (1600, false, 0, 200, 900),
+        (1900, true, 0, 0, 1000),
+    ];
+    for (at, allowed, remaining, retry, reset) in expected {
+        let d = check_at(&store, &rule, "seed", 1, at * MS);
+        assert_eq!(
+            d,
+            Decision {
+                allowed,
+                limit: 3,
+                remaining,
+                retry_after: RetryAfter::Micros(retry * MS),
+                reset_after: reset * MS,
+                delay: 0,
+            },
+            "request at {at} ms"
+        );
+    }
+}
+
+/// Cloudflare's example: 42 in the previous minute, 18 in the current one, 15 s in: the
+/// estimate is 42 · 45/60 + 18 = 49.5.
+#[test]
+fn cloudflare_estimate_for_one_bucket() {
+    let spec = |limit| RuleSpec {
+        buckets: Some(1),
+        ..RuleSpec::new(Algorithm::SlidingCounter, limit, 60 * S)
+    };
+    for (limit, peek_allowed, remaining) in [(50, false, 0), (51, true, 0), (100, true, 49)] {
+        let store = store();
+        let rule = Rule::new("cloudflare", &spec(limit)).unwrap();
+        let minute = 1_000 * 60 * S;
+        assert!(check_at(&store, &rule, "k", 42, minute + 30 * S).allowed);
+        let current = check_at(&store, &rule, "k", 18, minute + 75 * S);
+        assert!(current.allowed, "42 · 45/60 + 18 = 49.5 fits under {limit}");
+        assert_eq!(current.remaining, (limit * 2 - 99) / 2, "floor(L − 49.5)");
+        // A peek answers as a cost of 1: 49.5 + 1 fits under 51 but not under 50.
+        let d = check_at(&store, &rule, "k", 0, minute + 75 * S);
+        assert_eq!(
+            (d.allowed, d.remaining),
+            (peek_allowed, remaining),
+            "L = {limit}"
+        );
+        if limit == 50 {
+            // Fits once 42·(60 s − r) ≤ 31·60 s: r ≥ 60 s − ⌊1860 s/42⌋ = 15.714286 s.
+            assert_eq!(d.retry_after, RetryAfter::Micros(714_286));
+            // The current bucket (index 1001) stops weighing at (1001 + 2)·60 s.
+            assert_eq!(d.reset_after, 105 * S);
+        }
+    }
+}
+
+/// Fixed windows admit about 2L across a boundary; the sliding log refuses the second half.
+#[test]
+fn fixed_window_boundary_burst() {
+    let limit = 100;
+    let window = 60 * S;
+    let boundary = 10_000 * window;
+    let fixed = rule("fixed", Algorithm::FixedWindow, limit, window);
+    let log = rule("log", Algorithm::SlidingLog, limit, window);
+    for (rule, want) in [(&fixed, 2 * limit), (&log, limit)] {
+        let store = store();
+        // 200 requests in the 200 ms around the boundary, one per ms.
+        let admitted = (0..200)
+            .filter(|i| check_at(&store, rule, "attacker", 1, boundary - 100 * MS + i * MS).allowed)
+            .count() as u64;
+        assert_eq!(admitted, want, "{}", rule.algorithm());
+    }
+}
+
+/// Rejected requests change no state: a cost that does not fit leaves room for a smaller one
+/// (unlike seed 004's script, which counted rejected requests).
+#[test]
+fn rejected_large_request_burns_nothing() {
+    for algorithm in Algorithm::ALL {
+        let store = store();
+        let rule = rule("r", algorithm, 4, S);
+        assert!(
+            check_at(&store, &rule, "k", 1, 10 * S).allowed,
+            "{algorithm}"
+        );
+        let before = check_at(&store, &rule, "k", 0, 10 * S);
+        let refused = check_at(&store, &rule, "k", rule.capacity(), 10 * S);
+        assert!(!refused.allowed, "{algorithm}");
+        assert_eq!(
+            check_at(&store, &rule, "k", 0, 10 * S),
+            before,
+            "{algorithm}"
+        );
+        if refused.remaining > 0 {
+            let rest = check_at(&store, &rule, "k", refused.remaining, 10 * S);
+            assert!(rest.allowed, "{algorithm}: the refused cost left its room");
+            assert_eq!(rest.remaining, 0, "{algorithm}");
+        }
+    }
+}
+
+#[test]
+fn cost_that_can_never_fit() {
+    let store = store();
+    for algorithm in Algorithm::ALL {
+        let rule = rule("r", algorithm, 5, S);
+        let d = check_at(&store, &rule, "k", rule.capacity() + 1, S);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, RetryAfter::Never, "{algorithm}");
+        assert_eq!(d.retry_after.as_signed_micros(), -1);
+    }
+}
+
+#[test]
+fn leaky_bucket_shapes_with_delay() {
+    let store = store();
+    // 10 per second with a queue of 2: one unit per 100 ms, three in flight at most.
+    let rule = Rule::new(
+        "shape",
+        &RuleSpec {
+            queue: Some(2),
+            ..RuleSpec::new(Algorithm::LeakyBucket, 10, S)
+        },
+    )
+    .unwrap();
+    let delays: Vec<Option<u64>> = (0..4)
+        .map(|_| {
+            let d = check_at(&store, &rule, "k", 1, 100 * S);
+            d.allowed.then_some(d.delay)
+        })
+        .collect();
+    assert_eq!(delays, [Some(0), Some(100 * MS), Some(200 * MS), None]);
+    let refused = check_at(&store, &rule, "k", 1, 100 * S);
+    assert_eq!(refused.retry_after, RetryAfter::Micros(100 * MS));
+    assert_eq!(refused.limit, 3);
+}
+
+#[test]
+fn token_bucket_burst_then_rate() {
+    let store = store();
+    let rule = Rule::new(
+        "api",
+        &RuleSpec {
+            burst: Some(5),
+            ..RuleSpec::new(Algorithm::TokenBucket, 10, S)
+        },
+    )
+    .unwrap();
+    let burst = (0..6)
+        .filter(|_| check_at(&store, &rule, "k", 1, 50 * S).allowed)
+        .count();
+    assert_eq!(burst, 5);
+    // One token back every 100 ms.
+    let d = check_at(&store, &rule, "k", 1, 50 * S + 99 * MS);
+    assert_eq!(d.retry_after, RetryAfter::Micros(MS));
+    assert!(check_at(&store, &rule, "k", 1, 50 * S + 100 * MS).allowed);
+}
+
+#[test]
+fn request_id_retry_is_not_counted_twice() {
+    let store = store();
+    let rule = rule("r", Algorithm::SlidingLog, 2, S);
+    let limits = [Limit {
+        rule: &rule,
+        key: "k",
+    }];
+    let with_id = |id, at| Check {
+        request_id: Some(id),
+        at: Some(at),
+        ..Check::new(&limits, 1)
+    };
+    let first = store.check_now(&with_id("a", 10 * S)).unwrap().decision;
+    let retry = store.check_now(&with_id("a", 10 * S + 5)).unwrap().decision;
+    assert!(first.allowed && retry.allowed);
+    assert_eq!((first.remaining, retry.remaining), (1, 1));
+    assert!(
+        store
+            .check_now(&with_id("b", 10 * S + 6))
+            .unwrap()
+            .decision
+            .allowed
+    );
+    let c = store.check_now(&with_id("c", 10 * S + 7)).unwrap().decision;
+    assert!(!c.allowed);
+    // Still within a's admission: its retry is answered as allowed, recording nothing.
+    assert!(
+        store
+            .check_now(&with_id("a", 10 * S + 8))
+            .unwrap()
+            .decision
+            .allowed
+    );
+    // Once a's admission has left the window, the same id is a new request.
+    let later = store.check_now(&with_id("a", 11 * S)).unwrap().decision;
+    assert_eq!((later.allowed, later.remaining), (true, 0));
+}
+
+#[test]
+fn several_rules_are_all_or_nothing() {
+    let store = store();
+    let per_second = rule("per-second", Algorithm::SlidingLog, 2, S);
+    let per_minute = rule("per-minute", Algorithm::FixedWindow, 3, 60 * S);
+    let limits = [
+        Limit {
+            rule: &per_second,
+            key: "u",
+        },
+        Limit {
+            rule: &per_minute,
+            key: "u",
+        },
+    ];
+    let at = |t| Check {
+        at: Some(t),
+        ..Check::new(&limits, 1)
+    };
+    assert!(store.check_now(&at(60 * S)).unwrap().decision.allowed);
+    assert!(store.check_now(&at(60 * S)).unwrap().decision.allowed);
+    let refused = store.check_now(&at(60 * S)).unwrap();
+    assert!(!refused.decision.allowed);
+    // The per-second rule refused; the per-minute rule had room and recorded nothing.
+    assert!(!refused.limits[0].allowed);
+    assert!(refused.limits[1].allowed);
+    assert_eq!(refused.limits[1].remaining, 1);
+    assert_eq!(refused.decision.retry_after, RetryAfter::Micros(S));
+    // One second later the per-second rule has room again and the minute still has one.
+    let later = store.check_now(&at(61 * S)).unwrap();
+    assert!(later.decision.allowed);
+    assert_eq!(later.limits[1].remaining, 0);
+    let full = store.check_now(&at(61 * S)).unwrap();
+    assert!(!full.decision.allowed);
+    assert!(full.limits[0].allowed && !full.limits[1].allowed);
+    assert_eq!(
+        store.check_now(&at(61 * S)).unwrap().limits[0].remaining,
+        1,
+        "the refused check took nothing from the per-second rule"
+    );
+}
+
+#[test]
+fn keys_never_share_state() {
+    let store = store();
+    let rule_a = rule("a", Algorithm::FixedWindow, 1, S);
+    let rule_b = rule("b", Algorithm::FixedWindow, 1, S);
+    let keys = ["x:y", "x", "x:", "{x}", "{x}:y", "", " ", "x y"];
+    for key in keys {
+        assert!(check_at(&store, &rule_a, key, 1, S).allowed, "{key:?}");
+    }
+    for key in keys {
+        assert!(check_at(&store, &rule_b, key, 1, S).allowed, "{key:?}");
+        assert!(!check_at(&store, &rule_a, key, 1, S).allowed, "{key:?}");
+    }
+}
+
+#[test]
+fn invalid_checks_are_errors_not_decisions() {
+    let store = store();
+    let rule = rule("r", Algorithm::SlidingLog, 1, S);
+    let one = [Limit {
+        rule: &rule,
+        key: "k",
+    }];
+    let twice = [one[0], one[0]];
+    let long_id = "x".repeat(300);
+    let cases = [
+        Check::new(&[], 1),
+        Check::new(&twice, 1),
+        Check::new(&one, 1 << 53),
+        Check {
+            at: Some(1 << 52),
+            ..Check::new(&one, 1)
+        },
+        Check {
+            request_id: Some(&long_id),
+            ..Check::new(&one, 1)
+        },
+    ];
+    for check in cases {
+        let err = store.check_now(&check).unwrap_err();
+        assert!(matches!(err, StoreError::InvalidCheck(_)), "{err}");
+    }
+    assert!(store.is_empty());
+}
+
+#[test]
+fn time_never_runs_backwards_per_key() {
+    let store = store();
+    let rule = rule("r", Algorithm::SlidingLog, 1, 10 * S);
+    assert!(check_at(&store, &rule, "k", 1, 100 * S).allowed);
+    // A check stamped earlier is decided at the key's latest time: still inside the window.
+    let d = check_at(&store, &rule, "k", 1, 50 * S);
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after, RetryAfter::Micros(10 * S));
+}
