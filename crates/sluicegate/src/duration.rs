@@ -62,7 +62,7 @@ pub fn parse_duration(input: &str) -> Result<u64, DurationError> {
 pub fn format_duration(micros: u64) -> String {
     let (unit, scale) = UNITS
         .iter()
-        .find(|(_, scale)| micros != 0 && micros % scale == 0)
+        .find(|(_, scale)| micros != 0 && micros.is_multiple_of(*scale))
         .copied()
         .unwrap_or(("us", 1));
     format!("{}{unit}", micros / scale)

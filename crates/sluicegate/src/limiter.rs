@@ -40,7 +40,7 @@ impl<S: Store> Limiter<S> {
     /// Decides a check of any shape: several limits (all-or-nothing), a request id, the
     /// caller's clock.
     pub async fn decide(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
-        check.validate()?;
+        // Every store validates the check itself, before touching state.
         self.store.check(check).await
     }
 }

@@ -191,7 +191,7 @@ impl Rule {
                 if bucket_count == 0 {
                     return Err(RuleError::new("buckets", "buckets must be at least 1"));
                 }
-                if window % bucket_count != 0 {
+                if !window.is_multiple_of(bucket_count) {
                     return Err(RuleError::new(
                         "buckets",
                         format!(

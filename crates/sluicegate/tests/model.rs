@@ -419,7 +419,7 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
         let got = store.check_now(&check).unwrap();
         let (want, want_limits) = model.check(&chosen, key, t, event.cost, id.as_deref());
         prop_assert_eq!(
-            &got.limits,
+            got.limits(),
             &want_limits,
             "event {} at t={} {:?}: per-rule decisions differ",
             n,

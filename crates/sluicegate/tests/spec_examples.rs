@@ -259,19 +259,19 @@ fn several_rules_are_all_or_nothing() {
     let refused = store.check_now(&at(60 * S)).unwrap();
     assert!(!refused.decision.allowed);
     // The per-second rule refused; the per-minute rule had room and recorded nothing.
-    assert!(!refused.limits[0].allowed);
-    assert!(refused.limits[1].allowed);
-    assert_eq!(refused.limits[1].remaining, 1);
+    assert!(!refused.limits()[0].allowed);
+    assert!(refused.limits()[1].allowed);
+    assert_eq!(refused.limits()[1].remaining, 1);
     assert_eq!(refused.decision.retry_after, RetryAfter::Micros(S));
     // One second later the per-second rule has room again and the minute still has one.
     let later = store.check_now(&at(61 * S)).unwrap();
     assert!(later.decision.allowed);
-    assert_eq!(later.limits[1].remaining, 0);
+    assert_eq!(later.limits()[1].remaining, 0);
     let full = store.check_now(&at(61 * S)).unwrap();
     assert!(!full.decision.allowed);
-    assert!(full.limits[0].allowed && !full.limits[1].allowed);
+    assert!(full.limits()[0].allowed && !full.limits()[1].allowed);
     assert_eq!(
-        store.check_now(&at(61 * S)).unwrap().limits[0].remaining,
+        store.check_now(&at(61 * S)).unwrap().limits()[0].remaining,
         1,
         "the refused check took nothing from the per-second rule"
     );

@@ -96,15 +96,40 @@ impl<'a> Check<'a> {
 pub struct Outcome {
     /// The combined decision (SPEC.md, "Several rules in one check").
     pub decision: Decision,
-    /// Each limit's decision.
-    pub limits: Vec<Decision>,
+    /// Each limit's decision when the check named several; empty for one, whose decision
+    /// is `decision` (a one-limit check, the common case, allocates nothing).
+    several: Vec<Decision>,
 }
 
 impl Outcome {
+    /// The outcome of a check of one limit.
+    pub fn single(decision: Decision) -> Self {
+        Outcome {
+            decision,
+            several: Vec::new(),
+        }
+    }
+
+    /// Combines the per-limit decisions of a check of several limits.
     pub(crate) fn from_limits(limits: Vec<Decision>) -> Self {
         let decision =
             Decision::combine(&limits).expect("validated checks hold at least one limit");
-        Outcome { decision, limits }
+        if limits.len() == 1 {
+            return Outcome::single(decision);
+        }
+        Outcome {
+            decision,
+            several: limits,
+        }
+    }
+
+    /// Each limit's decision, in the check's order.
+    pub fn limits(&self) -> &[Decision] {
+        if self.several.is_empty() {
+            std::slice::from_ref(&self.decision)
+        } else {
+            &self.several
+        }
     }
 }
 
