@@ -1,0 +1,440 @@
+//! The descriptor configuration: envoyproxy/ratelimit's YAML format (`domain`, nested
+//! `descriptors` with `key`, optional `value` and `rate_limit`), extended with sluicegate's
+//! algorithms on `rate_limit`: `algorithm`, `window` (any duration instead of `unit`),
+//! `burst`, `buckets`, `queue`.
+//!
+//! Every rule is validated while the file is read, so an error names the file, the line
+//! and the field.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use sluicegate::duration::parse_duration;
+use sluicegate::{Algorithm, Rule, RuleSpec};
+
+/// The algorithm of a `rate_limit` that names none.
+pub(crate) const DEFAULT_ALGORITHM: Algorithm = Algorithm::SlidingLog;
+
+/// A loaded configuration: one descriptor tree per domain.
+#[derive(Debug, Default)]
+pub(crate) struct Config {
+    domains: HashMap<String, DescriptorTree>,
+}
+
+/// The children of one level of the tree: matched by key and value first, then by key alone.
+#[derive(Debug, Default)]
+struct DescriptorTree {
+    /// key → value → node.
+    by_key_value: HashMap<String, HashMap<String, Node>>,
+    by_key: HashMap<String, Node>,
+}
+
+#[derive(Debug)]
+struct Node {
+    limit: Option<ConfiguredLimit>,
+    children: DescriptorTree,
+}
+
+/// A `rate_limit` of the configuration.
+#[derive(Debug)]
+pub(crate) struct ConfiguredLimit {
+    /// `None` for `unlimited: true`.
+    pub(crate) rule: Option<Rule>,
+    /// The descriptor path, `domain.key_value.key`, as envoyproxy/ratelimit names it.
+    pub(crate) path: String,
+}
+
+/// One entry of a request descriptor.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Entry {
+    pub(crate) key: String,
+    pub(crate) value: String,
+}
+
+impl Config {
+    /// Reads one YAML file.
+    pub(crate) fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            path: path.to_owned(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Parses the YAML `text` of the file at `path` (the path only names it in errors).
+    pub(crate) fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let error = |message: String| ConfigError {
+            path: path.to_owned(),
+            message,
+        };
+        let file: RawFile = serde_saphyr::from_str(text).map_err(|e| error(e.to_string()))?;
+        if file.domain.is_empty() {
+            return Err(error("domain: must not be empty".into()));
+        }
+        let mut config = Config::default();
+        let tree = build_tree(&file.domain, file.descriptors.0).map_err(error)?;
+        config.domains.insert(file.domain, tree);
+        Ok(config)
+    }
+
+    /// The limit that applies to one request descriptor, as envoyproxy/ratelimit finds it:
+    /// walk the tree entry by entry, preferring an exact `key`+`value` child over a `key`
+    /// child; the limit is that of the node reached by the last entry. `Err` for an
+    /// unknown domain.
+    pub(crate) fn find(
+        &self,
+        domain: &str,
+        entries: &[Entry],
+    ) -> Result<Option<&ConfiguredLimit>, UnknownDomain> {
+        let mut level = self.domains.get(domain).ok_or(UnknownDomain)?;
+        let mut found = None;
+        for (i, entry) in entries.iter().enumerate() {
+            let exact = level
+                .by_key_value
+                .get(&entry.key)
+                .and_then(|values| values.get(&entry.value));
+            let Some(node) = exact.or_else(|| level.by_key.get(&entry.key)) else {
+                return Ok(None);
+            };
+            if i + 1 == entries.len() {
+                found = node.limit.as_ref();
+            }
+            level = &node.children;
+        }
+        Ok(found)
+    }
+
+    /// Every configured limit, for listing.
+    pub(crate) fn limits(&self) -> Vec<&ConfiguredLimit> {
+        fn walk<'a>(tree: &'a DescriptorTree, out: &mut Vec<&'a ConfiguredLimit>) {
+            let exact = tree.by_key_value.values().flat_map(HashMap::values);
+            for node in exact.chain(tree.by_key.values()) {
+                out.extend(node.limit.as_ref());
+                walk(&node.children, out);
+            }
+        }
+        let mut out = Vec::new();
+        for tree in self.domains.values() {
+            walk(tree, &mut out);
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        out
+    }
+}
+
+/// The request named a domain no configuration file declares.
+#[derive(Debug)]
+pub(crate) struct UnknownDomain;
+
+fn build_tree(prefix: &str, descriptors: Vec<RawDescriptor>) -> Result<DescriptorTree, String> {
+    let mut tree = DescriptorTree::default();
+    for raw in descriptors {
+        let path = match &raw.value {
+            Some(value) => format!("{prefix}.{}_{value}", raw.key),
+            None => format!("{prefix}.{}", raw.key),
+        };
+        let limit = match raw.rate_limit {
+            None => None,
+            Some(RawRateLimit { spec, name }) => {
+                let rule = spec
+                    .map(|spec| {
+                        Rule::new(name.as_deref().unwrap_or(&path), &spec)
+                            .map_err(|e| format!("{path}: rate_limit.{e}"))
+                    })
+                    .transpose()?;
+                Some(ConfiguredLimit {
+                    rule,
+                    path: path.clone(),
+                })
+            }
+        };
+        let node = Node {
+            limit,
+            children: build_tree(&path, raw.descriptors.0)?,
+        };
+        let duplicate = match raw.value {
+            Some(value) => tree
+                .by_key_value
+                .entry(raw.key)
+                .or_default()
+                .insert(value, node)
+                .is_some(),
+            None => tree.by_key.insert(raw.key, node).is_some(),
+        };
+        if duplicate {
+            return Err(format!("{path}: duplicate descriptor (same key and value)"));
+        }
+    }
+    Ok(tree)
+}
+
+/// A configuration that cannot be used: names the file and, where the YAML reader knows
+/// them, the line, column and field.
+#[derive(Debug)]
+pub(crate) struct ConfigError {
+    path: PathBuf,
+    message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    domain: String,
+    #[serde(default)]
+    descriptors: DescriptorList,
+}
+
+#[derive(Deserialize, Default)]
+struct DescriptorList(Vec<RawDescriptor>);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDescriptor {
+    key: String,
+    value: Option<String>,
+    rate_limit: Option<RawRateLimit>,
+    #[serde(default)]
+    descriptors: DescriptorList,
+}
+
+/// A `rate_limit`, validated as it is read so that errors carry the line.
+#[derive(Deserialize)]
+#[serde(try_from = "RateLimitFields")]
+struct RawRateLimit {
+    /// `None` for `unlimited: true`.
+    spec: Option<RuleSpec>,
+    name: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateLimitFields {
+    unit: Option<String>,
+    requests_per_unit: Option<u64>,
+    #[serde(default)]
+    unlimited: bool,
+    name: Option<String>,
+    algorithm: Option<String>,
+    window: Option<String>,
+    burst: Option<u64>,
+    buckets: Option<u64>,
+    queue: Option<u64>,
+}
+
+impl TryFrom<RateLimitFields> for RawRateLimit {
+    type Error = String;
+
+    fn try_from(f: RateLimitFields) -> Result<Self, String> {
+        if f.unlimited {
+            let extra = [
+                ("unit", f.unit.is_some()),
+                ("requests_per_unit", f.requests_per_unit.is_some()),
+                ("algorithm", f.algorithm.is_some()),
+                ("window", f.window.is_some()),
+                ("burst", f.burst.is_some()),
+                ("buckets", f.buckets.is_some()),
+                ("queue", f.queue.is_some()),
+            ];
+            if let Some((field, _)) = extra.iter().find(|(_, set)| *set) {
+                return Err(format!(
+                    "rate_limit.{field}: an unlimited rate_limit takes no {field}"
+                ));
+            }
+            return Ok(RawRateLimit {
+                spec: None,
+                name: f.name,
+            });
+        }
+        let limit = f
+            .requests_per_unit
+            .ok_or("rate_limit.requests_per_unit: required (or set unlimited: true)")?;
+        let window = match (f.unit, f.window) {
+            (Some(_), Some(_)) => {
+                return Err("rate_limit.window: give either unit or window, not both".into());
+            }
+            (None, None) => return Err("rate_limit.unit: required (or give a window)".into()),
+            (Some(unit), None) => unit_micros(&unit)?,
+            (None, Some(window)) => {
+                parse_duration(&window).map_err(|e| format!("rate_limit.window: {e}"))?
+            }
+        };
+        let algorithm = match f.algorithm {
+            Some(name) => name
+                .parse::<Algorithm>()
+                .map_err(|e| format!("rate_limit.{e}"))?,
+            None => DEFAULT_ALGORITHM,
+        };
+        let spec = RuleSpec {
+            buckets: f.buckets,
+            burst: f.burst,
+            queue: f.queue,
+            ..RuleSpec::new(algorithm, limit, window)
+        };
+        // Built once here for its errors, which then carry this mapping's line; the tree
+        // builds the named rule again.
+        Rule::new("check", &spec).map_err(|e| format!("rate_limit.{e}"))?;
+        Ok(RawRateLimit {
+            spec: Some(spec),
+            name: f.name,
+        })
+    }
+}
+
+fn unit_micros(unit: &str) -> Result<u64, String> {
+    let seconds = match unit.to_ascii_lowercase().as_str() {
+        "second" => 1,
+        "minute" => 60,
+        "hour" => 3_600,
+        "day" => 86_400,
+        _ => {
+            return Err(format!(
+                "rate_limit.unit: unknown unit {unit:?}; expected second, minute, hour or day \
+                 (or give a window such as 90s)"
+            ));
+        }
+    };
+    Ok(seconds * 1_000_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("limits.yaml"), text)
+    }
+
+    fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
+        pairs
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect()
+    }
+
+    fn found<'a>(config: &'a Config, pairs: &[(&str, &str)]) -> Option<&'a str> {
+        config
+            .find("d", &entries(pairs))
+            .unwrap()
+            .map(|l| l.path.as_str())
+    }
+
+    #[test]
+    fn most_specific_match_and_nesting() {
+        let config = parse(
+            "domain: d
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: remote_address
+    value: 10.0.0.1
+    rate_limit: {unit: second, requests_per_unit: 1000}
+  - key: to_cluster
+    value: api
+    descriptors:
+      - key: user
+        rate_limit: {window: 90s, requests_per_unit: 5, algorithm: token-bucket, burst: 2}
+",
+        )
+        .unwrap();
+        assert_eq!(
+            found(&config, &[("remote_address", "10.0.0.1")]),
+            Some("d.remote_address_10.0.0.1")
+        );
+        assert_eq!(
+            found(&config, &[("remote_address", "10.0.0.2")]),
+            Some("d.remote_address")
+        );
+        assert_eq!(
+            found(&config, &[("to_cluster", "api"), ("user", "bob")]),
+            Some("d.to_cluster_api.user")
+        );
+        // A node without a rate_limit limits nothing; an unknown value matches nothing.
+        assert_eq!(found(&config, &[("to_cluster", "api")]), None);
+        assert_eq!(
+            found(&config, &[("to_cluster", "web"), ("user", "bob")]),
+            None
+        );
+        assert!(config.find("other", &[]).is_err());
+        let rule = config
+            .find("d", &entries(&[("to_cluster", "api"), ("user", "x")]))
+            .unwrap()
+            .unwrap()
+            .rule
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (rule.algorithm(), rule.window(), rule.capacity()),
+            (Algorithm::TokenBucket, 90_000_000, 2)
+        );
+    }
+
+    #[test]
+    fn errors_name_file_line_and_field() {
+        let cases = [
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 5\n",
+                "line 5",
+                "rate_limit.unit",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      window: 1d\n      requests_per_unit: 200000000\n      algorithm: sliding-counter\n",
+                "line 5",
+                "rate_limit.window: window 1d with limit 200000000 exceeds 2^53",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    rate_limt: {}\n",
+                "line 4",
+                "rate_limt",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: gcra}\n",
+                "line 4",
+                "rate_limit.algorithm",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, window: 1s, requests_per_unit: 1}\n",
+                "line 4",
+                "rate_limit.window",
+            ),
+        ];
+        for (text, line, field) in cases {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.starts_with("limits.yaml: "), "{err}");
+            assert!(err.contains(line), "{line} in {err}");
+            assert!(err.contains(field), "{field} in {err}");
+        }
+        let dup = parse("domain: d\ndescriptors:\n  - key: a\n  - key: a\n").unwrap_err();
+        assert!(
+            dup.to_string().contains("d.a: duplicate descriptor"),
+            "{dup}"
+        );
+    }
+
+    #[test]
+    fn unlimited_matches_without_a_rule() {
+        let config =
+            parse("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true}\n")
+                .unwrap();
+        let limit = config.find("d", &entries(&[("a", "x")])).unwrap().unwrap();
+        assert!(limit.rule.is_none());
+        let err = parse(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: second}\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("rate_limit.unit"), "{err}");
+    }
+}

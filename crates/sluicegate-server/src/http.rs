@@ -1,0 +1,420 @@
+//! The HTTP JSON API: `POST /v1/check`, `GET /v1/rules`, `GET /healthz`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use sluicegate::{Check, Decision, Limit, Limiter, MemoryStore, Rule, StoreError};
+
+use crate::config::{Config, Entry, UnknownDomain};
+
+/// What every handler shares.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub(crate) config: Arc<Config>,
+    pub(crate) limiter: Arc<Limiter<MemoryStore>>,
+}
+
+/// The service's routes.
+pub(crate) fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/check", post(check))
+        .route("/v1/rules", get(rules))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .with_state(state)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckRequest {
+    domain: String,
+    descriptors: Vec<RequestDescriptor>,
+    #[serde(default = "one")]
+    cost: u64,
+    request_id: Option<String>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequestDescriptor {
+    entries: Vec<Entry>,
+}
+
+/// A decision as JSON. `retry_after_us` is -1 for never, as in the replay format.
+#[derive(Serialize, Debug, PartialEq)]
+struct DecisionBody {
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    retry_after_us: i64,
+    reset_after_us: u64,
+    delay_us: u64,
+}
+
+impl From<Decision> for DecisionBody {
+    fn from(d: Decision) -> Self {
+        DecisionBody {
+            allowed: d.allowed,
+            limit: d.limit,
+            remaining: d.remaining,
+            retry_after_us: d.retry_after.as_signed_micros(),
+            reset_after_us: d.reset_after,
+            delay_us: d.delay,
+        }
+    }
+}
+
+/// Each request descriptor's own answer, in request order.
+#[derive(Serialize)]
+struct DescriptorBody {
+    /// The matched configuration path, or null when nothing matched.
+    rule: Option<String>,
+    /// The rule's decision; null when no rule or an `unlimited` one matched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decision: Option<DecisionBody>,
+}
+
+#[derive(Serialize)]
+struct CheckResponse {
+    allowed: bool,
+    /// The combined decision; null when no descriptor matched a limited rule.
+    decision: Option<DecisionBody>,
+    descriptors: Vec<DescriptorBody>,
+}
+
+/// An error answer: `{"error": "..."}` with a status.
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn bad_request(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "error": self.message });
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::InvalidCheck(message) => ApiError::bad_request(message),
+            other => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+/// The identity of a request descriptor within its rule: every entry, length-prefixed, so
+/// that no two different descriptors encode alike whatever characters they hold.
+fn descriptor_key(entries: &[Entry]) -> String {
+    let mut key = String::new();
+    for entry in entries {
+        for part in [&entry.key, &entry.value] {
+            key.push_str(&part.len().to_string());
+            key.push(':');
+            key.push_str(part);
+        }
+    }
+    key
+}
+
+async fn check(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let request: CheckRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid check request: {e}")))?;
+    if request.descriptors.is_empty() {
+        return Err(ApiError::bad_request(
+            "descriptors: at least one is required",
+        ));
+    }
+    if let Some(i) = request
+        .descriptors
+        .iter()
+        .position(|d| d.entries.is_empty())
+    {
+        return Err(ApiError::bad_request(format!(
+            "descriptors[{i}].entries: at least one entry is required"
+        )));
+    }
+    let mut matched: Vec<Option<(String, Option<Rule>)>> = Vec::new();
+    for descriptor in &request.descriptors {
+        let limit = state
+            .config
+            .find(&request.domain, &descriptor.entries)
+            .map_err(|UnknownDomain| {
+                ApiError::bad_request(format!("domain: unknown domain {:?}", request.domain))
+            })?;
+        matched.push(limit.map(|l| (l.path.clone(), l.rule.clone())));
+    }
+
+    // One store check for every limited descriptor, all-or-nothing. Two descriptors that
+    // land on the same rule and key share one limit and one answer.
+    let keys: Vec<String> = request
+        .descriptors
+        .iter()
+        .map(|d| descriptor_key(&d.entries))
+        .collect();
+    let mut limits: Vec<Limit<'_>> = Vec::new();
+    let mut limit_of: Vec<Option<usize>> = Vec::new();
+    for (m, key) in matched.iter().zip(&keys) {
+        let slot = m.as_ref().and_then(|(_, rule)| rule.as_ref()).map(|rule| {
+            limits
+                .iter()
+                .position(|l| l.key == key && l.rule.same_identity(rule))
+                .unwrap_or_else(|| {
+                    limits.push(Limit { rule, key });
+                    limits.len() - 1
+                })
+        });
+        limit_of.push(slot);
+    }
+    let outcome = if limits.is_empty() {
+        None
+    } else {
+        let check = Check {
+            request_id: request.request_id.as_deref(),
+            ..Check::new(&limits, request.cost)
+        };
+        Some(state.limiter.decide(&check).await?)
+    };
+
+    let descriptors = matched
+        .into_iter()
+        .zip(&limit_of)
+        .map(|(m, slot)| DescriptorBody {
+            rule: m.map(|(path, _)| path),
+            decision: slot
+                .zip(outcome.as_ref())
+                .map(|(i, o)| o.limits()[i].into()),
+        })
+        .collect();
+    let response = CheckResponse {
+        allowed: outcome.as_ref().is_none_or(|o| o.decision.allowed),
+        decision: outcome.map(|o| o.decision.into()),
+        descriptors,
+    };
+    Ok(axum::Json(response).into_response())
+}
+
+#[derive(Serialize)]
+struct RuleBody {
+    path: String,
+    /// Null for an unlimited rule.
+    algorithm: Option<String>,
+    limit: Option<u64>,
+    window_us: Option<u64>,
+}
+
+async fn rules(State(state): State<AppState>) -> axum::Json<Vec<RuleBody>> {
+    let rules = state
+        .config
+        .limits()
+        .into_iter()
+        .map(|l| RuleBody {
+            path: l.path.clone(),
+            algorithm: l.rule.as_ref().map(|r| r.algorithm().to_string()),
+            limit: l.rule.as_ref().map(Rule::capacity),
+            window_us: l.rule.as_ref().map(Rule::window),
+        })
+        .collect();
+    axum::Json(rules)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use std::path::Path;
+    use tower::ServiceExt;
+
+    const CONFIG: &str = "domain: shop
+descriptors:
+  - key: user
+    rate_limit: {window: 10s, requests_per_unit: 2}
+  - key: route
+    value: free
+    rate_limit: {unlimited: true}
+  - key: route
+    rate_limit: {algorithm: fixed-window, unit: minute, requests_per_unit: 3}
+";
+
+    fn test_app() -> Router {
+        let config = Config::parse(Path::new("test.yaml"), CONFIG).unwrap();
+        app(AppState {
+            config: Arc::new(config),
+            limiter: Arc::new(Limiter::in_memory()),
+        })
+    }
+
+    async fn post(app: &Router, body: &str) -> (StatusCode, serde_json::Value) {
+        let request = Request::post("/v1/check")
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_owned()))
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    fn user_check(user: &str, cost: u64) -> String {
+        serde_json::json!({
+            "domain": "shop",
+            "descriptors": [{"entries": [{"key": "user", "value": user}]}],
+            "cost": cost,
+        })
+        .to_string()
+    }
+
+    #[tokio::test]
+    async fn check_decides_and_refuses() {
+        let app = test_app();
+        let (status, first) = post(&app, &user_check("ann", 1)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(first["allowed"], true);
+        assert_eq!(first["decision"]["remaining"], 1);
+        assert_eq!(first["descriptors"][0]["rule"], "shop.user");
+        post(&app, &user_check("ann", 1)).await;
+        let (_, third) = post(&app, &user_check("ann", 1)).await;
+        assert_eq!(third["allowed"], false);
+        assert_eq!(third["decision"]["remaining"], 0);
+        assert!(third["decision"]["retry_after_us"].as_i64().unwrap() > 0);
+        // Another user has their own window; a cost above the limit can never fit.
+        let (_, other) = post(&app, &user_check("bob", 3)).await;
+        assert_eq!(other["decision"]["retry_after_us"], -1);
+    }
+
+    #[tokio::test]
+    async fn descriptors_are_all_or_nothing_and_unmatched_pass() {
+        let app = test_app();
+        let body = |route: &str| {
+            serde_json::json!({
+                "domain": "shop",
+                "descriptors": [
+                    {"entries": [{"key": "user", "value": "cy"}]},
+                    {"entries": [{"key": "route", "value": route}]},
+                    {"entries": [{"key": "unknown", "value": "x"}]},
+                ],
+            })
+            .to_string()
+        };
+        let (_, a) = post(&app, &body("free")).await;
+        assert_eq!(a["allowed"], true);
+        assert_eq!(a["descriptors"][1]["rule"], "shop.route_free");
+        assert!(a["descriptors"][1].get("decision").is_none());
+        assert_eq!(a["descriptors"][2]["rule"], serde_json::Value::Null);
+        post(&app, &body("cart")).await;
+        let (_, refused) = post(&app, &body("cart")).await;
+        assert_eq!(refused["allowed"], false);
+        // The user rule refused; the route rule had room and recorded nothing.
+        assert_eq!(refused["descriptors"][0]["decision"]["allowed"], false);
+        assert_eq!(refused["descriptors"][1]["decision"]["allowed"], true);
+        assert_eq!(refused["descriptors"][1]["decision"]["remaining"], 2);
+    }
+
+    #[tokio::test]
+    async fn bad_requests_say_what_is_wrong() {
+        let app = test_app();
+        let cases = [
+            ("{", "invalid check request"),
+            ("[]", "invalid check request"),
+            (r#"{"domain":"shop"}"#, "missing field `descriptors`"),
+            (
+                r#"{"domain":"shop","descriptors":[]}"#,
+                "descriptors: at least one",
+            ),
+            (
+                r#"{"domain":"shop","descriptors":[{"entries":[]}]}"#,
+                "descriptors[0].entries",
+            ),
+            (
+                r#"{"domain":"nope","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#,
+                "unknown domain",
+            ),
+            (
+                r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"a"}]}],"cost":-1}"#,
+                "invalid check request",
+            ),
+            (
+                r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"a"}]}],"cost":9007199254740992}"#,
+                "not below 2^53",
+            ),
+            (
+                r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"a"}]}],"colour":1}"#,
+                "unknown field `colour`",
+            ),
+        ];
+        for (body, says) in cases {
+            let (status, json) = post(&app, body).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+            let error = json["error"].as_str().unwrap();
+            assert!(error.contains(says), "{body}: {error}");
+        }
+    }
+
+    #[tokio::test]
+    async fn healthz_and_rules() {
+        let app = test_app();
+        let response = app
+            .clone()
+            .oneshot(Request::get("/healthz").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let response = app
+            .oneshot(Request::get("/v1/rules").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let rules: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let paths: Vec<&str> = rules
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(paths, ["shop.route", "shop.route_free", "shop.user"]);
+    }
+
+    #[test]
+    fn descriptor_keys_do_not_collide() {
+        let e = |k: &str, v: &str| Entry {
+            key: k.into(),
+            value: v.into(),
+        };
+        let pairs = [
+            vec![e("a", "b:c")],
+            vec![e("a:b", "c")],
+            vec![e("a", "b"), e("c", "")],
+            vec![e("a", "b1:c0:")],
+        ];
+        let keys: Vec<String> = pairs.iter().map(|p| descriptor_key(p)).collect();
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! The `sluicegate` binary end to end: real processes, real sockets.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Output, Stdio};
+
+fn sluicegate() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+}
+
+fn replay(args: &[&str], input: &str) -> Output {
+    let mut child = sluicegate()
+        .arg("replay")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Seed 003's trace in µs, with a comment, a blank line, a second key and a request id.
+/// Key b's unit admitted at 0.9 s has left its window at 1.9 s, so the peek finds 2 left.
+#[test]
+fn replay_decides_a_file() {
+    let input = "\
+# seed 003: W = 1000 ms, L = 3
+100000,a,1
+400000,a,1
+800000,a,1
+900000,a,1
+
+900000,b,1,r1
+1200000,a,1
+1500000,a,1
+1600000,a,1
+1900000,a,1
+1900000,b,0
+";
+    let out = replay(
+        &[
+            "--algorithm",
+            "sliding-log",
+            "--limit",
+            "3",
+            "--window",
+            "1s",
+        ],
+        input,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = "\
+100000,a,1,1,2,0,1000000,0
+400000,a,1,1,1,0,1000000,0
+800000,a,1,1,0,0,1000000,0
+900000,a,1,0,0,200000,900000,0
+900000,b,1,1,2,0,1000000,0
+1200000,a,1,1,0,0,1000000,0
+1500000,a,1,1,0,0,1000000,0
+1600000,a,1,0,0,200000,900000,0
+1900000,a,1,1,0,0,1000000,0
+1900000,b,0,1,2,0,1000000,0
+";
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), expected);
+}
+
+#[test]
+fn replay_stops_at_a_malformed_line() {
+    let out = replay(
+        &[
+            "--algorithm",
+            "fixed-window",
+            "--limit",
+            "3",
+            "--window",
+            "1s",
+        ],
+        "1,a,1\n2,a,1\n3,a,lots\n4,a,1\n",
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("line 3: cost \"lots\""), "{stderr}");
+    // Lines before the bad one were decided and written.
+    assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 2);
+
+    let out = replay(
+        &[
+            "--algorithm",
+            "fixed-window",
+            "--limit",
+            "3",
+            "--window",
+            "1s",
+        ],
+        "5,a,1\n4,a,1\n",
+    );
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("line 2: time_us 4 is before"), "{stderr}");
+}
+
+#[test]
+fn replay_rejects_a_bad_rule() {
+    let out = replay(
+        &[
+            "--algorithm",
+            "sliding-counter",
+            "--limit",
+            "200000000",
+            "--window",
+            "1d",
+        ],
+        "",
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("--window: window 1d with limit 200000000 exceeds 2^53"),
+        "{stderr}"
+    );
+}
+
+struct Server {
+    child: Child,
+    address: String,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let mut child = sluicegate()
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let address = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find_map(|line| {
+                line.split_whitespace()
+                    .find_map(|word| word.strip_prefix("address="))
+                    .map(str::to_owned)
+            })
+            .expect("the server logs its address");
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Server { child, address }
+    }
+
+    fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let mut stream = TcpStream::connect(&self.address).unwrap();
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.address,
+            body.len()
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let status = response[9..12].parse().unwrap();
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    fn stop(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(killed.success());
+        self.child.wait().unwrap()
+    }
+}
+
+#[test]
+fn serve_answers_the_documented_calls_and_exits_cleanly() {
+    let server = Server::start(&[]);
+    let (status, body) = server.request("GET", "/healthz", "");
+    assert_eq!((status, body.trim()), (200, "ok"));
+    // The README's curl call, against the example rules (5 per 10 s per user).
+    let check =
+        r#"{"domain":"example","descriptors":[{"entries":[{"key":"user","value":"alice"}]}]}"#;
+    let answers: Vec<String> = (0..6)
+        .map(|_| server.request("POST", "/v1/check", check).1)
+        .collect();
+    assert!(answers[0].contains(r#""allowed":true"#), "{}", answers[0]);
+    assert!(answers[0].contains(r#""remaining":4"#), "{}", answers[0]);
+    assert!(
+        answers[5].starts_with(r#"{"allowed":false"#),
+        "{}",
+        answers[5]
+    );
+    let (status, body) = server.request("POST", "/v1/check", "{not json");
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        server.stop().success(),
+        "SIGTERM ends the server with status 0"
+    );
+}
+
+#[test]
+fn serve_refuses_a_bad_config_naming_file_and_line() {
+    let dir = std::env::temp_dir().join(format!("sluicegate-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.yaml");
+    std::fs::write(
+        &path,
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 0\n",
+    )
+    .unwrap();
+    let out = sluicegate()
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("bad.yaml"), "{stderr}");
+    assert!(stderr.contains("line 5"), "{stderr}");
+    assert!(
+        stderr.contains("rate_limit.limit: limit must be at least 1"),
+        "{stderr}"
+    );
+}
