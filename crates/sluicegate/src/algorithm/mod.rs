@@ -48,7 +48,7 @@ pub(crate) struct RuleState {
 
 #[derive(Clone, Debug)]
 enum StateKind {
-    Log(Box<SlidingLogState>),
+    Log(SlidingLogState),
     Fixed(FixedWindowState),
     Counter(Box<SlidingCounterState>),
     Gcra(GcraState),
@@ -120,7 +120,7 @@ impl Plan {
 impl RuleState {
     pub(crate) fn new(rule: &Rule) -> Self {
         let kind = match rule.algorithm() {
-            Algorithm::SlidingLog => StateKind::Log(Box::default()),
+            Algorithm::SlidingLog => StateKind::Log(SlidingLogState::default()),
             Algorithm::FixedWindow => StateKind::Fixed(FixedWindowState::default()),
             Algorithm::SlidingCounter => StateKind::Counter(Box::default()),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {

@@ -35,7 +35,14 @@ impl SlidingLogState {
     /// nothing, even for a later check that carries an earlier time.
     pub(crate) fn plan(&self, rule: &Rule, now: u64) -> LogPlan {
         let window = rule.window();
-        let expired_runs = self.runs.partition_point(|run| run.at + window <= now);
+        // Usually nothing has expired since the last admission dropped what had: one look at
+        // the oldest run settles it without a binary search across the buffer.
+        let expired_runs = match self.runs.front() {
+            Some(oldest) if oldest.at + window <= now => {
+                self.runs.partition_point(|run| run.at + window <= now)
+            }
+            _ => 0,
+        };
         let expired: u64 = self.runs.range(..expired_runs).map(|run| run.units).sum();
         LogPlan {
             live: self.live - expired,
