@@ -70,7 +70,12 @@ impl Config {
             path: path.to_owned(),
             message,
         };
-        let file: RawFile = serde_saphyr::from_str(text).map_err(|e| error(e.to_string()))?;
+        let file: RawFile = serde_saphyr::from_str(text).map_err(|e| {
+            error(
+                e.to_string()
+                    .replace("<input>", &path.display().to_string()),
+            )
+        })?;
         if file.domain.is_empty() {
             return Err(error("domain: must not be empty".into()));
         }
