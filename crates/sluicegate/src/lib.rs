@@ -12,6 +12,10 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, RetryAfter};
 pub use limiter::Limiter;
 pub use rule::{
-    Algorithm, DEFAULT_BUCKETS, EXACT_LIMIT, MAX_SPAN, MAX_TIME, Rule, RuleError, RuleSpec,
+    Algorithm, DEFAULT_BUCKETS, EXACT_LIMIT, LogLayout, MAX_SPAN, MAX_TIME, Rule, RuleError,
+    RuleSpec,
 };
-pub use store::{Check, Limit, MemoryStore, MemoryStoreConfig, Outcome, Store, StoreError};
+pub use store::{
+    Check, Limit, MemoryStore, MemoryStoreConfig, Outcome, RedisStore, RedisStoreConfig, Store,
+    StoreError,
+};

@@ -83,6 +83,44 @@ impl FromStr for Algorithm {
     }
 }
 
+/// How a `sliding-log` rule keeps its entries in Redis. Decisions are identical; the
+/// in-memory store ignores it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LogLayout {
+    /// The seeds' layout: a sorted set, score = time, one member per unit; inspectable with
+    /// `ZRANGE key 0 -1 WITHSCORES`.
+    #[default]
+    Zset,
+    /// A ring of L 8-byte timestamps in one string: a fraction of the memory, constant
+    /// work per check.
+    Compact,
+}
+
+impl LogLayout {
+    /// The name used in configuration.
+    pub const fn name(self) -> &'static str {
+        match self {
+            LogLayout::Zset => "zset",
+            LogLayout::Compact => "compact",
+        }
+    }
+}
+
+impl FromStr for LogLayout {
+    type Err = RuleError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "zset" => Ok(LogLayout::Zset),
+            "compact" => Ok(LogLayout::Compact),
+            _ => Err(RuleError::new(
+                "layout",
+                format!("unknown layout {s:?}; expected zset or compact"),
+            )),
+        }
+    }
+}
+
 /// A rule's parameters as written by a user, before validation.
 ///
 /// `buckets`, `burst` and `queue` belong to one algorithm each; giving one to another
@@ -101,6 +139,8 @@ pub struct RuleSpec {
     pub burst: Option<u64>,
     /// Q, leaky-bucket only (default 0).
     pub queue: Option<u64>,
+    /// Redis layout, sliding-log only (default zset).
+    pub layout: Option<LogLayout>,
 }
 
 impl RuleSpec {
@@ -113,6 +153,7 @@ impl RuleSpec {
             buckets: None,
             burst: None,
             queue: None,
+            layout: None,
         }
     }
 }
@@ -135,6 +176,7 @@ struct RuleInner {
     buckets: u64,
     capacity: u64,
     emission_interval: u64,
+    layout: LogLayout,
 }
 
 impl Rule {
@@ -148,6 +190,7 @@ impl Rule {
             buckets,
             burst,
             queue,
+            layout,
         } = *spec;
         let only_for = |field: &'static str, value: Option<u64>, owner: Algorithm| {
             if value.is_some() && algorithm != owner {
@@ -162,6 +205,13 @@ impl Rule {
         only_for("buckets", buckets, Algorithm::SlidingCounter)?;
         only_for("burst", burst, Algorithm::TokenBucket)?;
         only_for("queue", queue, Algorithm::LeakyBucket)?;
+        if layout.is_some() && algorithm != Algorithm::SlidingLog {
+            return Err(RuleError::new(
+                "layout",
+                format!("layout applies only to sliding-log, not to {algorithm}"),
+            ));
+        }
+        let layout = layout.unwrap_or_default();
         if limit == 0 {
             return Err(RuleError::new("limit", "limit must be at least 1"));
         }
@@ -259,7 +309,8 @@ impl Rule {
             }
         }
         let identity = format!(
-            "{name}|{algorithm}|{limit}|{window}|{bucket_count}|{capacity}",
+            "{name}|{algorithm}|{limit}|{window}|{bucket_count}|{capacity}|{layout}",
+            layout = layout.name(),
             name = name.len().to_string() + ":" + name
         );
         Ok(Rule {
@@ -277,6 +328,7 @@ impl Rule {
                 buckets: bucket_count,
                 capacity,
                 emission_interval,
+                layout,
             }),
         })
     }
@@ -332,6 +384,11 @@ impl Rule {
         self.inner.emission_interval
     }
 
+    /// The Redis layout of a sliding-log rule.
+    pub fn layout(&self) -> LogLayout {
+        self.inner.layout
+    }
+
     /// The parameters this rule was built from.
     pub fn spec(&self) -> RuleSpec {
         let r = &self.inner;
@@ -340,7 +397,8 @@ impl Rule {
             Algorithm::SlidingCounter => spec.buckets = Some(r.buckets),
             Algorithm::TokenBucket => spec.burst = Some(r.capacity),
             Algorithm::LeakyBucket => spec.queue = Some(r.capacity - 1),
-            Algorithm::SlidingLog | Algorithm::FixedWindow => {}
+            Algorithm::SlidingLog => spec.layout = Some(r.layout),
+            Algorithm::FixedWindow => {}
         }
         spec
     }
@@ -361,7 +419,8 @@ impl RuleError {
         }
     }
 
-    /// The offending field: `algorithm`, `limit`, `window`, `buckets`, `burst` or `queue`.
+    /// The offending field: `algorithm`, `limit`, `window`, `buckets`, `burst`, `queue` or
+    /// `layout`.
     pub fn field(&self) -> &'static str {
         self.field
     }

@@ -2,8 +2,10 @@
 //! gives the same decisions for the same checks (SPEC.md); tests hold them to it.
 
 mod memory;
+pub mod redis;
 
 pub use memory::{MemoryStore, MemoryStoreConfig, SWEEP_INTERVAL};
+pub use redis::{RedisStore, RedisStoreConfig};
 
 use std::fmt;
 use std::future::Future;
@@ -151,6 +153,38 @@ pub enum StoreError {
         /// The configured cap.
         max_keys: usize,
     },
+    /// The server could not be reached, or the cluster is down.
+    Unavailable {
+        /// The server (its URL without credentials).
+        server: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The server did not answer within the configured time.
+    Timeout {
+        /// The server.
+        server: String,
+        /// The check's first state key.
+        key: Option<String>,
+        /// The timeout.
+        after: std::time::Duration,
+    },
+    /// A key the check needs holds a value of another type (something else wrote it).
+    WrongType {
+        /// The server.
+        server: String,
+        /// The key.
+        key: String,
+    },
+    /// The script failed or answered something unexpected.
+    Script {
+        /// The server.
+        server: String,
+        /// The check's first state key.
+        key: Option<String>,
+        /// The server's message.
+        message: String,
+    },
 }
 
 impl fmt::Display for StoreError {
@@ -161,6 +195,30 @@ impl fmt::Display for StoreError {
                 f,
                 "in-memory store is full: {max_keys} keys are live; a new key is not admitted \
                  until one expires (raise max_keys to hold more)"
+            ),
+            StoreError::Unavailable { server, message } => {
+                write!(f, "redis at {server} is unavailable: {message}")
+            }
+            StoreError::Timeout { server, key, after } => write!(
+                f,
+                "redis at {server} did not answer within {after:?}{}",
+                key.as_ref()
+                    .map_or(String::new(), |k| format!(" (key {k})"))
+            ),
+            StoreError::WrongType { server, key } => write!(
+                f,
+                "redis at {server}: key {key:?} holds a value of the wrong type; something \
+                 other than sluicegate wrote it"
+            ),
+            StoreError::Script {
+                server,
+                key,
+                message,
+            } => write!(
+                f,
+                "redis at {server}: check script failed{}: {message}",
+                key.as_ref()
+                    .map_or(String::new(), |k| format!(" on key {k}"))
             ),
         }
     }

@@ -1,0 +1,360 @@
+//! The Redis store: one Lua script per check (`check.lua`), Redis `TIME` as the clock,
+//! on a single server or a Redis Cluster.
+//!
+//! Keys: `{prefix}{TAG}:{kind}:{rule identity length}:{rule identity}:{key}`. `TAG` is a
+//! hash of the user's key alone, so every rule's state for one identity lives in one hash
+//! slot (a check of several rules on one key is one atomic script, on a cluster too), and
+//! no character of a key — braces included — can steer it into another slot; the rest is
+//! length-prefixed, so two different (rule, key) pairs never share a Redis key. `kind` is
+//! `s` for the state, `i` for request ids, `r` for leaky-bucket release times.
+
+mod keys;
+
+use std::fmt;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
+
+pub use keys::{hash_slot, redis_key};
+
+use super::{Check, Outcome, Store, StoreError};
+use crate::decision::{Decision, RetryAfter};
+use crate::rule::{Algorithm, LogLayout, Rule};
+
+/// The check script; see its header for the arguments.
+const CHECK_SCRIPT: &str = include_str!("check.lua");
+
+/// Settings of a [`RedisStore`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisStoreConfig {
+    /// `redis://[user:password@]host:port[/db]`, `redis+unix:///path/to.sock`, or
+    /// `redis-cluster://[user:password@]host:port,host:port,…` (seed nodes).
+    pub url: String,
+    /// Prepended to every key, so several deployments can share one Redis.
+    pub prefix: String,
+    /// How long one check may take, connection included, before it fails.
+    pub timeout: Duration,
+}
+
+impl RedisStoreConfig {
+    /// Defaults for `url`: prefix `sluicegate:`, a 50 ms timeout.
+    pub fn new(url: &str) -> Self {
+        RedisStoreConfig {
+            url: url.to_owned(),
+            prefix: "sluicegate:".to_owned(),
+            timeout: Duration::from_millis(50),
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// The Redis and Redis Cluster store.
+#[derive(Clone)]
+pub struct RedisStore {
+    connection: Connection,
+    script: Script,
+    prefix: String,
+    timeout: Duration,
+    /// Where it connects, without credentials: named in every error.
+    server: String,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("server", &self.server)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connects (within the configured timeout, at least one second for a first
+    /// connection) and checks that the server answers.
+    pub async fn connect(config: RedisStoreConfig) -> Result<RedisStore, StoreError> {
+        let server = redact(&config.url);
+        let unavailable = |message: String| StoreError::Unavailable {
+            server: server.clone(),
+            message,
+        };
+        let connect_timeout = config.timeout.max(Duration::from_secs(1));
+        let connection = if let Some(seeds) = config.url.strip_prefix("redis-cluster://") {
+            let (credentials, hosts) = match seeds.rsplit_once('@') {
+                Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
+                None => (String::new(), seeds),
+            };
+            let nodes: Vec<String> = hosts
+                .split(',')
+                .map(|host| format!("redis://{credentials}{}", host.trim()))
+                .collect();
+            let client = ClusterClientBuilder::new(nodes)
+                .connection_timeout(connect_timeout)
+                .response_timeout(config.timeout)
+                .build()
+                .map_err(|e| unavailable(e.to_string()))?;
+            let connection = tokio::time::timeout(connect_timeout, client.get_async_connection())
+                .await
+                .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
+                .map_err(|e| unavailable(e.to_string()))?;
+            Connection::Cluster(connection)
+        } else {
+            let client =
+                redis::Client::open(config.url.as_str()).map_err(|e| unavailable(e.to_string()))?;
+            let manager_config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(connect_timeout))
+                .set_response_timeout(Some(config.timeout))
+                .set_number_of_retries(1);
+            let manager = tokio::time::timeout(
+                connect_timeout,
+                client.get_connection_manager_with_config(manager_config),
+            )
+            .await
+            .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
+            .map_err(|e| unavailable(e.to_string()))?;
+            Connection::Single(manager)
+        };
+        let store = RedisStore {
+            connection,
+            script: Script::new(CHECK_SCRIPT),
+            prefix: config.prefix,
+            timeout: config.timeout,
+            server,
+        };
+        store.ping().await?;
+        Ok(store)
+    }
+
+    /// Whether the server answers, within the timeout.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let ping = redis::cmd("PING");
+        let reply = match &self.connection {
+            Connection::Single(c) => {
+                self.bounded(ping.query_async::<String>(&mut c.clone()))
+                    .await
+            }
+            Connection::Cluster(c) => {
+                self.bounded(ping.query_async::<String>(&mut c.clone()))
+                    .await
+            }
+        };
+        reply.map(drop).map_err(|e| self.error(e, None))
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The Redis key holding the state of `rule` for `key`.
+    pub fn state_key(&self, rule: &Rule, key: &str) -> String {
+        redis_key(&self.prefix, 's', rule, key)
+    }
+
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, CallError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(CallError::Redis(e)),
+            Err(_) => Err(CallError::Timeout),
+        }
+    }
+
+    fn error(&self, error: CallError, key: Option<&str>) -> StoreError {
+        let server = self.server.clone();
+        let key = key.map(str::to_owned);
+        match error {
+            CallError::Timeout => StoreError::Timeout {
+                server,
+                key,
+                after: self.timeout,
+            },
+            CallError::Redis(e) => match e.kind() {
+                ErrorKind::Server(ServerErrorKind::CrossSlot) => StoreError::InvalidCheck(format!(
+                    "the limits of this check live in different Redis Cluster hash slots: {e}"
+                )),
+                ErrorKind::Server(ServerErrorKind::ClusterDown) => StoreError::Unavailable {
+                    server,
+                    message: format!("cluster down: {e}"),
+                },
+                _ if e.to_string().contains("WRONGTYPE") => StoreError::WrongType {
+                    server,
+                    key: key.unwrap_or_default(),
+                },
+                ErrorKind::Server(_) | ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
+                    StoreError::Script {
+                        server,
+                        key,
+                        message: e.to_string(),
+                    }
+                }
+                _ => StoreError::Unavailable {
+                    server,
+                    message: e.to_string(),
+                },
+            },
+        }
+    }
+
+    /// Runs the script for `check` and returns each limit's decision.
+    async fn run(&self, check: &Check<'_>) -> Result<Vec<Decision>, StoreError> {
+        let mut invocation = self.script.prepare_invoke();
+        invocation
+            .arg(check.at.map_or(String::new(), |at| at.to_string()))
+            .arg(check.cost)
+            .arg(check.request_id.unwrap_or(""))
+            .arg(check.limits.len());
+        let mut state_keys = Vec::with_capacity(check.limits.len());
+        for limit in check.limits {
+            let rule = limit.rule;
+            let state_key = redis_key(&self.prefix, 's', rule, limit.key);
+            invocation
+                .key(&state_key)
+                .key(redis_key(&self.prefix, 'i', rule, limit.key))
+                .key(redis_key(&self.prefix, 'r', rule, limit.key));
+            state_keys.push(state_key);
+            invocation
+                .arg(algorithm_code(rule.algorithm()))
+                .arg(rule.limit())
+                .arg(rule.window())
+                .arg(rule.buckets())
+                .arg(rule.capacity())
+                .arg(rule.emission_interval())
+                .arg(u8::from(rule.layout() == LogLayout::Compact));
+        }
+        let reply: Result<Vec<[i64; 6]>, CallError> = match &self.connection {
+            Connection::Single(c) => self.bounded(invocation.invoke_async(&mut c.clone())).await,
+            Connection::Cluster(c) => self.bounded(invocation.invoke_async(&mut c.clone())).await,
+        };
+        let rows = match reply {
+            Ok(rows) => rows,
+            Err(CallError::Redis(e)) if e.to_string().contains("WRONGTYPE") => {
+                let culprit = self.wrong_type_key(check).await;
+                return Err(self.error(CallError::Redis(e), culprit.as_deref()));
+            }
+            Err(e) => return Err(self.error(e, state_keys.first().map(String::as_str))),
+        };
+        if rows.len() != check.limits.len() {
+            return Err(StoreError::Script {
+                server: self.server.clone(),
+                key: state_keys.first().cloned(),
+                message: format!("{} answers for {} limits", rows.len(), check.limits.len()),
+            });
+        }
+        Ok(rows.into_iter().map(decision_from_row).collect())
+    }
+
+    /// Finds which of a check's keys holds a value of a type the script cannot read.
+    async fn wrong_type_key(&self, check: &Check<'_>) -> Option<String> {
+        for limit in check.limits {
+            for kind in ['s', 'i', 'r'] {
+                let key = redis_key(&self.prefix, kind, limit.rule, limit.key);
+                let expected: &[&str] = match (kind, limit.rule.algorithm(), limit.rule.layout()) {
+                    ('s', Algorithm::SlidingLog, LogLayout::Zset) | ('i', ..) => &["zset"],
+                    ('s', Algorithm::SlidingLog, LogLayout::Compact) => &["string"],
+                    _ => &["hash"],
+                };
+                let kind_of = redis::cmd("TYPE").arg(&key).clone();
+                let found = match &self.connection {
+                    Connection::Single(c) => {
+                        self.bounded(kind_of.query_async::<String>(&mut c.clone()))
+                            .await
+                    }
+                    Connection::Cluster(c) => {
+                        self.bounded(kind_of.query_async::<String>(&mut c.clone()))
+                            .await
+                    }
+                };
+                if let Ok(found) = found
+                    && found != "none"
+                    && !expected.contains(&found.as_str())
+                {
+                    return Some(key);
+                }
+            }
+        }
+        None
+    }
+}
+
+enum CallError {
+    Redis(RedisError),
+    Timeout,
+}
+
+fn algorithm_code(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::SlidingLog => 1,
+        Algorithm::SlidingCounter => 2,
+        Algorithm::FixedWindow => 3,
+        Algorithm::TokenBucket => 4,
+        Algorithm::LeakyBucket => 5,
+    }
+}
+
+fn decision_from_row(row: [i64; 6]) -> Decision {
+    let [allows, limit, remaining, retry, reset, delay] = row;
+    let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
+    Decision {
+        allowed: allows == 1,
+        limit: unsigned(limit),
+        remaining: unsigned(remaining),
+        retry_after: if retry < 0 {
+            RetryAfter::Never
+        } else {
+            RetryAfter::Micros(unsigned(retry))
+        },
+        reset_after: unsigned(reset),
+        delay: unsigned(delay),
+    }
+}
+
+/// The URL without its password, for error messages and logs.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl Store for RedisStore {
+    async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
+        check.validate()?;
+        self.run(check).await.map(Outcome::from_limits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_passwords() {
+        assert_eq!(redact("redis://app:secret@db:6379/0"), "redis://db:6379/0");
+        assert_eq!(redact("redis-cluster://a:1,b:2"), "redis-cluster://a:1,b:2");
+        assert_eq!(
+            redact("redis+unix:///run/redis.sock"),
+            "redis+unix:///run/redis.sock"
+        );
+    }
+
+    #[test]
+    fn rows_become_decisions() {
+        let d = decision_from_row([0, 5, 0, -1, 10, 0]);
+        assert_eq!(d.retry_after, RetryAfter::Never);
+        assert!(!d.allowed);
+        assert_eq!(decision_from_row([1, 5, 4, 0, 10, 3]).delay, 3);
+    }
+}

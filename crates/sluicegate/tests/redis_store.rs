@@ -1,0 +1,324 @@
+//! The Redis store against the Rust reference (the in-memory store), on a real
+//! redis-server and a real three-master Redis Cluster started by the tests.
+
+mod support;
+
+use std::sync::Arc;
+
+use sluicegate::store::redis::{hash_slot, redis_key};
+use sluicegate::{
+    Algorithm, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, RedisStore,
+    RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
+};
+
+/// A deterministic random sequence (xorshift), so a failure names a seed to replay.
+struct Random(u64);
+
+impl Random {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Two rules named after the seed, so no trace meets state another trace left behind.
+fn rules_for(
+    algorithm: Algorithm,
+    layout: Option<LogLayout>,
+    seed: u64,
+    random: &mut Random,
+) -> Vec<Rule> {
+    let window = WINDOWS[random.below(WINDOWS.len() as u64) as usize];
+    (0..2)
+        .map(|i| {
+            let limit = 1 + random.below(6);
+            let mut spec = RuleSpec::new(algorithm, limit, window * (i + 1));
+            match algorithm {
+                Algorithm::SlidingCounter => {
+                    spec.buckets = Some([1, 4, 10][random.below(3) as usize])
+                }
+                Algorithm::TokenBucket => spec.burst = Some(1 + random.below(6)),
+                Algorithm::LeakyBucket => spec.queue = Some(random.below(4)),
+                Algorithm::SlidingLog => spec.layout = layout,
+                Algorithm::FixedWindow => {}
+            }
+            Rule::new(&format!("seed-{seed}-rule-{i}"), &spec).unwrap()
+        })
+        .collect()
+}
+
+const KEYS: [&str; 4] = ["user:1", "user:{2}", "}{", ""];
+
+/// Tiny windows (µs) hit every rounding edge within a few hundred checks; the larger ones
+/// are what production uses.
+const WINDOWS: [u64; 6] = [10, 12, 60, 120, 100_000, 1_000_000];
+
+/// Runs `lines` random checks through the memory store and `store`, comparing every
+/// decision. Times are the caller's, so both stores see the same instants.
+async fn differential(
+    store: &RedisStore,
+    algorithm: Algorithm,
+    layout: Option<LogLayout>,
+    seed: u64,
+    lines: usize,
+) {
+    let mut random = Random(seed);
+    let rules = rules_for(algorithm, layout, seed, &mut random);
+    let reference = MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)));
+    let window = rules[0].window();
+    let mut t: u64 = 1_700_000_000_000_000 + random.below(1_000_000);
+    for line in 0..lines {
+        t = match random.below(10) {
+            0..=2 => t,
+            3..=7 => t + random.below(window / 2 + 1),
+            // Just before, at or after a window boundary.
+            8 => (t / window + 1) * window + random.below(3) - 1,
+            _ => t + random.below(4 * window),
+        };
+        let key = KEYS[random.below(KEYS.len() as u64) as usize];
+        let chosen: Vec<Limit> = match random.below(3) {
+            0 => vec![Limit {
+                rule: &rules[0],
+                key,
+            }],
+            1 => vec![Limit {
+                rule: &rules[1],
+                key,
+            }],
+            _ => rules.iter().map(|rule| Limit { rule, key }).collect(),
+        };
+        let id = (random.below(4) == 0).then(|| format!("req-{}", random.below(5)));
+        let check = Check {
+            limits: &chosen,
+            cost: random.below(4),
+            request_id: id.as_deref(),
+            at: Some(t),
+        };
+        let want = reference.check_now(&check).unwrap();
+        let got = store.check(&check).await.unwrap();
+        assert_eq!(
+            got, want,
+            "{algorithm} {layout:?} seed {seed} line {line}: t={t} key={key:?} cost={} id={id:?}",
+            check.cost
+        );
+    }
+}
+
+fn prefix(test: &str) -> String {
+    format!("test:{test}:{}:", std::process::id())
+}
+
+async fn standalone_store(test: &str) -> RedisStore {
+    let mut config = RedisStoreConfig::new(&support::standalone().url());
+    config.prefix = prefix(test);
+    config.timeout = std::time::Duration::from_secs(2);
+    RedisStore::connect(config)
+        .await
+        .expect("connect to the test redis-server")
+}
+
+async fn cluster_store(test: &str) -> RedisStore {
+    let mut config = RedisStoreConfig::new(&support::cluster().url());
+    config.prefix = prefix(test);
+    config.timeout = std::time::Duration::from_secs(2);
+    RedisStore::connect(config)
+        .await
+        .expect("connect to the test cluster")
+}
+
+const CASES: [(Algorithm, Option<LogLayout>); 6] = [
+    (Algorithm::SlidingLog, Some(LogLayout::Zset)),
+    (Algorithm::SlidingLog, Some(LogLayout::Compact)),
+    (Algorithm::SlidingCounter, None),
+    (Algorithm::FixedWindow, None),
+    (Algorithm::TokenBucket, None),
+    (Algorithm::LeakyBucket, None),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_agrees_with_the_reference() {
+    let store = standalone_store("differential").await;
+    for (i, (algorithm, layout)) in CASES.into_iter().enumerate() {
+        for seed in 1..=4 {
+            differential(&store, algorithm, layout, seed * 7919 + i as u64, 600).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_agrees_with_the_reference() {
+    let store = cluster_store("differential").await;
+    for (i, (algorithm, layout)) in CASES.into_iter().enumerate() {
+        for seed in 1..=2 {
+            differential(&store, algorithm, layout, seed * 104_729 + i as u64, 500).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identities_spread_over_every_master() {
+    let store = cluster_store("spread").await;
+    let rule = Rule::new(
+        "spread",
+        &RuleSpec::new(Algorithm::FixedWindow, 10, 60_000_000),
+    )
+    .unwrap();
+    for i in 0..10_000 {
+        let key = format!("user:{i}");
+        let limits = [Limit {
+            rule: &rule,
+            key: &key,
+        }];
+        assert!(
+            store
+                .check(&Check::new(&limits, 1))
+                .await
+                .unwrap()
+                .decision
+                .allowed
+        );
+    }
+    for master in &support::cluster().masters {
+        let reply = support::command(master.port, "DBSIZE").unwrap();
+        let keys: u64 = reply.trim().trim_start_matches(':').parse().unwrap();
+        assert!(keys > 2_000, "master {} holds {keys} keys", master.port);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_rule_check_on_one_identity_is_atomic_on_the_cluster() {
+    let store = cluster_store("atomic").await;
+    let per_second = Rule::new("s", &RuleSpec::new(Algorithm::SlidingLog, 1, 1_000_000)).unwrap();
+    let per_hour = Rule::new(
+        "h",
+        &RuleSpec::new(Algorithm::TokenBucket, 100, 3_600_000_000),
+    )
+    .unwrap();
+    let limits = [
+        Limit {
+            rule: &per_second,
+            key: "alice",
+        },
+        Limit {
+            rule: &per_hour,
+            key: "alice",
+        },
+    ];
+    assert_eq!(
+        hash_slot(&store.state_key(&per_second, "alice")),
+        hash_slot(&store.state_key(&per_hour, "alice"))
+    );
+    assert!(
+        store
+            .check(&Check::new(&limits, 1))
+            .await
+            .unwrap()
+            .decision
+            .allowed
+    );
+    // The per-second rule is full: the check is refused and the hourly bucket untouched.
+    for _ in 0..5 {
+        let refused = store.check(&Check::new(&limits, 1)).await.unwrap();
+        assert!(!refused.decision.allowed);
+        assert_eq!(refused.limits()[1].remaining, 99);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_expire_once_their_window_has_passed() {
+    let store = standalone_store("expiry").await;
+    let port = support::standalone().port;
+    for (algorithm, layout) in CASES {
+        let mut spec = RuleSpec::new(algorithm, 5, 200_000);
+        spec.layout = layout;
+        let rule = Rule::new("expiry", &spec).unwrap();
+        let limits = [Limit {
+            rule: &rule,
+            key: "idle",
+        }];
+        let check = Check {
+            request_id: Some("r1"),
+            ..Check::new(&limits, 1)
+        };
+        let admitted = store.check(&check).await.unwrap().decision;
+        assert!(admitted.allowed);
+        let key = store.state_key(&rule, "idle");
+        let ttl = support::command(port, &format!("PTTL {key}")).unwrap();
+        let ttl: u64 = ttl.trim().trim_start_matches(':').parse().unwrap();
+        // No shorter than the state matters (reset_after, rounded up to a ms), no longer.
+        let reset_ms = admitted.reset_after.div_ceil(1000);
+        assert!(
+            ttl <= reset_ms && ttl + 50 >= reset_ms,
+            "{algorithm}: PTTL {ttl} for reset_after {reset_ms} ms"
+        );
+        // Redis expires on its own clock; this is the one wait on real time in these tests,
+        // and it waits for Redis, not for sluicegate.
+        tokio::time::sleep(std::time::Duration::from_millis(reset_ms + 60)).await;
+        for kind in ['s', 'i', 'r'] {
+            let key = redis_key(store.prefix(), kind, &rule, "idle");
+            let exists = support::command(port, &format!("EXISTS {key}")).unwrap();
+            assert_eq!(
+                exists.trim(),
+                ":0",
+                "{algorithm}: {key} outlived its window"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_the_wrong_type_is_a_typed_error() {
+    let store = standalone_store("wrongtype").await;
+    let rule = Rule::new("w", &RuleSpec::new(Algorithm::TokenBucket, 5, 1_000_000)).unwrap();
+    let key = store.state_key(&rule, "mallory");
+    support::command(support::standalone().port, &format!("SET {key} oops")).unwrap();
+    let limits = [Limit {
+        rule: &rule,
+        key: "mallory",
+    }];
+    match store.check(&Check::new(&limits, 1)).await {
+        Err(StoreError::WrongType {
+            key: culprit,
+            server,
+        }) => {
+            assert_eq!(culprit, key);
+            assert!(server.contains("127.0.0.1"));
+        }
+        other => panic!("expected a wrong-type error, got {other:?}"),
+    }
+    // The store goes on serving other keys.
+    let fine = [Limit {
+        rule: &rule,
+        key: "bob",
+    }];
+    assert!(
+        store
+            .check(&Check::new(&fine, 1))
+            .await
+            .unwrap()
+            .decision
+            .allowed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_an_error_naming_it() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = RedisStoreConfig::new(&format!("redis://127.0.0.1:{port}"));
+    let err = RedisStore::connect(config).await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&format!("127.0.0.1:{port}")),
+        "{err}"
+    );
+}
