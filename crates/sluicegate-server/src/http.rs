@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
-use sluicegate::{Check, Decision, Limit, Limiter, MemoryStore, Rule, StoreError};
+use sluicegate::{AnyStore, Check, Decision, Limit, Limiter, Rule, StoreError};
 
 use crate::config::{Config, Entry, UnknownDomain};
 
@@ -17,7 +17,7 @@ use crate::config::{Config, Entry, UnknownDomain};
 #[derive(Clone)]
 pub(crate) struct AppState {
     pub(crate) config: Arc<Config>,
-    pub(crate) limiter: Arc<Limiter<MemoryStore>>,
+    pub(crate) limiter: Arc<Limiter<AnyStore>>,
 }
 
 /// The service's routes.
@@ -264,7 +264,7 @@ descriptors:
         let config = Config::parse(Path::new("test.yaml"), CONFIG).unwrap();
         app(AppState {
             config: Arc::new(config),
-            limiter: Arc::new(Limiter::in_memory()),
+            limiter: Arc::new(Limiter::new(AnyStore::Memory(Default::default()))),
         })
     }
 

@@ -1,5 +1,6 @@
 //! `sluicegate`: the rate-limit service and its tools.
 
+mod bench;
 mod config;
 mod http;
 mod replay;
@@ -13,7 +14,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use sluicegate::duration::parse_duration;
-use sluicegate::{Algorithm, Limiter, Rule, RuleSpec};
+use sluicegate::{
+    Algorithm, AnyStore, Limiter, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, Rule,
+    RuleSpec, StoreOptions,
+};
 
 use crate::config::Config;
 
@@ -33,11 +37,72 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the rate-limit service (HTTP JSON API) on the in-memory store.
+    /// Run the rate-limit service (HTTP JSON API), in memory by default.
     Serve(ServeArgs),
     /// Decide SPEC.md's replay CSV from stdin with the caller's timestamps; one decision
     /// line per input line on stdout.
-    Replay(RuleArgs),
+    Replay(ReplayArgs),
+    /// Measure decisions per second and latency against a store.
+    Bench(BenchArgs),
+}
+
+/// Where state lives.
+#[derive(Args)]
+struct StoreArgs {
+    /// memory, redis://host:port, redis+unix:///path or redis-cluster://host:port,host:port.
+    #[arg(long, env = "SLUICEGATE_STORE", default_value = "memory")]
+    store: String,
+    /// Prefix of every Redis key.
+    #[arg(long, env = "SLUICEGATE_PREFIX")]
+    prefix: Option<String>,
+    /// Per-call Redis timeout, e.g. 50ms.
+    #[arg(long, env = "SLUICEGATE_STORE_TIMEOUT", default_value = "50ms")]
+    store_timeout: String,
+}
+
+impl StoreArgs {
+    fn options(&self, default_prefix: &str) -> Result<StoreOptions, String> {
+        let mut options = StoreOptions::new(&self.store);
+        options.prefix = self
+            .prefix
+            .clone()
+            .unwrap_or_else(|| default_prefix.to_owned());
+        let timeout =
+            parse_duration(&self.store_timeout).map_err(|e| format!("--store-timeout: {e}"))?;
+        options.timeout = Duration::from_micros(timeout);
+        Ok(options)
+    }
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    #[command(flatten)]
+    rule: RuleArgs,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    rule: RuleArgs,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Distinct keys, picked at random.
+    #[arg(long, default_value_t = 1000)]
+    keys: usize,
+    /// Checks in flight at once.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// How long to run, e.g. 10s.
+    #[arg(long, default_value = "10s")]
+    duration: String,
+    /// A fixed total rate of checks per second instead of as fast as possible.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -49,6 +114,8 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "SLUICEGATE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
+    #[command(flatten)]
+    store: StoreArgs,
 }
 
 /// One rule, from the command line.
@@ -72,16 +139,26 @@ struct RuleArgs {
     /// Q: leaky-bucket queue (default 0).
     #[arg(long)]
     queue: Option<u64>,
+    /// Redis layout of a sliding-log: zset (default) or compact.
+    #[arg(long)]
+    layout: Option<String>,
 }
 
 impl RuleArgs {
     fn rule(&self) -> Result<Rule, String> {
         let algorithm: Algorithm = self.algorithm.parse().map_err(|e| format!("--{e}"))?;
         let window = parse_duration(&self.window).map_err(|e| format!("--window: {e}"))?;
+        let layout = self
+            .layout
+            .as_deref()
+            .map(str::parse::<LogLayout>)
+            .transpose()
+            .map_err(|e| format!("--{e}"))?;
         let spec = RuleSpec {
             buckets: self.buckets,
             burst: self.burst,
             queue: self.queue,
+            layout,
             ..RuleSpec::new(algorithm, self.limit, window)
         };
         Rule::new("cli", &spec).map_err(|e| format!("--{e}"))
@@ -92,14 +169,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Replay(args) => args.rule().and_then(|rule| {
-            replay::replay(
-                &rule,
-                io::stdin().lock(),
-                io::BufWriter::new(io::stdout().lock()),
-            )
-            .map_err(|e| e.to_string())
-        }),
+        Command::Replay(args) => run_replay(&args),
+        Command::Bench(args) => run_bench(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -108,6 +179,81 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))
+}
+
+fn run_replay(args: &ReplayArgs) -> Result<(), String> {
+    let rule = args.rule.rule()?;
+    runtime()?.block_on(async {
+        let store = if args.store.store == "memory" {
+            // Time comes from the input; the clock is never read. Every key of the trace
+            // may be live at once, so the cap is the trace's size, not a server's.
+            AnyStore::Memory(MemoryStore::new(
+                MemoryStoreConfig {
+                    max_keys: usize::MAX,
+                    ..MemoryStoreConfig::default()
+                },
+                Arc::new(ManualClock::new(0)),
+            ))
+        } else {
+            // A prefix of its own per run, so a replay never meets another's state.
+            let unique = format!(
+                "sluicegate:replay:{}-{}:",
+                std::process::id(),
+                sluicegate::Clock::now_micros(&sluicegate::SystemClock::new())
+            );
+            AnyStore::open(args.store.options(&unique)?)
+                .await
+                .map_err(|e| e.to_string())?
+        };
+        let output = io::BufWriter::new(io::stdout().lock());
+        replay::replay(&store, &rule, io::stdin().lock(), output)
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
+fn run_bench(args: &BenchArgs) -> Result<(), String> {
+    let rule = args.rule.rule()?;
+    let duration = parse_duration(&args.duration).map_err(|e| format!("--duration: {e}"))?;
+    if args.keys == 0 || args.concurrency == 0 {
+        return Err("--keys and --concurrency must be at least 1".into());
+    }
+    if args
+        .rate
+        .is_some_and(|rate| !(rate.is_finite() && rate > 0.0))
+    {
+        return Err("--rate must be a positive number of checks per second".into());
+    }
+    runtime()?.block_on(async {
+        let unique = format!("sluicegate:bench:{}:", std::process::id());
+        let store = AnyStore::open(args.store.options(&unique)?)
+            .await
+            .map_err(|e| e.to_string())?;
+        let plan = bench::BenchPlan {
+            store_name: args.store.store.clone(),
+            keys: args.keys,
+            concurrency: args.concurrency,
+            duration: Duration::from_micros(duration),
+            rate: args.rate,
+        };
+        let report = bench::run(Arc::new(store), rule, plan).await;
+        if args.json {
+            println!(
+                "{}",
+                serde_json::to_string(&report).map_err(|e| e.to_string())?
+            );
+        } else {
+            println!("{}", report.text());
+        }
+        Ok(())
+    })
 }
 
 fn load_config(path: Option<&Path>) -> Result<Config, String> {
@@ -128,23 +274,24 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         )
         .init();
     let config = load_config(args.config.as_deref())?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    runtime.block_on(async {
+    runtime()?.block_on(async {
+        let store = AnyStore::open(args.store.options("sluicegate:")?)
+            .await
+            .map_err(|e| e.to_string())?;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-        let limiter = Arc::new(Limiter::in_memory());
-        let sweeper = Arc::clone(&limiter);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tick.tick().await;
-                sweeper.store().sweep();
-            }
-        });
+        let limiter = Arc::new(Limiter::new(store));
+        if limiter.store().memory().is_some() {
+            let sweeper = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tick.tick().await;
+                    sweeper.store().memory().map(MemoryStore::sweep);
+                }
+            });
+        }
         let state = http::AppState {
             config: Arc::new(config),
             limiter,
@@ -153,7 +300,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         tracing::info!(
             address = %local,
             config = %args.config.as_deref().unwrap_or(Path::new("examples/sluicegate.yaml")).display(),
-            store = "memory",
+            store = %args.store.store,
             "sluicegate listening"
         );
         axum::serve(listener, http::app(state))

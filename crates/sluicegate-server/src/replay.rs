@@ -1,5 +1,5 @@
-//! `sluicegate replay`: SPEC.md's replay format through the in-memory store, deciding with
-//! the caller's timestamps.
+//! `sluicegate replay`: SPEC.md's replay format through a store (in-memory by default),
+//! deciding with the caller's timestamps.
 //!
 //! Input lines are `time_us,key,cost[,request_id]`, ordered by time; blank lines and lines
 //! starting with `#` are skipped and produce no output. Each other line produces
@@ -7,11 +7,8 @@
 
 use std::fmt;
 use std::io::{self, BufRead, Write};
-use std::sync::Arc;
 
-use sluicegate::{
-    Check, Limit, MAX_TIME, ManualClock, MemoryStore, MemoryStoreConfig, Rule, StoreError,
-};
+use sluicegate::{Check, Limit, MAX_TIME, Rule, Store, StoreError};
 
 /// Why a replay stopped.
 #[derive(Debug)]
@@ -89,21 +86,13 @@ pub(crate) fn parse_line(text: &str) -> Result<ReplayLine<'_>, String> {
     })
 }
 
-/// Replays `input` under `rule`, writing one decision line per input line.
-pub(crate) fn replay(
+/// Replays `input` under `rule` through `store`, writing one decision line per input line.
+pub(crate) async fn replay<S: Store>(
+    store: &S,
     rule: &Rule,
     input: impl BufRead,
     mut output: impl Write,
 ) -> Result<(), ReplayError> {
-    // Time comes from the input; the clock is never read. Every key of the trace may be
-    // live at once, so the cap is the trace's size, not a server's.
-    let store = MemoryStore::new(
-        MemoryStoreConfig {
-            max_keys: usize::MAX,
-            ..MemoryStoreConfig::default()
-        },
-        Arc::new(ManualClock::new(0)),
-    );
     let mut previous = 0;
     for (index, line) in input.lines().enumerate() {
         let line_no = index + 1;
@@ -135,7 +124,8 @@ pub(crate) fn replay(
             at: Some(parsed.time),
         };
         let d = store
-            .check_now(&check)
+            .check(&check)
+            .await
             .map_err(|e: StoreError| at_line(e.to_string()))?
             .decision;
         writeln!(

@@ -16,6 +16,6 @@ pub use rule::{
     RuleSpec,
 };
 pub use store::{
-    Check, Limit, MemoryStore, MemoryStoreConfig, Outcome, RedisStore, RedisStoreConfig, Store,
-    StoreError,
+    AnyStore, Check, Limit, MemoryStore, MemoryStoreConfig, Outcome, RedisStore, RedisStoreConfig,
+    Store, StoreError, StoreOptions,
 };

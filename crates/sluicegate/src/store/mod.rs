@@ -1,9 +1,11 @@
 //! Stores keep the state of every (rule, key) and decide checks atomically. Every store
 //! gives the same decisions for the same checks (SPEC.md); tests hold them to it.
 
+mod any;
 mod memory;
 pub mod redis;
 
+pub use any::{AnyStore, StoreOptions};
 pub use memory::{MemoryStore, MemoryStoreConfig, SWEEP_INTERVAL};
 pub use redis::{RedisStore, RedisStoreConfig};
 

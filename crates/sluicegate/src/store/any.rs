@@ -1,0 +1,92 @@
+//! A store chosen at run time from a URL: what the binary and services use.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::redis::{RedisStore, RedisStoreConfig};
+use super::{Check, MemoryStore, MemoryStoreConfig, Outcome, Store, StoreError};
+use crate::clock::SystemClock;
+
+/// The in-memory store or a Redis one.
+#[derive(Debug)]
+pub enum AnyStore {
+    /// `memory`.
+    Memory(MemoryStore),
+    /// `redis://…`, `redis+unix://…` or `redis-cluster://…`.
+    Redis(RedisStore),
+}
+
+/// Where a store lives and how to reach it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// `memory`, `redis://…`, `redis+unix://…`, `redis-cluster://host:port,…`.
+    pub url: String,
+    /// Redis key prefix.
+    pub prefix: String,
+    /// Per-call timeout for Redis.
+    pub timeout: Duration,
+    /// The in-memory store's settings.
+    pub memory: MemoryStoreConfig,
+}
+
+impl StoreOptions {
+    /// Defaults for `url`.
+    pub fn new(url: &str) -> Self {
+        let redis = RedisStoreConfig::new(url);
+        StoreOptions {
+            url: url.to_owned(),
+            prefix: redis.prefix,
+            timeout: redis.timeout,
+            memory: MemoryStoreConfig::default(),
+        }
+    }
+}
+
+impl AnyStore {
+    /// Opens the store `options.url` names.
+    pub async fn open(options: StoreOptions) -> Result<AnyStore, StoreError> {
+        if options.url == "memory" {
+            return Ok(AnyStore::Memory(MemoryStore::new(
+                options.memory,
+                Arc::new(SystemClock::new()),
+            )));
+        }
+        let known = [
+            "redis://",
+            "redis+unix://",
+            "unix://",
+            "redis-cluster://",
+            "rediss://",
+        ];
+        if !known.iter().any(|scheme| options.url.starts_with(scheme)) {
+            return Err(StoreError::InvalidCheck(format!(
+                "unknown store {:?}: expected memory, redis://host:port, \
+                 redis+unix:///path or redis-cluster://host:port,host:port",
+                options.url
+            )));
+        }
+        let config = RedisStoreConfig {
+            url: options.url,
+            prefix: options.prefix,
+            timeout: options.timeout,
+        };
+        RedisStore::connect(config).await.map(AnyStore::Redis)
+    }
+
+    /// The in-memory store, if that is what this is (for sweeping).
+    pub fn memory(&self) -> Option<&MemoryStore> {
+        match self {
+            AnyStore::Memory(store) => Some(store),
+            AnyStore::Redis(_) => None,
+        }
+    }
+}
+
+impl Store for AnyStore {
+    async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.check_now(check),
+            AnyStore::Redis(store) => store.check(check).await,
+        }
+    }
+}
