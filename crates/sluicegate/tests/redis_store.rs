@@ -322,3 +322,34 @@ async fn an_unreachable_server_is_an_error_naming_it() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compact_log_costs_at_most_ten_bytes_an_entry() {
+    let store = standalone_store("memory-usage").await;
+    let port = support::standalone().port;
+    let mut usage = Vec::new();
+    for layout in [LogLayout::Zset, LogLayout::Compact] {
+        let spec = RuleSpec {
+            layout: Some(layout),
+            ..RuleSpec::new(Algorithm::SlidingLog, 1000, 3_600_000_000)
+        };
+        let rule = Rule::new("memory", &spec).unwrap();
+        let limits = [Limit {
+            rule: &rule,
+            key: "full",
+        }];
+        for i in 0..1000 {
+            let check = Check {
+                at: Some(1_700_000_000_000_000 + i * 10),
+                ..Check::new(&limits, 1)
+            };
+            assert!(store.check(&check).await.unwrap().decision.allowed);
+        }
+        let key = store.state_key(&rule, "full");
+        let reply = support::command(port, &format!("MEMORY USAGE {key}")).unwrap();
+        let bytes: f64 = reply.trim().trim_start_matches(':').parse().unwrap();
+        usage.push(bytes / 1000.0);
+    }
+    assert!(usage[1] <= 10.0, "compact: {} bytes per entry", usage[1]);
+    assert!(usage[0] > 50.0, "zset: {} bytes per entry", usage[0]);
+}
