@@ -141,24 +141,32 @@ const CASES: [(Algorithm, Option<LogLayout>); 6] = [
     (Algorithm::LeakyBucket, None),
 ];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn standalone_agrees_with_the_reference() {
-    let store = standalone_store("differential").await;
+/// Every algorithm and layout, `seeds` traces each of `lines` lines.
+async fn agrees_with_the_reference(store: &RedisStore, first_seed: u64, seeds: u64, lines: usize) {
     for (i, (algorithm, layout)) in CASES.into_iter().enumerate() {
-        for seed in 1..=4 {
-            differential(&store, algorithm, layout, seed * 7919 + i as u64, 600).await;
+        for seed in 1..=seeds {
+            differential(
+                store,
+                algorithm,
+                layout,
+                seed * first_seed + i as u64,
+                lines,
+            )
+            .await;
         }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_agrees_with_the_reference() {
+    let store = standalone_store("differential").await;
+    agrees_with_the_reference(&store, 7919, 4, 600).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_agrees_with_the_reference() {
     let store = cluster_store("differential").await;
-    for (i, (algorithm, layout)) in CASES.into_iter().enumerate() {
-        for seed in 1..=2 {
-            differential(&store, algorithm, layout, seed * 104_729 + i as u64, 500).await;
-        }
-    }
+    agrees_with_the_reference(&store, 104_729, 2, 500).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

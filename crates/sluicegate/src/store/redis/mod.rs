@@ -135,18 +135,18 @@ impl RedisStore {
 
     /// Whether the server answers, within the timeout.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let ping = redis::cmd("PING");
-        let reply = match &self.connection {
-            Connection::Single(c) => {
-                self.bounded(ping.query_async::<String>(&mut c.clone()))
-                    .await
-            }
-            Connection::Cluster(c) => {
-                self.bounded(ping.query_async::<String>(&mut c.clone()))
-                    .await
-            }
-        };
-        reply.map(drop).map_err(|e| self.error(e, None))
+        self.query::<String>(&redis::cmd("PING"))
+            .await
+            .map(drop)
+            .map_err(|e| self.error(e, None))
+    }
+
+    /// Sends one command, on whichever kind of connection, within the timeout.
+    async fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, CallError> {
+        match &self.connection {
+            Connection::Single(c) => self.bounded(command.query_async(&mut c.clone())).await,
+            Connection::Cluster(c) => self.bounded(command.query_async(&mut c.clone())).await,
+        }
     }
 
     /// The key prefix.
@@ -264,17 +264,7 @@ impl RedisStore {
                     ('s', Algorithm::SlidingLog, LogLayout::Compact) => &["string"],
                     _ => &["hash"],
                 };
-                let kind_of = redis::cmd("TYPE").arg(&key).clone();
-                let found = match &self.connection {
-                    Connection::Single(c) => {
-                        self.bounded(kind_of.query_async::<String>(&mut c.clone()))
-                            .await
-                    }
-                    Connection::Cluster(c) => {
-                        self.bounded(kind_of.query_async::<String>(&mut c.clone()))
-                            .await
-                    }
-                };
+                let found = self.query::<String>(redis::cmd("TYPE").arg(&key)).await;
                 if let Ok(found) = found
                     && found != "none"
                     && !expected.contains(&found.as_str())
