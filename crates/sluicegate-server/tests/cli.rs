@@ -77,34 +77,22 @@ fn replay_decides_a_file() {
 
 #[test]
 fn replay_stops_at_a_malformed_line() {
-    let out = replay(
-        &[
-            "--algorithm",
-            "fixed-window",
-            "--limit",
-            "3",
-            "--window",
-            "1s",
-        ],
-        "1,a,1\n2,a,1\n3,a,lots\n4,a,1\n",
-    );
+    let fixed = [
+        "--algorithm",
+        "fixed-window",
+        "--limit",
+        "3",
+        "--window",
+        "1s",
+    ];
+    let out = replay(&fixed, "1,a,1\n2,a,1\n3,a,lots\n4,a,1\n");
     assert!(!out.status.success());
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("line 3: cost \"lots\""), "{stderr}");
     // Lines before the bad one were decided and written.
     assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 2);
 
-    let out = replay(
-        &[
-            "--algorithm",
-            "fixed-window",
-            "--limit",
-            "3",
-            "--window",
-            "1s",
-        ],
-        "5,a,1\n4,a,1\n",
-    );
+    let out = replay(&fixed, "5,a,1\n4,a,1\n");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("line 2: time_us 4 is before"), "{stderr}");
 }

@@ -114,22 +114,22 @@ fn prefix(test: &str) -> String {
     format!("test:{test}:{}:", std::process::id())
 }
 
-async fn standalone_store(test: &str) -> RedisStore {
-    let mut config = RedisStoreConfig::new(&support::standalone().url());
+/// A store on `url` with keys of its own (`test` names them) and a patient timeout.
+async fn store_at(url: &str, test: &str) -> RedisStore {
+    let mut config = RedisStoreConfig::new(url);
     config.prefix = prefix(test);
     config.timeout = std::time::Duration::from_secs(2);
     RedisStore::connect(config)
         .await
-        .expect("connect to the test redis-server")
+        .unwrap_or_else(|e| panic!("connect to the test server at {url}: {e}"))
+}
+
+async fn standalone_store(test: &str) -> RedisStore {
+    store_at(&support::standalone().url(), test).await
 }
 
 async fn cluster_store(test: &str) -> RedisStore {
-    let mut config = RedisStoreConfig::new(&support::cluster().url());
-    config.prefix = prefix(test);
-    config.timeout = std::time::Duration::from_secs(2);
-    RedisStore::connect(config)
-        .await
-        .expect("connect to the test cluster")
+    store_at(&support::cluster().url(), test).await
 }
 
 const CASES: [(Algorithm, Option<LogLayout>); 6] = [
