@@ -82,16 +82,20 @@ async fn differential(
             _ => t + random.below(4 * window),
         };
         let key = KEYS[random.below(KEYS.len() as u64) as usize];
-        let chosen: Vec<Limit> = match random.below(3) {
-            0 => vec![Limit {
-                rule: &rules[0],
-                key,
-            }],
-            1 => vec![Limit {
-                rule: &rules[1],
-                key,
-            }],
-            _ => rules.iter().map(|rule| Limit { rule, key }).collect(),
+        // Sometimes the second rule limits another key: on a cluster, another hash slot.
+        let other = KEYS[random.below(KEYS.len() as u64) as usize];
+        let (first, second) = (&rules[0], &rules[1]);
+        let chosen: Vec<Limit> = match random.below(4) {
+            0 => vec![Limit { rule: first, key }],
+            1 => vec![Limit { rule: second, key }],
+            2 => vec![Limit { rule: first, key }, Limit { rule: second, key }],
+            _ => vec![
+                Limit { rule: first, key },
+                Limit {
+                    rule: second,
+                    key: other,
+                },
+            ],
         };
         let id = (random.below(4) == 0).then(|| format!("req-{}", random.below(5)));
         let check = Check {
@@ -360,4 +364,57 @@ async fn compact_log_costs_at_most_ten_bytes_an_entry() {
     }
     assert!(usage[1] <= 10.0, "compact: {} bytes per entry", usage[1]);
     assert!(usage[0] > 50.0, "zset: {} bytes per entry", usage[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_across_slots_gives_back_when_a_later_slot_refuses() {
+    let store = cluster_store("give-back").await;
+    let per_user = Rule::new(
+        "user",
+        &RuleSpec::new(Algorithm::SlidingLog, 5, 3_600_000_000),
+    )
+    .unwrap();
+    let global = Rule::new(
+        "global",
+        &RuleSpec::new(Algorithm::FixedWindow, 1, 3_600_000_000),
+    )
+    .unwrap();
+    let (user, everyone) = ("alice", "everyone");
+    assert_ne!(
+        sluicegate::store::redis::identity_slot(user),
+        sluicegate::store::redis::identity_slot(everyone)
+    );
+    let limits = [
+        Limit {
+            rule: &per_user,
+            key: user,
+        },
+        Limit {
+            rule: &global,
+            key: everyone,
+        },
+    ];
+    let at = |t| Check {
+        at: Some(t),
+        ..Check::new(&limits, 1)
+    };
+    let t0 = 1_700_000_000_000_000;
+    assert!(store.check(&at(t0)).await.unwrap().decision.allowed);
+    for i in 1..4 {
+        let refused = store.check(&at(t0 + i)).await.unwrap();
+        assert!(!refused.decision.allowed);
+        // The user's slot took a unit first, then gave it back.
+        assert!(refused.limits()[0].allowed);
+        assert_eq!(refused.limits()[0].remaining, 4);
+        assert!(!refused.limits()[1].allowed);
+    }
+    let peek = [Limit {
+        rule: &per_user,
+        key: user,
+    }];
+    let check = Check {
+        at: Some(t0 + 10),
+        ..Check::new(&peek, 0)
+    };
+    assert_eq!(store.check(&check).await.unwrap().decision.remaining, 3);
 }

@@ -22,6 +22,11 @@ fn identity_tag(key: &str) -> u64 {
     })
 }
 
+/// The hash slot of every key of the identity `key` (what the tag hashes to).
+pub fn identity_slot(key: &str) -> u16 {
+    crc16(format!("{:016x}", identity_tag(key)).as_bytes()) % 16384
+}
+
 /// The Redis Cluster hash slot of a key: CRC16 (XMODEM) of its hash tag, modulo 16384.
 pub fn hash_slot(redis_key: &str) -> u16 {
     let bytes = redis_key.as_bytes();
@@ -82,6 +87,7 @@ mod tests {
             }
             // Every rule and kind of one identity shares one slot.
             let slot = hash_slot(&redis_key("p:", 's', &a, key));
+            assert_eq!(identity_slot(key), slot);
             assert_eq!(hash_slot(&redis_key("p:", 'i', &b, key)), slot);
         }
         // A key naming another key's tag does not land in its slot.

@@ -18,9 +18,9 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
-pub use keys::{hash_slot, redis_key};
+pub use keys::{hash_slot, identity_slot, redis_key};
 
-use super::{Check, Outcome, Store, StoreError};
+use super::{Check, Limit, Outcome, Store, StoreError};
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::{Algorithm, LogLayout, Rule};
 
@@ -206,16 +206,17 @@ impl RedisStore {
         }
     }
 
-    /// Runs the script for `check` and returns each limit's decision.
-    async fn run(&self, check: &Check<'_>) -> Result<Vec<Decision>, StoreError> {
+    /// Runs the script once for `check`, in `mode`, and returns each limit's answer.
+    async fn run(&self, check: &Check<'_>, mode: Mode<'_>) -> Result<Vec<Row>, StoreError> {
         let mut invocation = self.script.prepare_invoke();
         invocation
             .arg(check.at.map_or(String::new(), |at| at.to_string()))
             .arg(check.cost)
             .arg(check.request_id.unwrap_or(""))
+            .arg(mode.name())
             .arg(check.limits.len());
         let mut state_keys = Vec::with_capacity(check.limits.len());
-        for limit in check.limits {
+        for (i, limit) in check.limits.iter().enumerate() {
             let rule = limit.rule;
             let state_key = redis_key(&self.prefix, 's', rule, limit.key);
             invocation
@@ -223,6 +224,10 @@ impl RedisStore {
                 .key(redis_key(&self.prefix, 'i', rule, limit.key))
                 .key(redis_key(&self.prefix, 'r', rule, limit.key));
             state_keys.push(state_key);
+            let undo_at = match mode {
+                Mode::Undo(rows) => rows[i].recorded_at.map(|at| at.to_string()),
+                Mode::Check | Mode::Dry => None,
+            };
             invocation
                 .arg(algorithm_code(rule.algorithm()))
                 .arg(rule.limit())
@@ -230,20 +235,30 @@ impl RedisStore {
                 .arg(rule.buckets())
                 .arg(rule.capacity())
                 .arg(rule.emission_interval())
-                .arg(u8::from(rule.layout() == LogLayout::Compact));
+                .arg(u8::from(rule.layout() == LogLayout::Compact))
+                .arg(undo_at.unwrap_or_default());
         }
-        let reply: Result<Vec<[i64; 6]>, CallError> = match &self.connection {
+        let reply: Result<redis::Value, CallError> = match &self.connection {
             Connection::Single(c) => self.bounded(invocation.invoke_async(&mut c.clone())).await,
             Connection::Cluster(c) => self.bounded(invocation.invoke_async(&mut c.clone())).await,
         };
-        let rows = match reply {
-            Ok(rows) => rows,
+        let reply = match reply {
+            Ok(reply) => reply,
             Err(CallError::Redis(e)) if e.to_string().contains("WRONGTYPE") => {
                 let culprit = self.wrong_type_key(check).await;
                 return Err(self.error(CallError::Redis(e), culprit.as_deref()));
             }
             Err(e) => return Err(self.error(e, state_keys.first().map(String::as_str))),
         };
+        if let Mode::Undo(_) = mode {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<[i64; 8]> =
+            redis::from_redis_value(reply).map_err(|e| StoreError::Script {
+                server: self.server.clone(),
+                key: state_keys.first().cloned(),
+                message: e.to_string(),
+            })?;
         if rows.len() != check.limits.len() {
             return Err(StoreError::Script {
                 server: self.server.clone(),
@@ -251,7 +266,77 @@ impl RedisStore {
                 message: format!("{} answers for {} limits", rows.len(), check.limits.len()),
             });
         }
-        Ok(rows.into_iter().map(decision_from_row).collect())
+        Ok(rows.into_iter().map(Row::from).collect())
+    }
+
+    /// A check whose limits live in several Redis Cluster hash slots cannot be one script.
+    /// SPEC.md: apply the slots' groups in order, each atomic in itself; when a group
+    /// refuses, give back what the earlier groups took, and answer every group as the
+    /// refused check it became. Between a group's admission and its give-back, another
+    /// client may see those units taken: the only departure from atomicity. If the give-back
+    /// itself fails, the units stay taken (the limit errs on the side of refusing).
+    async fn check_across_slots(
+        &self,
+        check: &Check<'_>,
+        groups: &[Vec<usize>],
+    ) -> Result<Vec<Decision>, StoreError> {
+        let mut decisions: Vec<Option<Decision>> = vec![None; check.limits.len()];
+        let mut taken: Vec<(Vec<Limit<'_>>, Vec<Row>)> = Vec::new();
+        for (g, group) in groups.iter().enumerate() {
+            let limits: Vec<Limit<'_>> = group.iter().map(|&i| check.limits[i]).collect();
+            let sub = Check {
+                limits: &limits,
+                ..*check
+            };
+            let rows = match self.run(&sub, Mode::Check).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    self.give_back(check, &taken).await;
+                    return Err(e);
+                }
+            };
+            let admitted = rows.iter().all(|row| row.decision.allowed);
+            for (&i, row) in group.iter().zip(&rows) {
+                decisions[i] = Some(row.decision);
+            }
+            if admitted {
+                taken.push((limits, rows));
+                continue;
+            }
+            // Refused: give back, then answer the other groups without recording.
+            self.give_back(check, &taken).await;
+            for (h, other) in groups.iter().enumerate() {
+                if h == g {
+                    continue;
+                }
+                let limits: Vec<Limit<'_>> = other.iter().map(|&i| check.limits[i]).collect();
+                let sub = Check {
+                    limits: &limits,
+                    ..*check
+                };
+                for (&i, row) in other.iter().zip(self.run(&sub, Mode::Dry).await?) {
+                    decisions[i] = Some(row.decision);
+                }
+            }
+            break;
+        }
+        Ok(decisions
+            .into_iter()
+            .map(|d| d.expect("every limit was answered"))
+            .collect())
+    }
+
+    /// Gives back, newest first, what earlier groups of a check recorded.
+    async fn give_back(&self, check: &Check<'_>, taken: &[(Vec<Limit<'_>>, Vec<Row>)]) {
+        for (limits, rows) in taken.iter().rev() {
+            if rows.iter().all(|row| row.recorded_at.is_none()) {
+                continue;
+            }
+            let sub = Check { limits, ..*check };
+            if let Err(e) = self.run(&sub, Mode::Undo(rows)).await {
+                tracing::warn!(error = %e, "could not give back a refused check's units");
+            }
+        }
     }
 
     /// Finds which of a check's keys holds a value of a type the script cannot read.
@@ -282,6 +367,57 @@ enum CallError {
     Timeout,
 }
 
+/// What the script is asked to do (its ARGV[4]).
+#[derive(Clone, Copy)]
+enum Mode<'a> {
+    /// Decide and record.
+    Check,
+    /// Answer as a check refused by another rule: record nothing.
+    Dry,
+    /// Give back what these rows recorded.
+    Undo(&'a [Row]),
+}
+
+impl Mode<'_> {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Check => "check",
+            Mode::Dry => "dry",
+            Mode::Undo(_) => "undo",
+        }
+    }
+}
+
+/// One limit's answer from the script.
+#[derive(Clone, Copy, Debug)]
+struct Row {
+    decision: Decision,
+    /// The time the script recorded units at, if it recorded any.
+    recorded_at: Option<u64>,
+}
+
+impl From<[i64; 8]> for Row {
+    fn from(row: [i64; 8]) -> Self {
+        let [allows, limit, remaining, retry, reset, delay, at, recorded] = row;
+        let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
+        Row {
+            decision: Decision {
+                allowed: allows == 1,
+                limit: unsigned(limit),
+                remaining: unsigned(remaining),
+                retry_after: if retry < 0 {
+                    RetryAfter::Never
+                } else {
+                    RetryAfter::Micros(unsigned(retry))
+                },
+                reset_after: unsigned(reset),
+                delay: unsigned(delay),
+            },
+            recorded_at: (recorded == 1).then(|| unsigned(at)),
+        }
+    }
+}
+
 fn algorithm_code(algorithm: Algorithm) -> u8 {
     match algorithm {
         Algorithm::SlidingLog => 1,
@@ -289,23 +425,6 @@ fn algorithm_code(algorithm: Algorithm) -> u8 {
         Algorithm::FixedWindow => 3,
         Algorithm::TokenBucket => 4,
         Algorithm::LeakyBucket => 5,
-    }
-}
-
-fn decision_from_row(row: [i64; 6]) -> Decision {
-    let [allows, limit, remaining, retry, reset, delay] = row;
-    let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
-    Decision {
-        allowed: allows == 1,
-        limit: unsigned(limit),
-        remaining: unsigned(remaining),
-        retry_after: if retry < 0 {
-            RetryAfter::Never
-        } else {
-            RetryAfter::Micros(unsigned(retry))
-        },
-        reset_after: unsigned(reset),
-        delay: unsigned(delay),
     }
 }
 
@@ -322,8 +441,33 @@ fn redact(url: &str) -> String {
 impl Store for RedisStore {
     async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         check.validate()?;
-        self.run(check).await.map(Outcome::from_limits)
+        if let Connection::Cluster(_) = self.connection {
+            let groups = slot_groups(check);
+            if groups.len() > 1 {
+                return self
+                    .check_across_slots(check, &groups)
+                    .await
+                    .map(Outcome::from_limits);
+            }
+        }
+        let rows = self.run(check, Mode::Check).await?;
+        Ok(Outcome::from_limits(
+            rows.into_iter().map(|row| row.decision).collect(),
+        ))
     }
+}
+
+/// The check's limits grouped by hash slot, in the order each slot first appears.
+fn slot_groups(check: &Check<'_>) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, limit) in check.limits.iter().enumerate() {
+        let slot = identity_slot(limit.key);
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, group)) => group.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
 }
 
 #[cfg(test)]
@@ -342,9 +486,11 @@ mod tests {
 
     #[test]
     fn rows_become_decisions() {
-        let d = decision_from_row([0, 5, 0, -1, 10, 0]);
-        assert_eq!(d.retry_after, RetryAfter::Never);
-        assert!(!d.allowed);
-        assert_eq!(decision_from_row([1, 5, 4, 0, 10, 3]).delay, 3);
+        let row = Row::from([0, 5, 0, -1, 10, 0, 77, 0]);
+        assert_eq!(row.decision.retry_after, RetryAfter::Never);
+        assert!(!row.decision.allowed);
+        assert_eq!(row.recorded_at, None);
+        let row = Row::from([1, 5, 4, 0, 10, 3, 77, 1]);
+        assert_eq!((row.decision.delay, row.recorded_at), (3, Some(77)));
     }
 }
