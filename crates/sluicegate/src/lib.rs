@@ -12,8 +12,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, RetryAfter};
 pub use limiter::Limiter;
 pub use rule::{
-    Algorithm, DEFAULT_BUCKETS, EXACT_LIMIT, LogLayout, MAX_SPAN, MAX_TIME, Rule, RuleError,
-    RuleSpec,
+    Algorithm, DEFAULT_BUCKETS, EXACT_LIMIT, LogLayout, MAX_COMPACT_LOG_LIMIT, MAX_SPAN, MAX_TIME,
+    MAX_ZSET_LOG_LIMIT, Rule, RuleError, RuleSpec,
 };
 pub use store::{
     AnyStore, Check, Limit, MemoryStore, MemoryStoreConfig, Outcome, RedisStore, RedisStoreConfig,

@@ -18,6 +18,13 @@ pub const MAX_TIME: u64 = 1 << 52;
 /// The largest span of time (µs) a rule may add to a timestamp: about 142 years.
 pub const MAX_SPAN: u64 = (1 << 53) - (1 << 52);
 
+/// The most units a `zset` sliding-log may hold at once.
+pub const MAX_ZSET_LOG_LIMIT: u64 = 999_999_999;
+
+/// The most units a `compact` sliding-log may hold at once: one Redis string of 8 bytes a
+/// unit (and a 16-byte header) within Redis' 512 MiB.
+pub const MAX_COMPACT_LOG_LIMIT: u64 = (512 * 1024 * 1024 - 16) / 8;
+
 /// The sliding-counter default number of sub-buckets (SPEC.md).
 pub const DEFAULT_BUCKETS: u64 = 10;
 
@@ -212,6 +219,23 @@ impl Rule {
             ));
         }
         let layout = layout.unwrap_or_default();
+        if algorithm == Algorithm::SlidingLog {
+            // One zset member per unit numbers it with at most 9 digits; a compact log is
+            // one string of 8 bytes per unit, and Redis strings stop at 512 MiB.
+            let (most, why) = match layout {
+                LogLayout::Zset => (MAX_ZSET_LOG_LIMIT, "a zset sliding-log"),
+                LogLayout::Compact => (
+                    MAX_COMPACT_LOG_LIMIT,
+                    "a compact sliding-log (8 bytes each, 512 MiB a string)",
+                ),
+            };
+            if limit > most {
+                return Err(RuleError::new(
+                    "limit",
+                    format!("limit {limit} exceeds {most}, the most entries {why} holds"),
+                ));
+            }
+        }
         if limit == 0 {
             return Err(RuleError::new("limit", "limit must be at least 1"));
         }
@@ -471,6 +495,24 @@ mod tests {
         let cases = [
             (RuleSpec::new(Algorithm::SlidingLog, 0, w), "limit"),
             (RuleSpec::new(Algorithm::SlidingLog, 1 << 53, w), "limit"),
+            (
+                RuleSpec::new(Algorithm::SlidingLog, 1_000_000_000, w),
+                "limit",
+            ),
+            (
+                RuleSpec {
+                    layout: Some(LogLayout::Compact),
+                    ..RuleSpec::new(Algorithm::SlidingLog, 100_000_000, w)
+                },
+                "limit",
+            ),
+            (
+                RuleSpec {
+                    layout: Some(LogLayout::Compact),
+                    ..RuleSpec::new(Algorithm::FixedWindow, 10, w)
+                },
+                "layout",
+            ),
             (RuleSpec::new(Algorithm::FixedWindow, 1, 0), "window"),
             (
                 RuleSpec::new(Algorithm::FixedWindow, 1, MAX_SPAN + 1),

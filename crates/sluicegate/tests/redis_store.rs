@@ -408,13 +408,64 @@ async fn a_check_across_slots_gives_back_when_a_later_slot_refuses() {
         assert_eq!(refused.limits()[0].remaining, 4);
         assert!(!refused.limits()[1].allowed);
     }
-    let peek = [Limit {
+    let alone = [Limit {
         rule: &per_user,
         key: user,
     }];
-    let check = Check {
-        at: Some(t0 + 10),
-        ..Check::new(&peek, 0)
+    let alone_at = |t, cost| Check {
+        at: Some(t),
+        ..Check::new(&alone, cost)
     };
-    assert_eq!(store.check(&check).await.unwrap().decision.remaining, 3);
+    assert_eq!(
+        store
+            .check(&alone_at(t0 + 10, 0))
+            .await
+            .unwrap()
+            .decision
+            .remaining,
+        3
+    );
+    // Units of one instant, some given back between others: none may be lost or doubled.
+    let t5 = t0 + 20;
+    assert!(
+        store
+            .check(&alone_at(t5, 1))
+            .await
+            .unwrap()
+            .decision
+            .allowed
+    );
+    assert!(!store.check(&at(t5)).await.unwrap().decision.allowed);
+    assert!(
+        store
+            .check(&alone_at(t5, 1))
+            .await
+            .unwrap()
+            .decision
+            .allowed
+    );
+    assert_eq!(
+        store
+            .check(&alone_at(t5, 0))
+            .await
+            .unwrap()
+            .decision
+            .remaining,
+        1
+    );
+    let key = store.state_key(&per_user, user);
+    let port = support::cluster()
+        .masters
+        .iter()
+        .map(|m| m.port)
+        .find(|&port| {
+            support::command(port, &format!("EXISTS {key}")).is_ok_and(|r| r.trim() == ":1")
+        });
+    let port = port.expect("the key lives on one master");
+    assert_eq!(
+        support::command(port, &format!("ZCARD {key}"))
+            .unwrap()
+            .trim(),
+        ":3"
+    );
 }

@@ -89,7 +89,8 @@ if mode == 'undo' then
     if not at then
       -- This rule recorded nothing (a retried request id): nothing to give back.
     elseif r.algorithm == 1 and r.layout == 0 then
-      local taken = call('ZRANGEBYSCORE', r.key, format('%.0f', at), format('%.0f', at), 'LIMIT', 0, cost)
+      local stamp = format('%.0f', at)
+      local taken = call('ZREVRANGEBYSCORE', r.key, stamp, stamp, 'LIMIT', 0, cost)
       if #taken > 0 then
         call('ZREM', r.key, unpack(taken))
       end
@@ -154,7 +155,7 @@ for i = 1, rule_count do
   local alg = r.algorithm
   local fits
   if alg == 1 then
-    -- sliding-log. zset layout: score = time, member "time:n", unique per entry. compact:
+    -- sliding-log. zset layout: score = time, one member per unit (see recording). compact:
     -- one string, a 16-byte header (head, count) and a ring of L 8-byte times, oldest at
     -- head. Either way the newest entry is the key's latest admission: its latest time.
     if r.layout == 0 then
@@ -279,12 +280,17 @@ for i = 1, rule_count do
     if record then
       if r.layout == 0 then
         call('ZREMRANGEBYSCORE', r.key, '-inf', format('%.0f', r.cutoff))
+        -- Member "time:n", n = live + u. After pruning the set holds exactly `live`
+        -- entries, and units at one instant are only added while it is the key's latest
+        -- (time is clamped), when nothing can be pruned: so the n of one instant run
+        -- consecutively and never repeat. n is written with its digit count first, so that
+        -- members of one instant sort by n (a give-back removes the highest).
         local stamp = format('%.0f', now)
-        local same_time = call('ZCOUNT', r.key, stamp, stamp)
         local args = {}
         for u = 1, cost do
+          local n = format('%.0f', r.live + u)
           args[#args + 1] = stamp
-          args[#args + 1] = stamp .. ':' .. (same_time + u)
+          args[#args + 1] = stamp .. ':' .. #n .. n
           if #args >= 1000 then
             call('ZADD', r.key, unpack(args))
             args = {}
