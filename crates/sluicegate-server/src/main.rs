@@ -49,7 +49,8 @@ enum Command {
 /// Where state lives.
 #[derive(Args)]
 struct StoreArgs {
-    /// memory, redis://host:port, redis+unix:///path or redis-cluster://host:port,host:port.
+    /// memory, redis://host:port, rediss://host:port (TLS), redis+unix:///path,
+    /// redis-cluster://host:port,host:port or rediss-cluster://….
     #[arg(long, env = "SLUICEGATE_STORE", default_value = "memory")]
     store: String,
     /// Prefix of every Redis key.
@@ -58,6 +59,10 @@ struct StoreArgs {
     /// Per-call Redis timeout, e.g. 50ms.
     #[arg(long, env = "SLUICEGATE_STORE_TIMEOUT", default_value = "50ms")]
     store_timeout: String,
+    /// PEM file of the authority that signed a TLS Redis server's certificate, when it is
+    /// not in the system's trust store.
+    #[arg(long, env = "SLUICEGATE_STORE_TLS_CA")]
+    store_tls_ca: Option<PathBuf>,
 }
 
 impl StoreArgs {
@@ -70,6 +75,14 @@ impl StoreArgs {
         let timeout =
             parse_duration(&self.store_timeout).map_err(|e| format!("--store-timeout: {e}"))?;
         options.timeout = Duration::from_micros(timeout);
+        options.tls_ca = self
+            .store_tls_ca
+            .as_ref()
+            .map(|path| {
+                std::fs::read(path)
+                    .map_err(|e| format!("--store-tls-ca: cannot read {}: {e}", path.display()))
+            })
+            .transpose()?;
         Ok(options)
     }
 }

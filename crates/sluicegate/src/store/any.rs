@@ -12,19 +12,22 @@ use crate::clock::SystemClock;
 pub enum AnyStore {
     /// `memory`.
     Memory(MemoryStore),
-    /// `redis://…`, `redis+unix://…` or `redis-cluster://…`.
+    /// `redis://…`, `rediss://…`, `redis+unix://…` or `redis-cluster://…`.
     Redis(RedisStore),
 }
 
 /// Where a store lives and how to reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreOptions {
-    /// `memory`, `redis://…`, `redis+unix://…`, `redis-cluster://host:port,…`.
+    /// `memory`, `redis://…`, `rediss://…`, `redis+unix://…`, `redis-cluster://host:port,…`,
+    /// `rediss-cluster://…`.
     pub url: String,
     /// Redis key prefix.
     pub prefix: String,
     /// Per-call timeout for Redis.
     pub timeout: Duration,
+    /// PEM certificate(s) of the authority behind a TLS server's certificate.
+    pub tls_ca: Option<Vec<u8>>,
     /// The in-memory store's settings.
     pub memory: MemoryStoreConfig,
 }
@@ -37,6 +40,7 @@ impl StoreOptions {
             url: url.to_owned(),
             prefix: redis.prefix,
             timeout: redis.timeout,
+            tls_ca: None,
             memory: MemoryStoreConfig::default(),
         }
     }
@@ -60,7 +64,7 @@ impl AnyStore {
         ];
         if !known.iter().any(|scheme| options.url.starts_with(scheme)) {
             return Err(StoreError::InvalidCheck(format!(
-                "unknown store {:?}: expected memory, redis://host:port, \
+                "unknown store {:?}: expected memory, redis://host:port, rediss://host:port, \
                  redis+unix:///path or redis-cluster://host:port,host:port",
                 options.url
             )));
@@ -69,6 +73,7 @@ impl AnyStore {
             url: options.url,
             prefix: options.prefix,
             timeout: options.timeout,
+            tls_ca: options.tls_ca,
         };
         RedisStore::connect(config).await.map(AnyStore::Redis)
     }

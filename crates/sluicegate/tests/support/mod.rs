@@ -84,10 +84,14 @@ impl RedisServer {
             {
                 return server;
             }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start on port {port}. {HOW_TO_GET_REDIS}"
-            );
+            if Instant::now() >= deadline {
+                let log = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                panic!(
+                    "redis-server did not start on port {port}. {HOW_TO_GET_REDIS}. \
+                     Its log ends: {tail:?}"
+                );
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }

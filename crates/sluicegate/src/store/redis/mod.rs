@@ -16,7 +16,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind, TlsCertificates};
 
 pub use keys::{hash_slot, identity_slot, redis_key};
 
@@ -30,13 +30,17 @@ const CHECK_SCRIPT: &str = include_str!("check.lua");
 /// Settings of a [`RedisStore`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisStoreConfig {
-    /// `redis://[user:password@]host:port[/db]`, `redis+unix:///path/to.sock`, or
-    /// `redis-cluster://[user:password@]host:port,host:port,…` (seed nodes).
+    /// `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS),
+    /// `redis+unix:///path/to.sock`, or `redis-cluster://[user:password@]host:port,…`
+    /// (seed nodes; `rediss-cluster://` for TLS).
     pub url: String,
     /// Prepended to every key, so several deployments can share one Redis.
     pub prefix: String,
     /// How long one check may take, connection included, before it fails.
     pub timeout: Duration,
+    /// For TLS: the PEM certificate(s) of the authority that signed the server's
+    /// certificate, when it is not in the system's trust store.
+    pub tls_ca: Option<Vec<u8>>,
 }
 
 impl RedisStoreConfig {
@@ -46,6 +50,7 @@ impl RedisStoreConfig {
             url: url.to_owned(),
             prefix: "sluicegate:".to_owned(),
             timeout: Duration::from_millis(50),
+            tls_ca: None,
         }
     }
 }
@@ -87,28 +92,48 @@ impl RedisStore {
             message,
         };
         let connect_timeout = config.timeout.max(Duration::from_secs(1));
-        let connection = if let Some(seeds) = config.url.strip_prefix("redis-cluster://") {
+        let certificates = || TlsCertificates {
+            client_tls: None,
+            root_cert: config.tls_ca.clone(),
+        };
+        let cluster = [
+            ("redis-cluster://", "redis://"),
+            ("rediss-cluster://", "rediss://"),
+        ]
+        .into_iter()
+        .find_map(|(scheme, node)| Some((config.url.strip_prefix(scheme)?, node)));
+        let tls = config.url.starts_with("rediss");
+        if tls {
+            install_crypto_provider();
+        }
+        let connection = if let Some((seeds, node_scheme)) = cluster {
             let (credentials, hosts) = match seeds.rsplit_once('@') {
                 Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
                 None => (String::new(), seeds),
             };
             let nodes: Vec<String> = hosts
                 .split(',')
-                .map(|host| format!("redis://{credentials}{}", host.trim()))
+                .map(|host| format!("{node_scheme}{credentials}{}", host.trim()))
                 .collect();
-            let client = ClusterClientBuilder::new(nodes)
+            let mut builder = ClusterClientBuilder::new(nodes)
                 .connection_timeout(connect_timeout)
-                .response_timeout(config.timeout)
-                .build()
-                .map_err(|e| unavailable(e.to_string()))?;
+                .response_timeout(config.timeout);
+            if tls && config.tls_ca.is_some() {
+                builder = builder.certs(certificates());
+            }
+            let client = builder.build().map_err(|e| unavailable(e.to_string()))?;
             let connection = tokio::time::timeout(connect_timeout, client.get_async_connection())
                 .await
                 .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
                 .map_err(|e| unavailable(e.to_string()))?;
             Connection::Cluster(connection)
         } else {
-            let client =
-                redis::Client::open(config.url.as_str()).map_err(|e| unavailable(e.to_string()))?;
+            let client = if tls && config.tls_ca.is_some() {
+                redis::Client::build_with_tls(config.url.as_str(), certificates())
+            } else {
+                redis::Client::open(config.url.as_str())
+            }
+            .map_err(|e| unavailable(e.to_string()))?;
             let manager_config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(connect_timeout))
                 .set_response_timeout(Some(config.timeout))
@@ -426,6 +451,15 @@ fn algorithm_code(algorithm: Algorithm) -> u8 {
         Algorithm::TokenBucket => 4,
         Algorithm::LeakyBucket => 5,
     }
+}
+
+/// rustls needs a process-wide cryptography provider; ring is the one this build carries.
+/// Installing fails only if one is installed already, which is as good.
+fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _already_installed = rustls::crypto::ring::default_provider().install_default();
+    });
 }
 
 /// The URL without its password, for error messages and logs.
