@@ -1,0 +1,33 @@
+//! Tower middleware for sluicegate: rate-limit any Rust HTTP (axum, hyper) or gRPC
+//! (tonic) service in a few lines.
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use std::sync::Arc;
+//! use axum::{Router, routing::get};
+//! use sluicegate::{Algorithm, Limiter, Rule, RuleSpec};
+//! use sluicegate_tower::{KeyExtractor, RateLimitLayer};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let per_ip = Rule::new("per-ip", &RuleSpec::new(Algorithm::SlidingLog, 100, 60_000_000))?;
+//! let layer = RateLimitLayer::new(Arc::new(Limiter::in_memory()))
+//!     .limit(per_ip, KeyExtractor::peer_ip());
+//! let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A refused request gets `429 Too Many Requests` with `Retry-After` (whole seconds,
+//! rounded up, never 0), `RateLimit` and `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-
+//! headers), optionally `X-RateLimit-*`, and an `application/problem+json` body (RFC 9457)
+//! naming the violated policies; a gRPC call gets status `RESOURCE_EXHAUSTED` with the
+//! same retry information. Allowed responses carry `RateLimit` too. A leaky-bucket rule
+//! shapes instead: the request waits its `delay` on the timer before reaching the inner
+//! service. A key that cannot be extracted answers the status its extractor documents
+//! ([`KeyExtractor`]); a store that cannot decide answers 503.
+
+mod rate_limit;
+
+pub use rate_limit::{IpNet, KeyExtractor, MissingKey, RateLimit, RateLimitLayer};

@@ -1,0 +1,118 @@
+//! The service: decide, then call the inner service, wait, or answer for it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use sluicegate::{Check, Limit, Store};
+use tower::Service;
+
+use super::layer::Settings;
+use super::response::{add_headers, is_grpc, problem, rejection};
+
+/// The middleware around `Inner`; made by [`super::RateLimitLayer`].
+pub struct RateLimit<Inner, S> {
+    pub(crate) inner: Inner,
+    pub(crate) settings: Arc<Settings<S>>,
+}
+
+impl<Inner: Clone, S> Clone for RateLimit<Inner, S> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            settings: Arc::clone(&self.settings),
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<Inner, S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<Inner, S>
+where
+    Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    Inner::Future: Send,
+    ReqBody: Send + 'static,
+    ResBody: http_body::Body<Data = axum::body::Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+    S: Store + 'static,
+{
+    type Response = Response<Body>;
+    type Error = Inner::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Inner::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let settings = Arc::clone(&self.settings);
+        // The clone that was driven to readiness serves this request (tower's rule).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let grpc = is_grpc(&parts.headers);
+            let keys = match settings.keys(&parts) {
+                Ok(keys) => keys,
+                Err(missing) => {
+                    let title = "Rate limit key missing";
+                    return Ok(problem(missing.status, title, &missing.detail, grpc));
+                }
+            };
+            if settings.rules.is_empty() {
+                let response = inner.call(Request::from_parts(parts, body)).await?;
+                return Ok(response.map(Body::new));
+            }
+            let limits: Vec<Limit<'_>> = settings
+                .rules
+                .iter()
+                .zip(&keys)
+                .map(|(rule, key)| Limit { rule, key })
+                .collect();
+            let outcome = match settings.limiter.decide(&Check::new(&limits, 1)).await {
+                Ok(outcome) => outcome,
+                Err(error) => {
+                    // Not allowed and not refused: the store could not decide. Say so
+                    // without leaking its internals; the log has them.
+                    tracing::warn!(%error, "rate limit store error");
+                    let detail = "the rate limiter could not decide this request";
+                    let status = StatusCode::SERVICE_UNAVAILABLE;
+                    return Ok(problem(status, "Rate limiter unavailable", detail, grpc));
+                }
+            };
+            let legacy = settings.legacy_headers;
+            let policy = settings.policy.as_ref();
+            if !outcome.decision.allowed {
+                let mut response = rejection(&settings.rules, &outcome, grpc);
+                add_headers(
+                    response.headers_mut(),
+                    &settings.rules,
+                    &outcome,
+                    policy,
+                    legacy,
+                );
+                return Ok(response);
+            }
+            if outcome.decision.delay > 0 {
+                // Leaky-bucket shaping: wait on the timer, holding no thread.
+                tokio::time::sleep(Duration::from_micros(outcome.decision.delay)).await;
+            }
+            let mut response = inner
+                .call(Request::from_parts(parts, body))
+                .await?
+                .map(Body::new);
+            add_headers(
+                response.headers_mut(),
+                &settings.rules,
+                &outcome,
+                policy,
+                legacy,
+            );
+            Ok(response)
+        })
+    }
+}

@@ -1,0 +1,75 @@
+//! An axum app behind sluicegate's tower middleware.
+//!
+//! Run with: `cargo run -p axum-app-example` (then `curl -i localhost:3000/`), or with
+//! `SLUICEGATE_STORE=redis://127.0.0.1:6379 cargo run -p axum-app-example` to share the
+//! limits between instances through Redis.
+//!
+//! - `GET /` — 5 requests per 10 s per client address (exact sliding window);
+//! - `GET /api/{item}` — also 100 per minute per `x-api-key` and route;
+//! - `GET /slow` — shaped, not refused: 2 per second, a queue of 5.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::HeaderName;
+use axum::routing::get;
+use sluicegate::duration::parse_duration;
+use sluicegate::{Algorithm, AnyStore, Limiter, Rule, RuleSpec, StoreOptions};
+use sluicegate_tower::{KeyExtractor, RateLimitLayer};
+
+fn rule(name: &str, algorithm: Algorithm, limit: u64, window: &str) -> Result<Rule, String> {
+    let window = parse_duration(window).map_err(|e| e.to_string())?;
+    let mut spec = RuleSpec::new(algorithm, limit, window);
+    if algorithm == Algorithm::LeakyBucket {
+        spec.queue = Some(5);
+    }
+    Rule::new(name, &spec).map_err(|e| e.to_string())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), String> {
+    let url = std::env::var("SLUICEGATE_STORE").unwrap_or_else(|_| "memory".into());
+    let store = AnyStore::open(StoreOptions::new(&url))
+        .await
+        .map_err(|e| e.to_string())?;
+    let limiter = Arc::new(Limiter::new(store));
+
+    let per_client = RateLimitLayer::new(Arc::clone(&limiter))
+        .limit(
+            rule("per-client", Algorithm::SlidingLog, 5, "10s")?,
+            KeyExtractor::peer_ip(),
+        )
+        .legacy_headers(true);
+    let per_key = RateLimitLayer::new(Arc::clone(&limiter)).limit(
+        rule("per-api-key", Algorithm::SlidingCounter, 100, "1m")?,
+        KeyExtractor::header(HeaderName::from_static("x-api-key")),
+    );
+    let shaped = RateLimitLayer::new(limiter).limit(
+        rule("shaped", Algorithm::LeakyBucket, 2, "1s")?,
+        KeyExtractor::global(),
+    );
+
+    let app = Router::new()
+        .route("/", get(|| async { "hello\n" }))
+        .route(
+            "/api/{item}",
+            get(|| async { "an item\n" }).route_layer(per_key),
+        )
+        .route(
+            "/slow",
+            get(|| async { "worth the wait\n" }).route_layer(shaped),
+        )
+        .layer(per_client);
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000")
+        .await
+        .map_err(|e| format!("cannot listen on 127.0.0.1:3000: {e}"))?;
+    println!("listening on http://127.0.0.1:3000 ({url} store)");
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await
+    .map_err(|e| e.to_string())
+}
