@@ -312,3 +312,51 @@ async fn a_real_server_limits_a_real_client() {
     .unwrap();
     assert_eq!(statuses, ["200", "200", "429"]);
 }
+
+/// A real tonic client calling a real tonic service (gRPC health) through the layer,
+/// over HTTP/2 on a loopback socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tonic_client_is_refused_with_resource_exhausted() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let once = rule("once", RuleSpec::new(Algorithm::FixedWindow, 1, 3600 * S));
+    let layer = RateLimitLayer::new(limiter(MemoryStoreConfig::default()))
+        .limit(once, KeyExtractor::peer_ip());
+    let app = tonic::service::Routes::new(health)
+        .into_axum_router()
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let service = app.into_make_service_with_connect_info::<SocketAddr>();
+    tokio::spawn(async move { axum::serve(listener, service).await });
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let request = || HealthCheckRequest {
+        service: String::new(),
+    };
+    client
+        .check(request())
+        .await
+        .expect("the first call passes");
+    let refused = client.check(request()).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("retry in"),
+        "{}",
+        refused.message()
+    );
+    let retry_after = refused
+        .metadata()
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert!(retry_after.parse::<u64>().unwrap() >= 1);
+}
