@@ -1,9 +1,13 @@
 //! `sluicegate`: the rate-limit service and its tools.
 
 mod bench;
+mod clf;
 mod config;
 mod http;
+mod plan;
 mod replay;
+mod simulate;
+mod trace;
 
 use std::io;
 use std::net::SocketAddr;
@@ -44,6 +48,93 @@ enum Command {
     Replay(ReplayArgs),
     /// Measure decisions per second and latency against a store.
     Bench(BenchArgs),
+    /// Replay a trace through every algorithm and compare each with the exact sliding log.
+    Simulate(SimulateArgs),
+    /// Write a synthetic trace in SPEC.md's replay CSV.
+    Trace(TraceArgs),
+    /// The Redis memory each algorithm and layout needs for a workload.
+    Plan(PlanArgs),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum TraceFormat {
+    /// SPEC.md's replay CSV: time_us,key,cost[,request_id].
+    Csv,
+    /// Common or Combined Log Format access logs.
+    Clf,
+}
+
+#[derive(Args)]
+struct SimulateArgs {
+    /// The trace file.
+    #[arg(long)]
+    trace: PathBuf,
+    #[arg(long, value_enum, default_value = "csv")]
+    format: TraceFormat,
+    /// With --format clf: which field is the key.
+    #[arg(long, value_enum, default_value = "host")]
+    key_field: clf::KeyField,
+    /// L: units per window.
+    #[arg(long)]
+    limit: u64,
+    /// W: a duration such as 1s, 90s, 1m.
+    #[arg(long)]
+    window: String,
+    /// N for sliding-counter (default 10).
+    #[arg(long)]
+    buckets: Option<u64>,
+    /// B for token-bucket (default L).
+    #[arg(long)]
+    burst: Option<u64>,
+    /// Q for leaky-bucket (default 0).
+    #[arg(long)]
+    queue: Option<u64>,
+    /// Write an SVG chart of admitted requests over time here.
+    #[arg(long)]
+    chart: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct TraceArgs {
+    #[arg(long, value_enum)]
+    pattern: trace::Pattern,
+    /// Mean requests per second, all keys together.
+    #[arg(long)]
+    rate: f64,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 100)]
+    keys: u64,
+    /// How long the trace lasts, e.g. 10m.
+    #[arg(long)]
+    duration: String,
+    /// The window a boundary attack aims at.
+    #[arg(long, default_value = "1m")]
+    window: String,
+    /// Seed of the random sequence: the same seed gives the same trace.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// Requests per second, all keys together.
+    #[arg(long)]
+    qps: f64,
+    /// W, e.g. 1m.
+    #[arg(long)]
+    window: String,
+    /// Distinct keys.
+    #[arg(long)]
+    keys: u64,
+    /// L (default: what a key sends in a window).
+    #[arg(long)]
+    limit: Option<u64>,
+    /// N for sliding-counter.
+    #[arg(long, default_value_t = 10)]
+    buckets: u64,
+    /// Measure on this Redis (keys under a throwaway prefix, deleted afterwards).
+    #[arg(long)]
+    redis: Option<String>,
 }
 
 /// Where state lives.
@@ -184,6 +275,9 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Replay(args) => run_replay(&args),
         Command::Bench(args) => run_bench(&args),
+        Command::Simulate(args) => run_simulate(&args),
+        Command::Trace(args) => run_trace(&args),
+        Command::Plan(args) => run_plan(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -267,6 +361,156 @@ fn run_bench(args: &BenchArgs) -> Result<(), String> {
         }
         Ok(())
     })
+}
+
+fn run_trace(args: &TraceArgs) -> Result<(), String> {
+    let duration = parse_duration(&args.duration).map_err(|e| format!("--duration: {e}"))?;
+    let window = parse_duration(&args.window).map_err(|e| format!("--window: {e}"))?;
+    if !(args.rate.is_finite() && args.rate > 0.0) || args.keys == 0 || window == 0 {
+        return Err("--rate, --keys and --window must be positive".into());
+    }
+    let spec = trace::TraceSpec {
+        pattern: args.pattern,
+        rate: args.rate,
+        keys: args.keys,
+        duration,
+        window,
+        seed: args.seed,
+        start: 1_700_000_000_000_000,
+    };
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    trace::write_trace(&spec, &mut out)
+        .and_then(|_| io::Write::flush(&mut out))
+        .map_err(|e| e.to_string())
+}
+
+fn run_simulate(args: &SimulateArgs) -> Result<(), String> {
+    use std::io::BufRead;
+    let window = parse_duration(&args.window).map_err(|e| format!("--window: {e}"))?;
+    let spec = RuleSpec {
+        buckets: args.buckets,
+        burst: args.burst,
+        queue: args.queue,
+        ..RuleSpec::new(Algorithm::SlidingLog, args.limit, window)
+    };
+    let path = &args.trace;
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let reader = io::BufReader::with_capacity(1 << 20, file);
+    let span = trace_span(path, args.format, args.key_field).unwrap_or(window * 10);
+    let mut sim = simulate::Simulation::new(&spec, span)?;
+    let progress = io::IsTerminal::is_terminal(&io::stderr());
+    let started = std::time::Instant::now();
+    let (mut read, mut malformed, mut first_error) = (0u64, 0u64, None);
+    for (index, line) in reader.lines().enumerate() {
+        let line = line.map_err(|e| format!("{}: {e}", path.display()))?;
+        read += line.len() as u64 + 1;
+        if progress && index % (1 << 20) == 0 && size > 0 {
+            eprint!(
+                "\r{} lines, {:.0}%",
+                index,
+                100.0 * read as f64 / size as f64
+            );
+        }
+        let text = line.trim_end_matches('\r');
+        if text.trim().is_empty() || text.trim_start().starts_with('#') {
+            continue;
+        }
+        let decided = match args.format {
+            TraceFormat::Csv => {
+                replay::parse_line(text).map(|l| sim.request(l.time, l.key, l.cost))
+            }
+            TraceFormat::Clf => {
+                clf::parse_line(text, args.key_field).map(|(t, key)| sim.request(t, &key, 1))
+            }
+        };
+        match decided {
+            Ok(result) => result?,
+            Err(e) => {
+                malformed += 1;
+                first_error.get_or_insert(format!("line {}: {e}", index + 1));
+            }
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    println!(
+        "{} requests, {} keys, limit {} per {}, in {:.1} s",
+        sim.requests,
+        sim.key_count(),
+        args.limit,
+        args.window,
+        started.elapsed().as_secs_f64()
+    );
+    if malformed > 0 {
+        println!(
+            "{malformed} malformed lines skipped (first: {})",
+            first_error.unwrap_or_default()
+        );
+    }
+    print!("{}", simulate::table(&sim, args.limit));
+    if let Some(chart) = &args.chart {
+        std::fs::write(chart, sim.chart()).map_err(|e| format!("{}: {e}", chart.display()))?;
+        println!("chart written to {}", chart.display());
+    }
+    Ok(())
+}
+
+/// The time between a trace's first and last lines (for the chart's scale), reading only
+/// the file's two ends.
+fn trace_span(path: &Path, format: TraceFormat, key_field: clf::KeyField) -> Option<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    let time = |line: &str| match format {
+        TraceFormat::Csv => replay::parse_line(line).ok().map(|l| l.time),
+        TraceFormat::Clf => clf::parse_line(line, key_field).ok().map(|(t, _)| t),
+    };
+    let text = std::fs::File::open(path).ok()?;
+    let mut head = String::new();
+    text.take(1 << 16).read_to_string(&mut head).ok()?;
+    let first = head.lines().find_map(time)?;
+    let mut file = std::fs::File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(1 << 16)))
+        .ok()?;
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail).ok()?;
+    let tail = String::from_utf8_lossy(&tail);
+    let last = tail.lines().rev().find_map(time)?;
+    last.checked_sub(first).filter(|span| *span > 0)
+}
+
+fn run_plan(args: &PlanArgs) -> Result<(), String> {
+    let window = parse_duration(&args.window).map_err(|e| format!("--window: {e}"))?;
+    if !(args.qps.is_finite() && args.qps > 0.0) || args.keys == 0 {
+        return Err("--qps and --keys must be positive".into());
+    }
+    let workload = plan::Workload {
+        qps: args.qps,
+        window,
+        keys: args.keys,
+        limit: args.limit,
+        buckets: args.buckets,
+    };
+    let rows = workload.rows()?;
+    let measured = match &args.redis {
+        None => None,
+        Some(url) => Some(runtime()?.block_on(async {
+            let mut config = sluicegate::RedisStoreConfig::new(url);
+            config.prefix = format!("sluicegate:plan:{}:", std::process::id());
+            config.timeout = Duration::from_secs(5);
+            let store = sluicegate::RedisStore::connect(config)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut bytes = Vec::new();
+            for row in &rows {
+                bytes.push(plan::measure(&store, row).await?);
+            }
+            Ok::<_, String>(bytes)
+        })?),
+    };
+    print!("{}", plan::table(&workload, &rows, measured.as_deref()));
+    Ok(())
 }
 
 fn load_config(path: Option<&Path>) -> Result<Config, String> {

@@ -174,6 +174,26 @@ impl RedisStore {
         }
     }
 
+    /// Redis' own measure (`MEMORY USAGE`) of the state `rule` holds for `key`, in bytes;
+    /// `None` when there is none.
+    pub async fn memory_usage(&self, rule: &Rule, key: &str) -> Result<Option<u64>, StoreError> {
+        let state_key = self.state_key(rule, key);
+        self.query::<Option<u64>>(redis::cmd("MEMORY").arg("USAGE").arg(&state_key))
+            .await
+            .map_err(|e| self.error(e, Some(&state_key)))
+    }
+
+    /// Deletes every key of `rule` for `key` (state, request ids, release times).
+    pub async fn forget(&self, rule: &Rule, key: &str) -> Result<(), StoreError> {
+        for kind in ['s', 'i', 'r'] {
+            let redis_key = redis_key(&self.prefix, kind, rule, key);
+            self.query::<u64>(redis::cmd("DEL").arg(&redis_key))
+                .await
+                .map_err(|e| self.error(e, Some(&redis_key)))?;
+        }
+        Ok(())
+    }
+
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
