@@ -10,12 +10,12 @@ pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, RetryAfter};
-pub use limiter::Limiter;
+pub use limiter::{BreakerState, FailurePolicy, Limiter, LimiterConfig, LimiterStats};
 pub use rule::{
     Algorithm, DEFAULT_BUCKETS, EXACT_LIMIT, LogLayout, MAX_COMPACT_LOG_LIMIT, MAX_SPAN, MAX_TIME,
     MAX_ZSET_LOG_LIMIT, Rule, RuleError, RuleSpec,
 };
 pub use store::{
-    AnyStore, Check, Limit, MemoryStore, MemoryStoreConfig, Outcome, RedisStore, RedisStoreConfig,
-    Store, StoreError, StoreOptions,
+    AnyStore, Check, DecidedBy, Limit, MemoryStore, MemoryStoreConfig, Outcome, RedisStore,
+    RedisStoreConfig, Store, StoreError, StoreOptions,
 };

@@ -184,6 +184,9 @@ struct RuleInner {
     capacity: u64,
     emission_interval: u64,
     layout: LogLayout,
+    /// What the limiter does with this rule when the store fails (not part of identity:
+    /// it changes no state).
+    on_store_error: Option<crate::limiter::FailurePolicy>,
 }
 
 impl Rule {
@@ -353,6 +356,7 @@ impl Rule {
                 capacity,
                 emission_interval,
                 layout,
+                on_store_error: None,
             }),
         })
     }
@@ -406,6 +410,25 @@ impl Rule {
     /// The GCRA emission interval T = floor(W / L) in µs; 0 for the window algorithms.
     pub fn emission_interval(&self) -> u64 {
         self.inner.emission_interval
+    }
+
+    /// This rule with its own policy for store failures, instead of the limiter's.
+    pub fn with_failure_policy(&self, policy: crate::limiter::FailurePolicy) -> Rule {
+        let r = &self.inner;
+        Rule {
+            inner: Arc::new(RuleInner {
+                name: r.name.clone(),
+                identity: r.identity.clone(),
+                fingerprint: r.fingerprint,
+                on_store_error: Some(policy),
+                ..**r
+            }),
+        }
+    }
+
+    /// The rule's own policy for store failures, if it has one.
+    pub fn failure_policy(&self) -> Option<crate::limiter::FailurePolicy> {
+        self.inner.on_store_error
     }
 
     /// The Redis layout of a sliding-log rule.

@@ -103,6 +103,36 @@ pub struct Outcome {
     /// Each limit's decision when the check named several; empty for one, whose decision
     /// is `decision` (a one-limit check, the common case, allocates nothing).
     several: Vec<Decision>,
+    /// Who decided: the store, or the limiter without it.
+    pub decided_by: DecidedBy,
+}
+
+/// Who decided a check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DecidedBy {
+    /// The store.
+    Store,
+    /// The limiter's negative cache: the store refused the same check moments ago and said
+    /// when it could pass; until then the limiter refuses without asking.
+    NegativeCache,
+    /// The store failed and this policy decided.
+    Fallback(crate::limiter::FailurePolicy),
+}
+
+impl DecidedBy {
+    /// `store`, `negative-cache`, `fallback-allow`, `fallback-deny`, `fallback-local`.
+    pub fn name(self) -> &'static str {
+        use crate::limiter::FailurePolicy;
+        match self {
+            DecidedBy::Store => "store",
+            DecidedBy::NegativeCache => "negative-cache",
+            DecidedBy::Fallback(FailurePolicy::Allow) => "fallback-allow",
+            DecidedBy::Fallback(FailurePolicy::Deny) => "fallback-deny",
+            DecidedBy::Fallback(FailurePolicy::Local) => "fallback-local",
+            DecidedBy::Fallback(FailurePolicy::Error) => "store-error",
+        }
+    }
 }
 
 impl Outcome {
@@ -111,10 +141,11 @@ impl Outcome {
         Outcome {
             decision,
             several: Vec::new(),
+            decided_by: DecidedBy::Store,
         }
     }
 
-    /// Combines the per-limit decisions of a check of several limits.
+    /// Combines the per-limit decisions of a check (at least one).
     pub(crate) fn from_limits(limits: Vec<Decision>) -> Self {
         let decision =
             Decision::combine(&limits).expect("validated checks hold at least one limit");
@@ -124,6 +155,7 @@ impl Outcome {
         Outcome {
             decision,
             several: limits,
+            decided_by: DecidedBy::Store,
         }
     }
 

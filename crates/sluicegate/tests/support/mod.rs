@@ -47,7 +47,25 @@ pub fn command(port: u16, line: &str) -> std::io::Result<String> {
 
 impl RedisServer {
     pub fn start(extra: &[&str]) -> RedisServer {
-        let port = free_port();
+        RedisServer::start_at(free_port(), extra)
+    }
+
+    /// Stops the server at once (no save): what a crash looks like to clients.
+    pub fn shutdown(&self) {
+        let _ = command(self.port, "SHUTDOWN NOSAVE");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while command(self.port, "PING").is_ok() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} did not stop",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A server on a given port (to restart one that was shut down).
+    pub fn start_at(port: u16, extra: &[&str]) -> RedisServer {
         let dir = scratch_dir(&format!("redis-{port}"));
         let mut args = vec![
             "--port".to_owned(),

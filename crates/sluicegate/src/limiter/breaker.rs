@@ -1,0 +1,151 @@
+//! A circuit breaker for the store: after `failures` consecutive failures, stop calling it
+//! for `cool_down`, then let one check through as a probe; its success closes the circuit.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The breaker's state, as a metric reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Checks go to the store.
+    Closed,
+    /// The store failed repeatedly; checks fall back without calling it.
+    Open,
+    /// One probe is on its way to the store.
+    HalfOpen,
+}
+
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    failures_to_open: u32,
+    cool_down: Duration,
+    state: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    consecutive_failures: u32,
+    open_until: Option<Instant>,
+    probing: bool,
+}
+
+/// Whether a check may call the store.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Permit {
+    Call,
+    Probe,
+    Refuse,
+}
+
+impl Breaker {
+    /// `failures_to_open` = 0 never opens.
+    pub(crate) fn new(failures_to_open: u32, cool_down: Duration) -> Self {
+        Breaker {
+            failures_to_open,
+            cool_down,
+            state: Mutex::new(Inner {
+                consecutive_failures: 0,
+                open_until: None,
+                probing: false,
+            }),
+        }
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn permit(&self, now: Instant) -> Permit {
+        let mut inner = self.inner();
+        match inner.open_until {
+            None => Permit::Call,
+            Some(until) if now < until || inner.probing => Permit::Refuse,
+            Some(_) => {
+                inner.probing = true;
+                Permit::Probe
+            }
+        }
+    }
+
+    pub(crate) fn success(&self) {
+        let mut inner = self.inner();
+        inner.consecutive_failures = 0;
+        inner.open_until = None;
+        inner.probing = false;
+    }
+
+    pub(crate) fn failure(&self, now: Instant) {
+        let mut inner = self.inner();
+        inner.consecutive_failures = inner.consecutive_failures.saturating_add(1);
+        inner.probing = false;
+        if self.failures_to_open > 0
+            && (inner.open_until.is_some() || inner.consecutive_failures >= self.failures_to_open)
+        {
+            inner.open_until = Some(now + self.cool_down);
+        }
+    }
+
+    /// How long until the store is tried again (zero when closed).
+    pub(crate) fn wait(&self, now: Instant) -> Duration {
+        self.inner()
+            .open_until
+            .map_or(Duration::ZERO, |until| until.saturating_duration_since(now))
+    }
+
+    pub(crate) fn state(&self, now: Instant) -> BreakerState {
+        let inner = self.inner();
+        match inner.open_until {
+            None => BreakerState::Closed,
+            Some(_) if inner.probing => BreakerState::HalfOpen,
+            Some(until) if now >= until => BreakerState::HalfOpen,
+            Some(_) => BreakerState::Open,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_consecutive_failures_and_probes_after_the_cool_down() {
+        let breaker = Breaker::new(3, Duration::from_secs(1));
+        let t = Instant::now();
+        for _ in 0..2 {
+            breaker.failure(t);
+        }
+        assert_eq!(breaker.permit(t), Permit::Call);
+        breaker.success();
+        for _ in 0..3 {
+            breaker.failure(t);
+        }
+        assert_eq!(breaker.state(t), BreakerState::Open);
+        assert_eq!(
+            breaker.permit(t + Duration::from_millis(999)),
+            Permit::Refuse
+        );
+        let later = t + Duration::from_secs(1);
+        assert_eq!(breaker.permit(later), Permit::Probe);
+        // One probe at a time.
+        assert_eq!(breaker.permit(later), Permit::Refuse);
+        breaker.failure(later);
+        assert_eq!(breaker.state(later), BreakerState::Open);
+        let after = later + Duration::from_secs(1);
+        assert_eq!(breaker.permit(after), Permit::Probe);
+        breaker.success();
+        assert_eq!(breaker.state(after), BreakerState::Closed);
+        assert_eq!(breaker.permit(after), Permit::Call);
+    }
+
+    #[test]
+    fn zero_failures_never_opens() {
+        let breaker = Breaker::new(0, Duration::from_secs(1));
+        let t = Instant::now();
+        for _ in 0..100 {
+            breaker.failure(t);
+        }
+        assert_eq!(breaker.permit(t), Permit::Call);
+    }
+}

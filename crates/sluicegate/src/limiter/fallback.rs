@@ -1,0 +1,63 @@
+//! What a check gets when the store cannot decide it.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A policy for store failures, server-wide or per rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FailurePolicy {
+    /// Answer with the store's error: neither allowed nor refused (the default).
+    #[default]
+    Error,
+    /// Fail open: allow.
+    Allow,
+    /// Fail closed: refuse.
+    Deny,
+    /// Decide with an in-memory limiter whose limit is L divided by the number of
+    /// instances sharing the store, rounded up.
+    Local,
+}
+
+impl FailurePolicy {
+    /// The name used on the command line and in configuration.
+    pub const fn name(self) -> &'static str {
+        match self {
+            FailurePolicy::Error => "error",
+            FailurePolicy::Allow => "allow",
+            FailurePolicy::Deny => "deny",
+            FailurePolicy::Local => "local",
+        }
+    }
+
+    /// How strongly a policy refuses, to settle a check whose rules disagree.
+    pub(crate) fn strictness(self) -> u8 {
+        match self {
+            FailurePolicy::Allow => 0,
+            FailurePolicy::Local => 1,
+            FailurePolicy::Deny => 2,
+            FailurePolicy::Error => 3,
+        }
+    }
+}
+
+impl fmt::Display for FailurePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for FailurePolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [
+            FailurePolicy::Error,
+            FailurePolicy::Allow,
+            FailurePolicy::Deny,
+            FailurePolicy::Local,
+        ]
+        .into_iter()
+        .find(|p| p.name() == s)
+        .ok_or_else(|| format!("unknown policy {s:?}; expected error, allow, deny or local"))
+    }
+}

@@ -1,0 +1,136 @@
+//! The negative cache: a check the store refused with `retry_after` R is refused locally
+//! until R has passed, without a round trip.
+//!
+//! Why this never admits a request the store would reject: it never admits anything. Its
+//! only answer is a refusal, and it gives it only while the store would refuse too:
+//!
+//! - `retry_after` is the wait before a request *of the same cost, under the same limits*
+//!   could be allowed *with no other traffic* (SPEC.md). Other traffic only takes units,
+//!   and a refused check takes none, so with any traffic the wait can only be longer. So
+//!   an entry answers only checks with the same limits and the same cost. (The answer's
+//!   `remaining` is as the store last reported it.)
+//! - The wait is counted from when the check was *sent*, which is no later than when the
+//!   store decided it, so the local deadline never outlasts the store's refusal (on clocks
+//!   that tick at the same rate; the limiter's is monotonic).
+//! - Checks that carry a request id bypass it (the store may recognise a retried
+//!   admission and allow it), and so do checks that carry their own time.
+//!
+//! Memory: at most `capacity` entries; expired ones are dropped first, and when none has
+//! expired a new refusal is simply not cached (a miss only costs a round trip).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::decision::{Decision, RetryAfter};
+use crate::store::Check;
+
+#[derive(Debug)]
+pub(crate) struct NegativeCache {
+    entries: Mutex<HashMap<String, Entry>>,
+    capacity: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    cost: u64,
+    until: Instant,
+    limits: usize,
+    decisions: [Option<Decision>; MAX_LIMITS],
+}
+
+/// Checks of more limits than this are not cached (the entry stays a fixed size).
+const MAX_LIMITS: usize = 4;
+
+/// What identifies the limits of a check: each rule's identity and key, length-prefixed.
+fn signature(check: &Check<'_>) -> String {
+    let mut out = String::new();
+    for limit in check.limits {
+        for part in [limit.rule.identity(), limit.key] {
+            out.push_str(&part.len().to_string());
+            out.push(':');
+            out.push_str(part);
+        }
+    }
+    out
+}
+
+impl NegativeCache {
+    pub(crate) fn new(capacity: usize) -> Self {
+        NegativeCache {
+            entries: Mutex::new(HashMap::new()),
+            capacity,
+        }
+    }
+
+    fn applies(check: &Check<'_>) -> bool {
+        check.request_id.is_none() && check.at.is_none() && check.limits.len() <= MAX_LIMITS
+    }
+
+    /// The cached refusal of `check`, with its waits shortened by the time since.
+    pub(crate) fn lookup(&self, check: &Check<'_>, now: Instant) -> Option<Vec<Decision>> {
+        if !Self::applies(check) {
+            return None;
+        }
+        let entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entry = entries.get(&signature(check))?;
+        if now >= entry.until || check.cost.max(1) != entry.cost {
+            return None;
+        }
+        let left = u64::try_from((entry.until - now).as_micros()).unwrap_or(u64::MAX);
+        let shorten = |d: Decision| Decision {
+            retry_after: match d.retry_after {
+                RetryAfter::Micros(us) if us > 0 => RetryAfter::Micros(us.min(left).max(1)),
+                other => other,
+            },
+            ..d
+        };
+        Some(
+            entry.decisions[..entry.limits]
+                .iter()
+                .map(|d| shorten(d.expect("stored for every limit")))
+                .collect(),
+        )
+    }
+
+    /// Remembers a refusal the store gave to `check`, sent at `sent`.
+    pub(crate) fn remember(
+        &self,
+        check: &Check<'_>,
+        sent: Instant,
+        combined: Decision,
+        limits: &[Decision],
+    ) {
+        let RetryAfter::Micros(wait) = combined.retry_after else {
+            return;
+        };
+        if combined.allowed || wait == 0 || !Self::applies(check) {
+            return;
+        }
+        let mut decisions = [None; MAX_LIMITS];
+        for (slot, d) in decisions.iter_mut().zip(limits) {
+            *slot = Some(*d);
+        }
+        let entry = Entry {
+            cost: check.cost.max(1),
+            until: sent + Duration::from_micros(wait),
+            limits: limits.len(),
+            decisions,
+        };
+        let mut entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if entries.len() >= self.capacity {
+            let now = Instant::now();
+            entries.retain(|_, e| e.until > now);
+            if entries.len() >= self.capacity {
+                return;
+            }
+        }
+        entries.insert(signature(check), entry);
+    }
+}

@@ -1,0 +1,213 @@
+//! Deciding when Redis fails: fallback policies, the circuit breaker, recovery after a
+//! restart, and the negative cache — against real redis-server processes that the tests
+//! start and stop.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use sluicegate::{
+    Algorithm, BreakerState, Check, DecidedBy, FailurePolicy, Limit, Limiter, LimiterConfig,
+    RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
+};
+use std::sync::atomic::Ordering;
+
+const TIMEOUT: Duration = Duration::from_millis(100);
+
+async fn store_on(server: &support::RedisServer, test: &str) -> RedisStore {
+    let mut config = RedisStoreConfig::new(&server.url());
+    config.prefix = format!("resilience:{test}:{}:", std::process::id());
+    config.timeout = TIMEOUT;
+    RedisStore::connect(config).await.expect("connect")
+}
+
+fn rule(limit: u64) -> Rule {
+    Rule::new(
+        "r",
+        &RuleSpec::new(Algorithm::SlidingLog, limit, 3_600_000_000),
+    )
+    .unwrap()
+}
+
+async fn check(
+    limiter: &Limiter<RedisStore>,
+    rule: &Rule,
+    key: &str,
+) -> (Result<sluicegate::Outcome, StoreError>, Duration) {
+    let limits = [Limit { rule, key }];
+    let started = Instant::now();
+    let outcome = limiter.decide(&Check::new(&limits, 1)).await;
+    (outcome, started.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_policy_answers_when_redis_dies_and_redis_decides_again_after_a_restart() {
+    let server = support::RedisServer::start(&[]);
+    let port = server.port;
+    let config = |policy| LimiterConfig {
+        on_store_error: policy,
+        instances: 2,
+        breaker_failures: 3,
+        breaker_cool_down: Duration::from_millis(300),
+        ..LimiterConfig::default()
+    };
+    let policies = [
+        FailurePolicy::Error,
+        FailurePolicy::Allow,
+        FailurePolicy::Deny,
+        FailurePolicy::Local,
+    ];
+    let mut limiters = Vec::new();
+    for policy in policies {
+        let store = store_on(&server, policy.name()).await;
+        limiters.push(Limiter::with_config(store, config(policy)));
+    }
+    let rule = rule(4);
+    for limiter in &limiters {
+        let (outcome, _) = check(limiter, &rule, "k").await;
+        assert_eq!(outcome.unwrap().decided_by, DecidedBy::Store);
+    }
+
+    server.shutdown();
+    for (limiter, policy) in limiters.iter().zip(policies) {
+        let mut answers = Vec::new();
+        for _ in 0..6 {
+            let (outcome, took) = check(limiter, &rule, "k").await;
+            // Every request is answered within the timeout and a margin.
+            assert!(
+                took < TIMEOUT + Duration::from_millis(400),
+                "{policy}: {took:?}"
+            );
+            answers.push(outcome);
+        }
+        match policy {
+            FailurePolicy::Error => assert!(answers.iter().all(|a| matches!(
+                a,
+                Err(StoreError::Unavailable { .. } | StoreError::Timeout { .. })
+            ))),
+            FailurePolicy::Allow | FailurePolicy::Deny => {
+                for answer in &answers {
+                    let outcome = answer.as_ref().unwrap();
+                    assert_eq!(outcome.decided_by, DecidedBy::Fallback(policy));
+                    assert_eq!(outcome.decision.allowed, policy == FailurePolicy::Allow);
+                }
+            }
+            FailurePolicy::Local => {
+                // L = 4 over 2 instances: 2 locally.
+                let allowed: Vec<bool> = answers
+                    .iter()
+                    .map(|a| a.as_ref().unwrap().decision.allowed)
+                    .collect();
+                assert_eq!(allowed, [true, true, false, false, false, false]);
+            }
+        }
+        // Three failures opened the breaker: the store is not called any more.
+        assert_eq!(limiter.breaker_state(), BreakerState::Open, "{policy}");
+        assert!(limiter.stats().store_errors.load(Ordering::Relaxed) >= 6);
+    }
+
+    let restarted = support::RedisServer::start_at(port, &[]);
+    let back = Instant::now();
+    for (limiter, policy) in limiters.iter().zip(policies) {
+        loop {
+            let (outcome, _) = check(limiter, &rule, "k").await;
+            if matches!(outcome, Ok(ref o) if o.decided_by == DecidedBy::Store) {
+                break;
+            }
+            assert!(
+                back.elapsed() < Duration::from_secs(2),
+                "{policy}: Redis not back in 2 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+    }
+    drop(restarted);
+}
+
+/// The negative cache refuses only what Redis refuses, and spares Redis most calls of an
+/// abusive client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_negative_cache_refuses_only_what_redis_refuses() {
+    let server = support::RedisServer::start(&[]);
+    let cached = Limiter::with_config(
+        store_on(&server, "negative").await,
+        LimiterConfig {
+            negative_cache_entries: 1000,
+            ..LimiterConfig::default()
+        },
+    );
+    let direct = store_on(&server, "negative").await;
+    // 20 per 200 ms; the client sends ten times that.
+    let rule = Rule::new("abuse", &RuleSpec::new(Algorithm::SlidingLog, 20, 200_000)).unwrap();
+    let limits = [Limit {
+        rule: &rule,
+        key: "abuser",
+    }];
+    let (mut hits, mut refusals) = (0, 0);
+    let until = Instant::now() + Duration::from_millis(800);
+    while Instant::now() < until {
+        let outcome = cached.decide(&Check::new(&limits, 1)).await.unwrap();
+        refusals += u64::from(!outcome.decision.allowed);
+        if outcome.decided_by == DecidedBy::NegativeCache {
+            hits += 1;
+            assert!(!outcome.decision.allowed);
+            // Redis, asked right now without recording, refuses too.
+            let peek = direct.check(&Check::new(&limits, 0)).await.unwrap();
+            assert!(
+                !peek.decision.allowed,
+                "the cache refused what Redis would allow"
+            );
+        }
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    }
+    // Each refusal from Redis covers the refusals after it until a unit frees: all but
+    // about one refusal per freed unit are spared a round trip.
+    assert!(
+        hits * 10 >= refusals * 7,
+        "{hits} of {refusals} refusals answered by the cache"
+    );
+    assert_eq!(
+        cached.stats().negative_cache_hits.load(Ordering::Relaxed),
+        hits
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rules_own_policy_beats_the_limiters() {
+    let server = support::RedisServer::start(&[]);
+    let limiter = Limiter::with_config(
+        store_on(&server, "per-rule").await,
+        LimiterConfig {
+            on_store_error: FailurePolicy::Deny,
+            ..LimiterConfig::default()
+        },
+    );
+    server.shutdown();
+    let open = rule(3).with_failure_policy(FailurePolicy::Allow);
+    let (outcome, _) = check(&limiter, &open, "k").await;
+    assert_eq!(
+        outcome.unwrap().decided_by,
+        DecidedBy::Fallback(FailurePolicy::Allow)
+    );
+    // With a deny rule beside it, the strictest wins.
+    let closed = Rule::new(
+        "other",
+        &RuleSpec::new(Algorithm::FixedWindow, 3, 1_000_000),
+    )
+    .unwrap();
+    let limits = [
+        Limit {
+            rule: &open,
+            key: "k",
+        },
+        Limit {
+            rule: &closed,
+            key: "k",
+        },
+    ];
+    let outcome = limiter.decide(&Check::new(&limits, 1)).await.unwrap();
+    assert_eq!(outcome.decided_by, DecidedBy::Fallback(FailurePolicy::Deny));
+    assert!(!outcome.decision.allowed);
+    assert!(outcome.limits()[0].allowed && !outcome.limits()[1].allowed);
+}
