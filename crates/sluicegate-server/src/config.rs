@@ -1,7 +1,8 @@
 //! The descriptor configuration: envoyproxy/ratelimit's YAML format (`domain`, nested
 //! `descriptors` with `key`, optional `value` and `rate_limit`), extended with sluicegate's
 //! algorithms on `rate_limit`: `algorithm`, `window` (any duration instead of `unit`),
-//! `burst`, `buckets`, `queue`.
+//! `burst`, `buckets`, `queue`, `layout` (zset or compact: a sliding log's Redis layout)
+//! and `on_store_error` (error, allow, deny or local: this rule's fallback).
 //!
 //! Every rule is validated while the file is read, so an error names the file, the line
 //! and the field.
@@ -12,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use sluicegate::duration::parse_duration;
-use sluicegate::{Algorithm, Rule, RuleSpec};
+use sluicegate::{Algorithm, FailurePolicy, LogLayout, Rule, RuleSpec};
 
 /// The algorithm of a `rate_limit` that names none.
 pub(crate) const DEFAULT_ALGORITHM: Algorithm = Algorithm::SlidingLog;
@@ -143,11 +144,19 @@ fn build_tree(prefix: &str, descriptors: Vec<RawDescriptor>) -> Result<Descripto
         };
         let limit = match raw.rate_limit {
             None => None,
-            Some(RawRateLimit { spec, name }) => {
+            Some(RawRateLimit {
+                spec,
+                name,
+                on_store_error,
+            }) => {
                 let rule = spec
                     .map(|spec| {
                         Rule::new(name.as_deref().unwrap_or(&path), &spec)
                             .map_err(|e| format!("{path}: rate_limit.{e}"))
+                            .map(|rule| match on_store_error {
+                                Some(policy) => rule.with_failure_policy(policy),
+                                None => rule,
+                            })
                     })
                     .transpose()?;
                 Some(ConfiguredLimit {
@@ -220,6 +229,7 @@ struct RawRateLimit {
     /// `None` for `unlimited: true`.
     spec: Option<RuleSpec>,
     name: Option<String>,
+    on_store_error: Option<FailurePolicy>,
 }
 
 #[derive(Deserialize)]
@@ -235,6 +245,8 @@ struct RateLimitFields {
     burst: Option<u64>,
     buckets: Option<u64>,
     queue: Option<u64>,
+    layout: Option<String>,
+    on_store_error: Option<String>,
 }
 
 impl TryFrom<RateLimitFields> for RawRateLimit {
@@ -250,6 +262,8 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
                 ("burst", f.burst.is_some()),
                 ("buckets", f.buckets.is_some()),
                 ("queue", f.queue.is_some()),
+                ("layout", f.layout.is_some()),
+                ("on_store_error", f.on_store_error.is_some()),
             ];
             if let Some((field, _)) = extra.iter().find(|(_, set)| *set) {
                 return Err(format!(
@@ -259,6 +273,7 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
             return Ok(RawRateLimit {
                 spec: None,
                 name: f.name,
+                on_store_error: None,
             });
         }
         let limit = f
@@ -280,10 +295,21 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
                 .map_err(|e| format!("rate_limit.{e}"))?,
             None => DEFAULT_ALGORITHM,
         };
+        let layout = f
+            .layout
+            .map(|l| l.parse::<LogLayout>())
+            .transpose()
+            .map_err(|e| format!("rate_limit.{e}"))?;
+        let on_store_error = f
+            .on_store_error
+            .map(|p| p.parse::<FailurePolicy>())
+            .transpose()
+            .map_err(|e| format!("rate_limit.on_store_error: {e}"))?;
         let spec = RuleSpec {
             buckets: f.buckets,
             burst: f.burst,
             queue: f.queue,
+            layout,
             ..RuleSpec::new(algorithm, limit, window)
         };
         // Built once here for its errors, which then carry this mapping's line; the tree
@@ -292,6 +318,7 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
         Ok(RawRateLimit {
             spec: Some(spec),
             name: f.name,
+            on_store_error,
         })
     }
 }

@@ -86,6 +86,8 @@ struct DescriptorBody {
 #[derive(Serialize)]
 struct CheckResponse {
     allowed: bool,
+    /// `store`, `negative-cache`, or the fallback policy that decided.
+    decided_by: &'static str,
     /// The combined decision; null when no descriptor matched a limited rule.
     decision: Option<DecisionBody>,
     descriptors: Vec<DescriptorBody>,
@@ -208,12 +210,19 @@ async fn check(State(state): State<AppState>, body: Bytes) -> Result<Response, A
                 .map(|(i, o)| o.limits()[i].into()),
         })
         .collect();
+    let decided_by = outcome.as_ref().map_or("store", |o| o.decided_by.name());
     let response = CheckResponse {
         allowed: outcome.as_ref().is_none_or(|o| o.decision.allowed),
+        decided_by,
         decision: outcome.map(|o| o.decision.into()),
         descriptors,
     };
-    Ok(axum::Json(response).into_response())
+    let mut response = axum::Json(response).into_response();
+    response.headers_mut().insert(
+        "x-sluicegate-decided-by",
+        axum::http::HeaderValue::from_static(decided_by),
+    );
+    Ok(response)
 }
 
 #[derive(Serialize)]

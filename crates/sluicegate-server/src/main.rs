@@ -220,6 +220,41 @@ struct ServeArgs {
     listen: SocketAddr,
     #[command(flatten)]
     store: StoreArgs,
+    /// When the store fails: error (answer 503), allow, deny, or local (an in-memory
+    /// limiter allowing L / --instances). Rules may set their own (on_store_error).
+    #[arg(long, env = "SLUICEGATE_ON_STORE_ERROR", default_value = "error")]
+    on_store_error: sluicegate::FailurePolicy,
+    /// How many instances share the store (for the local fallback).
+    #[arg(long, env = "SLUICEGATE_INSTANCES", default_value_t = 1)]
+    instances: u32,
+    /// Consecutive store failures that open the circuit breaker (0: never).
+    #[arg(long, env = "SLUICEGATE_BREAKER_FAILURES", default_value_t = 5)]
+    breaker_failures: u32,
+    /// How long an open breaker waits before probing the store again.
+    #[arg(long, env = "SLUICEGATE_BREAKER_COOL_DOWN", default_value = "1s")]
+    breaker_cool_down: String,
+    /// Do not answer repeated refusals locally (the negative cache is on for Redis).
+    #[arg(long, env = "SLUICEGATE_NO_NEGATIVE_CACHE")]
+    no_negative_cache: bool,
+}
+
+impl ServeArgs {
+    fn limiter_config(&self) -> Result<sluicegate::LimiterConfig, String> {
+        let cool_down = parse_duration(&self.breaker_cool_down)
+            .map_err(|e| format!("--breaker-cool-down: {e}"))?;
+        let remote = self.store.store != "memory";
+        Ok(sluicegate::LimiterConfig {
+            on_store_error: self.on_store_error,
+            instances: self.instances.max(1),
+            breaker_failures: self.breaker_failures,
+            breaker_cool_down: Duration::from_micros(cool_down),
+            negative_cache_entries: if remote && !self.no_negative_cache {
+                100_000
+            } else {
+                0
+            },
+        })
+    }
 }
 
 /// One rule, from the command line.
@@ -538,7 +573,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-        let limiter = Arc::new(Limiter::new(store));
+        let limiter = Arc::new(Limiter::with_config(store, args.limiter_config()?));
         if limiter.store().memory().is_some() {
             let sweeper = Arc::clone(&limiter);
             tokio::spawn(async move {

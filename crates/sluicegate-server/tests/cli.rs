@@ -1,5 +1,8 @@
 //! The `sluicegate` binary end to end: real processes, real sockets.
 
+#[path = "../../sluicegate/tests/support/mod.rs"]
+mod support;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Output, Stdio};
@@ -224,4 +227,87 @@ fn serve_refuses_a_bad_config_naming_file_and_line() {
         stderr.contains("rate_limit.limit: limit must be at least 1"),
         "{stderr}"
     );
+}
+
+/// Each store-failure policy seen end to end: serve on a real redis-server, stop it, ask.
+#[test]
+fn store_failure_policies_through_the_http_api() {
+    let config =
+        std::env::temp_dir().join(format!("sluicegate-policies-{}.yaml", std::process::id()));
+    std::fs::write(
+        &config,
+        "domain: d
+descriptors:
+  - key: user
+    rate_limit: {window: 1h, requests_per_unit: 4}
+  - key: vip
+    rate_limit: {window: 1h, requests_per_unit: 4, on_store_error: allow}
+",
+    )
+    .unwrap();
+    let redis = support::RedisServer::start(&[]);
+    let check = |entry: &str| {
+        format!(
+            r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"{entry}","value":"u1"}}]}}]}}"#
+        )
+    };
+    let servers: Vec<(&str, Server)> = ["error", "deny", "local"]
+        .into_iter()
+        .map(|policy| {
+            let server = Server::start(&[
+                "--config",
+                config.to_str().unwrap(),
+                "--store",
+                &redis.url(),
+                "--prefix",
+                &format!("policy-{policy}-{}:", std::process::id()),
+                "--on-store-error",
+                policy,
+                "--instances",
+                "2",
+                "--store-timeout",
+                "100ms",
+            ]);
+            (policy, server)
+        })
+        .collect();
+    for (_, server) in &servers {
+        let (status, body) = server.request("POST", "/v1/check", &check("user"));
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains(r#""decided_by":"store""#), "{body}");
+    }
+    redis.shutdown();
+    for (policy, server) in &servers {
+        let answers: Vec<(u16, String)> = (0..3)
+            .map(|_| server.request("POST", "/v1/check", &check("user")))
+            .collect();
+        match *policy {
+            "error" => assert!(answers.iter().all(|(s, _)| *s == 503), "{answers:?}"),
+            "deny" => assert!(
+                answers.iter().all(|(s, b)| *s == 200
+                    && b.contains(r#""allowed":false"#)
+                    && b.contains(r#""decided_by":"fallback-deny""#)),
+                "{answers:?}"
+            ),
+            _ => {
+                // L = 4 over 2 instances: 2 locally, then refused.
+                let allowed: Vec<bool> = answers
+                    .iter()
+                    .map(|(_, b)| b.starts_with(r#"{"allowed":true"#))
+                    .collect();
+                assert_eq!(allowed, [true, true, false], "{answers:?}");
+                assert!(answers.iter().all(|(_, b)| b.contains("fallback-local")));
+            }
+        }
+        // A rule's own policy beats the server's.
+        let (status, body) = server.request("POST", "/v1/check", &check("vip"));
+        assert_eq!(status, 200, "{policy}: {body}");
+        assert!(
+            body.contains(r#""decided_by":"fallback-allow""#),
+            "{policy}: {body}"
+        );
+    }
+    for (_, server) in servers {
+        assert!(server.stop().success());
+    }
 }
