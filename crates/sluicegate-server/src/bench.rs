@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use sluicegate::{AnyStore, Check, Limit, Rule, Store};
+use sluicegate::{AnyStore, Check, Limit, Limiter, LimiterConfig, Rule};
 
 /// What one run measured.
 #[derive(Debug, Serialize)]
@@ -24,6 +24,8 @@ pub(crate) struct BenchReport {
     pub(crate) decisions_per_second: f64,
     pub(crate) allowed: u64,
     pub(crate) errors: u64,
+    /// Checks that reached the store (the rest the negative cache answered).
+    pub(crate) store_calls: u64,
     pub(crate) p50_us: u64,
     pub(crate) p99_us: u64,
     pub(crate) p999_us: u64,
@@ -38,6 +40,8 @@ pub(crate) struct BenchPlan {
     pub(crate) duration: Duration,
     /// Total checks per second; `None` for as fast as possible.
     pub(crate) rate: Option<f64>,
+    /// Answer repeated refusals locally.
+    pub(crate) negative_cache: bool,
 }
 
 struct TaskResult {
@@ -46,7 +50,14 @@ struct TaskResult {
     errors: u64,
 }
 
-pub(crate) async fn run(store: Arc<AnyStore>, rule: Rule, plan: BenchPlan) -> BenchReport {
+pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchReport {
+    let limiter = Arc::new(Limiter::with_config(
+        store,
+        LimiterConfig {
+            negative_cache_entries: if plan.negative_cache { 100_000 } else { 0 },
+            ..LimiterConfig::default()
+        },
+    ));
     let keys: Arc<Vec<String>> = Arc::new((0..plan.keys).map(|i| format!("bench:{i}")).collect());
     let started = Instant::now();
     let deadline = started + plan.duration;
@@ -55,7 +66,7 @@ pub(crate) async fn run(store: Arc<AnyStore>, rule: Rule, plan: BenchPlan) -> Be
         .map(|rate| Duration::from_secs_f64(plan.concurrency as f64 / rate));
     let tasks: Vec<_> = (0..plan.concurrency)
         .map(|task| {
-            let (store, rule, keys) = (Arc::clone(&store), rule.clone(), Arc::clone(&keys));
+            let (limiter, rule, keys) = (Arc::clone(&limiter), rule.clone(), Arc::clone(&keys));
             tokio::spawn(async move {
                 let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (task as u64 + 1);
                 let mut result = TaskResult {
@@ -78,7 +89,7 @@ pub(crate) async fn run(store: Arc<AnyStore>, rule: Rule, plan: BenchPlan) -> Be
                     x ^= x << 17;
                     let key = &keys[(x % keys.len() as u64) as usize];
                     let limits = [Limit { rule: &rule, key }];
-                    match store.check(&Check::new(&limits, 1)).await {
+                    match limiter.decide(&Check::new(&limits, 1)).await {
                         Ok(outcome) => result.allowed += u64::from(outcome.decision.allowed),
                         Err(_) => result.errors += 1,
                     }
@@ -122,6 +133,10 @@ pub(crate) async fn run(store: Arc<AnyStore>, rule: Rule, plan: BenchPlan) -> Be
         decisions_per_second: latencies.len() as f64 / seconds,
         allowed,
         errors,
+        store_calls: limiter
+            .stats()
+            .store_decisions
+            .load(std::sync::atomic::Ordering::Relaxed),
         p50_us: percentile(0.50),
         p99_us: percentile(0.99),
         p999_us: percentile(0.999),
@@ -133,7 +148,7 @@ impl BenchReport {
     pub(crate) fn text(&self) -> String {
         format!(
             "store {} · {} · {} keys · concurrency {}\n\
-             {} decisions in {:.2} s: {:.0} decisions/s ({} allowed, {} errors)\n\
+             {} decisions in {:.2} s: {:.0} decisions/s ({} allowed, {} errors, {} store calls)\n\
              latency µs: p50 {}  p99 {}  p999 {}  max {}",
             self.store,
             self.algorithm,
@@ -144,6 +159,7 @@ impl BenchReport {
             self.decisions_per_second,
             self.allowed,
             self.errors,
+            self.store_calls,
             self.p50_us,
             self.p99_us,
             self.p999_us,

@@ -207,6 +207,9 @@ struct BenchArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Answer repeated refusals locally, without a store call.
+    #[arg(long)]
+    negative_cache: bool,
 }
 
 #[derive(Args)]
@@ -384,8 +387,9 @@ fn run_bench(args: &BenchArgs) -> Result<(), String> {
             concurrency: args.concurrency,
             duration: Duration::from_micros(duration),
             rate: args.rate,
+            negative_cache: args.negative_cache,
         };
-        let report = bench::run(Arc::new(store), rule, plan).await;
+        let report = bench::run(store, rule, plan).await;
         if args.json {
             println!(
                 "{}",
