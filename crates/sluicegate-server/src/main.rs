@@ -74,21 +74,8 @@ struct SimulateArgs {
     /// With --format clf: which field is the key.
     #[arg(long, value_enum, default_value = "host")]
     key_field: clf::KeyField,
-    /// L: units per window.
-    #[arg(long)]
-    limit: u64,
-    /// W: a duration such as 1s, 90s, 1m.
-    #[arg(long)]
-    window: String,
-    /// N for sliding-counter (default 10).
-    #[arg(long)]
-    buckets: Option<u64>,
-    /// B for token-bucket (default L).
-    #[arg(long)]
-    burst: Option<u64>,
-    /// Q for leaky-bucket (default 0).
-    #[arg(long)]
-    queue: Option<u64>,
+    #[command(flatten)]
+    shape: RuleShape,
     /// Write an SVG chart of admitted requests over time here.
     #[arg(long)]
     chart: Option<PathBuf>,
@@ -260,12 +247,9 @@ impl ServeArgs {
     }
 }
 
-/// One rule, from the command line.
+/// A rule's numbers, from the command line.
 #[derive(Args)]
-struct RuleArgs {
-    /// sliding-log, sliding-counter, fixed-window, token-bucket or leaky-bucket.
-    #[arg(long)]
-    algorithm: String,
+struct RuleShape {
     /// L: units per window.
     #[arg(long)]
     limit: u64,
@@ -281,6 +265,29 @@ struct RuleArgs {
     /// Q: leaky-bucket queue (default 0).
     #[arg(long)]
     queue: Option<u64>,
+}
+
+impl RuleShape {
+    /// The spec of `algorithm` with these numbers.
+    fn spec(&self, algorithm: Algorithm) -> Result<RuleSpec, String> {
+        let window = parse_duration(&self.window).map_err(|e| format!("--window: {e}"))?;
+        Ok(RuleSpec {
+            buckets: self.buckets,
+            burst: self.burst,
+            queue: self.queue,
+            ..RuleSpec::new(algorithm, self.limit, window)
+        })
+    }
+}
+
+/// One rule, from the command line.
+#[derive(Args)]
+struct RuleArgs {
+    /// sliding-log, sliding-counter, fixed-window, token-bucket or leaky-bucket.
+    #[arg(long)]
+    algorithm: String,
+    #[command(flatten)]
+    shape: RuleShape,
     /// Redis layout of a sliding-log: zset (default) or compact.
     #[arg(long)]
     layout: Option<String>,
@@ -289,7 +296,6 @@ struct RuleArgs {
 impl RuleArgs {
     fn rule(&self) -> Result<Rule, String> {
         let algorithm: Algorithm = self.algorithm.parse().map_err(|e| format!("--{e}"))?;
-        let window = parse_duration(&self.window).map_err(|e| format!("--window: {e}"))?;
         let layout = self
             .layout
             .as_deref()
@@ -297,11 +303,8 @@ impl RuleArgs {
             .transpose()
             .map_err(|e| format!("--{e}"))?;
         let spec = RuleSpec {
-            buckets: self.buckets,
-            burst: self.burst,
-            queue: self.queue,
             layout,
-            ..RuleSpec::new(algorithm, self.limit, window)
+            ..self.shape.spec(algorithm)?
         };
         Rule::new("cli", &spec).map_err(|e| format!("--{e}"))
     }
@@ -425,13 +428,8 @@ fn run_trace(args: &TraceArgs) -> Result<(), String> {
 
 fn run_simulate(args: &SimulateArgs) -> Result<(), String> {
     use std::io::BufRead;
-    let window = parse_duration(&args.window).map_err(|e| format!("--window: {e}"))?;
-    let spec = RuleSpec {
-        buckets: args.buckets,
-        burst: args.burst,
-        queue: args.queue,
-        ..RuleSpec::new(Algorithm::SlidingLog, args.limit, window)
-    };
+    let spec = args.shape.spec(Algorithm::SlidingLog)?;
+    let window = spec.window;
     let path = &args.trace;
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -478,8 +476,8 @@ fn run_simulate(args: &SimulateArgs) -> Result<(), String> {
         "{} requests, {} keys, limit {} per {}, in {:.1} s",
         sim.requests,
         sim.key_count(),
-        args.limit,
-        args.window,
+        args.shape.limit,
+        args.shape.window,
         started.elapsed().as_secs_f64()
     );
     if malformed > 0 {
@@ -488,7 +486,7 @@ fn run_simulate(args: &SimulateArgs) -> Result<(), String> {
             first_error.unwrap_or_default()
         );
     }
-    print!("{}", simulate::table(&sim, args.limit));
+    print!("{}", simulate::table(&sim, args.shape.limit));
     if let Some(chart) = &args.chart {
         std::fs::write(chart, sim.chart()).map_err(|e| format!("{}: {e}", chart.display()))?;
         println!("chart written to {}", chart.display());

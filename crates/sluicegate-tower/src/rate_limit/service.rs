@@ -84,33 +84,24 @@ where
                     return Ok(problem(status, "Rate limiter unavailable", detail, grpc));
                 }
             };
-            let legacy = settings.legacy_headers;
-            let policy = settings.policy.as_ref();
-            if !outcome.decision.allowed {
-                let mut response = rejection(&settings.rules, &outcome, grpc);
-                add_headers(
-                    response.headers_mut(),
-                    &settings.rules,
-                    &outcome,
-                    policy,
-                    legacy,
-                );
-                return Ok(response);
-            }
-            if outcome.decision.delay > 0 {
-                // Leaky-bucket shaping: wait on the timer, holding no thread.
-                tokio::time::sleep(Duration::from_micros(outcome.decision.delay)).await;
-            }
-            let mut response = inner
-                .call(Request::from_parts(parts, body))
-                .await?
-                .map(Body::new);
+            let mut response = if outcome.decision.allowed {
+                if outcome.decision.delay > 0 {
+                    // Leaky-bucket shaping: wait on the timer, holding no thread.
+                    tokio::time::sleep(Duration::from_micros(outcome.decision.delay)).await;
+                }
+                inner
+                    .call(Request::from_parts(parts, body))
+                    .await?
+                    .map(Body::new)
+            } else {
+                rejection(&settings.rules, &outcome, grpc)
+            };
             add_headers(
                 response.headers_mut(),
                 &settings.rules,
                 &outcome,
-                policy,
-                legacy,
+                settings.policy.as_ref(),
+                settings.legacy_headers,
             );
             Ok(response)
         })
