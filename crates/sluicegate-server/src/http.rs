@@ -12,12 +12,14 @@ use serde::{Deserialize, Serialize};
 use sluicegate::{AnyStore, Check, Decision, Limit, Limiter, Rule, StoreError};
 
 use crate::config::{Config, Entry, UnknownDomain};
+use crate::metrics::Metrics;
 
 /// What every handler shares.
 #[derive(Clone)]
 pub(crate) struct AppState {
     pub(crate) config: Arc<Config>,
     pub(crate) limiter: Arc<Limiter<AnyStore>>,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 /// The service's routes.
@@ -26,6 +28,8 @@ pub(crate) fn app(state: AppState) -> Router {
         .route("/v1/check", post(check))
         .route("/v1/rules", get(rules))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .with_state(state)
 }
 
@@ -197,8 +201,18 @@ async fn check(State(state): State<AppState>, body: Bytes) -> Result<Response, A
             request_id: request.request_id.as_deref(),
             ..Check::new(&limits, request.cost)
         };
-        Some(state.limiter.decide(&check).await?)
+        let started = std::time::Instant::now();
+        let outcome = state.limiter.decide(&check).await?;
+        state.metrics.check(outcome.decided_by, started.elapsed());
+        Some(outcome)
     };
+    if let Some(outcome) = &outcome {
+        for (m, slot) in matched.iter().zip(&limit_of) {
+            if let (Some((path, _)), Some(i)) = (m, slot) {
+                state.metrics.rule(path, &outcome.limits()[*i]);
+            }
+        }
+    }
 
     let descriptors = matched
         .into_iter()
@@ -223,6 +237,23 @@ async fn check(State(state): State<AppState>, body: Bytes) -> Result<Response, A
         axum::http::HeaderValue::from_static(decided_by),
     );
     Ok(response)
+}
+
+/// Ready when the store answers.
+async fn readyz(State(state): State<AppState>) -> Response {
+    match state.limiter.store().ready().await {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(e) => {
+            let body = format!("not ready: {e}\n");
+            (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+        }
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let text = state.metrics.render(&state.limiter);
+    let content_type = "text/plain; version=0.0.4; charset=utf-8";
+    ([(axum::http::header::CONTENT_TYPE, content_type)], text).into_response()
 }
 
 #[derive(Serialize)]
@@ -274,6 +305,7 @@ descriptors:
         app(AppState {
             config: Arc::new(config),
             limiter: Arc::new(Limiter::new(AnyStore::Memory(Default::default()))),
+            metrics: Arc::default(),
         })
     }
 
@@ -381,6 +413,35 @@ descriptors:
             let error = json["error"].as_str().unwrap();
             assert!(error.contains(says), "{body}: {error}");
         }
+    }
+
+    #[tokio::test]
+    async fn metrics_count_rules_and_who_decided() {
+        let app = test_app();
+        for _ in 0..3 {
+            post(&app, &user_check("dee", 1)).await;
+        }
+        let response = app
+            .clone()
+            .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        for line in [
+            "sluicegate_rule_hits_total{rule=\"shop.user\",result=\"total\"} 3",
+            "sluicegate_rule_hits_total{rule=\"shop.user\",result=\"over_limit\"} 1",
+            "sluicegate_decisions_total{decided_by=\"store\"} 3",
+            "sluicegate_check_duration_seconds_count 3",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        let ready = app
+            .oneshot(Request::get("/readyz").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(ready.status(), StatusCode::OK);
     }
 
     #[tokio::test]

@@ -4,6 +4,7 @@ mod bench;
 mod clf;
 mod config;
 mod http;
+mod metrics;
 mod plan;
 mod replay;
 mod simulate;
@@ -586,9 +587,14 @@ fn serve(args: ServeArgs) -> Result<(), String> {
                 }
             });
         }
+        let metrics = Arc::new(metrics::Metrics::default());
+        metrics
+            .config_loads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let state = http::AppState {
             config: Arc::new(config),
             limiter,
+            metrics,
         };
         let local = listener.local_addr().map_err(|e| e.to_string())?;
         tracing::info!(

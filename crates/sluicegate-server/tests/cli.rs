@@ -267,6 +267,8 @@ descriptors:
                 "2",
                 "--store-timeout",
                 "100ms",
+                "--breaker-failures",
+                "3",
             ]);
             (policy, server)
         })

@@ -78,6 +78,14 @@ impl AnyStore {
         RedisStore::connect(config).await.map(AnyStore::Redis)
     }
 
+    /// Whether the store answers: always for memory; a PING within the timeout for Redis.
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(_) => Ok(()),
+            AnyStore::Redis(store) => store.ping().await,
+        }
+    }
+
     /// The in-memory store, if that is what this is (for sweeping).
     pub fn memory(&self) -> Option<&MemoryStore> {
         match self {
