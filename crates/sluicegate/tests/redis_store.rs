@@ -196,7 +196,7 @@ async fn identities_spread_over_every_master() {
                 .allowed
         );
     }
-    for master in &support::cluster().masters {
+    for master in &support::cluster().nodes {
         let reply = support::command(master.port, "DBSIZE").unwrap();
         let keys: u64 = reply.trim().trim_start_matches(':').parse().unwrap();
         assert!(keys > 2_000, "master {} holds {keys} keys", master.port);
@@ -455,7 +455,7 @@ async fn a_check_across_slots_gives_back_when_a_later_slot_refuses() {
     );
     let key = store.state_key(&per_user, user);
     let port = support::cluster()
-        .masters
+        .nodes
         .iter()
         .map(|m| m.port)
         .find(|&port| {

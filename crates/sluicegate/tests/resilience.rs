@@ -211,3 +211,66 @@ async fn a_rules_own_policy_beats_the_limiters() {
     assert!(!outcome.decision.allowed);
     assert!(outcome.limits()[0].allowed && !outcome.limits()[1].allowed);
 }
+
+/// A 3-master, 3-replica cluster loses a master under load; once its replica takes over,
+/// the same limiter decides through the cluster again, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_fails_over_under_load_and_decisions_come_back() {
+    let cluster = support::RedisCluster::start(3, 1);
+    let hosts: Vec<String> = cluster
+        .current_masters()
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.port))
+        .collect();
+    let mut config = RedisStoreConfig::new(&format!("redis-cluster://{}", hosts.join(",")));
+    config.prefix = "failover:".into();
+    config.timeout = Duration::from_millis(250);
+    let limiter = Limiter::with_config(
+        RedisStore::connect(config)
+            .await
+            .expect("connect to the cluster"),
+        LimiterConfig {
+            on_store_error: FailurePolicy::Local,
+            breaker_failures: 0,
+            ..LimiterConfig::default()
+        },
+    );
+    let rule = rule(1_000_000);
+    let keys: Vec<String> = (0..60).map(|i| format!("user:{i}")).collect();
+    assert_eq!(decided_by_store(&limiter, &rule, &keys).await, keys.len());
+
+    let victim = cluster.current_masters()[0].port;
+    let node = cluster.nodes.iter().find(|n| n.port == victim).unwrap();
+    node.shutdown();
+    let started = Instant::now();
+    let mut saw_fallback = false;
+    loop {
+        let by_store = decided_by_store(&limiter, &rule, &keys).await;
+        saw_fallback |= by_store < keys.len();
+        if by_store == keys.len() && saw_fallback {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "decisions did not come back from the cluster ({by_store} of {})",
+            keys.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The replica of the stopped master is a master now.
+    assert_eq!(cluster.current_masters().len(), 3);
+}
+
+/// Checks every key once; returns how many the store decided.
+async fn decided_by_store(limiter: &Limiter<RedisStore>, rule: &Rule, keys: &[String]) -> usize {
+    let mut by_store = 0;
+    for key in keys {
+        let limits = [Limit { rule, key }];
+        let outcome = limiter
+            .decide(&Check::new(&limits, 1))
+            .await
+            .expect("an answer");
+        by_store += usize::from(outcome.decided_by == DecidedBy::Store);
+    }
+    by_store
+}

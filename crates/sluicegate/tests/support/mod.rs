@@ -82,7 +82,7 @@ impl RedisServer {
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let script = format!(
             "command -v redis-server >/dev/null || exit 127; \
-             redis-server {} >{}/log 2>&1 & server=$!; read _; kill $server",
+             redis-server {} >{}/log 2>&1 & server=$!; read _; kill $server 2>/dev/null",
             args.join(" "),
             dir.display()
         );
@@ -127,13 +127,13 @@ pub fn standalone() -> &'static RedisServer {
 
 /// A three-master Redis Cluster shared by every test of one test binary.
 pub struct RedisCluster {
-    pub masters: Vec<RedisServer>,
+    pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
-            .masters
+            .nodes
             .iter()
             .map(|m| format!("127.0.0.1:{}", m.port))
             .collect();
@@ -143,17 +143,25 @@ impl RedisCluster {
 
 pub fn cluster() -> &'static RedisCluster {
     static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| {
-        let masters: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::start(&["--cluster-enabled", "yes"]))
+    CLUSTER.get_or_init(|| RedisCluster::start(3, 0))
+}
+
+impl RedisCluster {
+    /// `masters` masters with `replicas` replicas each; a node that stops answering is
+    /// failed over after one second.
+    pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
+            .map(|_| {
+                RedisServer::start(&["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+            })
             .collect();
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
-        for m in &masters {
-            create.arg(format!("127.0.0.1:{}", m.port));
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
         }
         let out = create
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .unwrap_or_else(|e| panic!("redis-cli: {e}. {HOW_TO_GET_REDIS}"));
         assert!(
@@ -161,9 +169,9 @@ pub fn cluster() -> &'static RedisCluster {
             "redis-cli --cluster create failed: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        let deadline = Instant::now() + Duration::from_secs(20);
-        for m in &masters {
-            while !command(m.port, "CLUSTER INFO")
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &nodes {
+            while !command(node.port, "CLUSTER INFO")
                 .is_ok_and(|info| info.contains("cluster_state:ok"))
             {
                 assert!(
@@ -173,6 +181,14 @@ pub fn cluster() -> &'static RedisCluster {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        RedisCluster { masters }
-    })
+        RedisCluster { nodes }
+    }
+
+    /// The nodes that are masters now.
+    pub fn current_masters(&self) -> Vec<&RedisServer> {
+        self.nodes
+            .iter()
+            .filter(|node| command(node.port, "ROLE").is_ok_and(|role| role.contains("master")))
+            .collect()
+    }
 }
