@@ -1,4 +1,5 @@
-//! The HTTP JSON API: `POST /v1/check`, `GET /v1/rules`, `GET /healthz`.
+//! The HTTP JSON API: `POST /v1/check`, `GET /v1/rules`, `GET /healthz`, `GET /readyz`,
+//! `GET /metrics`; and the gRPC rate-limit service beside it on the same port.
 
 use std::sync::Arc;
 
@@ -9,9 +10,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
-use sluicegate::{AnyStore, Check, Decision, Limit, Limiter, Rule, StoreError};
+use sluicegate::{AnyStore, Decision, Limiter, Rule, StoreError};
 
-use crate::config::{Config, Entry, UnknownDomain};
+use crate::config::{Config, Entry};
+use crate::decide::{DecideError, decide};
 use crate::metrics::Metrics;
 
 /// What every handler shares.
@@ -23,7 +25,10 @@ pub(crate) struct AppState {
 }
 
 /// The service's routes.
+/// The service's routes: the HTTP API, and Envoy's gRPC rate-limit service on the same
+/// port (gRPC needs HTTP/2, which the server speaks alongside HTTP/1.1).
 pub(crate) fn app(state: AppState) -> Router {
+    let grpc = tonic::service::Routes::new(crate::grpc::service(state.clone())).into_axum_router();
     Router::new()
         .route("/v1/check", post(check))
         .route("/v1/rules", get(rules))
@@ -31,6 +36,7 @@ pub(crate) fn app(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state)
+        .merge(grpc)
 }
 
 #[derive(Deserialize)]
@@ -131,104 +137,38 @@ impl From<StoreError> for ApiError {
     }
 }
 
-/// The identity of a request descriptor within its rule: every entry, length-prefixed, so
-/// that no two different descriptors encode alike whatever characters they hold.
-fn descriptor_key(entries: &[Entry]) -> String {
-    let mut key = String::new();
-    for entry in entries {
-        for part in [&entry.key, &entry.value] {
-            key.push_str(&part.len().to_string());
-            key.push(':');
-            key.push_str(part);
-        }
-    }
-    key
-}
-
 async fn check(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let request: CheckRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid check request: {e}")))?;
-    if request.descriptors.is_empty() {
-        return Err(ApiError::bad_request(
-            "descriptors: at least one is required",
-        ));
-    }
-    if let Some(i) = request
+    let descriptors: Vec<Vec<Entry>> = request.descriptors.into_iter().map(|d| d.entries).collect();
+    let decided = decide(
+        &state,
+        &request.domain,
+        &descriptors,
+        request.cost,
+        request.request_id.as_deref(),
+    )
+    .await
+    .map_err(|e| match e {
+        DecideError::Invalid(message) => ApiError::bad_request(message),
+        DecideError::Store(e) => e.into(),
+    })?;
+    let descriptors = decided
         .descriptors
         .iter()
-        .position(|d| d.entries.is_empty())
-    {
-        return Err(ApiError::bad_request(format!(
-            "descriptors[{i}].entries: at least one entry is required"
-        )));
-    }
-    let mut matched: Vec<Option<(String, Option<Rule>)>> = Vec::new();
-    for descriptor in &request.descriptors {
-        let limit = state
-            .config
-            .find(&request.domain, &descriptor.entries)
-            .map_err(|UnknownDomain| {
-                ApiError::bad_request(format!("domain: unknown domain {:?}", request.domain))
-            })?;
-        matched.push(limit.map(|l| (l.path.clone(), l.rule.clone())));
-    }
-
-    // One store check for every limited descriptor, all-or-nothing. Two descriptors that
-    // land on the same rule and key share one limit and one answer.
-    let keys: Vec<String> = request
-        .descriptors
-        .iter()
-        .map(|d| descriptor_key(&d.entries))
-        .collect();
-    let mut limits: Vec<Limit<'_>> = Vec::new();
-    let mut limit_of: Vec<Option<usize>> = Vec::new();
-    for (m, key) in matched.iter().zip(&keys) {
-        let slot = m.as_ref().and_then(|(_, rule)| rule.as_ref()).map(|rule| {
-            limits
-                .iter()
-                .position(|l| l.key == key && l.rule.same_identity(rule))
-                .unwrap_or_else(|| {
-                    limits.push(Limit { rule, key });
-                    limits.len() - 1
-                })
-        });
-        limit_of.push(slot);
-    }
-    let outcome = if limits.is_empty() {
-        None
-    } else {
-        let check = Check {
-            request_id: request.request_id.as_deref(),
-            ..Check::new(&limits, request.cost)
-        };
-        let started = std::time::Instant::now();
-        let outcome = state.limiter.decide(&check).await?;
-        state.metrics.check(outcome.decided_by, started.elapsed());
-        Some(outcome)
-    };
-    if let Some(outcome) = &outcome {
-        for (m, slot) in matched.iter().zip(&limit_of) {
-            if let (Some((path, _)), Some(i)) = (m, slot) {
-                state.metrics.rule(path, &outcome.limits()[*i]);
-            }
-        }
-    }
-
-    let descriptors = matched
-        .into_iter()
-        .zip(&limit_of)
-        .map(|(m, slot)| DescriptorBody {
-            rule: m.map(|(path, _)| path),
-            decision: slot
-                .zip(outcome.as_ref())
-                .map(|(i, o)| o.limits()[i].into()),
+        .map(|d| DescriptorBody {
+            rule: d.path.clone(),
+            decision: d.decision.map(Into::into),
         })
         .collect();
-    let decided_by = outcome.as_ref().map_or("store", |o| o.decided_by.name());
+    let decided_by = decided
+        .outcome
+        .as_ref()
+        .map_or("store", |o| o.decided_by.name());
     let response = CheckResponse {
-        allowed: outcome.as_ref().is_none_or(|o| o.decision.allowed),
+        allowed: decided.allowed(),
         decided_by,
-        decision: outcome.map(|o| o.decision.into()),
+        decision: decided.outcome.map(|o| o.decision.into()),
         descriptors,
     };
     let mut response = axum::Json(response).into_response();
@@ -466,25 +406,5 @@ descriptors:
             .map(|r| r["path"].as_str().unwrap())
             .collect();
         assert_eq!(paths, ["shop.route", "shop.route_free", "shop.user"]);
-    }
-
-    #[test]
-    fn descriptor_keys_do_not_collide() {
-        let e = |k: &str, v: &str| Entry {
-            key: k.into(),
-            value: v.into(),
-        };
-        let pairs = [
-            vec![e("a", "b:c")],
-            vec![e("a:b", "c")],
-            vec![e("a", "b"), e("c", "")],
-            vec![e("a", "b1:c0:")],
-        ];
-        let keys: Vec<String> = pairs.iter().map(|p| descriptor_key(p)).collect();
-        for (i, a) in keys.iter().enumerate() {
-            for b in &keys[i + 1..] {
-                assert_ne!(a, b);
-            }
-        }
     }
 }

@@ -3,6 +3,8 @@
 mod bench;
 mod clf;
 mod config;
+mod decide;
+mod grpc;
 mod http;
 mod metrics;
 mod plan;

@@ -4,6 +4,7 @@ pub(crate) mod algorithm;
 mod clock;
 mod decision;
 pub mod duration;
+pub mod headers;
 mod limiter;
 mod rule;
 pub mod store;

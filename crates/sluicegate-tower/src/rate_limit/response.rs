@@ -5,86 +5,35 @@
 use axum::body::Body;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
-use sluicegate::{Decision, Outcome, RetryAfter, Rule};
+use sluicegate::headers;
+use sluicegate::{Outcome, RetryAfter, Rule};
 
-/// Whole seconds, rounded up.
-fn seconds_up(micros: u64) -> u64 {
-    micros.div_ceil(1_000_000)
-}
-
-/// A Structured Fields string: printable ASCII, `"` and `\` escaped; anything else in a
-/// rule's name becomes `_`.
-fn sf_string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
-            ' '..='~' => out.push(c),
-            _ => out.push('_'),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// `RateLimit-Policy`: every limit of the route, `"name";q=quota;w=window seconds`.
+/// `RateLimit-Policy` for every limit of the route.
 pub(crate) fn policy_header(rules: &[Rule]) -> Option<HeaderValue> {
-    let items: Vec<String> = rules
-        .iter()
-        .map(|rule| {
-            format!(
-                "{};q={};w={}",
-                sf_string(rule.name()),
-                rule.capacity(),
-                seconds_up(rule.window())
-            )
-        })
-        .collect();
-    HeaderValue::from_str(&items.join(", ")).ok()
-}
-
-/// The limit that binds: the one the combined decision reports (least remaining, then
-/// smallest limit).
-fn binding<'a>(rules: &'a [Rule], outcome: &Outcome) -> (&'a Rule, Decision) {
-    let combined = outcome.decision;
-    let index = outcome
-        .limits()
-        .iter()
-        .position(|d| (d.remaining, d.limit) == (combined.remaining, combined.limit))
-        .unwrap_or(0);
-    (&rules[index], combined)
+    HeaderValue::from_str(&headers::ratelimit_policy(rules)).ok()
 }
 
 /// Adds `RateLimit` (and `RateLimit-Policy`, and the legacy trio when asked) for `outcome`.
 pub(crate) fn add_headers(
-    headers: &mut HeaderMap,
+    map: &mut HeaderMap,
     rules: &[Rule],
     outcome: &Outcome,
     policy: Option<&HeaderValue>,
     legacy: bool,
 ) {
-    let (rule, decision) = binding(rules, outcome);
-    let reset = seconds_up(decision.reset_after);
-    let current = format!(
-        "{};r={};t={}",
-        sf_string(rule.name()),
-        decision.remaining,
-        reset
-    );
-    if let Ok(value) = HeaderValue::from_str(&current) {
-        headers.insert("ratelimit", value);
+    let decision = outcome.decision;
+    let rule = &rules[headers::binding_index(&decision, outcome.limits())];
+    let reset = headers::seconds_up(decision.reset_after);
+    if let Ok(value) = HeaderValue::from_str(&headers::ratelimit(rule, &decision)) {
+        map.insert("ratelimit", value);
     }
     if let Some(policy) = policy {
-        headers.insert("ratelimit-policy", policy.clone());
+        map.insert("ratelimit-policy", policy.clone());
     }
     if legacy {
-        headers.insert("x-ratelimit-limit", decision.limit.into());
-        headers.insert("x-ratelimit-remaining", decision.remaining.into());
-        headers.insert("x-ratelimit-reset", reset.into());
+        map.insert("x-ratelimit-limit", decision.limit.into());
+        map.insert("x-ratelimit-remaining", decision.remaining.into());
+        map.insert("x-ratelimit-reset", reset.into());
     }
 }
 
@@ -107,7 +56,7 @@ pub(crate) fn rejection(rules: &[Rule], outcome: &Outcome, grpc: bool) -> Respon
         .collect();
     // Never 0: a client told to retry after 0 s would retry at once and be refused again.
     let retry_seconds = match outcome.decision.retry_after {
-        RetryAfter::Micros(us) => Some(seconds_up(us).max(1)),
+        RetryAfter::Micros(us) => Some(headers::seconds_up(us).max(1)),
         RetryAfter::Never => None,
     };
     let detail = match retry_seconds {
@@ -204,22 +153,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn structured_field_strings_escape_and_stay_ascii() {
-        assert_eq!(sf_string("per-ip"), "\"per-ip\"");
-        assert_eq!(sf_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
-        assert_eq!(sf_string("ключ"), "\"____\"");
-    }
-
-    #[test]
     fn grpc_messages_are_percent_encoded() {
         assert_eq!(grpc_percent_encode("50% off é"), "50%25 off %C3%A9");
-    }
-
-    #[test]
-    fn seconds_round_up() {
-        assert_eq!(seconds_up(1), 1);
-        assert_eq!(seconds_up(1_000_000), 1);
-        assert_eq!(seconds_up(1_000_001), 2);
-        assert_eq!(seconds_up(0), 0);
     }
 }

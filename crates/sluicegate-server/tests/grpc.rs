@@ -1,0 +1,180 @@
+//! Envoy's rate-limit service over real gRPC: the tonic client, and Python's grpcio to
+//! prove the wire is the standard one.
+
+#[path = "../../sluicegate/tests/support/mod.rs"]
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+struct Server {
+    child: Child,
+    address: String,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let address = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find_map(|line| {
+                line.split_whitespace()
+                    .find_map(|word| word.strip_prefix("address="))
+                    .map(str::to_owned)
+            })
+            .expect("the server logs its address");
+        std::thread::spawn(move || lines.for_each(drop));
+        Server { child, address }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn request(domain: &str, pairs: &[(&str, &str)]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: pairs
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: (*k).to_owned(),
+                    value: (*v).to_owned(),
+                })
+                .collect(),
+            ..RateLimitDescriptor::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+/// The example rules give each user 5 per 10 s: five OK, then OVER_LIMIT with its status.
+async fn five_then_over_limit(server: &Server) {
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.address))
+        .await
+        .expect("connect over gRPC");
+    for remaining in (0..5).rev() {
+        let response = client
+            .should_rate_limit(request("example", &[("user", "alice")]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(response.overall_code, i32::from(Code::Ok));
+        let status = &response.statuses[0];
+        assert_eq!(status.limit_remaining, remaining);
+        let limit = status.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.name.as_str()),
+            (5, "example.user")
+        );
+    }
+    let over = client
+        .should_rate_limit(request("example", &[("user", "alice")]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(over.overall_code, i32::from(Code::OverLimit));
+    assert_eq!(over.statuses[0].code, i32::from(Code::OverLimit));
+    let headers: Vec<(String, String)> = over
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    assert!(
+        headers.contains(&(
+            "RateLimit-Policy".into(),
+            "\"example.user\";q=5;w=10".into()
+        )),
+        "{headers:?}"
+    );
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "RateLimit" && v.starts_with("\"example.user\";r=0;t="))
+    );
+    assert!(headers.iter().any(|(k, _)| k == "Retry-After"));
+    // Nothing matched: OK with no limit. Unknown domain: INVALID_ARGUMENT.
+    let free = client
+        .should_rate_limit(request("example", &[("nobody", "x")]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(free.overall_code, i32::from(Code::Ok));
+    assert!(free.statuses[0].current_limit.is_none());
+    let err = client
+        .should_rate_limit(request("nope", &[("user", "x")]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().contains("unknown domain"),
+        "{}",
+        err.message()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_on_the_memory_store() {
+    five_then_over_limit(&Server::start(&[])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_on_redis() {
+    let redis = support::standalone();
+    let prefix = format!("grpc-{}:", std::process::id());
+    five_then_over_limit(&Server::start(&[
+        "--store",
+        &redis.url(),
+        "--prefix",
+        &prefix,
+    ]))
+    .await;
+}
+
+/// Python's grpcio, with the protobuf written by hand, gets the same answers.
+#[test]
+fn rls_from_python_grpcio() {
+    let server = Server::start(&[]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/rls_check.py");
+    let call = || {
+        let out = Command::new("python3")
+            .args([script, &server.address, "example", "user", "bob"])
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "python grpcio call failed (scripts/test installs grpcio): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let answers: Vec<String> = (0..6).map(|_| call()).collect();
+    assert!(
+        answers[..5].iter().all(|a| a.starts_with("1\n")),
+        "{answers:?}"
+    );
+    assert!(answers[5].starts_with("2\n"), "{answers:?}");
+    assert!(
+        answers[5].contains("RateLimit-Policy: \"example.user\";q=5;w=10"),
+        "{}",
+        answers[5]
+    );
+}
