@@ -56,13 +56,53 @@ pub(crate) struct Entry {
 }
 
 impl Config {
-    /// Reads one YAML file.
+    /// Reads one YAML file, or every `.yaml` and `.yml` file of a directory (one domain
+    /// each, as envoyproxy/ratelimit reads its runtime directory).
     pub(crate) fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        let error = |path: &Path, message: String| ConfigError {
             path: path.to_owned(),
-            message: format!("cannot read: {e}"),
-        })?;
-        Config::parse(path, &text)
+            message,
+        };
+        let files = Config::files(path).map_err(|e| error(path, format!("cannot read: {e}")))?;
+        let mut config = Config::default();
+        let mut origin: HashMap<String, PathBuf> = HashMap::new();
+        for file in files {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| error(&file, format!("cannot read: {e}")))?;
+            for (domain, tree) in Config::parse(&file, &text)?.domains {
+                if let Some(first) = origin.get(&domain) {
+                    return Err(error(
+                        &file,
+                        format!(
+                            "domain: {domain:?} is already defined in {}",
+                            first.display()
+                        ),
+                    ));
+                }
+                origin.insert(domain.clone(), file.clone());
+                config.domains.insert(domain, tree);
+            }
+        }
+        Ok(config)
+    }
+
+    /// The files a configuration path stands for, in a stable order.
+    pub(crate) fn files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+        if !path.is_dir() {
+            return Ok(vec![path.to_owned()]);
+        }
+        let mut files: Vec<PathBuf> = std::fs::read_dir(path)?
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .filter(|p| {
+                p.is_file()
+                    && p.extension().is_some_and(|e| {
+                        e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml")
+                    })
+            })
+            .collect();
+        files.sort();
+        Ok(files)
     }
 
     /// Parses the YAML `text` of the file at `path` (the path only names it in errors).
@@ -129,6 +169,45 @@ impl Config {
         out.sort_by(|a, b| a.path.cmp(&b.path));
         out
     }
+}
+
+/// The configuration in force, replaced whole when a reload succeeds.
+#[derive(Debug)]
+pub(crate) struct LiveConfig(std::sync::RwLock<std::sync::Arc<Config>>);
+
+impl LiveConfig {
+    pub(crate) fn new(config: Config) -> Self {
+        LiveConfig(std::sync::RwLock::new(std::sync::Arc::new(config)))
+    }
+
+    /// The configuration now; a reload does not disturb a request holding it.
+    pub(crate) fn current(&self) -> std::sync::Arc<Config> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn replace(&self, config: Config) {
+        *self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = std::sync::Arc::new(config);
+    }
+}
+
+/// What a configuration path's files look like now, to notice edits.
+pub(crate) fn fingerprint(path: &Path) -> Vec<(PathBuf, Option<std::time::SystemTime>, u64)> {
+    Config::files(path)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|file| {
+            let meta = std::fs::metadata(&file).ok();
+            let modified = meta.as_ref().and_then(|m| m.modified().ok());
+            let len = meta.map_or(0, |m| m.len());
+            (file, modified, len)
+        })
+        .collect()
 }
 
 /// The request named a domain no configuration file declares.
@@ -453,6 +532,37 @@ descriptors:
         assert!(
             dup.to_string().contains("d.a: duplicate descriptor"),
             "{dup}"
+        );
+    }
+
+    #[test]
+    fn a_directory_holds_one_domain_per_file() {
+        let dir =
+            std::env::temp_dir().join(format!("sluicegate-config-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rule =
+            "descriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+        std::fs::write(dir.join("one.yaml"), format!("domain: one\n{rule}")).unwrap();
+        std::fs::write(dir.join("two.yml"), format!("domain: two\n{rule}")).unwrap();
+        std::fs::write(dir.join("notes.txt"), "not a config").unwrap();
+        let config = Config::load(&dir).unwrap();
+        assert!(
+            config
+                .find("one", &entries(&[("a", "x")]))
+                .unwrap()
+                .is_some()
+        );
+        assert!(
+            config
+                .find("two", &entries(&[("a", "x")]))
+                .unwrap()
+                .is_some()
+        );
+        std::fs::write(dir.join("three.yaml"), format!("domain: one\n{rule}")).unwrap();
+        let err = Config::load(&dir).unwrap_err().to_string();
+        assert!(
+            err.contains("three.yaml") && err.contains("already defined in"),
+            "{err}"
         );
     }
 

@@ -79,14 +79,12 @@ pub(crate) async fn decide(
             "descriptors[{i}].entries: at least one entry is required"
         )));
     }
+    let config = state.config.current();
     let mut matched: Vec<(Option<String>, Option<Rule>)> = Vec::new();
     for entries in descriptors {
-        let limit = state
-            .config
-            .find(domain, entries)
-            .map_err(|UnknownDomain| {
-                DecideError::Invalid(format!("domain: unknown domain {domain:?}"))
-            })?;
+        let limit = config.find(domain, entries).map_err(|UnknownDomain| {
+            DecideError::Invalid(format!("domain: unknown domain {domain:?}"))
+        })?;
         matched.push(limit.map_or((None, None), |l| (Some(l.path.clone()), l.rule.clone())));
     }
     let keys: Vec<String> = descriptors.iter().map(|d| descriptor_key(d)).collect();

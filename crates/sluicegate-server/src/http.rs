@@ -12,14 +12,14 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use sluicegate::{AnyStore, Decision, Limiter, Rule, StoreError};
 
-use crate::config::{Config, Entry};
+use crate::config::{Entry, LiveConfig};
 use crate::decide::{DecideError, decide};
 use crate::metrics::Metrics;
 
 /// What every handler shares.
 #[derive(Clone)]
 pub(crate) struct AppState {
-    pub(crate) config: Arc<Config>,
+    pub(crate) config: Arc<LiveConfig>,
     pub(crate) limiter: Arc<Limiter<AnyStore>>,
     pub(crate) metrics: Arc<Metrics>,
 }
@@ -206,8 +206,8 @@ struct RuleBody {
 }
 
 async fn rules(State(state): State<AppState>) -> axum::Json<Vec<RuleBody>> {
-    let rules = state
-        .config
+    let config = state.config.current();
+    let rules = config
         .limits()
         .into_iter()
         .map(|l| RuleBody {
@@ -223,6 +223,7 @@ async fn rules(State(state): State<AppState>) -> axum::Json<Vec<RuleBody>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use axum::body::Body;
     use axum::http::Request;
     use http_body_util::BodyExt;
@@ -243,7 +244,7 @@ descriptors:
     fn test_app() -> Router {
         let config = Config::parse(Path::new("test.yaml"), CONFIG).unwrap();
         app(AppState {
-            config: Arc::new(config),
+            config: Arc::new(LiveConfig::new(config)),
             limiter: Arc::new(Limiter::new(AnyStore::Memory(Default::default()))),
             metrics: Arc::default(),
         })

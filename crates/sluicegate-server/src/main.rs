@@ -229,6 +229,9 @@ struct ServeArgs {
     /// Do not answer repeated refusals locally (the negative cache is on for Redis).
     #[arg(long, env = "SLUICEGATE_NO_NEGATIVE_CACHE")]
     no_negative_cache: bool,
+    /// How often to look for edits of the --config files (SIGHUP reloads at once).
+    #[arg(long, env = "SLUICEGATE_RELOAD_INTERVAL", default_value = "1s")]
+    reload_interval: String,
 }
 
 impl ServeArgs {
@@ -593,8 +596,15 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         metrics
             .config_loads
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let live = Arc::new(config::LiveConfig::new(config));
+        if let Some(path) = args.config.clone() {
+            let interval = parse_duration(&args.reload_interval)
+                .map_err(|e| format!("--reload-interval: {e}"))?;
+            let interval = Duration::from_micros(interval.max(1_000));
+            tokio::spawn(reload_on_change(path, Arc::clone(&live), Arc::clone(&metrics), interval));
+        }
         let state = http::AppState {
-            config: Arc::new(config),
+            config: live,
             limiter,
             metrics,
         };
@@ -610,6 +620,52 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             .await
             .map_err(|e| format!("server failed: {e}"))
     })
+}
+
+/// Reloads the configuration when its files change or on SIGHUP. A configuration that
+/// does not load keeps the previous one serving; the error is logged and counted.
+async fn reload_on_change(
+    path: PathBuf,
+    live: Arc<config::LiveConfig>,
+    metrics: Arc<metrics::Metrics>,
+    interval: Duration,
+) {
+    use std::sync::atomic::Ordering;
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut seen = config::fingerprint(&path);
+    let mut tick = tokio::time::interval(interval);
+    loop {
+        #[cfg(unix)]
+        let signalled = async {
+            match hangup.as_mut() {
+                Some(signal) => signal.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let signalled = std::future::pending::<Option<()>>();
+        let forced = tokio::select! {
+            _ = tick.tick() => false,
+            _ = signalled => true,
+        };
+        let now = config::fingerprint(&path);
+        if !forced && now == seen {
+            continue;
+        }
+        seen = now;
+        match Config::load(&path) {
+            Ok(config) => {
+                live.replace(config);
+                metrics.config_loads.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(config = %path.display(), "configuration reloaded");
+            }
+            Err(e) => {
+                metrics.config_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "configuration rejected; the previous one keeps serving");
+            }
+        }
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM: stop accepting, let requests in flight finish.

@@ -313,3 +313,87 @@ descriptors:
         assert!(server.stop().success());
     }
 }
+
+fn metric(server: &Server, name: &str) -> u64 {
+    let (_, text) = server.request("GET", "/metrics", "");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in\n{text}"))
+}
+
+/// Waits (a real process reloads on its own time) until `name` reaches `want`.
+fn wait_for_metric(server: &Server, name: &str, want: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while metric(server, name) < want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} never reached {want}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn user_config(limit: &str) -> String {
+    format!(
+        "domain: d\ndescriptors:\n  - key: user\n    rate_limit:\n      window: 1h\n      requests_per_unit: {limit}\n"
+    )
+}
+
+#[test]
+fn configuration_reloads_on_sighup_and_on_change_and_a_bad_one_keeps_the_old() {
+    let path = std::env::temp_dir().join(format!("sluicegate-reload-{}.yaml", std::process::id()));
+    std::fs::write(&path, user_config("1")).unwrap();
+    let server = Server::start(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--reload-interval",
+        "1h",
+    ]);
+    let check = r#"{"domain":"d","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#;
+    let allowed = |server: &Server| {
+        server
+            .request("POST", "/v1/check", check)
+            .1
+            .starts_with(r#"{"allowed":true"#)
+    };
+    let hangup = |server: &Server| {
+        let pid = server.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-HUP", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    assert!(allowed(&server));
+    assert!(!allowed(&server));
+
+    // A bad configuration is rejected, counted, and the old one keeps serving.
+    std::fs::write(&path, user_config("0")).unwrap();
+    hangup(&server);
+    wait_for_metric(&server, "sluicegate_config_errors_total", 1);
+    assert!(!allowed(&server), "the old limit of 1 still holds");
+
+    // A good one replaces it: a new limit is a new rule, with its own state.
+    std::fs::write(&path, user_config("3")).unwrap();
+    hangup(&server);
+    wait_for_metric(&server, "sluicegate_config_loads_total", 2);
+    assert!(allowed(&server));
+    assert!(server.stop().success());
+
+    // Without a signal, an edited file is noticed by itself.
+    let watching = Server::start(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--reload-interval",
+        "50ms",
+    ]);
+    // A different length too, so even a coarse modification time cannot hide the edit.
+    std::fs::write(&path, user_config("17")).unwrap();
+    wait_for_metric(&watching, "sluicegate_config_loads_total", 2);
+    let (_, rules) = watching.request("GET", "/v1/rules", "");
+    assert!(rules.contains(r#""limit":17"#), "{rules}");
+    assert!(watching.stop().success());
+}
