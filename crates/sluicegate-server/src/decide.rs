@@ -60,6 +60,13 @@ pub(crate) fn descriptor_key(entries: &[Entry]) -> String {
     key
 }
 
+/// The most descriptors one request may carry.
+pub(crate) const MAX_DESCRIPTORS: usize = 64;
+/// The most entries one descriptor may carry.
+pub(crate) const MAX_ENTRIES: usize = 16;
+/// The longest key or value of an entry, in bytes.
+pub(crate) const MAX_ENTRY_BYTES: usize = 1024;
+
 /// Matches every descriptor and decides all the limited ones in one check, all-or-nothing.
 /// Two descriptors that land on the same rule and key share one limit and one answer.
 pub(crate) async fn decide(
@@ -74,10 +81,30 @@ pub(crate) async fn decide(
             "descriptors: at least one is required".into(),
         ));
     }
-    if let Some(i) = descriptors.iter().position(Vec::is_empty) {
+    if descriptors.len() > MAX_DESCRIPTORS {
         return Err(DecideError::Invalid(format!(
-            "descriptors[{i}].entries: at least one entry is required"
+            "descriptors: {} given, at most {MAX_DESCRIPTORS} allowed",
+            descriptors.len()
         )));
+    }
+    for (i, entries) in descriptors.iter().enumerate() {
+        if entries.is_empty() || entries.len() > MAX_ENTRIES {
+            return Err(DecideError::Invalid(format!(
+                "descriptors[{i}].entries: 1 to {MAX_ENTRIES} entries are required, {} given",
+                entries.len()
+            )));
+        }
+        for (j, entry) in entries.iter().enumerate() {
+            for (field, text) in [("key", &entry.key), ("value", &entry.value)] {
+                if text.len() > MAX_ENTRY_BYTES {
+                    return Err(DecideError::Invalid(format!(
+                        "descriptors[{i}].entries[{j}].{field}: {} bytes, at most \
+                         {MAX_ENTRY_BYTES} allowed",
+                        text.len()
+                    )));
+                }
+            }
+        }
     }
     let config = state.config.current();
     let mut matched: Vec<(Option<String>, Option<Rule>)> = Vec::new();

@@ -25,6 +25,9 @@ pub(crate) struct AppState {
 }
 
 /// The service's routes.
+/// The largest request body the HTTP API reads.
+const MAX_BODY_BYTES: usize = 256 * 1024;
+
 /// The service's routes: the HTTP API, and Envoy's gRPC rate-limit service on the same
 /// port (gRPC needs HTTP/2, which the server speaks alongside HTTP/1.1).
 pub(crate) fn app(state: AppState) -> Router {
@@ -36,6 +39,8 @@ pub(crate) fn app(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state)
+        // A check is a few hundred bytes; refuse a flood before parsing it.
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .merge(grpc)
 }
 
@@ -332,6 +337,13 @@ descriptors:
                 "descriptors[0].entries",
             ),
             (
+                &format!(
+                    r#"{{"domain":"shop","descriptors":[{{"entries":[{{"key":"user","value":"{}"}}]}}]}}"#,
+                    "v".repeat(1025)
+                ),
+                "descriptors[0].entries[0].value: 1025 bytes",
+            ),
+            (
                 r#"{"domain":"nope","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#,
                 "unknown domain",
             ),
@@ -348,11 +360,37 @@ descriptors:
                 "unknown field `colour`",
             ),
         ];
-        for (body, says) in cases {
+        for (body, says) in cases.iter().map(|(b, s)| (b.as_ref(), *s)) {
             let (status, json) = post(&app, body).await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
             let error = json["error"].as_str().unwrap();
             assert!(error.contains(says), "{body}: {error}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, ..Default::default() })]
+
+        /// Random bytes, and every truncation of a valid body, get 200 or a 400 that says
+        /// what was wrong: never a panic, never a 5xx.
+        #[test]
+        fn arbitrary_bodies_are_answered(
+            noise in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+            cut in 0usize..120,
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let app = test_app();
+            let valid = user_check("fuzz", 1);
+            let truncated = &valid.as_bytes()[..cut.min(valid.len())];
+            for body in [noise.as_slice(), truncated] {
+                let request = Request::post("/v1/check")
+                    .header("content-type", "application/json")
+                    .body(Body::from(body.to_vec()))
+                    .unwrap();
+                let response = runtime.block_on(app.clone().oneshot(request)).unwrap();
+                let status = response.status();
+                proptest::prop_assert!(status == StatusCode::OK || status == StatusCode::BAD_REQUEST, "{}", status);
+            }
         }
     }
 

@@ -166,6 +166,16 @@ fn rls_from_python_grpcio() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
+    let garbage = Command::new("python3")
+        .args([script, &server.address, "--garbage"])
+        .output()
+        .expect("python3");
+    let status = String::from_utf8(garbage.stdout).unwrap();
+    assert!(
+        ["INTERNAL", "INVALID_ARGUMENT"].contains(&status.trim()),
+        "garbage got {status:?}: {}",
+        String::from_utf8_lossy(&garbage.stderr)
+    );
     let answers: Vec<String> = (0..6).map(|_| call()).collect();
     assert!(
         answers[..5].iter().all(|a| a.starts_with("1\n")),

@@ -1,7 +1,8 @@
 """One ShouldRateLimit call from Python's grpcio, the protobuf written by hand.
 
-Usage: rls_check.py HOST:PORT DOMAIN KEY VALUE
-Prints the response's overall_code (1 OK, 2 OVER_LIMIT) and its headers to add.
+Usage: rls_check.py HOST:PORT DOMAIN KEY VALUE, or rls_check.py HOST:PORT --garbage
+Prints the response's overall_code (1 OK, 2 OVER_LIMIT) and its headers to add, or the
+gRPC status code name of a failed call.
 """
 import sys
 
@@ -58,17 +59,26 @@ def fields(data):
 
 
 def main():
-    address, domain, key, value = sys.argv[1:5]
-    entry = string(1, key) + string(2, value)
-    descriptor = message(1, entry)
-    request = string(1, domain) + message(2, descriptor) + field(3, 0, varint(1))
+    address = sys.argv[1]
+    if sys.argv[2] == "--garbage":
+        # Bytes that are no RateLimitRequest: the status code, not a crash.
+        request = bytes(range(256)) * 3
+    else:
+        domain, key, value = sys.argv[2:5]
+        entry = string(1, key) + string(2, value)
+        descriptor = message(1, entry)
+        request = string(1, domain) + message(2, descriptor) + field(3, 0, varint(1))
     with grpc.insecure_channel(address) as channel:
         call = channel.unary_unary(
             "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
             request_serializer=lambda b: b,
             response_deserializer=lambda b: b,
         )
-        response = call(request, timeout=5)
+        try:
+            response = call(request, timeout=5)
+        except grpc.RpcError as error:
+            print(error.code().name)
+            return
     code = 0
     headers = []
     for number, value in fields(response):
