@@ -360,7 +360,7 @@ descriptors:
                 "unknown field `colour`",
             ),
         ];
-        for (body, says) in cases.iter().map(|(b, s)| (b.as_ref(), *s)) {
+        for (body, says) in cases {
             let (status, json) = post(&app, body).await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
             let error = json["error"].as_str().unwrap();
