@@ -24,11 +24,14 @@ pub(crate) struct Config {
     domains: HashMap<String, DescriptorTree>,
 }
 
-/// The children of one level of the tree: matched by key and value first, then by key alone.
+/// The children of one level of the tree: matched by key and value first, then by a
+/// wildcard value (`prefix*`, the longest prefix first), then by key alone.
 #[derive(Debug, Default)]
 struct DescriptorTree {
     /// key → value → node.
     by_key_value: HashMap<String, HashMap<String, Node>>,
+    /// key → (value prefix, node), longest prefix first.
+    by_key_prefix: HashMap<String, Vec<(String, Node)>>,
     by_key: HashMap<String, Node>,
 }
 
@@ -41,10 +44,20 @@ struct Node {
 /// A `rate_limit` of the configuration.
 #[derive(Debug)]
 pub(crate) struct ConfiguredLimit {
-    /// `None` for `unlimited: true`.
+    /// `None` for `unlimited: true` and for `requests_per_unit: 0`.
     pub(crate) rule: Option<Rule>,
+    /// `requests_per_unit: 0`: every request over the limit (a block list).
+    pub(crate) blocked: bool,
     /// The descriptor path, `domain.key_value.key`, as envoyproxy/ratelimit names it.
     pub(crate) path: String,
+    /// `rate_limit.name`, which `replaces` refers to.
+    pub(crate) name: Option<String>,
+    /// Names of limits this one replaces when both match one request.
+    pub(crate) replaces: Vec<String>,
+    /// Counted and reported, never enforced.
+    pub(crate) shadow_mode: bool,
+    /// Metrics name the request's value rather than the key alone.
+    pub(crate) detailed_metric: bool,
 }
 
 /// One entry of a request descriptor.
@@ -142,7 +155,18 @@ impl Config {
                 .by_key_value
                 .get(&entry.key)
                 .and_then(|values| values.get(&entry.value));
-            let Some(node) = exact.or_else(|| level.by_key.get(&entry.key)) else {
+            let wildcard = || {
+                level.by_key_prefix.get(&entry.key).and_then(|nodes| {
+                    nodes
+                        .iter()
+                        .find(|(prefix, _)| entry.value.starts_with(prefix.as_str()))
+                        .map(|(_, node)| node)
+                })
+            };
+            let Some(node) = exact
+                .or_else(wildcard)
+                .or_else(|| level.by_key.get(&entry.key))
+            else {
                 return Ok(None);
             };
             if i + 1 == entries.len() {
@@ -157,7 +181,8 @@ impl Config {
     pub(crate) fn limits(&self) -> Vec<&ConfiguredLimit> {
         fn walk<'a>(tree: &'a DescriptorTree, out: &mut Vec<&'a ConfiguredLimit>) {
             let exact = tree.by_key_value.values().flat_map(HashMap::values);
-            for node in exact.chain(tree.by_key.values()) {
+            let wildcard = tree.by_key_prefix.values().flatten().map(|(_, node)| node);
+            for node in exact.chain(wildcard).chain(tree.by_key.values()) {
                 out.extend(node.limit.as_ref());
                 walk(&node.children, out);
             }
@@ -225,7 +250,9 @@ fn build_tree(prefix: &str, descriptors: Vec<RawDescriptor>) -> Result<Descripto
             None => None,
             Some(RawRateLimit {
                 spec,
+                blocked,
                 name,
+                replaces,
                 on_store_error,
             }) => {
                 let rule = spec
@@ -240,7 +267,12 @@ fn build_tree(prefix: &str, descriptors: Vec<RawDescriptor>) -> Result<Descripto
                     .transpose()?;
                 Some(ConfiguredLimit {
                     rule,
+                    blocked,
                     path: path.clone(),
+                    name,
+                    replaces,
+                    shadow_mode: raw.shadow_mode,
+                    detailed_metric: raw.detailed_metric,
                 })
             }
         };
@@ -249,6 +281,14 @@ fn build_tree(prefix: &str, descriptors: Vec<RawDescriptor>) -> Result<Descripto
             children: build_tree(&path, raw.descriptors.0)?,
         };
         let duplicate = match raw.value {
+            Some(value) if value.ends_with('*') => {
+                let prefix = value.trim_end_matches('*').to_owned();
+                let nodes = tree.by_key_prefix.entry(raw.key).or_default();
+                let duplicate = nodes.iter().any(|(p, _)| *p == prefix);
+                nodes.push((prefix, node));
+                nodes.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
+                duplicate
+            }
             Some(value) => tree
                 .by_key_value
                 .entry(raw.key)
@@ -299,16 +339,28 @@ struct RawDescriptor {
     rate_limit: Option<RawRateLimit>,
     #[serde(default)]
     descriptors: DescriptorList,
+    #[serde(default)]
+    shadow_mode: bool,
+    #[serde(default)]
+    detailed_metric: bool,
 }
 
 /// A `rate_limit`, validated as it is read so that errors carry the line.
 #[derive(Deserialize)]
 #[serde(try_from = "RateLimitFields")]
 struct RawRateLimit {
-    /// `None` for `unlimited: true`.
+    /// `None` for `unlimited: true` and `requests_per_unit: 0`.
     spec: Option<RuleSpec>,
+    blocked: bool,
     name: Option<String>,
+    replaces: Vec<String>,
     on_store_error: Option<FailurePolicy>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Replace {
+    name: String,
 }
 
 #[derive(Deserialize)]
@@ -326,6 +378,8 @@ struct RateLimitFields {
     queue: Option<u64>,
     layout: Option<String>,
     on_store_error: Option<String>,
+    #[serde(default)]
+    replaces: Vec<Replace>,
 }
 
 impl TryFrom<RateLimitFields> for RawRateLimit {
@@ -351,7 +405,19 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
             }
             return Ok(RawRateLimit {
                 spec: None,
+                blocked: false,
                 name: f.name,
+                replaces: f.replaces.into_iter().map(|r| r.name).collect(),
+                on_store_error: None,
+            });
+        }
+        // envoyproxy/ratelimit: zero requests per unit refuses everything (a block list).
+        if f.requests_per_unit == Some(0) {
+            return Ok(RawRateLimit {
+                spec: None,
+                blocked: true,
+                name: f.name,
+                replaces: f.replaces.into_iter().map(|r| r.name).collect(),
                 on_store_error: None,
             });
         }
@@ -396,7 +462,9 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
         Rule::new("check", &spec).map_err(|e| format!("rate_limit.{e}"))?;
         Ok(RawRateLimit {
             spec: Some(spec),
+            blocked: false,
             name: f.name,
+            replaces: f.replaces.into_iter().map(|r| r.name).collect(),
             on_store_error,
         })
     }
@@ -564,6 +632,138 @@ descriptors:
             err.contains("three.yaml") && err.contains("already defined in"),
             "{err}"
         );
+    }
+
+    /// envoyproxy/ratelimit's documented examples (its README, examples 1 to 9) load
+    /// unchanged and match as documented.
+    #[test]
+    fn envoyproxy_ratelimit_examples_match_as_documented() {
+        let load = |text: &str| Config::parse(Path::new("example.yaml"), text).unwrap();
+        let path = |config: &Config, domain: &str, pairs: &[(&str, &str)]| {
+            config
+                .find(domain, &entries(pairs))
+                .unwrap()
+                .map(|l| l.path.clone())
+        };
+        // 1: two values of one key.
+        let c = load(
+            "domain: mongo_cps\ndescriptors:\n  - key: database\n    value: users\n    rate_limit:\n      unit: second\n      requests_per_unit: 500\n\n  - key: database\n    value: default\n    rate_limit:\n      unit: second\n      requests_per_unit: 500\n",
+        );
+        assert_eq!(
+            path(&c, "mongo_cps", &[("database", "users")]).as_deref(),
+            Some("mongo_cps.database_users")
+        );
+        assert_eq!(path(&c, "mongo_cps", &[("database", "other")]), None);
+        // 2: nested lists; a key without a value matches any value.
+        let c = load(
+            "domain: messaging\ndescriptors:\n  - key: message_type\n    value: marketing\n    descriptors:\n      - key: to_number\n        rate_limit:\n          unit: day\n          requests_per_unit: 5\n  - key: to_number\n    rate_limit:\n      unit: day\n      requests_per_unit: 100\n",
+        );
+        assert_eq!(
+            path(
+                &c,
+                "messaging",
+                &[("message_type", "marketing"), ("to_number", "2061111111")]
+            )
+            .as_deref(),
+            Some("messaging.message_type_marketing.to_number")
+        );
+        assert_eq!(
+            path(&c, "messaging", &[("to_number", "2061111111")]).as_deref(),
+            Some("messaging.to_number")
+        );
+        assert_eq!(
+            path(&c, "messaging", &[("message_type", "marketing")]),
+            None
+        );
+        // 3: key and value is tried before key alone; 0 per unit blocks.
+        let c = load(
+            "domain: edge_proxy_per_ip\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n\n  # Black list IP\n  - key: remote_address\n    value: 50.0.0.5\n    rate_limit:\n      unit: second\n      requests_per_unit: 0\n",
+        );
+        let blocked = c
+            .find(
+                "edge_proxy_per_ip",
+                &entries(&[("remote_address", "50.0.0.5")]),
+            )
+            .unwrap()
+            .unwrap();
+        assert!(blocked.blocked && blocked.rule.is_none());
+        let normal = c
+            .find(
+                "edge_proxy_per_ip",
+                &entries(&[("remote_address", "50.0.0.1")]),
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(normal.rule.as_ref().unwrap().limit(), 10);
+        // 4: the request must reach the level that holds the limit.
+        let c = load(
+            "domain: example4\ndescriptors:\n  - key: key\n    value: value\n    rate_limit:\n      requests_per_unit: 300\n      unit: second\n",
+        );
+        assert_eq!(
+            path(&c, "example4", &[("key", "value"), ("subkey", "subvalue")]),
+            None
+        );
+        // 5: unlimited.
+        let c = load(
+            "domain: internal\ndescriptors:\n  - key: ldap\n    rate_limit:\n      unlimited: true\n\n  - key: azure\n    rate_limit:\n      unit: minute\n      requests_per_unit: 100\n",
+        );
+        assert!(
+            c.find("internal", &entries(&[("ldap", "x")]))
+                .unwrap()
+                .unwrap()
+                .rule
+                .is_none()
+        );
+        // 6: shadow mode.
+        let c = load(
+            "domain: example6\ndescriptors:\n  - key: service\n    descriptors:\n      - key: user\n        value: user-a\n        rate_limit:\n          requests_per_unit: 10\n          unit: second\n        shadow_mode: true\n      - key: user\n        value: user-b\n        rate_limit:\n          requests_per_unit: 20\n          unit: second\n",
+        );
+        let a = c
+            .find(
+                "example6",
+                &entries(&[("service", "auth-service"), ("user", "user-a")]),
+            )
+            .unwrap()
+            .unwrap();
+        let b = c
+            .find(
+                "example6",
+                &entries(&[("service", "auth-service"), ("user", "user-b")]),
+            )
+            .unwrap()
+            .unwrap();
+        assert!(a.shadow_mode && !b.shadow_mode);
+        // 7: replaces.
+        let c = load(
+            "domain: example7\ndescriptors:\n  - key: key_1\n    value: value_1\n    descriptors:\n      - key: user\n        value: bkthomps\n        rate_limit:\n          name: specific_limit\n          requests_per_unit: 5\n          unit: second\n  - key: key_2\n    value: value_2\n    descriptors:\n      - key: user\n        value: bkthomps\n        rate_limit:\n          replaces:\n            - name: specific_limit\n          requests_per_unit: 10\n          unit: second\n",
+        );
+        let second = c
+            .find(
+                "example7",
+                &entries(&[("key_2", "value_2"), ("user", "bkthomps")]),
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(second.replaces, ["specific_limit"]);
+        // 8: detailed metrics.
+        let c = load(
+            "domain: example8\ndescriptors:\n  - key: key1\n    detailed_metric: true\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n  - key: key1\n    value: value1\n    rate_limit:\n      unit: minute\n      requests_per_unit: 20\n",
+        );
+        assert!(
+            c.find("example8", &entries(&[("key1", "other")]))
+                .unwrap()
+                .unwrap()
+                .detailed_metric
+        );
+        // 9: a wildcard value.
+        let c = load(
+            "domain: example9\ndescriptors:\n  - key: key1\n    value: value*\n    rate_limit:\n      unit: minute\n      requests_per_unit: 20\n",
+        );
+        assert_eq!(
+            path(&c, "example9", &[("key1", "value_2")]).as_deref(),
+            Some("example9.key1_value*")
+        );
+        assert_eq!(path(&c, "example9", &[("key1", "other")]), None);
     }
 
     #[test]

@@ -8,26 +8,45 @@ use crate::http::AppState;
 
 /// What became of each request descriptor.
 pub(crate) struct DescriptorOutcome {
-    /// The matched configuration path; `None` when nothing matched.
+    /// The matched configuration path; `None` when nothing matched (or the match was
+    /// replaced by another limit of the request).
     pub(crate) path: Option<String>,
-    /// The matched rule, `None` for `unlimited` (or no match).
+    /// The matched rule; `None` for `unlimited`, for a block (`requests_per_unit: 0`),
+    /// or no match.
     pub(crate) rule: Option<Rule>,
     /// The rule's decision; `None` when no limited rule matched.
     pub(crate) decision: Option<Decision>,
+    /// The matched limit is `unlimited`.
+    pub(crate) unlimited: bool,
+    /// The limit is in shadow mode: decided and counted, never enforced.
+    pub(crate) shadow: bool,
 }
 
 /// The answer to one request.
 pub(crate) struct Decided {
     pub(crate) descriptors: Vec<DescriptorOutcome>,
-    /// `None` when no descriptor matched a limited rule.
+    /// The enforced limits' outcome; `None` when no descriptor matched an enforced,
+    /// limited rule.
     pub(crate) outcome: Option<Outcome>,
+    /// A matched block (`requests_per_unit: 0`) refuses the request.
+    pub(crate) blocked: bool,
 }
 
 impl Decided {
     pub(crate) fn allowed(&self) -> bool {
-        self.outcome.as_ref().is_none_or(|o| o.decision.allowed)
+        !self.blocked && self.outcome.as_ref().is_none_or(|o| o.decision.allowed)
     }
 }
+
+/// A block's decision: over the limit, and it will never pass.
+const BLOCKED: Decision = Decision {
+    allowed: false,
+    limit: 0,
+    remaining: 0,
+    retry_after: sluicegate::RetryAfter::Never,
+    reset_after: 0,
+    delay: 0,
+};
 
 /// Why a request could not be decided.
 pub(crate) enum DecideError {
@@ -107,59 +126,119 @@ pub(crate) async fn decide(
         }
     }
     let config = state.config.current();
-    let mut matched: Vec<(Option<String>, Option<Rule>)> = Vec::new();
+    let mut matched = Vec::with_capacity(descriptors.len());
     for entries in descriptors {
         let limit = config.find(domain, entries).map_err(|UnknownDomain| {
             DecideError::Invalid(format!("domain: unknown domain {domain:?}"))
         })?;
-        matched.push(limit.map_or((None, None), |l| (Some(l.path.clone()), l.rule.clone())));
+        matched.push(limit);
     }
+    // envoyproxy/ratelimit's `replaces`: a matched limit that names another one takes its
+    // place for this request.
+    let replaced: Vec<&str> = matched
+        .iter()
+        .flatten()
+        .flat_map(|l| l.replaces.iter().map(String::as_str))
+        .collect();
+    for limit in &mut matched {
+        if limit
+            .and_then(|l| l.name.as_deref())
+            .is_some_and(|n| replaced.contains(&n))
+        {
+            *limit = None;
+        }
+    }
+    let blocked = matched
+        .iter()
+        .flatten()
+        .any(|l| l.blocked && !l.shadow_mode);
+
+    // Enforced limits are decided together, all-or-nothing; shadow ones apart, so that
+    // they can never refuse or hold back the others.
     let keys: Vec<String> = descriptors.iter().map(|d| descriptor_key(d)).collect();
-    let mut limits: Vec<Limit<'_>> = Vec::new();
-    let mut limit_of: Vec<Option<usize>> = Vec::new();
-    for ((_, rule), key) in matched.iter().zip(&keys) {
-        let slot = rule.as_ref().map(|rule| {
-            limits
+    let mut enforced: Vec<Limit<'_>> = Vec::new();
+    let mut shadow: Vec<Limit<'_>> = Vec::new();
+    let mut slot_of: Vec<Option<(bool, usize)>> = Vec::new();
+    for (limit, key) in matched.iter().zip(&keys) {
+        let slot = limit.and_then(|l| {
+            let rule = l.rule.as_ref()?;
+            let list = if l.shadow_mode {
+                &mut shadow
+            } else {
+                &mut enforced
+            };
+            let index = list
                 .iter()
-                .position(|l| l.key == key && l.rule.same_identity(rule))
+                .position(|x| x.key == key && x.rule.same_identity(rule))
                 .unwrap_or_else(|| {
-                    limits.push(Limit { rule, key });
-                    limits.len() - 1
-                })
+                    list.push(Limit { rule, key });
+                    list.len() - 1
+                });
+            Some((l.shadow_mode, index))
         });
-        limit_of.push(slot);
+        slot_of.push(slot);
     }
-    let outcome = if limits.is_empty() {
+    // A block refuses the request without asking the store.
+    let outcome = if enforced.is_empty() || blocked {
         None
     } else {
-        let check = Check {
-            request_id,
-            ..Check::new(&limits, cost)
-        };
-        let started = std::time::Instant::now();
-        let outcome = state.limiter.decide(&check).await?;
-        state.metrics.check(outcome.decided_by, started.elapsed());
-        Some(outcome)
+        Some(run(state, &enforced, cost, request_id).await?)
     };
+    let shadow_outcome = if shadow.is_empty() {
+        None
+    } else {
+        Some(run(state, &shadow, cost, request_id).await?)
+    };
+
     let descriptors = matched
-        .into_iter()
-        .zip(&limit_of)
-        .map(|((path, rule), slot)| {
-            let decision = slot.zip(outcome.as_ref()).map(|(i, o)| o.limits()[i]);
-            if let (Some(path), Some(decision)) = (&path, &decision) {
-                state.metrics.rule(path, decision);
+        .iter()
+        .zip(&slot_of)
+        .zip(descriptors)
+        .map(|((limit, slot), entries)| {
+            let decision = match (limit, slot) {
+                (Some(l), _) if l.blocked => Some(BLOCKED),
+                (_, Some((false, i))) => outcome.as_ref().map(|o| o.limits()[*i]),
+                (_, Some((true, i))) => shadow_outcome.as_ref().map(|o| o.limits()[*i]),
+                _ => None,
+            };
+            if let (Some(l), Some(decision)) = (limit, &decision) {
+                let label = match entries.last() {
+                    Some(last) if l.detailed_metric => format!("{}_{}", l.path, last.value),
+                    _ => l.path.clone(),
+                };
+                state.metrics.rule(&label, decision, l.shadow_mode);
             }
             DescriptorOutcome {
-                path,
-                rule,
+                path: limit.map(|l| l.path.clone()),
+                rule: limit.and_then(|l| l.rule.clone()),
                 decision,
+                unlimited: limit.is_some_and(|l| l.rule.is_none() && !l.blocked),
+                shadow: limit.is_some_and(|l| l.shadow_mode),
             }
         })
         .collect();
     Ok(Decided {
         descriptors,
         outcome,
+        blocked,
     })
+}
+
+/// One check of `limits`, timed and counted.
+async fn run(
+    state: &AppState,
+    limits: &[Limit<'_>],
+    cost: u64,
+    request_id: Option<&str>,
+) -> Result<Outcome, DecideError> {
+    let check = Check {
+        request_id,
+        ..Check::new(limits, cost)
+    };
+    let started = std::time::Instant::now();
+    let outcome = state.limiter.decide(&check).await?;
+    state.metrics.check(outcome.decided_by, started.elapsed());
+    Ok(outcome)
 }
 
 #[cfg(test)]

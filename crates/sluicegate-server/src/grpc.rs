@@ -15,7 +15,7 @@ use sluicegate::{Decision, Rule, headers};
 use tonic::{Request, Response, Status};
 
 use crate::config::Entry;
-use crate::decide::{DecideError, decide};
+use crate::decide::{DecideError, DescriptorOutcome, decide};
 use crate::http::AppState;
 
 /// The RLS service over the shared state.
@@ -55,15 +55,37 @@ fn header(key: &str, value: String) -> HeaderValue {
     }
 }
 
-fn status(rule: Option<&Rule>, decision: Option<&Decision>) -> DescriptorStatus {
-    let (Some(rule), Some(d)) = (rule, decision) else {
+fn status(descriptor: &DescriptorOutcome) -> DescriptorStatus {
+    if descriptor.unlimited {
+        // As envoyproxy/ratelimit answers an unlimited descriptor.
+        return DescriptorStatus {
+            code: Code::Ok.into(),
+            limit_remaining: u32::MAX,
+            ..DescriptorStatus::default()
+        };
+    }
+    let Some(d) = descriptor.decision.as_ref() else {
         return DescriptorStatus {
             code: Code::Ok.into(),
             ..DescriptorStatus::default()
         };
     };
+    let Some(rule) = descriptor.rule.as_ref() else {
+        // A block: over the limit, with a limit of 0.
+        return DescriptorStatus {
+            code: Code::OverLimit.into(),
+            current_limit: Some(RateLimit {
+                name: descriptor.path.clone().unwrap_or_default(),
+                requests_per_unit: 0,
+                unit: Unit::Unknown.into(),
+            }),
+            ..DescriptorStatus::default()
+        };
+    };
+    // Shadow mode: counted, reported, never enforced.
+    let over = !d.allowed && !descriptor.shadow;
     DescriptorStatus {
-        code: if d.allowed { Code::Ok } else { Code::OverLimit }.into(),
+        code: if over { Code::OverLimit } else { Code::Ok }.into(),
         current_limit: Some(RateLimit {
             name: rule.name().to_owned(),
             requests_per_unit: u32::try_from(d.limit).unwrap_or(u32::MAX),
@@ -123,16 +145,13 @@ impl RateLimitService for Rls {
             DecideError::Invalid(message) => Status::invalid_argument(message),
             DecideError::Store(e) => Status::unavailable(e.to_string()),
         })?;
-        let statuses: Vec<DescriptorStatus> = decided
-            .descriptors
-            .iter()
-            .map(|d| status(d.rule.as_ref(), d.decision.as_ref()))
-            .collect();
+        let statuses: Vec<DescriptorStatus> = decided.descriptors.iter().map(status).collect();
         let mut response_headers = Vec::new();
         if let Some(outcome) = &decided.outcome {
             let limited: Vec<(&Rule, Decision)> = decided
                 .descriptors
                 .iter()
+                .filter(|d| !d.shadow)
                 .filter_map(|d| d.rule.as_ref().zip(d.decision))
                 .collect();
             let decisions: Vec<Decision> = limited.iter().map(|(_, d)| *d).collect();

@@ -96,6 +96,9 @@ struct DescriptorBody {
     /// The rule's decision; null when no rule or an `unlimited` one matched.
     #[serde(skip_serializing_if = "Option::is_none")]
     decision: Option<DecisionBody>,
+    /// The rule is in shadow mode: its decision is reported, never enforced.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    shadow_mode: bool,
 }
 
 #[derive(Serialize)]
@@ -164,6 +167,7 @@ async fn check(State(state): State<AppState>, body: Bytes) -> Result<Response, A
         .map(|d| DescriptorBody {
             rule: d.path.clone(),
             decision: d.decision.map(Into::into),
+            shadow_mode: d.shadow,
         })
         .collect();
     let decided_by = decided
@@ -421,6 +425,102 @@ descriptors:
             .await
             .unwrap();
         assert_eq!(ready.status(), StatusCode::OK);
+    }
+
+    fn app_with(config: &str) -> Router {
+        let config = Config::parse(Path::new("test.yaml"), config).unwrap();
+        app(AppState {
+            config: Arc::new(LiveConfig::new(config)),
+            limiter: Arc::new(Limiter::new(AnyStore::Memory(Default::default()))),
+            metrics: Arc::default(),
+        })
+    }
+
+    fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> String {
+        let descriptors: Vec<serde_json::Value> = descriptors
+            .iter()
+            .map(|entries| {
+                let entries: Vec<serde_json::Value> = entries
+                    .iter()
+                    .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
+                    .collect();
+                serde_json::json!({ "entries": entries })
+            })
+            .collect();
+        serde_json::json!({"domain": domain, "descriptors": descriptors}).to_string()
+    }
+
+    #[tokio::test]
+    async fn shadow_mode_counts_but_never_refuses() {
+        let app = app_with(
+            "domain: d
+descriptors:
+  - key: user
+    value: soft
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 100}
+",
+        );
+        let body = request("d", &[&[("user", "soft")], &[("user", "other")]]);
+        for _ in 0..3 {
+            let (_, json) = post(&app, &body).await;
+            assert_eq!(json["allowed"], true, "{json}");
+            assert_eq!(json["descriptors"][0]["shadow_mode"], true);
+        }
+        // The shadow rule's own decision says it is over; the others still recorded.
+        let (_, json) = post(&app, &body).await;
+        assert_eq!(json["descriptors"][0]["decision"]["allowed"], false);
+        assert_eq!(json["descriptors"][1]["decision"]["remaining"], 96);
+    }
+
+    #[tokio::test]
+    async fn replaced_limits_and_blocks() {
+        let app = app_with(
+            "domain: d
+descriptors:
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit: {name: specific_limit, requests_per_unit: 1, unit: second}
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          replaces: [{name: specific_limit}]
+          requests_per_unit: 10
+          unit: second
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit: {unit: second, requests_per_unit: 0}
+",
+        );
+        // Both descriptors match; the 10/s limit replaces the 1/s one for this request.
+        let both = request(
+            "d",
+            &[
+                &[("key_1", "value_1"), ("user", "bkthomps")],
+                &[("key_2", "value_2"), ("user", "bkthomps")],
+            ],
+        );
+        for _ in 0..3 {
+            let (_, json) = post(&app, &both).await;
+            assert_eq!(json["allowed"], true, "{json}");
+            assert_eq!(json["descriptors"][0]["rule"], serde_json::Value::Null);
+        }
+        // Alone, the 1/s limit applies and was untouched by the replaced requests.
+        let alone = request("d", &[&[("key_1", "value_1"), ("user", "bkthomps")]]);
+        assert_eq!(post(&app, &alone).await.1["allowed"], true);
+        assert_eq!(post(&app, &alone).await.1["allowed"], false);
+        // A block refuses every time.
+        let (_, json) = post(&app, &request("d", &[&[("remote_address", "50.0.0.5")]])).await;
+        assert_eq!(json["allowed"], false);
+        assert_eq!(json["descriptors"][0]["decision"]["retry_after_us"], -1);
     }
 
     #[tokio::test]

@@ -27,6 +27,8 @@ struct RuleCounters {
     over_limit: u64,
     near_limit: u64,
     within_limit: u64,
+    /// Over the limit, but in shadow mode: let through.
+    shadow_mode: u64,
 }
 
 /// Everything the service counts.
@@ -43,7 +45,7 @@ pub(crate) struct Metrics {
 
 impl Metrics {
     /// Counts one rule's decision.
-    pub(crate) fn rule(&self, path: &str, decision: &Decision) {
+    pub(crate) fn rule(&self, path: &str, decision: &Decision, shadow: bool) {
         let mut rules = self
             .rules
             .lock()
@@ -53,7 +55,9 @@ impl Metrics {
             None => rules.entry(path.to_owned()).or_default(),
         };
         counters.total += 1;
-        if !decision.allowed {
+        if !decision.allowed && shadow {
+            counters.shadow_mode += 1;
+        } else if !decision.allowed {
             counters.over_limit += 1;
         } else if decision.remaining as f64 <= decision.limit as f64 * NEAR_LIMIT_SHARE {
             counters.near_limit += 1;
@@ -103,6 +107,7 @@ impl Metrics {
                 ("over_limit", c.over_limit),
                 ("near_limit", c.near_limit),
                 ("within_limit", c.within_limit),
+                ("shadow_mode", c.shadow_mode),
             ] {
                 let _ = writeln!(
                     out,
@@ -225,15 +230,17 @@ mod tests {
     #[test]
     fn renders_counters_histogram_and_escapes_labels() {
         let metrics = Metrics::default();
-        metrics.rule("d.user", &decision(true, 9));
-        metrics.rule("d.user", &decision(true, 1));
-        metrics.rule("d.user", &decision(false, 0));
-        metrics.rule("d.\"odd\"", &decision(true, 5));
+        metrics.rule("d.user", &decision(true, 9), false);
+        metrics.rule("d.user", &decision(true, 1), false);
+        metrics.rule("d.user", &decision(false, 0), false);
+        metrics.rule("d.user", &decision(false, 0), true);
+        metrics.rule("d.\"odd\"", &decision(true, 5), false);
         metrics.check(DecidedBy::Store, Duration::from_micros(300));
         let limiter = Limiter::new(AnyStore::Memory(Default::default()));
         let text = metrics.render(&limiter);
         for line in [
-            "sluicegate_rule_hits_total{rule=\"d.user\",result=\"total\"} 3",
+            "sluicegate_rule_hits_total{rule=\"d.user\",result=\"total\"} 4",
+            "sluicegate_rule_hits_total{rule=\"d.user\",result=\"shadow_mode\"} 1",
             "sluicegate_rule_hits_total{rule=\"d.user\",result=\"over_limit\"} 1",
             "sluicegate_rule_hits_total{rule=\"d.user\",result=\"near_limit\"} 1",
             "sluicegate_rule_hits_total{rule=\"d.user\",result=\"within_limit\"} 1",

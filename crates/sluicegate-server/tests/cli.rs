@@ -211,7 +211,7 @@ fn serve_refuses_a_bad_config_naming_file_and_line() {
     let path = dir.join("bad.yaml");
     std::fs::write(
         &path,
-        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 0\n",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 3\n      algorithm: token-bucket\n      burst: 0\n",
     )
     .unwrap();
     let out = sluicegate()
@@ -224,7 +224,7 @@ fn serve_refuses_a_bad_config_naming_file_and_line() {
     assert!(stderr.contains("bad.yaml"), "{stderr}");
     assert!(stderr.contains("line 5"), "{stderr}");
     assert!(
-        stderr.contains("rate_limit.limit: limit must be at least 1"),
+        stderr.contains("rate_limit.burst: burst must be at least 1"),
         "{stderr}"
     );
 }
@@ -371,7 +371,7 @@ fn configuration_reloads_on_sighup_and_on_change_and_a_bad_one_keeps_the_old() {
     assert!(!allowed(&server));
 
     // A bad configuration is rejected, counted, and the old one keeps serving.
-    std::fs::write(&path, user_config("0")).unwrap();
+    std::fs::write(&path, user_config("-1")).unwrap();
     hangup(&server);
     wait_for_metric(&server, "sluicegate_config_errors_total", 1);
     assert!(!allowed(&server), "the old limit of 1 still holds");
