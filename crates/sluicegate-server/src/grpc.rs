@@ -40,6 +40,11 @@ fn unit_of(window: u64) -> Unit {
     }
 }
 
+/// The unit's name in proto3's JSON mapping, for `/json`.
+pub(crate) fn unit_name(window: u64) -> &'static str {
+    unit_of(window).as_str_name()
+}
+
 fn proto_duration(micros: u64) -> ProtoDuration {
     ProtoDuration {
         seconds: i64::try_from(micros / 1_000_000).unwrap_or(i64::MAX),

@@ -22,6 +22,8 @@ pub(crate) struct AppState {
     pub(crate) config: Arc<LiveConfig>,
     pub(crate) limiter: Arc<Limiter<AnyStore>>,
     pub(crate) metrics: Arc<Metrics>,
+    /// The bearer token `/v1/reset` needs; `None` turns it off.
+    pub(crate) admin_token: Option<Arc<str>>,
 }
 
 /// The service's routes.
@@ -34,6 +36,8 @@ pub(crate) fn app(state: AppState) -> Router {
     let grpc = tonic::service::Routes::new(crate::grpc::service(state.clone())).into_axum_router();
     Router::new()
         .route("/v1/check", post(check))
+        .route("/json", post(envoy_json))
+        .route("/v1/reset", post(reset))
         .route("/v1/rules", get(rules))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -145,6 +149,109 @@ impl From<StoreError> for ApiError {
     }
 }
 
+/// envoyproxy/ratelimit's `/json` request: a RateLimitRequest in proto3's JSON mapping.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct EnvoyJsonRequest {
+    domain: String,
+    descriptors: Vec<RequestDescriptor>,
+    #[serde(default)]
+    hits_addend: u32,
+}
+
+/// `POST /json`, as envoyproxy/ratelimit answers it: the RateLimitResponse in proto3's
+/// JSON mapping, status 429 when over the limit.
+async fn envoy_json(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let request: EnvoyJsonRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
+    let descriptors: Vec<Vec<Entry>> = request.descriptors.into_iter().map(|d| d.entries).collect();
+    let cost = u64::from(request.hits_addend.max(1));
+    let decided = decide(&state, &request.domain, &descriptors, cost, None)
+        .await
+        .map_err(|e| match e {
+            DecideError::Invalid(message) => ApiError::bad_request(message),
+            DecideError::Store(e) => e.into(),
+        })?;
+    let code = |over: bool| if over { "OVER_LIMIT" } else { "OK" };
+    let statuses: Vec<serde_json::Value> = decided
+        .descriptors
+        .iter()
+        .map(|d| match (&d.rule, d.decision) {
+            (Some(rule), Some(decision)) => serde_json::json!({
+                "code": code(!decision.allowed && !d.shadow),
+                "currentLimit": {
+                    "name": rule.name(),
+                    "requestsPerUnit": decision.limit,
+                    "unit": crate::grpc::unit_name(rule.window()),
+                },
+                "limitRemaining": decision.remaining,
+                "durationUntilReset": format!("{}s", decision.reset_after as f64 / 1e6),
+            }),
+            (None, Some(_)) => {
+                serde_json::json!({"code": "OVER_LIMIT", "currentLimit": {"requestsPerUnit": 0}})
+            }
+            _ if d.unlimited => serde_json::json!({"code": "OK", "limitRemaining": u32::MAX}),
+            _ => serde_json::json!({"code": "OK"}),
+        })
+        .collect();
+    let allowed = decided.allowed();
+    let body = serde_json::json!({"overallCode": code(!allowed), "statuses": statuses});
+    let status = if allowed {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    };
+    Ok((status, axum::Json(body)).into_response())
+}
+
+/// `POST /v1/reset`: forget the state of every limit a request's descriptors match, as
+/// if they had never been used. Admin only: needs `Authorization: Bearer <token>` with
+/// the token given to `--admin-token`; without one configured the endpoint is off.
+async fn reset(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let Some(token) = state.admin_token.as_deref() else {
+        return Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: "reset is off: start the server with --admin-token to enable it".into(),
+        });
+    };
+    let presented = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if !presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.as_bytes())) {
+        return Err(ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: "reset needs Authorization: Bearer <admin token>".into(),
+        });
+    }
+    let request: CheckRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid reset request: {e}")))?;
+    let config = state.config.current();
+    let mut forgotten = Vec::new();
+    for descriptor in &request.descriptors {
+        let limit = config
+            .find(&request.domain, &descriptor.entries)
+            .map_err(|_| {
+                ApiError::bad_request(format!("domain: unknown domain {:?}", request.domain))
+            })?;
+        if let Some((limit, rule)) = limit.and_then(|l| Some(l).zip(l.rule.as_ref())) {
+            let key = crate::decide::descriptor_key(&descriptor.entries);
+            state.limiter.store().forget(rule, &key).await?;
+            forgotten.push(limit.path.clone());
+        }
+    }
+    Ok(axum::Json(serde_json::json!({ "reset": forgotten })).into_response())
+}
+
+/// Compares secrets in time that does not depend on where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 async fn check(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let request: CheckRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid check request: {e}")))?;
@@ -251,12 +358,7 @@ descriptors:
 ";
 
     fn test_app() -> Router {
-        let config = Config::parse(Path::new("test.yaml"), CONFIG).unwrap();
-        app(AppState {
-            config: Arc::new(LiveConfig::new(config)),
-            limiter: Arc::new(Limiter::new(AnyStore::Memory(Default::default()))),
-            metrics: Arc::default(),
-        })
+        app_with(CONFIG, Some("s3cret"))
     }
 
     async fn post(app: &Router, body: &str) -> (StatusCode, serde_json::Value) {
@@ -427,12 +529,13 @@ descriptors:
         assert_eq!(ready.status(), StatusCode::OK);
     }
 
-    fn app_with(config: &str) -> Router {
+    fn app_with(config: &str, admin_token: Option<&str>) -> Router {
         let config = Config::parse(Path::new("test.yaml"), config).unwrap();
         app(AppState {
             config: Arc::new(LiveConfig::new(config)),
             limiter: Arc::new(Limiter::new(AnyStore::Memory(Default::default()))),
             metrics: Arc::default(),
+            admin_token: admin_token.map(Arc::from),
         })
     }
 
@@ -462,6 +565,7 @@ descriptors:
   - key: user
     rate_limit: {unit: hour, requests_per_unit: 100}
 ",
+            None,
         );
         let body = request("d", &[&[("user", "soft")], &[("user", "other")]]);
         for _ in 0..3 {
@@ -499,6 +603,7 @@ descriptors:
     value: 50.0.0.5
     rate_limit: {unit: second, requests_per_unit: 0}
 ",
+            None,
         );
         // Both descriptors match; the 10/s limit replaces the 1/s one for this request.
         let both = request(
@@ -521,6 +626,62 @@ descriptors:
         let (_, json) = post(&app, &request("d", &[&[("remote_address", "50.0.0.5")]])).await;
         assert_eq!(json["allowed"], false);
         assert_eq!(json["descriptors"][0]["decision"]["retry_after_us"], -1);
+    }
+
+    async fn post_to(
+        app: &Router,
+        path: &str,
+        token: Option<&str>,
+        body: &str,
+    ) -> (StatusCode, serde_json::Value) {
+        let mut request = Request::post(path).header("content-type", "application/json");
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let response = app
+            .clone()
+            .oneshot(request.body(Body::from(body.to_owned())).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn envoys_json_endpoint_answers_429_over_the_limit() {
+        let app = test_app();
+        let body = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"jo"}]}]}"#;
+        let (status, json) = post_to(&app, "/json", None, body).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(json["overallCode"], "OK");
+        assert_eq!(json["statuses"][0]["currentLimit"]["requestsPerUnit"], 2);
+        assert_eq!(json["statuses"][0]["limitRemaining"], 1);
+        post_to(&app, "/json", None, body).await;
+        let (status, json) = post_to(&app, "/json", None, body).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(json["overallCode"], "OVER_LIMIT");
+        assert_eq!(json["statuses"][0]["code"], "OVER_LIMIT");
+    }
+
+    #[tokio::test]
+    async fn reset_needs_the_admin_token_and_forgets_state() {
+        let app = test_app();
+        let body = user_check("kim", 2);
+        assert_eq!(post(&app, &body).await.1["allowed"], true);
+        assert_eq!(post(&app, &body).await.1["allowed"], false);
+        for token in [None, Some("wrong")] {
+            let (status, json) = post_to(&app, "/v1/reset", token, &body).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{json}");
+        }
+        let (status, json) = post_to(&app, "/v1/reset", Some("s3cret"), &body).await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        assert_eq!(json["reset"], serde_json::json!(["shop.user"]));
+        assert_eq!(post(&app, &body).await.1["allowed"], true);
+        // Without a configured token the endpoint is off.
+        let off = app_with("domain: d\n", None);
+        let (status, _) = post_to(&off, "/v1/reset", Some("anything"), &body).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
     }
 
     #[tokio::test]

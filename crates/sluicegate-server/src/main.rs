@@ -229,6 +229,9 @@ struct ServeArgs {
     /// Do not answer repeated refusals locally (the negative cache is on for Redis).
     #[arg(long, env = "SLUICEGATE_NO_NEGATIVE_CACHE")]
     no_negative_cache: bool,
+    /// Enables POST /v1/reset for requests bearing this token.
+    #[arg(long, env = "SLUICEGATE_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
     /// How often to look for edits of the --config files (SIGHUP reloads at once).
     #[arg(long, env = "SLUICEGATE_RELOAD_INTERVAL", default_value = "1s")]
     reload_interval: String,
@@ -607,6 +610,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             config: live,
             limiter,
             metrics,
+            admin_token: args.admin_token.as_deref().map(Arc::from),
         };
         let local = listener.local_addr().map_err(|e| e.to_string())?;
         tracing::info!(

@@ -86,6 +86,17 @@ impl AnyStore {
         }
     }
 
+    /// Forgets the state `rule` holds for `key`, as if it had never been used.
+    pub async fn forget(&self, rule: &crate::Rule, key: &str) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(store) => {
+                store.forget(rule, key);
+                Ok(())
+            }
+            AnyStore::Redis(store) => store.forget(rule, key).await,
+        }
+    }
+
     /// The in-memory store, if that is what this is (for sweeping).
     pub fn memory(&self) -> Option<&MemoryStore> {
         match self {

@@ -167,6 +167,16 @@ impl MemoryStore {
             .sum()
     }
 
+    /// Forgets the state `rule` holds for `key`, as if it had never been used.
+    pub fn forget(&self, rule: &Rule, key: &str) {
+        let hash = self.hash(rule, key.as_bytes());
+        let mut shard = self.shards[self.shard_of(hash)].write();
+        if let Ok(entry) = shard.table.find_entry(hash, |s| s.holds(rule, key)) {
+            entry.remove();
+            self.keys.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// Decides `check` synchronously: the memory store never waits on anything but a shard
     /// lock held for the length of one decision.
     pub fn check_now(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
