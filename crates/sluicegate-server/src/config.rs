@@ -15,7 +15,8 @@ use serde::Deserialize;
 use sluicegate::duration::parse_duration;
 use sluicegate::{Algorithm, FailurePolicy, LogLayout, Rule, RuleSpec};
 
-/// The algorithm of a `rate_limit` that names none.
+/// The algorithm of a `rate_limit` that names none, unless the server is told another
+/// (`--default-algorithm`; `fixed-window` reproduces envoyproxy/ratelimit exactly).
 pub(crate) const DEFAULT_ALGORITHM: Algorithm = Algorithm::SlidingLog;
 
 /// A loaded configuration: one descriptor tree per domain.
@@ -71,7 +72,7 @@ pub(crate) struct Entry {
 impl Config {
     /// Reads one YAML file, or every `.yaml` and `.yml` file of a directory (one domain
     /// each, as envoyproxy/ratelimit reads its runtime directory).
-    pub(crate) fn load(path: &Path) -> Result<Config, ConfigError> {
+    pub(crate) fn load(path: &Path, default: Algorithm) -> Result<Config, ConfigError> {
         let error = |path: &Path, message: String| ConfigError {
             path: path.to_owned(),
             message,
@@ -82,7 +83,7 @@ impl Config {
         for file in files {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| error(&file, format!("cannot read: {e}")))?;
-            for (domain, tree) in Config::parse(&file, &text)?.domains {
+            for (domain, tree) in Config::parse(&file, &text, default)?.domains {
                 if let Some(first) = origin.get(&domain) {
                     return Err(error(
                         &file,
@@ -118,8 +119,13 @@ impl Config {
         Ok(files)
     }
 
-    /// Parses the YAML `text` of the file at `path` (the path only names it in errors).
-    pub(crate) fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    /// Parses the YAML `text` of the file at `path` (the path only names it in errors);
+    /// a `rate_limit` without an `algorithm` gets `default`.
+    pub(crate) fn parse(
+        path: &Path,
+        text: &str,
+        default: Algorithm,
+    ) -> Result<Config, ConfigError> {
         let error = |message: String| ConfigError {
             path: path.to_owned(),
             message,
@@ -134,7 +140,7 @@ impl Config {
             return Err(error("domain: must not be empty".into()));
         }
         let mut config = Config::default();
-        let tree = build_tree(&file.domain, file.descriptors.0).map_err(error)?;
+        let tree = build_tree(&file.domain, file.descriptors.0, default).map_err(error)?;
         config.domains.insert(file.domain, tree);
         Ok(config)
     }
@@ -239,7 +245,11 @@ pub(crate) fn fingerprint(path: &Path) -> Vec<(PathBuf, Option<std::time::System
 #[derive(Debug)]
 pub(crate) struct UnknownDomain;
 
-fn build_tree(prefix: &str, descriptors: Vec<RawDescriptor>) -> Result<DescriptorTree, String> {
+fn build_tree(
+    prefix: &str,
+    descriptors: Vec<RawDescriptor>,
+    default: Algorithm,
+) -> Result<DescriptorTree, String> {
     let mut tree = DescriptorTree::default();
     for raw in descriptors {
         let path = match &raw.value {
@@ -250,13 +260,17 @@ fn build_tree(prefix: &str, descriptors: Vec<RawDescriptor>) -> Result<Descripto
             None => None,
             Some(RawRateLimit {
                 spec,
+                algorithm_given,
                 blocked,
                 name,
                 replaces,
                 on_store_error,
             }) => {
                 let rule = spec
-                    .map(|spec| {
+                    .map(|mut spec| {
+                        if !algorithm_given {
+                            spec.algorithm = default;
+                        }
                         Rule::new(name.as_deref().unwrap_or(&path), &spec)
                             .map_err(|e| format!("{path}: rate_limit.{e}"))
                             .map(|rule| match on_store_error {
@@ -278,7 +292,7 @@ fn build_tree(prefix: &str, descriptors: Vec<RawDescriptor>) -> Result<Descripto
         };
         let node = Node {
             limit,
-            children: build_tree(&path, raw.descriptors.0)?,
+            children: build_tree(&path, raw.descriptors.0, default)?,
         };
         let duplicate = match raw.value {
             Some(value) if value.ends_with('*') => {
@@ -351,6 +365,8 @@ struct RawDescriptor {
 struct RawRateLimit {
     /// `None` for `unlimited: true` and `requests_per_unit: 0`.
     spec: Option<RuleSpec>,
+    /// Whether `algorithm` was written; if not, the server's default applies.
+    algorithm_given: bool,
     blocked: bool,
     name: Option<String>,
     replaces: Vec<String>,
@@ -405,6 +421,7 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
             }
             return Ok(RawRateLimit {
                 spec: None,
+                algorithm_given: false,
                 blocked: false,
                 name: f.name,
                 replaces: f.replaces.into_iter().map(|r| r.name).collect(),
@@ -415,6 +432,7 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
         if f.requests_per_unit == Some(0) {
             return Ok(RawRateLimit {
                 spec: None,
+                algorithm_given: false,
                 blocked: true,
                 name: f.name,
                 replaces: f.replaces.into_iter().map(|r| r.name).collect(),
@@ -434,6 +452,7 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
                 parse_duration(&window).map_err(|e| format!("rate_limit.window: {e}"))?
             }
         };
+        let algorithm_given = f.algorithm.is_some();
         let algorithm = match f.algorithm {
             Some(name) => name
                 .parse::<Algorithm>()
@@ -458,10 +477,14 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
             ..RuleSpec::new(algorithm, limit, window)
         };
         // Built once here for its errors, which then carry this mapping's line; the tree
-        // builds the named rule again.
-        Rule::new("check", &spec).map_err(|e| format!("rate_limit.{e}"))?;
+        // builds the named rule again. A rule without an algorithm is checked there, under
+        // the server's default (its error names the descriptor path, not the line).
+        if algorithm_given {
+            Rule::new("check", &spec).map_err(|e| format!("rate_limit.{e}"))?;
+        }
         Ok(RawRateLimit {
             spec: Some(spec),
+            algorithm_given,
             blocked: false,
             name: f.name,
             replaces: f.replaces.into_iter().map(|r| r.name).collect(),
@@ -491,7 +514,7 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
-        Config::parse(Path::new("limits.yaml"), text)
+        Config::parse(Path::new("limits.yaml"), text, DEFAULT_ALGORITHM)
     }
 
     fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
@@ -613,7 +636,7 @@ descriptors:
         std::fs::write(dir.join("one.yaml"), format!("domain: one\n{rule}")).unwrap();
         std::fs::write(dir.join("two.yml"), format!("domain: two\n{rule}")).unwrap();
         std::fs::write(dir.join("notes.txt"), "not a config").unwrap();
-        let config = Config::load(&dir).unwrap();
+        let config = Config::load(&dir, DEFAULT_ALGORITHM).unwrap();
         assert!(
             config
                 .find("one", &entries(&[("a", "x")]))
@@ -627,7 +650,9 @@ descriptors:
                 .is_some()
         );
         std::fs::write(dir.join("three.yaml"), format!("domain: one\n{rule}")).unwrap();
-        let err = Config::load(&dir).unwrap_err().to_string();
+        let err = Config::load(&dir, DEFAULT_ALGORITHM)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("three.yaml") && err.contains("already defined in"),
             "{err}"
@@ -638,7 +663,9 @@ descriptors:
     /// unchanged and match as documented.
     #[test]
     fn envoyproxy_ratelimit_examples_match_as_documented() {
-        let load = |text: &str| Config::parse(Path::new("example.yaml"), text).unwrap();
+        let load = |text: &str| {
+            Config::parse(Path::new("example.yaml"), text, Algorithm::FixedWindow).unwrap()
+        };
         let path = |config: &Config, domain: &str, pairs: &[(&str, &str)]| {
             config
                 .find(domain, &entries(pairs))

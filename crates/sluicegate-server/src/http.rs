@@ -530,7 +530,12 @@ descriptors:
     }
 
     fn app_with(config: &str, admin_token: Option<&str>) -> Router {
-        let config = Config::parse(Path::new("test.yaml"), config).unwrap();
+        let config = Config::parse(
+            Path::new("test.yaml"),
+            config,
+            crate::config::DEFAULT_ALGORITHM,
+        )
+        .unwrap();
         app(AppState {
             config: Arc::new(LiveConfig::new(config)),
             limiter: Arc::new(Limiter::new(AnyStore::Memory(Default::default()))),

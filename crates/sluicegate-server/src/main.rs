@@ -229,6 +229,14 @@ struct ServeArgs {
     /// Do not answer repeated refusals locally (the negative cache is on for Redis).
     #[arg(long, env = "SLUICEGATE_NO_NEGATIVE_CACHE")]
     no_negative_cache: bool,
+    /// The algorithm of rules that name none: sliding-log (exact), or fixed-window to
+    /// decide exactly as envoyproxy/ratelimit does.
+    #[arg(
+        long,
+        env = "SLUICEGATE_DEFAULT_ALGORITHM",
+        default_value = "sliding-log"
+    )]
+    default_algorithm: Algorithm,
     /// Enables POST /v1/reset for requests bearing this token.
     #[arg(long, env = "SLUICEGATE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
@@ -559,10 +567,14 @@ fn run_plan(args: &PlanArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn load_config(path: Option<&Path>) -> Result<Config, String> {
+fn load_config(path: Option<&Path>, default: Algorithm) -> Result<Config, String> {
     match path {
-        Some(path) => Config::load(path),
-        None => Config::parse(Path::new("examples/sluicegate.yaml"), EXAMPLE_CONFIG),
+        Some(path) => Config::load(path, default),
+        None => Config::parse(
+            Path::new("examples/sluicegate.yaml"),
+            EXAMPLE_CONFIG,
+            default,
+        ),
     }
     .map_err(|e| e.to_string())
 }
@@ -576,7 +588,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let config = load_config(args.config.as_deref())?;
+    let config = load_config(args.config.as_deref(), args.default_algorithm)?;
     runtime()?.block_on(async {
         let store = AnyStore::open(args.store.options("sluicegate:")?)
             .await
@@ -604,7 +616,13 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             let interval = parse_duration(&args.reload_interval)
                 .map_err(|e| format!("--reload-interval: {e}"))?;
             let interval = Duration::from_micros(interval.max(1_000));
-            tokio::spawn(reload_on_change(path, Arc::clone(&live), Arc::clone(&metrics), interval));
+            tokio::spawn(reload_on_change(
+                path,
+                args.default_algorithm,
+                Arc::clone(&live),
+                Arc::clone(&metrics),
+                interval,
+            ));
         }
         let state = http::AppState {
             config: live,
@@ -630,6 +648,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
 /// does not load keeps the previous one serving; the error is logged and counted.
 async fn reload_on_change(
     path: PathBuf,
+    default: Algorithm,
     live: Arc<config::LiveConfig>,
     metrics: Arc<metrics::Metrics>,
     interval: Duration,
@@ -658,7 +677,7 @@ async fn reload_on_change(
             continue;
         }
         seen = now;
-        match Config::load(&path) {
+        match Config::load(&path, default) {
             Ok(config) => {
                 live.replace(config);
                 metrics.config_loads.fetch_add(1, Ordering::Relaxed);
