@@ -23,9 +23,9 @@ pub(crate) struct Rls {
     state: AppState,
 }
 
-/// The tonic service, ready to be routed.
-pub(crate) fn service(state: AppState) -> RateLimitServiceServer<Rls> {
-    RateLimitServiceServer::new(Rls { state })
+/// The gRPC service as a router, to serve on its own or beside the HTTP API.
+pub(crate) fn router(state: AppState) -> axum::Router {
+    tonic::service::Routes::new(RateLimitServiceServer::new(Rls { state })).into_axum_router()
 }
 
 /// The unit Envoy shows for a window, when it is exactly one; `Unknown` otherwise (a
@@ -165,10 +165,17 @@ impl RateLimitService for Rls {
                 "RateLimit-Policy",
                 headers::ratelimit_policy(limited.iter().map(|(r, _)| *r)),
             ));
-            response_headers.push(header(
-                "RateLimit",
-                headers::ratelimit(binding, &outcome.decision),
-            ));
+            let decision = outcome.decision;
+            response_headers.push(header("RateLimit", headers::ratelimit(binding, &decision)));
+            if self.state.legacy_headers {
+                let reset = headers::seconds_up(decision.reset_after).to_string();
+                response_headers.push(header("X-RateLimit-Limit", decision.limit.to_string()));
+                response_headers.push(header(
+                    "X-RateLimit-Remaining",
+                    decision.remaining.to_string(),
+                ));
+                response_headers.push(header("X-RateLimit-Reset", reset));
+            }
             if let sluicegate::RetryAfter::Micros(us) = outcome.decision.retry_after
                 && !outcome.decision.allowed
             {

@@ -24,6 +24,8 @@ pub(crate) struct AppState {
     pub(crate) metrics: Arc<Metrics>,
     /// The bearer token `/v1/reset` needs; `None` turns it off.
     pub(crate) admin_token: Option<Arc<str>>,
+    /// Also answer the legacy `X-RateLimit-*` headers (gRPC headers to add).
+    pub(crate) legacy_headers: bool,
 }
 
 /// The service's routes.
@@ -33,7 +35,7 @@ const MAX_BODY_BYTES: usize = 256 * 1024;
 /// The service's routes: the HTTP API, and Envoy's gRPC rate-limit service on the same
 /// port (gRPC needs HTTP/2, which the server speaks alongside HTTP/1.1).
 pub(crate) fn app(state: AppState) -> Router {
-    let grpc = tonic::service::Routes::new(crate::grpc::service(state.clone())).into_axum_router();
+    let grpc = crate::grpc::router(state.clone());
     Router::new()
         .route("/v1/check", post(check))
         .route("/json", post(envoy_json))
@@ -541,6 +543,7 @@ descriptors:
             limiter: Arc::new(Limiter::new(AnyStore::Memory(Default::default()))),
             metrics: Arc::default(),
             admin_token: admin_token.map(Arc::from),
+            legacy_headers: true,
         })
     }
 

@@ -237,6 +237,12 @@ struct ServeArgs {
         default_value = "sliding-log"
     )]
     default_algorithm: Algorithm,
+    /// Also serve gRPC alone on this address (it is always served on --listen too).
+    #[arg(long, env = "SLUICEGATE_GRPC_LISTEN")]
+    grpc_listen: Option<SocketAddr>,
+    /// Add the legacy X-RateLimit-Limit, -Remaining and -Reset to gRPC answers.
+    #[arg(long, env = "SLUICEGATE_LEGACY_HEADERS")]
+    legacy_headers: bool,
     /// Enables POST /v1/reset for requests bearing this token.
     #[arg(long, env = "SLUICEGATE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
@@ -629,6 +635,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             limiter,
             metrics,
             admin_token: args.admin_token.as_deref().map(Arc::from),
+            legacy_headers: args.legacy_headers,
         };
         let local = listener.local_addr().map_err(|e| e.to_string())?;
         tracing::info!(
@@ -637,10 +644,41 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             store = %args.store.store,
             "sluicegate listening"
         );
+        // One signal stops every listener.
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            let _ = stop.send(true);
+        });
+        let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        };
+        let grpc_only = match args.grpc_listen {
+            Some(address) => {
+                let listener = tokio::net::TcpListener::bind(address)
+                    .await
+                    .map_err(|e| format!("cannot listen on {address}: {e}"))?;
+                let local = listener.local_addr().map_err(|e| e.to_string())?;
+                tracing::info!(grpc_address = %local, "gRPC also on its own port");
+                let router = grpc::router(state.clone());
+                Some(tokio::spawn(
+                    axum::serve(listener, router)
+                        .with_graceful_shutdown(until_stopped(stopped.clone()))
+                        .into_future(),
+                ))
+            }
+            None => None,
+        };
         axum::serve(listener, http::app(state))
-            .with_graceful_shutdown(shutdown_signal())
+            .with_graceful_shutdown(until_stopped(stopped))
             .await
-            .map_err(|e| format!("server failed: {e}"))
+            .map_err(|e| format!("server failed: {e}"))?;
+        if let Some(grpc) = grpc_only {
+            grpc.await
+                .map_err(|e| format!("gRPC server failed: {e}"))?
+                .map_err(|e| format!("gRPC server failed: {e}"))?;
+        }
+        Ok(())
     })
 }
 

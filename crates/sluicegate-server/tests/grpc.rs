@@ -16,10 +16,13 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 struct Server {
     child: Child,
     address: String,
+    /// With --grpc-listen: the gRPC-only address.
+    grpc_address: Option<String>,
 }
 
 impl Server {
     fn start(args: &[&str]) -> Server {
+        let wants_grpc = args.contains(&"--grpc-listen");
         let mut child = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(args)
@@ -28,17 +31,25 @@ impl Server {
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let address = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .find_map(|line| {
-                line.split_whitespace()
-                    .find_map(|word| word.strip_prefix("address="))
-                    .map(str::to_owned)
-            })
-            .expect("the server logs its address");
+        let (mut address, mut grpc_address) = (None, None);
+        for line in lines.by_ref().map_while(Result::ok) {
+            for word in line.split_whitespace() {
+                if let Some(a) = word.strip_prefix("grpc_address=") {
+                    grpc_address = Some(a.to_owned());
+                } else if let Some(a) = word.strip_prefix("address=") {
+                    address = Some(a.to_owned());
+                }
+            }
+            if address.is_some() && (grpc_address.is_some() || !wants_grpc) {
+                break;
+            }
+        }
         std::thread::spawn(move || lines.for_each(drop));
-        Server { child, address }
+        Server {
+            child,
+            address: address.expect("the server logs its address"),
+            grpc_address,
+        }
     }
 }
 
@@ -186,5 +197,36 @@ fn rls_from_python_grpcio() {
         answers[5].contains("RateLimit-Policy: \"example.user\";q=5;w=10"),
         "{}",
         answers[5]
+    );
+}
+
+/// A separate gRPC port serves the same service; legacy headers when asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_separate_grpc_port_and_legacy_headers() {
+    let server = Server::start(&["--grpc-listen", "127.0.0.1:0", "--legacy-headers"]);
+    let grpc = server
+        .grpc_address
+        .clone()
+        .expect("the gRPC address is logged");
+    let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let response = client
+        .should_rate_limit(request("example", &[("user", "carol")]))
+        .await
+        .unwrap()
+        .into_inner();
+    let headers: Vec<(String, String)> = response
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    assert!(
+        headers.contains(&("X-RateLimit-Limit".into(), "5".into())),
+        "{headers:?}"
+    );
+    assert!(
+        headers.contains(&("X-RateLimit-Remaining".into(), "4".into())),
+        "{headers:?}"
     );
 }
