@@ -15,8 +15,10 @@ use sluicegate::{AnyStore, Check, Limit, Limiter, LimiterConfig, Rule};
 /// What one run measured.
 #[derive(Debug, Serialize)]
 pub(crate) struct BenchReport {
-    pub(crate) store: String,
-    pub(crate) algorithm: String,
+    /// The store, or the service's address.
+    pub(crate) target: String,
+    /// The algorithm, or the protocol.
+    pub(crate) workload: String,
     pub(crate) keys: usize,
     pub(crate) concurrency: usize,
     pub(crate) seconds: f64,
@@ -24,8 +26,10 @@ pub(crate) struct BenchReport {
     pub(crate) decisions_per_second: f64,
     pub(crate) allowed: u64,
     pub(crate) errors: u64,
-    /// Checks that reached the store (the rest the negative cache answered).
-    pub(crate) store_calls: u64,
+    /// Checks that reached the store (the rest the negative cache answered); `None` when
+    /// driving a service, whose store calls are its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) store_calls: Option<u64>,
     pub(crate) p50_us: u64,
     pub(crate) p99_us: u64,
     pub(crate) p999_us: u64,
@@ -50,23 +54,79 @@ struct TaskResult {
     errors: u64,
 }
 
-pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchReport {
-    let limiter = Arc::new(Limiter::with_config(
-        store,
-        LimiterConfig {
-            negative_cache_entries: if plan.negative_cache { 100_000 } else { 0 },
-            ..LimiterConfig::default()
-        },
-    ));
-    let keys: Arc<Vec<String>> = Arc::new((0..plan.keys).map(|i| format!("bench:{i}")).collect());
+/// How to drive load.
+pub(crate) struct Drive {
+    pub(crate) keys: usize,
+    pub(crate) concurrency: usize,
+    pub(crate) duration: Duration,
+    /// Total calls per second; `None` for as fast as possible.
+    pub(crate) rate: Option<f64>,
+}
+
+/// What driving load measured.
+pub(crate) struct Driven {
+    /// Sorted.
+    latencies: Vec<u32>,
+    allowed: u64,
+    errors: u64,
+    seconds: f64,
+}
+
+impl Driven {
+    fn percentile(&self, p: f64) -> u64 {
+        if self.latencies.is_empty() {
+            return 0;
+        }
+        let n = self.latencies.len();
+        let index = ((n as f64 * p).ceil() as usize).clamp(1, n) - 1;
+        u64::from(self.latencies[index])
+    }
+
+    /// The report, for `target` and `workload`.
+    pub(crate) fn report(
+        &self,
+        target: String,
+        workload: String,
+        drive: &Drive,
+        store_calls: Option<u64>,
+    ) -> BenchReport {
+        let decisions = self.latencies.len() as u64;
+        BenchReport {
+            target,
+            workload,
+            keys: drive.keys,
+            concurrency: drive.concurrency,
+            seconds: self.seconds,
+            decisions,
+            decisions_per_second: decisions as f64 / self.seconds,
+            allowed: self.allowed,
+            errors: self.errors,
+            store_calls,
+            p50_us: self.percentile(0.50),
+            p99_us: self.percentile(0.99),
+            p999_us: self.percentile(0.999),
+            max_us: self.latencies.last().copied().map_or(0, u64::from),
+        }
+    }
+}
+
+/// Runs `concurrency` tasks for `duration`, each calling `call` with keys picked at random
+/// (as fast as answers come, or paced to `rate` in total); `call` answers whether the
+/// request was allowed, or failed.
+pub(crate) async fn drive<C, F>(drive: &Drive, call: C) -> Driven
+where
+    C: Fn(usize) -> F + Clone + Send + 'static,
+    F: std::future::Future<Output = Result<bool, ()>> + Send,
+{
     let started = Instant::now();
-    let deadline = started + plan.duration;
-    let period = plan
+    let deadline = started + drive.duration;
+    let period = drive
         .rate
-        .map(|rate| Duration::from_secs_f64(plan.concurrency as f64 / rate));
-    let tasks: Vec<_> = (0..plan.concurrency)
+        .map(|rate| Duration::from_secs_f64(drive.concurrency as f64 / rate));
+    let keys = drive.keys as u64;
+    let tasks: Vec<_> = (0..drive.concurrency)
         .map(|task| {
-            let (limiter, rule, keys) = (Arc::clone(&limiter), rule.clone(), Arc::clone(&keys));
+            let call = call.clone();
             tokio::spawn(async move {
                 let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (task as u64 + 1);
                 let mut result = TaskResult {
@@ -87,11 +147,9 @@ pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchRe
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    let key = &keys[(x % keys.len() as u64) as usize];
-                    let limits = [Limit { rule: &rule, key }];
-                    match limiter.decide(&Check::new(&limits, 1)).await {
-                        Ok(outcome) => result.allowed += u64::from(outcome.decision.allowed),
-                        Err(_) => result.errors += 1,
+                    match call((x % keys) as usize).await {
+                        Ok(allowed) => result.allowed += u64::from(allowed),
+                        Err(()) => result.errors += 1,
                     }
                     let micros = begin.elapsed().as_micros();
                     result
@@ -105,53 +163,78 @@ pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchRe
             })
         })
         .collect();
-    let mut latencies = Vec::new();
-    let (mut allowed, mut errors) = (0, 0);
+    let mut driven = Driven {
+        latencies: Vec::new(),
+        allowed: 0,
+        errors: 0,
+        seconds: 0.0,
+    };
     for task in tasks {
         if let Ok(result) = task.await {
-            latencies.extend(result.latencies);
-            allowed += result.allowed;
-            errors += result.errors;
+            driven.latencies.extend(result.latencies);
+            driven.allowed += result.allowed;
+            driven.errors += result.errors;
         }
     }
-    let seconds = started.elapsed().as_secs_f64();
-    latencies.sort_unstable();
-    let percentile = |p: f64| -> u64 {
-        if latencies.is_empty() {
-            return 0;
-        }
-        let index = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len()) - 1;
-        u64::from(latencies[index])
-    };
-    BenchReport {
-        store: plan.store_name,
-        algorithm: rule.algorithm().to_string(),
+    driven.seconds = started.elapsed().as_secs_f64();
+    driven.latencies.sort_unstable();
+    driven
+}
+
+/// Checks against a store, through a limiter.
+pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchReport {
+    let limiter = Arc::new(Limiter::with_config(
+        store,
+        LimiterConfig {
+            negative_cache_entries: if plan.negative_cache { 100_000 } else { 0 },
+            ..LimiterConfig::default()
+        },
+    ));
+    let keys: Arc<Vec<String>> = Arc::new((0..plan.keys).map(|i| format!("bench:{i}")).collect());
+    let load = Drive {
         keys: plan.keys,
         concurrency: plan.concurrency,
-        seconds,
-        decisions: latencies.len() as u64,
-        decisions_per_second: latencies.len() as f64 / seconds,
-        allowed,
-        errors,
-        store_calls: limiter
-            .stats()
-            .store_decisions
-            .load(std::sync::atomic::Ordering::Relaxed),
-        p50_us: percentile(0.50),
-        p99_us: percentile(0.99),
-        p999_us: percentile(0.999),
-        max_us: latencies.last().copied().map_or(0, u64::from),
-    }
+        duration: plan.duration,
+        rate: plan.rate,
+    };
+    let call = {
+        let (limiter, rule) = (Arc::clone(&limiter), rule.clone());
+        move |i: usize| {
+            let (limiter, rule, keys) = (Arc::clone(&limiter), rule.clone(), Arc::clone(&keys));
+            async move {
+                let limits = [Limit {
+                    rule: &rule,
+                    key: &keys[i],
+                }];
+                limiter
+                    .decide(&Check::new(&limits, 1))
+                    .await
+                    .map(|o| o.decision.allowed)
+                    .map_err(drop)
+            }
+        }
+    };
+    let driven = drive(&load, call).await;
+    let store_calls = limiter
+        .stats()
+        .store_decisions
+        .load(std::sync::atomic::Ordering::Relaxed);
+    driven.report(
+        plan.store_name,
+        rule.algorithm().to_string(),
+        &load,
+        Some(store_calls),
+    )
 }
 
 impl BenchReport {
     pub(crate) fn text(&self) -> String {
         format!(
-            "store {} · {} · {} keys · concurrency {}\n\
-             {} decisions in {:.2} s: {:.0} decisions/s ({} allowed, {} errors, {} store calls)\n\
+            "{} · {} · {} keys · concurrency {}\n\
+             {} decisions in {:.2} s: {:.0} decisions/s ({} allowed, {} errors{})\n\
              latency µs: p50 {}  p99 {}  p999 {}  max {}",
-            self.store,
-            self.algorithm,
+            self.target,
+            self.workload,
             self.keys,
             self.concurrency,
             self.decisions,
@@ -159,7 +242,8 @@ impl BenchReport {
             self.decisions_per_second,
             self.allowed,
             self.errors,
-            self.store_calls,
+            self.store_calls
+                .map_or(String::new(), |n| format!(", {n} store calls")),
             self.p50_us,
             self.p99_us,
             self.p999_us,

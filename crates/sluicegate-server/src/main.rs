@@ -6,6 +6,7 @@ mod config;
 mod decide;
 mod grpc;
 mod http;
+mod load;
 mod metrics;
 mod plan;
 mod replay;
@@ -57,6 +58,38 @@ enum Command {
     Trace(TraceArgs),
     /// The Redis memory each algorithm and layout needs for a workload.
     Plan(PlanArgs),
+    /// Drive a running service over HTTP or gRPC: decisions per second and latency.
+    Load(LoadArgs),
+}
+
+#[derive(Args)]
+struct LoadArgs {
+    /// The service's address, host:port.
+    #[arg(long)]
+    target: String,
+    #[arg(long, value_enum, default_value = "http")]
+    protocol: load::Protocol,
+    /// The descriptors' domain.
+    #[arg(long, default_value = "example")]
+    domain: String,
+    /// The descriptors' key; values are load-0 … load-(N−1).
+    #[arg(long, default_value = "user")]
+    key: String,
+    /// Distinct descriptor values, picked at random.
+    #[arg(long, default_value_t = 1000)]
+    values: usize,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// How long to run, e.g. 10s.
+    #[arg(long, default_value = "10s")]
+    duration: String,
+    /// A fixed total rate instead of as fast as possible.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -342,6 +375,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => run_simulate(&args),
         Command::Trace(args) => run_trace(&args),
         Command::Plan(args) => run_plan(&args),
+        Command::Load(args) => run_load(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -538,6 +572,35 @@ fn trace_span(path: &Path, format: TraceFormat, key_field: clf::KeyField) -> Opt
     let tail = String::from_utf8_lossy(&tail);
     let last = tail.lines().rev().find_map(time)?;
     last.checked_sub(first).filter(|span| *span > 0)
+}
+
+fn run_load(args: LoadArgs) -> Result<(), String> {
+    let duration = parse_duration(&args.duration).map_err(|e| format!("--duration: {e}"))?;
+    if args.values == 0 || args.concurrency == 0 {
+        return Err("--values and --concurrency must be at least 1".into());
+    }
+    let drive = bench::Drive {
+        keys: args.values,
+        concurrency: args.concurrency,
+        duration: Duration::from_micros(duration),
+        rate: args.rate,
+    };
+    let target = load::Target {
+        address: args.target,
+        protocol: args.protocol,
+        domain: args.domain,
+        key: args.key,
+    };
+    let report = runtime()?.block_on(load::run(target, drive))?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| e.to_string())?
+        );
+    } else {
+        println!("{}", report.text());
+    }
+    Ok(())
 }
 
 fn run_plan(args: &PlanArgs) -> Result<(), String> {

@@ -230,3 +230,40 @@ async fn a_separate_grpc_port_and_legacy_headers() {
         "{headers:?}"
     );
 }
+
+/// `sluicegate load` drives a running service from a process of its own, both protocols.
+#[test]
+fn the_load_generator_drives_both_protocols() {
+    let server = Server::start(&[]);
+    for protocol in ["http", "grpc"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+            .args(["load", "--target", &server.address, "--protocol", protocol])
+            .args([
+                "--values",
+                "50",
+                "--concurrency",
+                "4",
+                "--duration",
+                "500ms",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["errors"], 0, "{protocol}: {report}");
+        assert!(
+            report["decisions"].as_u64().unwrap() > 50,
+            "{protocol}: {report}"
+        );
+        // 5 per 10 s for each of 50 users: 250 allowed at most, the rest refused.
+        assert!(
+            report["allowed"].as_u64().unwrap() <= 250,
+            "{protocol}: {report}"
+        );
+    }
+}
