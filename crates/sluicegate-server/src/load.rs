@@ -13,12 +13,15 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::bench::{BenchReport, Drive, drive};
 
+/// HTTP/2 connections the gRPC load opens (at most one per task).
+const GRPC_CONNECTIONS: usize = 8;
+
 /// The protocols a service speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Protocol {
     /// `POST /v1/check` over HTTP/1.1, connections kept alive.
     Http,
-    /// `ShouldRateLimit` over one HTTP/2 connection.
+    /// `ShouldRateLimit` over a few HTTP/2 connections.
     Grpc,
 }
 
@@ -72,9 +75,16 @@ pub(crate) async fn run(target: Target, load: Drive) -> Result<BenchReport, Stri
             drive(&load, call).await
         }
         Protocol::Grpc => {
-            let client = RateLimitServiceClient::connect(format!("http://{}", target.address))
-                .await
-                .map_err(|e| format!("cannot connect to {}: {e}", target.address))?;
+            // Several HTTP/2 connections, as several Envoys would open: one connection
+            // carries every stream on one TCP socket and one server task.
+            let mut clients = Vec::new();
+            for _ in 0..load.concurrency.clamp(1, GRPC_CONNECTIONS) {
+                let client = RateLimitServiceClient::connect(format!("http://{}", target.address))
+                    .await
+                    .map_err(|e| format!("cannot connect to {}: {e}", target.address))?;
+                clients.push(client);
+            }
+            let clients = std::sync::Arc::new(clients);
             let requests: std::sync::Arc<Vec<RateLimitRequest>> = std::sync::Arc::new(
                 values
                     .iter()
@@ -92,7 +102,8 @@ pub(crate) async fn run(target: Target, load: Drive) -> Result<BenchReport, Stri
                     .collect(),
             );
             let call = move |i: usize| {
-                let (mut client, requests) = (client.clone(), requests.clone());
+                let mut client = clients[i % clients.len()].clone();
+                let requests = requests.clone();
                 async move {
                     let response = client
                         .should_rate_limit(requests[i].clone())
