@@ -83,8 +83,8 @@ pub(crate) fn descriptor_key(entries: &[Entry]) -> String {
 pub(crate) const MAX_DESCRIPTORS: usize = 64;
 /// The most entries one descriptor may carry.
 pub(crate) const MAX_ENTRIES: usize = 16;
-/// The longest key or value of an entry, in bytes.
-pub(crate) const MAX_ENTRY_BYTES: usize = 1024;
+/// The longest key or value of an entry, in bytes, unless `--max-entry-bytes` says.
+pub(crate) const DEFAULT_MAX_ENTRY_BYTES: usize = 1024;
 
 /// Matches every descriptor and decides all the limited ones in one check, all-or-nothing.
 /// Two descriptors that land on the same rule and key share one limit and one answer.
@@ -115,11 +115,12 @@ pub(crate) async fn decide(
         }
         for (j, entry) in entries.iter().enumerate() {
             for (field, text) in [("key", &entry.key), ("value", &entry.value)] {
-                if text.len() > MAX_ENTRY_BYTES {
+                if text.len() > state.max_entry_bytes {
                     return Err(DecideError::Invalid(format!(
                         "descriptors[{i}].entries[{j}].{field}: {} bytes, at most \
-                         {MAX_ENTRY_BYTES} allowed",
-                        text.len()
+                         {} allowed",
+                        text.len(),
+                        state.max_entry_bytes
                     )));
                 }
             }

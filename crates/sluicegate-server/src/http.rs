@@ -26,6 +26,8 @@ pub(crate) struct AppState {
     pub(crate) admin_token: Option<Arc<str>>,
     /// Also answer the legacy `X-RateLimit-*` headers (gRPC headers to add).
     pub(crate) legacy_headers: bool,
+    /// The longest descriptor key or value accepted, in bytes.
+    pub(crate) max_entry_bytes: usize,
 }
 
 /// The service's routes.
@@ -544,6 +546,7 @@ descriptors:
             metrics: Arc::default(),
             admin_token: admin_token.map(Arc::from),
             legacy_headers: true,
+            max_entry_bytes: crate::decide::DEFAULT_MAX_ENTRY_BYTES,
         })
     }
 

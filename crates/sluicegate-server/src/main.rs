@@ -276,6 +276,9 @@ struct ServeArgs {
     /// Add the legacy X-RateLimit-Limit, -Remaining and -Reset to gRPC answers.
     #[arg(long, env = "SLUICEGATE_LEGACY_HEADERS")]
     legacy_headers: bool,
+    /// The longest descriptor key or value accepted, in bytes (longer: 400).
+    #[arg(long, env = "SLUICEGATE_MAX_ENTRY_BYTES", default_value_t = decide::DEFAULT_MAX_ENTRY_BYTES)]
+    max_entry_bytes: usize,
     /// Enables POST /v1/reset for requests bearing this token.
     #[arg(long, env = "SLUICEGATE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
@@ -699,6 +702,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             metrics,
             admin_token: args.admin_token.as_deref().map(Arc::from),
             legacy_headers: args.legacy_headers,
+            max_entry_bytes: args.max_entry_bytes,
         };
         let local = listener.local_addr().map_err(|e| e.to_string())?;
         tracing::info!(
