@@ -228,6 +228,19 @@ pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchRe
 }
 
 impl BenchReport {
+    /// Prints the report, as JSON or as text.
+    pub(crate) fn print(&self, json: bool) -> Result<(), String> {
+        if json {
+            println!(
+                "{}",
+                serde_json::to_string(self).map_err(|e| e.to_string())?
+            );
+        } else {
+            println!("{}", self.text());
+        }
+        Ok(())
+    }
+
     pub(crate) fn text(&self) -> String {
         format!(
             "{} · {} · {} keys · concurrency {}\n\

@@ -452,16 +452,7 @@ fn run_bench(args: &BenchArgs) -> Result<(), String> {
             rate: args.rate,
             negative_cache: args.negative_cache,
         };
-        let report = bench::run(store, rule, plan).await;
-        if args.json {
-            println!(
-                "{}",
-                serde_json::to_string(&report).map_err(|e| e.to_string())?
-            );
-        } else {
-            println!("{}", report.text());
-        }
-        Ok(())
+        bench::run(store, rule, plan).await.print(args.json)
     })
 }
 
@@ -594,16 +585,9 @@ fn run_load(args: LoadArgs) -> Result<(), String> {
         domain: args.domain,
         key: args.key,
     };
-    let report = runtime()?.block_on(load::run(target, drive))?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&report).map_err(|e| e.to_string())?
-        );
-    } else {
-        println!("{}", report.text());
-    }
-    Ok(())
+    runtime()?
+        .block_on(load::run(target, drive))?
+        .print(args.json)
 }
 
 fn run_plan(args: &PlanArgs) -> Result<(), String> {

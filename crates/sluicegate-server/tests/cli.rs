@@ -3,9 +3,13 @@
 #[path = "../../sluicegate/tests/support/mod.rs"]
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Output, Stdio};
+mod server;
+
+use server::Server;
+
+use std::io::Write;
+
+use std::process::{Command, Output, Stdio};
 
 fn sluicegate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluicegate"))
@@ -119,63 +123,6 @@ fn replay_rejects_a_bad_rule() {
         stderr.contains("--window: window 1d with limit 200000000 exceeds 2^53"),
         "{stderr}"
     );
-}
-
-struct Server {
-    child: Child,
-    address: String,
-}
-
-impl Server {
-    fn start(args: &[&str]) -> Server {
-        let mut child = sluicegate()
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let address = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .find_map(|line| {
-                line.split_whitespace()
-                    .find_map(|word| word.strip_prefix("address="))
-                    .map(str::to_owned)
-            })
-            .expect("the server logs its address");
-        // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        Server { child, address }
-    }
-
-    fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let mut stream = TcpStream::connect(&self.address).unwrap();
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            self.address,
-            body.len()
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        let status = response[9..12].parse().unwrap();
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
-    }
-
-    fn stop(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        assert!(killed.success());
-        self.child.wait().unwrap()
-    }
 }
 
 #[test]

@@ -4,61 +4,17 @@
 #[path = "../../sluicegate/tests/support/mod.rs"]
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod server;
+
+use server::Server;
+
+use std::process::Command;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-
-struct Server {
-    child: Child,
-    address: String,
-    /// With --grpc-listen: the gRPC-only address.
-    grpc_address: Option<String>,
-}
-
-impl Server {
-    fn start(args: &[&str]) -> Server {
-        let wants_grpc = args.contains(&"--grpc-listen");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let (mut address, mut grpc_address) = (None, None);
-        for line in lines.by_ref().map_while(Result::ok) {
-            for word in line.split_whitespace() {
-                if let Some(a) = word.strip_prefix("grpc_address=") {
-                    grpc_address = Some(a.to_owned());
-                } else if let Some(a) = word.strip_prefix("address=") {
-                    address = Some(a.to_owned());
-                }
-            }
-            if address.is_some() && (grpc_address.is_some() || !wants_grpc) {
-                break;
-            }
-        }
-        std::thread::spawn(move || lines.for_each(drop));
-        Server {
-            child,
-            address: address.expect("the server logs its address"),
-            grpc_address,
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn request(domain: &str, pairs: &[(&str, &str)]) -> RateLimitRequest {
     RateLimitRequest {
