@@ -227,8 +227,11 @@ impl LiveConfig {
     }
 }
 
+/// One configuration file as it was seen: path, modification time, length.
+pub(crate) type FileStamp = (PathBuf, Option<std::time::SystemTime>, u64);
+
 /// What a configuration path's files look like now, to notice edits.
-pub(crate) fn fingerprint(path: &Path) -> Vec<(PathBuf, Option<std::time::SystemTime>, u64)> {
+pub(crate) fn fingerprint(path: &Path) -> Vec<FileStamp> {
     Config::files(path)
         .unwrap_or_default()
         .into_iter()

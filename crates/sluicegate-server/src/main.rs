@@ -644,6 +644,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    // The files as they were before loading, so an edit made meanwhile is reloaded too.
+    let loaded_files = args.config.as_deref().map(config::fingerprint);
     let config = load_config(args.config.as_deref(), args.default_algorithm)?;
     runtime()?.block_on(async {
         let store = AnyStore::open(args.store.options("sluicegate:")?)
@@ -672,12 +674,21 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             let interval = parse_duration(&args.reload_interval)
                 .map_err(|e| format!("--reload-interval: {e}"))?;
             let interval = Duration::from_micros(interval.max(1_000));
+            // Listen for SIGHUP now, before the server says it is up: a SIGHUP that came
+            // before the handler would end the process.
+            #[cfg(unix)]
+            let hangup =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+            #[cfg(not(unix))]
+            let hangup = None;
             tokio::spawn(reload_on_change(
                 path,
+                loaded_files.unwrap_or_default(),
                 args.default_algorithm,
                 Arc::clone(&live),
                 Arc::clone(&metrics),
                 interval,
+                hangup,
             ));
         }
         let state = http::AppState {
@@ -733,30 +744,42 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     })
 }
 
+#[cfg(unix)]
+type Hangup = tokio::signal::unix::Signal;
+/// No SIGHUP off Unix.
+#[cfg(not(unix))]
+type Hangup = NoSignal;
+
+#[cfg(not(unix))]
+struct NoSignal;
+
+#[cfg(not(unix))]
+impl NoSignal {
+    async fn recv(&mut self) -> Option<()> {
+        std::future::pending().await
+    }
+}
+
 /// Reloads the configuration when its files change or on SIGHUP. A configuration that
 /// does not load keeps the previous one serving; the error is logged and counted.
 async fn reload_on_change(
     path: PathBuf,
+    mut seen: Vec<config::FileStamp>,
     default: Algorithm,
     live: Arc<config::LiveConfig>,
     metrics: Arc<metrics::Metrics>,
     interval: Duration,
+    mut hangup: Option<Hangup>,
 ) {
     use std::sync::atomic::Ordering;
-    #[cfg(unix)]
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    let mut seen = config::fingerprint(&path);
     let mut tick = tokio::time::interval(interval);
     loop {
-        #[cfg(unix)]
         let signalled = async {
             match hangup.as_mut() {
                 Some(signal) => signal.recv().await,
                 None => std::future::pending().await,
             }
         };
-        #[cfg(not(unix))]
-        let signalled = std::future::pending::<Option<()>>();
         let forced = tokio::select! {
             _ = tick.tick() => false,
             _ = signalled => true,
