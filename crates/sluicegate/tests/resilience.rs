@@ -125,63 +125,71 @@ async fn every_policy_answers_when_redis_dies_and_redis_decides_again_after_a_re
     drop(restarted);
 }
 
-/// The negative cache refuses only what Redis refuses, and spares Redis most calls of an
-/// abusive client.
+/// The negative cache refuses only what Redis refuses, and spares Redis most refusals of
+/// an abusive client — learnt from refusals, and for fixed windows and GCRA predicted from
+/// the admission that used up the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_negative_cache_refuses_only_what_redis_refuses() {
     let server = support::RedisServer::start(&[]);
-    let cached = Limiter::with_config(
-        store_on(&server, "negative").await,
-        LimiterConfig {
-            negative_cache_entries: 1000,
-            ..LimiterConfig::default()
-        },
-    );
-    let direct = store_on(&server, "negative").await;
-    // 20 per 200 ms; the client sends ten times that.
-    let rule = Rule::new("abuse", &RuleSpec::new(Algorithm::SlidingLog, 20, 200_000)).unwrap();
-    let limits = [Limit {
-        rule: &rule,
-        key: "abuser",
-    }];
-    let (mut hits, mut refusals, mut compared) = (0, 0, 0);
-    let until = Instant::now() + Duration::from_millis(800);
-    while Instant::now() < until {
-        let outcome = cached.decide(&Check::new(&limits, 1)).await.unwrap();
-        refusals += u64::from(!outcome.decision.allowed);
-        if outcome.decided_by == DecidedBy::NegativeCache {
-            hits += 1;
-            assert!(!outcome.decision.allowed);
-            // Redis, asked right away without recording, refuses too — if the answer comes
-            // back while the cached refusal still stands (on a loaded machine the peek may
-            // land after it, and then proves nothing).
-            let stands = Duration::from_micros(outcome.decision.retry_after.micros().unwrap());
-            let asked = Instant::now();
-            let peek = direct.check(&Check::new(&limits, 0)).await.unwrap();
-            if asked.elapsed() < stands {
-                compared += 1;
-                assert!(
-                    !peek.decision.allowed,
-                    "the cache refused what Redis would allow"
-                );
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+    ] {
+        let cached = Limiter::with_config(
+            store_on(&server, "negative").await,
+            LimiterConfig {
+                negative_cache_entries: 1000,
+                ..LimiterConfig::default()
+            },
+        );
+        let direct = store_on(&server, "negative").await;
+        // 20 per 200 ms; the client sends several times that.
+        let rule = Rule::new(algorithm.name(), &RuleSpec::new(algorithm, 20, 200_000)).unwrap();
+        let limits = [Limit {
+            rule: &rule,
+            key: "abuser",
+        }];
+        let (mut hits, mut refusals, mut compared) = (0, 0, 0);
+        let until = Instant::now() + Duration::from_millis(800);
+        while Instant::now() < until {
+            let outcome = cached.decide(&Check::new(&limits, 1)).await.unwrap();
+            refusals += u64::from(!outcome.decision.allowed);
+            if outcome.decided_by == DecidedBy::NegativeCache {
+                hits += 1;
+                assert!(!outcome.decision.allowed);
+                // Redis, asked right away without recording, refuses too — if the answer
+                // comes back while the cached refusal still stands (on a loaded machine the
+                // peek may land after it, and then proves nothing).
+                let stands = Duration::from_micros(outcome.decision.retry_after.micros().unwrap());
+                let asked = Instant::now();
+                let peek = direct.check(&Check::new(&limits, 0)).await.unwrap();
+                if asked.elapsed() < stands {
+                    compared += 1;
+                    assert!(
+                        !peek.decision.allowed,
+                        "{algorithm}: the cache refused what Redis would allow"
+                    );
+                    assert_eq!(peek.decision.limit, outcome.decision.limit, "{algorithm}");
+                }
             }
+            tokio::time::sleep(Duration::from_micros(500)).await;
         }
-        tokio::time::sleep(Duration::from_micros(500)).await;
+        assert!(
+            compared * 2 >= hits,
+            "{algorithm}: only {compared} of {hits} cached refusals compared"
+        );
+        // Each refusal from Redis covers the refusals after it until a unit frees: all but
+        // about one refusal per freed unit are spared a round trip.
+        assert!(
+            hits * 10 >= refusals * 7,
+            "{algorithm}: {hits} of {refusals} refusals answered by the cache"
+        );
+        assert_eq!(
+            cached.stats().negative_cache_hits.load(Ordering::Relaxed),
+            hits
+        );
     }
-    assert!(
-        compared * 2 >= hits,
-        "only {compared} of {hits} cached refusals compared"
-    );
-    // Each refusal from Redis covers the refusals after it until a unit frees: all but
-    // about one refusal per freed unit are spared a round trip.
-    assert!(
-        hits * 10 >= refusals * 7,
-        "{hits} of {refusals} refusals answered by the cache"
-    );
-    assert_eq!(
-        cached.stats().negative_cache_hits.load(Ordering::Relaxed),
-        hits
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,7 +232,6 @@ async fn a_rules_own_policy_beats_the_limiters() {
 }
 
 /// A 3-master, 3-replica cluster loses a master under load; once its replica takes over,
-/// the same limiter decides through the cluster again, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_fails_over_under_load_and_decisions_come_back() {
     let cluster = support::RedisCluster::start(3, 1);

@@ -168,6 +168,7 @@ impl<S: Store> Limiter<S> {
                     self.stats.store_decisions.fetch_add(1, Ordering::Relaxed);
                     if let Some(negative) = &self.negative {
                         negative.remember(check, now, outcome.decision, outcome.limits());
+                        negative.remember_admission(check, now, outcome.decision);
                     }
                     return Ok(outcome);
                 }

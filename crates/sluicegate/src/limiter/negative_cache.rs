@@ -23,6 +23,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::decision::{Decision, RetryAfter};
+use crate::rule::Algorithm;
 use crate::store::Check;
 
 #[derive(Debug)]
@@ -34,6 +35,8 @@ pub(crate) struct NegativeCache {
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     cost: u64,
+    /// When the check was sent whose answer made this entry.
+    since: Instant,
     until: Instant,
     limits: usize,
     decisions: [Option<Decision>; MAX_LIMITS],
@@ -81,11 +84,14 @@ impl NegativeCache {
             return None;
         }
         let left = u64::try_from((entry.until - now).as_micros()).unwrap_or(u64::MAX);
+        let elapsed = u64::try_from(now.saturating_duration_since(entry.since).as_micros())
+            .unwrap_or(u64::MAX);
         let shorten = |d: Decision| Decision {
             retry_after: match d.retry_after {
                 RetryAfter::Micros(us) if us > 0 => RetryAfter::Micros(us.min(left).max(1)),
                 other => other,
             },
+            reset_after: d.reset_after.saturating_sub(elapsed),
             ..d
         };
         Some(
@@ -110,12 +116,64 @@ impl NegativeCache {
         if combined.allowed || wait == 0 || !Self::applies(check) {
             return;
         }
-        let mut decisions = [None; MAX_LIMITS];
-        for (slot, d) in decisions.iter_mut().zip(limits) {
-            *slot = Some(*d);
+        let decisions: Vec<Option<Decision>> = limits.iter().copied().map(Some).collect();
+        self.insert(check, sent, wait, &decisions);
+    }
+
+    /// Predicts a refusal from an admission of a one-limit check that left too little for
+    /// another of the same cost, where the algorithm makes the next opening computable
+    /// from the decision (the same argument as above: with other traffic, later still):
+    ///
+    /// - fixed-window: refused until the window ends, `reset_after` away;
+    /// - token- and leaky-bucket: with TAT − t = `reset_after`, a cost c fits again once
+    ///   TAT + c·T − t' ≤ τ, that is `reset_after + c·T − τ` away.
+    ///
+    /// The sliding log and counter need state the decision does not carry.
+    pub(crate) fn remember_admission(&self, check: &Check<'_>, sent: Instant, decision: Decision) {
+        let [limit] = check.limits else { return };
+        let rule = limit.rule;
+        let units = check.cost.max(1);
+        if !decision.allowed
+            || check.cost == 0
+            || decision.remaining >= units
+            || !Self::applies(check)
+        {
+            return;
         }
+        let refused = match rule.algorithm() {
+            Algorithm::FixedWindow => Decision {
+                allowed: false,
+                retry_after: RetryAfter::Micros(decision.reset_after),
+                delay: 0,
+                ..decision
+            },
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                let interval = rule.emission_interval();
+                let tolerance = interval * rule.capacity();
+                let opens = (decision.reset_after + units * interval).saturating_sub(tolerance);
+                Decision {
+                    allowed: false,
+                    remaining: tolerance.saturating_sub(decision.reset_after) / interval,
+                    retry_after: RetryAfter::Micros(opens),
+                    delay: 0,
+                    ..decision
+                }
+            }
+            Algorithm::SlidingLog | Algorithm::SlidingCounter => return,
+        };
+        if let RetryAfter::Micros(wait) = refused.retry_after
+            && wait > 0
+        {
+            self.insert(check, sent, wait, &[Some(refused)]);
+        }
+    }
+
+    fn insert(&self, check: &Check<'_>, sent: Instant, wait: u64, limits: &[Option<Decision>]) {
+        let mut decisions = [None; MAX_LIMITS];
+        decisions[..limits.len()].copy_from_slice(limits);
         let entry = Entry {
             cost: check.cost.max(1),
+            since: sent,
             until: sent + Duration::from_micros(wait),
             limits: limits.len(),
             decisions,
