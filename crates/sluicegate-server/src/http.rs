@@ -358,7 +358,7 @@ descriptors:
     value: free
     rate_limit: {unlimited: true}
   - key: route
-    rate_limit: {algorithm: fixed-window, unit: minute, requests_per_unit: 3}
+    rate_limit: {algorithm: fixed-window, unit: day, requests_per_unit: 3}
 ";
 
     fn test_app() -> Router {
