@@ -39,11 +39,7 @@ pub(crate) struct BenchReport {
 /// The settings of one run.
 pub(crate) struct BenchPlan {
     pub(crate) store_name: String,
-    pub(crate) keys: usize,
-    pub(crate) concurrency: usize,
-    pub(crate) duration: Duration,
-    /// Total checks per second; `None` for as fast as possible.
-    pub(crate) rate: Option<f64>,
+    pub(crate) drive: Drive,
     /// Answer repeated refusals locally.
     pub(crate) negative_cache: bool,
 }
@@ -190,13 +186,8 @@ pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchRe
             ..LimiterConfig::default()
         },
     ));
-    let keys: Arc<Vec<String>> = Arc::new((0..plan.keys).map(|i| format!("bench:{i}")).collect());
-    let load = Drive {
-        keys: plan.keys,
-        concurrency: plan.concurrency,
-        duration: plan.duration,
-        rate: plan.rate,
-    };
+    let keys: Arc<Vec<String>> =
+        Arc::new((0..plan.drive.keys).map(|i| format!("bench:{i}")).collect());
     let call = {
         let (limiter, rule) = (Arc::clone(&limiter), rule.clone());
         move |i: usize| {
@@ -214,7 +205,7 @@ pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchRe
             }
         }
     };
-    let driven = drive(&load, call).await;
+    let driven = drive(&plan.drive, call).await;
     let store_calls = limiter
         .stats()
         .store_decisions
@@ -222,7 +213,7 @@ pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchRe
     driven.report(
         plan.store_name,
         rule.algorithm().to_string(),
-        &load,
+        &plan.drive,
         Some(store_calls),
     )
 }

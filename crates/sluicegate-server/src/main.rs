@@ -81,15 +81,50 @@ struct LoadArgs {
     /// Requests in flight at once.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
+    #[command(flatten)]
+    pace: PaceArgs,
+}
+
+/// How long and how fast `bench` and `load` drive, and how they report.
+#[derive(Args)]
+struct PaceArgs {
     /// How long to run, e.g. 10s.
     #[arg(long, default_value = "10s")]
     duration: String,
-    /// A fixed total rate instead of as fast as possible.
+    /// A fixed total rate of calls per second instead of as fast as possible.
     #[arg(long)]
     rate: Option<f64>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+}
+
+impl PaceArgs {
+    /// The drive over `keys` distinct keys (given by the flag `keys_flag`) from
+    /// `concurrency` tasks, checked before any work starts.
+    fn drive(
+        &self,
+        keys: usize,
+        keys_flag: &str,
+        concurrency: usize,
+    ) -> Result<bench::Drive, String> {
+        let duration = parse_duration(&self.duration).map_err(|e| format!("--duration: {e}"))?;
+        if keys == 0 || concurrency == 0 {
+            return Err(format!("{keys_flag} and --concurrency must be at least 1"));
+        }
+        if self
+            .rate
+            .is_some_and(|rate| !(rate.is_finite() && rate > 0.0))
+        {
+            return Err("--rate must be a positive number of calls per second".into());
+        }
+        Ok(bench::Drive {
+            keys,
+            concurrency,
+            duration: Duration::from_micros(duration),
+            rate: self.rate,
+        })
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -221,15 +256,8 @@ struct BenchArgs {
     /// Checks in flight at once.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
-    /// How long to run, e.g. 10s.
-    #[arg(long, default_value = "10s")]
-    duration: String,
-    /// A fixed total rate of checks per second instead of as fast as possible.
-    #[arg(long)]
-    rate: Option<f64>,
-    /// Print the report as JSON.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    pace: PaceArgs,
     /// Answer repeated refusals locally, without a store call.
     #[arg(long)]
     negative_cache: bool,
@@ -429,16 +457,7 @@ fn run_replay(args: &ReplayArgs) -> Result<(), String> {
 
 fn run_bench(args: &BenchArgs) -> Result<(), String> {
     let rule = args.rule.rule()?;
-    let duration = parse_duration(&args.duration).map_err(|e| format!("--duration: {e}"))?;
-    if args.keys == 0 || args.concurrency == 0 {
-        return Err("--keys and --concurrency must be at least 1".into());
-    }
-    if args
-        .rate
-        .is_some_and(|rate| !(rate.is_finite() && rate > 0.0))
-    {
-        return Err("--rate must be a positive number of checks per second".into());
-    }
+    let drive = args.pace.drive(args.keys, "--keys", args.concurrency)?;
     runtime()?.block_on(async {
         let unique = format!("sluicegate:bench:{}:", std::process::id());
         let store = AnyStore::open(args.store.options(&unique)?)
@@ -446,13 +465,10 @@ fn run_bench(args: &BenchArgs) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let plan = bench::BenchPlan {
             store_name: args.store.store.clone(),
-            keys: args.keys,
-            concurrency: args.concurrency,
-            duration: Duration::from_micros(duration),
-            rate: args.rate,
+            drive,
             negative_cache: args.negative_cache,
         };
-        bench::run(store, rule, plan).await.print(args.json)
+        bench::run(store, rule, plan).await.print(args.pace.json)
     })
 }
 
@@ -569,16 +585,7 @@ fn trace_span(path: &Path, format: TraceFormat, key_field: clf::KeyField) -> Opt
 }
 
 fn run_load(args: LoadArgs) -> Result<(), String> {
-    let duration = parse_duration(&args.duration).map_err(|e| format!("--duration: {e}"))?;
-    if args.values == 0 || args.concurrency == 0 {
-        return Err("--values and --concurrency must be at least 1".into());
-    }
-    let drive = bench::Drive {
-        keys: args.values,
-        concurrency: args.concurrency,
-        duration: Duration::from_micros(duration),
-        rate: args.rate,
-    };
+    let drive = args.pace.drive(args.values, "--values", args.concurrency)?;
     let target = load::Target {
         address: args.target,
         protocol: args.protocol,
@@ -587,7 +594,7 @@ fn run_load(args: LoadArgs) -> Result<(), String> {
     };
     runtime()?
         .block_on(load::run(target, drive))?
-        .print(args.json)
+        .print(args.pace.json)
 }
 
 fn run_plan(args: &PlanArgs) -> Result<(), String> {

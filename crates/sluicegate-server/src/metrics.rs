@@ -130,53 +130,55 @@ impl Metrics {
         drop(decided);
         let stats = limiter.stats();
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let mut simple = |name: &str, kind: &str, help: &str, value: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-            );
-        };
-        simple(
-            "sluicegate_store_errors_total",
-            "counter",
-            "Checks the store failed (errors, timeouts, open breaker).",
-            load(&stats.store_errors),
-        );
-        simple(
-            "sluicegate_negative_cache_hits_total",
-            "counter",
-            "Refusals answered by the negative cache.",
-            load(&stats.negative_cache_hits),
-        );
-        simple(
-            "sluicegate_fallback_decisions_total",
-            "counter",
-            "Checks decided by a store-failure policy.",
-            load(&stats.fallback_decisions),
-        );
         let breaker = match limiter.breaker_state() {
             BreakerState::Closed => 0,
             BreakerState::Open => 1,
             BreakerState::HalfOpen => 2,
         };
-        simple(
-            "sluicegate_breaker_state",
-            "gauge",
-            "Circuit breaker: 0 closed, 1 open, 2 half-open.",
-            breaker,
-        );
-        simple(
-            "sluicegate_config_loads_total",
-            "counter",
-            "Configurations loaded.",
-            load(&self.config_loads),
-        );
-        simple(
-            "sluicegate_config_errors_total",
-            "counter",
-            "Configurations rejected.",
-            load(&self.config_errors),
-        );
+        let single_values = [
+            (
+                "sluicegate_store_errors_total",
+                "counter",
+                "Checks the store failed (errors, timeouts, open breaker).",
+                load(&stats.store_errors),
+            ),
+            (
+                "sluicegate_negative_cache_hits_total",
+                "counter",
+                "Refusals answered by the negative cache.",
+                load(&stats.negative_cache_hits),
+            ),
+            (
+                "sluicegate_fallback_decisions_total",
+                "counter",
+                "Checks decided by a store-failure policy.",
+                load(&stats.fallback_decisions),
+            ),
+            (
+                "sluicegate_breaker_state",
+                "gauge",
+                "Circuit breaker: 0 closed, 1 open, 2 half-open.",
+                breaker,
+            ),
+            (
+                "sluicegate_config_loads_total",
+                "counter",
+                "Configurations loaded.",
+                load(&self.config_loads),
+            ),
+            (
+                "sluicegate_config_errors_total",
+                "counter",
+                "Configurations rejected.",
+                load(&self.config_errors),
+            ),
+        ];
+        for (name, kind, help, value) in single_values {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP sluicegate_check_duration_seconds Time to decide a check (store call included).\n# TYPE sluicegate_check_duration_seconds histogram"
