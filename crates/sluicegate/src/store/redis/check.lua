@@ -1,31 +1,55 @@
--- sluicegate: one check of one or more rules, atomically (SPEC.md).
+-- sluicegate: checks of one or more rules each, every check atomic (SPEC.md).
 --
 -- The Rust algorithms (crates/sluicegate/src/algorithm/) are the reference; this script
--- re-implements them and differential tests hold the two together. Every rule is evaluated
--- first (reads only); only if all allow does each record. A refused check writes nothing.
+-- re-implements them and differential tests hold the two together. In each check every
+-- rule is evaluated first (reads only); only if all allow does each record. A refused
+-- check writes nothing.
 --
--- The code is flat on purpose: an EVAL script's whole body runs on every call, so each
--- function or table it defined would be built again for every check.
+-- One call may carry several independent checks (the store batches checks that are in
+-- flight together): each is decided as if it were alone, in order, and one that fails
+-- (a key of the wrong type) fails alone.
 --
--- ARGV[1]  client time in µs, or '' for Redis TIME
--- ARGV[2]  cost (0 is a peek: answers as a cost of 1, records nothing)
--- ARGV[3]  request id, or ''
--- ARGV[4]  mode: 'check'; 'dry' (answer as if another rule had refused: record nothing);
---          'undo' (give back an admission of `cost` made at the times given per rule)
--- ARGV[5]  number of rules R; then 8 values per rule:
---          algorithm (1 sliding-log, 2 sliding-counter, 3 fixed-window, 4 token-bucket,
---          5 leaky-bucket), limit L, window W (µs), buckets N, capacity, emission
---          interval T (µs), layout (0 zset, 1 compact; sliding-log only), and for 'undo'
---          the time the admission was recorded at ('' otherwise)
--- KEYS     3 per rule: state, request ids (zset id -> expiry), release times (hash)
+-- Cost, not style, shapes this code: on Redis 7.0 each redis.call costs about 0.5 µs,
+-- each table built 0.3 µs, each number in the reply 0.1 µs, against a whole check of a
+-- few µs (measured; docs/BENCHMARKS.md). So a call's rules are described once and checks
+-- refer to them, and tables are few. Times are written with string.format('%d') (exact
+-- below 2^53 where Lua's integer format is 64-bit, checked below; tostring keeps only 14
+-- digits): glibc writes a 16-digit number through '%.0f', or through the "%.17g" Redis
+-- uses for a Lua number argument, three times slower. Small numbers (offsets, TTLs) go as
+-- Lua numbers; exclusive bounds are written `x + 1` (every time is a whole µs).
 --
--- Returns R arrays {allows, limit, remaining, retry_after (-1 never), reset_after, delay,
--- time decided at, 1 if this call recorded units}. Every number stays below 2^53 (rules are validated for it); times are
--- formatted with %.0f because tostring loses digits past 14.
+-- ARGV     the number of rules S, then 7 values per rule: algorithm (1 sliding-log,
+--          2 sliding-counter, 3 fixed-window, 4 token-bucket, 5 leaky-bucket), limit L,
+--          window W (µs), buckets N, capacity, emission interval T (µs), layout (0 zset,
+--          1 compact; sliding-log only).
+--          Then the number of checks C, and per check:
+--            client time in µs, or '' for Redis TIME (read once per call)
+--            cost (0 is a peek: answers as a cost of 1, records nothing)
+--            request id, or ''
+--            mode: 'check'; 'dry' (answer as if another rule had refused: record
+--              nothing); 'undo' (give back an admission of `cost` made at the times
+--              given per rule)
+--            number of rules R, then per rule its number among the S rules (from 1) and,
+--              for 'undo' only, the time the admission was recorded at ('' for none)
+-- KEYS     per check and rule: the state; and when the check has a request id, its
+--          request ids (zset id -> expiry) and release times (hash) too.
+--
+-- Returns one flat array: per check, 6 numbers per rule {status (1 allows, 0 refuses,
+-- +2 if this call recorded units), remaining, retry_after (-1 never), reset_after, delay,
+-- time decided at}; for an 'undo', the single number 1; for a check that failed, in place
+-- of its numbers, the error's text. Every number stays below 2^53 (rules are validated for
+-- it).
 
 local call = redis.call
 local floor, max, min = math.floor, math.max, math.min
-local format = string.format
+local format, tonumber = string.format, tonumber
+local pack, unpack_struct = struct.pack, struct.unpack
+local argv, keys = ARGV, KEYS
+
+-- How a whole number is written: '%d' where Lua's integer format holds 2^53 exactly (a
+-- 64-bit long), '%.0f' otherwise. MEMBER: a sliding-log entry, "time:<digits of n><n>".
+local INT = format('%d', 2 ^ 53) == '9007199254740992' and '%d' or '%.0f'
+local MEMBER = INT .. ':%d' .. INT
 
 -- floor(x / y) for integers, exact even where the double quotient rounds to the next one.
 local function div(x, y)
@@ -38,147 +62,182 @@ local function div(x, y)
   return q
 end
 
--- Redis expires keys on its own clock. A check that carries its own time (replay, tests)
--- may run that time far faster than Redis's, so such keys get a minute more; with Redis
--- TIME the TTL is exact. PEXPIRE takes ms: µs round up, so a key never expires before its
--- state stops mattering.
-local ttl_margin_ms = ARGV[1] == '' and 0 or 60000
-local function expire_after(key, micros)
-  call('PEXPIRE', key, max(1, floor((micros + 999) / 1000)) + ttl_margin_ms)
+local server_time
+local function redis_time()
+  if not server_time then
+    local now = call('TIME')
+    server_time = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  end
+  return server_time
 end
 
-local cost = tonumber(ARGV[2])
-local units = max(cost, 1)
-local request_id = ARGV[3]
-local mode = ARGV[4]
-local rule_count = tonumber(ARGV[5])
+-- Redis expires keys on its own clock. A check that carries its own time (replay, tests)
+-- may run that time far faster than Redis's, so such keys get a minute more (`margin`);
+-- with Redis TIME the TTL is exact. PEXPIRE takes ms: µs round up, so a key never expires
+-- before its state stops mattering.
+local function ttl_ms(micros, margin)
+  return max(1, floor((micros + 999) / 1000)) + margin
+end
 
--- Reads one 8-byte slot of a compact log: slot i counted from the oldest entry.
+-- The compact sliding log: one string, a 24-byte header (head, count, latest time) and a
+-- ring of L 8-byte times, oldest at head.
+local COMPACT_HEADER = 24
+local COMPACT_FRONT = 8
 local function slot_offset(r, i)
-  return 16 + 8 * ((r.head + i) % r.limit)
+  return COMPACT_HEADER + 8 * ((r.head + i) % r.limit)
 end
 local function entry_at(r, i)
   local o = slot_offset(r, i)
-  return struct.unpack('<d', call('GETRANGE', r.key, o, o + 7))
+  return (unpack_struct('<d', call('GETRANGE', r.key, o, o + 7)))
 end
 
-local function read_rule(i)
-  local a = 5 + (i - 1) * 8
-  return {
-    algorithm = tonumber(ARGV[a + 1]),
-    limit = tonumber(ARGV[a + 2]),
-    window = tonumber(ARGV[a + 3]),
-    buckets = tonumber(ARGV[a + 4]),
-    capacity = tonumber(ARGV[a + 5]),
-    interval = tonumber(ARGV[a + 6]),
-    layout = tonumber(ARGV[a + 7]),
-    undo_at = tonumber(ARGV[a + 8]),
-    key = KEYS[(i - 1) * 3 + 1],
-    ids = KEYS[(i - 1) * 3 + 2],
-    releases = KEYS[(i - 1) * 3 + 3],
+-- Decimal digits of a whole number n >= 1.
+local function digits(n)
+  local d = 1
+  while n >= 10 do
+    n = floor(n / 10)
+    d = d + 1
+  end
+  return d
+end
+
+local rule_specs = {}
+local spec_count = tonumber(argv[1])
+for s = 1, spec_count do
+  local p = 1 + (s - 1) * 7
+  rule_specs[s] = {
+    algorithm = tonumber(argv[p + 1]),
+    limit = tonumber(argv[p + 2]),
+    window = tonumber(argv[p + 3]),
+    buckets = tonumber(argv[p + 4]),
+    capacity = tonumber(argv[p + 5]),
+    interval = tonumber(argv[p + 6]),
+    layout = tonumber(argv[p + 7]),
   }
 end
 
--- Give back an admission of `cost` made at `undo_at`: a later rule in another hash slot
--- refused the check (SPEC.md, several rules). Units recorded at one instant are
--- indistinguishable, so removing `cost` of them at that instant restores the state.
-if mode == 'undo' then
-  for i = 1, rule_count do
-    local r = read_rule(i)
-    local at = r.undo_at
-    if not at then
-      -- This rule recorded nothing (a retried request id): nothing to give back.
-    elseif r.algorithm == 1 and r.layout == 0 then
-      local stamp = format('%.0f', at)
-      local taken = call('ZREVRANGEBYSCORE', r.key, stamp, stamp, 'LIMIT', 0, cost)
-      if #taken > 0 then
-        call('ZREM', r.key, unpack(taken))
+-- One rule of a check: its spec, its keys, and room for what evaluating it finds.
+-- Sixteen fields, what a sliding log's check uses: a table's fields are allocated by
+-- powers of two, and each field added past them costs a rehash.
+local function rule_of(spec, q, keys_per_rule)
+  local r = {
+    algorithm = spec.algorithm, limit = spec.limit, window = spec.window,
+    buckets = spec.buckets, capacity = spec.capacity, interval = spec.interval,
+    layout = spec.layout, key = keys[q + 1],
+    now = 0, latest = false, live = 0, expired = 0, cutoff = 0, verdict = false,
+    head = 0, count = 0,
+  }
+  if keys_per_rule == 3 then
+    r.ids, r.releases = keys[q + 2], keys[q + 3]
+  end
+  return r
+end
+
+-- Give back an admission of `cost` made at `at` (a later rule in another hash slot refused
+-- the check; SPEC.md, several rules). Units recorded at one instant are indistinguishable,
+-- so removing `cost` of them at that instant restores the state.
+local function give_back(r, at, cost, request_id)
+  if r.algorithm == 1 and r.layout == 0 then
+    local stamp = format(INT, at)
+    local taken = call('ZREVRANGEBYSCORE', r.key, stamp, stamp, 'LIMIT', 0, cost)
+    if #taken > 0 then
+      call('ZREM', r.key, unpack(taken))
+    end
+  elseif r.algorithm == 1 then
+    local header = call('GETRANGE', r.key, 0, COMPACT_HEADER - 1)
+    if #header == COMPACT_HEADER then
+      r.head, r.count = unpack_struct('<dd', header)
+      -- The run of entries at `at` ends at the last index holding it; later ones shift back.
+      local last = r.count - 1
+      while last >= 0 and entry_at(r, last) > at do
+        last = last - 1
       end
-    elseif r.algorithm == 1 then
-      local header = call('GETRANGE', r.key, 0, 15)
-      if #header == 16 then
-        r.head, r.count = struct.unpack('<dd', header)
-        -- The run of entries at `at` ends at the last index holding it; later ones shift back.
-        local last = r.count - 1
-        while last >= 0 and entry_at(r, last) > at do
-          last = last - 1
+      local first = last
+      while first > last - cost + 1 and first > 0 and entry_at(r, first - 1) == at do
+        first = first - 1
+      end
+      if last >= 0 and entry_at(r, last) == at then
+        local removed = last - first + 1
+        for j = last + 1, r.count - 1 do
+          call('SETRANGE', r.key, slot_offset(r, j - removed), pack('<d', entry_at(r, j)))
         end
-        local first = last
-        while first > last - cost + 1 and first > 0 and entry_at(r, first - 1) == at do
-          first = first - 1
-        end
-        if last >= 0 and entry_at(r, last) == at then
-          local removed = last - first + 1
-          for j = last + 1, r.count - 1 do
-            call('SETRANGE', r.key, slot_offset(r, j - removed), struct.pack('<d', entry_at(r, j)))
-          end
-          r.count = r.count - removed
-          call('SETRANGE', r.key, 0, struct.pack('<dd', r.head, r.count))
-        end
-      end
-    elseif r.algorithm == 2 then
-      local field = 'b' .. format('%.0f', div(at, div(r.window, r.buckets)))
-      if call('HINCRBY', r.key, field, -cost) <= 0 then
-        call('HDEL', r.key, field)
-      end
-    elseif r.algorithm == 3 then
-      if tonumber(call('HGET', r.key, 'k')) == div(at, r.window) then
-        call('HSET', r.key, 'n', max(0, call('HINCRBY', r.key, 'n', -cost)))
-      end
-    else
-      local tat = tonumber(call('HGET', r.key, 'tat'))
-      if tat then
-        call('HSET', r.key, 'tat', format('%.0f', max(at, tat - cost * r.interval)))
+        r.count = r.count - removed
+        -- The latest time is the newest entry left, as if the admission never was.
+        local latest = r.count > 0 and entry_at(r, r.count - 1) or 0
+        call('SETRANGE', r.key, 0, pack('<ddd', r.head, r.count, latest))
       end
     end
-    if at and request_id ~= '' then
-      call('ZREM', r.ids, request_id)
-      call('HDEL', r.releases, request_id)
+  elseif r.algorithm == 2 then
+    local field = 'b' .. format(INT, div(at, div(r.window, r.buckets)))
+    if call('HINCRBY', r.key, field, -cost) <= 0 then
+      call('HDEL', r.key, field)
+    end
+  elseif r.algorithm == 3 then
+    if tonumber(call('HGET', r.key, 'k')) == div(at, r.window) then
+      call('HSET', r.key, 'n', max(0, call('HINCRBY', r.key, 'n', -cost)))
+    end
+  else
+    local tat = tonumber(call('HGET', r.key, 'tat'))
+    if tat then
+      call('HSET', r.key, 'tat', format(INT, max(at, tat - cost * r.interval)))
     end
   end
-  return 1
+  if request_id ~= '' then
+    call('ZREM', r.ids, request_id)
+    call('HDEL', r.releases, request_id)
+  end
 end
 
-local t
-if ARGV[1] == '' then
-  local now = call('TIME')
-  t = tonumber(now[1]) * 1000000 + tonumber(now[2])
-else
-  t = tonumber(ARGV[1])
-end
-
--- Phase 1: evaluate every rule, reading only.
-local rules = {}
-local all_allow = mode == 'check'
-for i = 1, rule_count do
-  local r = read_rule(i)
+-- Reads one rule's state at time t: sets r.now (t clamped to the key's latest time) and
+-- what deciding and answering need; returns whether `units` fit.
+local function evaluate(r, t, units)
   local alg = r.algorithm
-  local fits
   if alg == 1 then
-    -- sliding-log. zset layout: score = time, one member per unit (see recording). compact:
-    -- one string, a 16-byte header (head, count) and a ring of L 8-byte times, oldest at
-    -- head. Either way the newest entry is the key's latest admission: its latest time.
+    -- sliding-log. zset layout: score = time, one member per unit (see recording); its
+    -- newest entry is the key's latest admission. compact: the header says it.
     if r.layout == 0 then
-      local newest = call('ZRANGE', r.key, -1, -1, 'WITHSCORES')
-      r.latest = newest[2] and tonumber(newest[2]) or 0
-      r.now = max(t, r.latest)
-      r.cutoff = r.now - r.window
-      r.live = call('ZCOUNT', r.key, '(' .. format('%.0f', r.cutoff), '+inf')
-    else
-      local header = call('GETRANGE', r.key, 0, 15)
-      if #header == 16 then
-        r.head, r.count = struct.unpack('<dd', header)
-      else
-        r.head, r.count, r.new_key = 0, 0, true
+      local key = r.key
+      local total = call('ZCARD', key)
+      if total == 0 then
+        r.now = t
+        return units <= r.limit
       end
-      r.latest = r.count > 0 and entry_at(r, r.count - 1) or 0
+      -- Time clamps to the newest entry only when that is later than t (Redis' clock
+      -- stepped back, or a replay's time did): usually nothing is, and a count over the
+      -- end of the set says so without reading an entry.
+      if call('ZCOUNT', key, format(INT, t + 1), '+inf') > 0 then
+        r.latest = tonumber(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+      end
+      r.now = max(t, r.latest or 0)
+      r.cutoff = r.now - r.window
+      -- Live entries are the total less the expired ones, which are few and at the front:
+      -- ZCOUNT of the live ones would walk them all, one by one in a small set's listpack.
+      r.expired = call('ZCOUNT', key, '-inf', format(INT, r.cutoff))
+      r.live = total - r.expired
+    else
+      local header = call('GETRANGE', r.key, 0, COMPACT_HEADER - 1)
+      if #header == COMPACT_HEADER then
+        r.head, r.count, r.latest = unpack_struct('<ddd', header)
+      else
+        r.latest, r.new_key = 0, true
+      end
       r.now = max(t, r.latest)
       r.cutoff = r.now - r.window
-      -- Usually the oldest entry is live (admissions drop what has expired); otherwise a
-      -- binary search finds the first live one.
-      local expired = 0
-      if r.count > 0 and entry_at(r, 0) <= r.cutoff then
-        local low, high = 1, r.count
+      -- Admissions drop what has expired, so what has expired since is usually a few of
+      -- the oldest entries: one read of up to COMPACT_FRONT of them finds where the live
+      -- ones start; only when all of those have expired does a binary search go on.
+      local front = r.count > 0 and min(r.count, COMPACT_FRONT, r.limit - r.head) or 0
+      if front > 0 then
+        local o = COMPACT_HEADER + 8 * r.head
+        local entries = call('GETRANGE', r.key, o, o + 8 * front - 1)
+        local expired = 0
+        while expired < front and unpack_struct('<d', entries, 8 * expired + 1) <= r.cutoff do
+          expired = expired + 1
+        end
+        r.expired = expired
+      end
+      if front > 0 and r.expired == front and front < r.count then
+        local low, high = front, r.count
         while low < high do
           local mid = floor((low + high) / 2)
           if entry_at(r, mid) <= r.cutoff then
@@ -187,12 +246,11 @@ for i = 1, rule_count do
             high = mid
           end
         end
-        expired = low
+        r.expired = low
       end
-      r.expired = expired
-      r.live = r.count - expired
+      r.live = r.count - r.expired
     end
-    fits = r.live + units <= r.limit
+    return r.live + units <= r.limit
   elseif alg == 2 then
     -- sliding-counter: a hash {t = latest time, b<j> = units in bucket j}.
     local fields = call('HGETALL', r.key)
@@ -223,7 +281,7 @@ for i = 1, rule_count do
       end
     end
     r.estimate_w = w * full + sliding * (w - offset)
-    fits = r.estimate_w <= (r.limit - units) * w
+    return r.estimate_w <= (r.limit - units) * w
   elseif alg == 3 then
     -- fixed-window: a hash {k = window index, n = units in it, t = latest time}.
     local v = call('HMGET', r.key, 'k', 'n', 't')
@@ -233,7 +291,7 @@ for i = 1, rule_count do
     r.index = div(r.now, r.window)
     r.count = r.stored_window == r.index and (tonumber(v[2]) or 0) or 0
     r.window_end = (r.index + 1) * r.window
-    fits = r.count + units <= r.limit
+    return r.count + units <= r.limit
   else
     -- token-bucket, leaky-bucket: GCRA, a hash {tat, t = latest time}.
     local v = call('HMGET', r.key, 'tat', 't')
@@ -243,221 +301,306 @@ for i = 1, rule_count do
     r.tolerance = r.interval * r.capacity
     r.tat = max(r.stored_tat, r.now)
     r.new = r.tat + units * r.interval
-    fits = r.new - r.now <= r.tolerance
+    return r.new - r.now <= r.tolerance
   end
-  if request_id ~= '' then
-    local expires = tonumber(call('ZSCORE', r.ids, request_id))
-    local release = tonumber(call('HGET', r.releases, request_id))
-    if expires and expires > r.now then
-      r.repeat_release = release or 0
-    end
-  end
-  if r.repeat_release then
-    r.verdict = 'repeat'
-  elseif units > r.capacity then
-    r.verdict = 'never'
-  elseif fits then
-    r.verdict = 'fits'
-  else
-    r.verdict = 'over'
-  end
-  if r.verdict == 'never' or r.verdict == 'over' then
-    all_allow = false
-  end
-  rules[i] = r
 end
 
--- Phase 2: record in every rule, or in none, and answer.
-local answers = {}
-for i = 1, rule_count do
-  local r = rules[i]
-  local alg, now, limit = r.algorithm, r.now, r.limit
-  local record = all_allow and r.verdict == 'fits' and cost > 0
-  local admitted = all_allow and r.verdict == 'fits'
-  -- allows, limit, remaining, retry_after, reset_after, delay
-  local row
+-- Records `cost` units of an admitted check in one rule.
+local function record(r, cost, margin)
+  local alg, now, key = r.algorithm, r.now, r.key
   if alg == 1 then
-    if record then
-      if r.layout == 0 then
-        call('ZREMRANGEBYSCORE', r.key, '-inf', format('%.0f', r.cutoff))
-        -- Member "time:n", n = live + u. After pruning the set holds exactly `live`
-        -- entries, and units at one instant are only added while it is the key's latest
-        -- (time is clamped), when nothing can be pruned: so the n of one instant run
-        -- consecutively and never repeat. n is written with its digit count first, so that
-        -- members of one instant sort by n (a give-back removes the highest).
-        local stamp = format('%.0f', now)
+    local limit = r.limit
+    if r.layout == 0 then
+      if r.expired > 0 then
+        call('ZREMRANGEBYSCORE', key, '-inf', format(INT, r.cutoff))
+      end
+      -- Member "time:n", n = live + u. After pruning the set holds exactly `live` entries,
+      -- and units at one instant are only added while it is the key's latest (time is
+      -- clamped), when nothing can be pruned: so the n of one instant run consecutively
+      -- and never repeat. n is written with its digit count first, so that members of one
+      -- instant sort by n (a give-back removes the highest).
+      if cost == 1 then
+        local n = r.live + 1
+        call('ZADD', key, format(INT, now), format(MEMBER, now, digits(n), n))
+      else
+        local stamp = format(INT, now)
         local args = {}
         for u = 1, cost do
-          local n = format('%.0f', r.live + u)
+          local n = r.live + u
           args[#args + 1] = stamp
-          args[#args + 1] = stamp .. ':' .. #n .. n
+          args[#args + 1] = format(MEMBER, now, digits(n), n)
           if #args >= 1000 then
-            call('ZADD', r.key, unpack(args))
+            call('ZADD', key, unpack(args))
             args = {}
           end
         end
         if #args > 0 then
-          call('ZADD', r.key, unpack(args))
+          call('ZADD', key, unpack(args))
         end
-      else
-        if r.new_key then
-          -- Allocated whole, once: growing by SETRANGE would let Redis over-allocate.
-          call('SET', r.key, string.rep('\0', 16 + 8 * limit))
-        end
-        r.head = (r.head + r.expired) % limit
-        r.count = r.count - r.expired
-        local packed = struct.pack('<d', now)
-        for u = 0, cost - 1 do
-          call('SETRANGE', r.key, slot_offset(r, r.count + u), packed)
-        end
-        r.count = r.count + cost
-        call('SETRANGE', r.key, 0, struct.pack('<dd', r.head, r.count))
       end
-      expire_after(r.key, r.window)
-    end
-    if admitted then
-      row = {1, limit, limit - r.live - units, 0, r.window, 0}
+      call('PEXPIRE', key, ttl_ms(r.window, margin))
     else
-      local retry = 0
-      if r.verdict == 'over' then
-        local k = r.live + units - limit
-        local kth
-        if r.layout == 0 then
-          local expired = call('ZCOUNT', r.key, '-inf', format('%.0f', r.cutoff))
-          kth = tonumber(call('ZRANGE', r.key, expired + k - 1, expired + k - 1, 'WITHSCORES')[2])
+      local run = string.rep(pack('<d', now), cost)
+      if r.new_key then
+        -- Allocated whole, once, with its TTL: growing by SETRANGE would let Redis
+        -- over-allocate.
+        call('SET', key, pack('<ddd', 0, cost, now) .. run
+          .. string.rep('\0', 8 * (limit - cost)), 'PX', ttl_ms(r.window, margin))
+      else
+        local head = (r.head + r.expired) % limit
+        local count = r.count - r.expired
+        -- The run may wrap around the end of the ring.
+        local first = (head + count) % limit
+        local fitting = min(cost, limit - first)
+        if fitting == cost then
+          call('SETRANGE', key, COMPACT_HEADER + 8 * first, run)
         else
-          kth = entry_at(r, r.expired + k - 1)
+          call('SETRANGE', key, COMPACT_HEADER + 8 * first, string.sub(run, 1, 8 * fitting))
+          call('SETRANGE', key, COMPACT_HEADER, string.sub(run, 8 * fitting + 1))
         end
-        retry = kth + r.window - now
+        call('SETRANGE', key, 0, pack('<ddd', head, count + cost, now))
+        call('PEXPIRE', key, ttl_ms(r.window, margin))
       end
-      local reset = r.live > 0 and (r.latest + r.window - now) or 0
-      row = {0, limit, max(limit - r.live, 0), retry, reset, 0}
     end
   elseif alg == 2 then
     local w, n = r.width, r.buckets
-    if record then
-      for _, b in ipairs(r.stored) do
-        if b[1] + n < r.bucket then
-          call('HDEL', r.key, 'b' .. format('%.0f', b[1]))
-        end
+    for _, b in ipairs(r.stored) do
+      if b[1] + n < r.bucket then
+        call('HDEL', key, 'b' .. format(INT, b[1]))
       end
-      call('HINCRBY', r.key, 'b' .. format('%.0f', r.bucket), cost)
-      call('HSET', r.key, 't', format('%.0f', now))
-      expire_after(r.key, (r.bucket + n + 1) * w - now)
     end
-    if admitted then
-      local estimate_w = r.estimate_w + units * w
-      row = {1, limit, div(limit * w - estimate_w, w), 0, (r.bucket + n + 1) * w - now, 0}
-    else
-      local retry = 0
-      if r.verdict == 'over' then
-        -- The least d >= 0 at which the check fits: walk the pieces where the estimate is
-        -- linear (see SlidingCounterState::retry_after).
-        local stored = r.stored
-        local target = (limit - units) * w
-        local piece = div(now, w)
-        local first_full, full = 1, 0
-        for _, b in ipairs(stored) do
-          full = full + b[2]
-        end
-        while true do
-          while first_full <= #stored and stored[first_full][1] + n <= piece do
-            full = full - stored[first_full][2]
-            first_full = first_full + 1
-          end
-          local sliding = 0
-          if first_full > 1 and stored[first_full - 1][1] + n == piece then
-            sliding = stored[first_full - 1][2]
-          end
-          local start = piece * w
-          local offset = max(now - start, 0)
-          local found
-          if w * full <= target then
-            if sliding == 0 then
-              found = start + offset - now
-            else
-              local needed = max(offset, max(w - div(target - w * full, sliding), 0))
-              if needed < w then
-                found = start + needed - now
-              end
-            end
-          end
-          if found then
-            retry = found
-            break
-          end
-          if sliding > 0 or first_full > #stored then
-            piece = piece + 1
-          else
-            piece = stored[first_full][1] + n
-          end
-        end
-      end
-      local newest = r.stored[#r.stored]
-      local reset = newest and max((newest[1] + n + 1) * w - now, 0) or 0
-      row = {0, limit, div(max(limit * w - r.estimate_w, 0), w), retry, reset, 0}
-    end
+    call('HINCRBY', key, 'b' .. format(INT, r.bucket), cost)
+    call('HSET', key, 't', format(INT, now))
+    call('PEXPIRE', key, ttl_ms((r.bucket + n + 1) * w - now, margin))
   elseif alg == 3 then
-    if record then
-      if r.stored_window == r.index then
-        call('HINCRBY', r.key, 'n', cost)
-        call('HSET', r.key, 't', format('%.0f', now))
-      else
-        -- A new window's counter: its TTL is set now and never refreshed (seed 004).
-        call('HSET', r.key, 'k', format('%.0f', r.index), 'n', cost, 't', format('%.0f', now))
-        expire_after(r.key, r.window_end - now)
-      end
-    end
-    if admitted then
-      row = {1, limit, limit - r.count - units, 0, r.window_end - now, 0}
+    if r.stored_window == r.index then
+      call('HINCRBY', key, 'n', cost)
+      call('HSET', key, 't', format(INT, now))
     else
-      local reset = r.count > 0 and (r.window_end - now) or 0
-      row = {0, limit, max(limit - r.count, 0), r.verdict == 'over' and reset or 0, reset, 0}
+      -- A new window's counter: its TTL is set now and never refreshed (seed 004).
+      call('HSET', key, 'k', r.index, 'n', cost, 't', format(INT, now))
+      call('PEXPIRE', key, ttl_ms(r.window_end - now, margin))
     end
   else
-    local interval, tolerance = r.interval, r.tolerance
-    if record then
-      local tat = r.tat + cost * interval
-      call('HSET', r.key, 'tat', format('%.0f', tat), 't', format('%.0f', now))
-      expire_after(r.key, tat - now)
+    local tat = r.tat + cost * r.interval
+    call('HSET', key, 'tat', format(INT, tat), 't', format(INT, now))
+    call('PEXPIRE', key, ttl_ms(tat - now, margin))
+  end
+end
+
+-- The answer of one rule: remaining, retry_after, reset_after, delay; `admitted` when the
+-- whole check was, `over` when this rule's own limit refused it (not another rule's).
+local function answer(r, admitted, over, units)
+  local alg, now, limit = r.algorithm, r.now, r.limit
+  if alg == 1 then
+    if admitted then
+      return limit - r.live - units, 0, r.window, 0
     end
+    local retry = 0
+    if over then
+      local k = r.live + units - limit
+      local kth
+      if r.layout == 0 then
+        local at = r.expired + k - 1
+        kth = tonumber(call('ZRANGE', r.key, at, at, 'WITHSCORES')[2])
+      else
+        kth = entry_at(r, r.expired + k - 1)
+      end
+      retry = kth + r.window - now
+    end
+    local reset = 0
+    if r.live > 0 then
+      local latest = r.latest or tonumber(call('ZRANGE', r.key, -1, -1, 'WITHSCORES')[2])
+      reset = latest + r.window - now
+    end
+    return max(limit - r.live, 0), retry, reset, 0
+  elseif alg == 2 then
+    local w, n = r.width, r.buckets
+    if admitted then
+      local estimate_w = r.estimate_w + units * w
+      return div(limit * w - estimate_w, w), 0, (r.bucket + n + 1) * w - now, 0
+    end
+    local retry = 0
+    if over then
+      -- The least d >= 0 at which the check fits: walk the pieces where the estimate is
+      -- linear (see SlidingCounterState::retry_after).
+      local stored = r.stored
+      local target = (limit - units) * w
+      local piece = div(now, w)
+      local first_full, full = 1, 0
+      for _, b in ipairs(stored) do
+        full = full + b[2]
+      end
+      while true do
+        while first_full <= #stored and stored[first_full][1] + n <= piece do
+          full = full - stored[first_full][2]
+          first_full = first_full + 1
+        end
+        local sliding = 0
+        if first_full > 1 and stored[first_full - 1][1] + n == piece then
+          sliding = stored[first_full - 1][2]
+        end
+        local start = piece * w
+        local offset = max(now - start, 0)
+        local found
+        if w * full <= target then
+          if sliding == 0 then
+            found = start + offset - now
+          else
+            local needed = max(offset, max(w - div(target - w * full, sliding), 0))
+            if needed < w then
+              found = start + needed - now
+            end
+          end
+        end
+        if found then
+          retry = found
+          break
+        end
+        if sliding > 0 or first_full > #stored then
+          piece = piece + 1
+        else
+          piece = stored[first_full][1] + n
+        end
+      end
+    end
+    local newest = r.stored[#r.stored]
+    local reset = newest and max((newest[1] + n + 1) * w - now, 0) or 0
+    return div(max(limit * w - r.estimate_w, 0), w), retry, reset, 0
+  elseif alg == 3 then
+    if admitted then
+      return limit - r.count - units, 0, r.window_end - now, 0
+    end
+    local reset = r.count > 0 and (r.window_end - now) or 0
+    return max(limit - r.count, 0), over and reset or 0, reset, 0
+  else
+    local interval, tolerance = r.interval, r.tolerance
     if admitted then
       local delay = alg == 5 and (r.tat - now) or 0
-      row = {1, r.capacity, div(tolerance - (r.new - now), interval), 0, r.new - now, delay}
-    else
-      local retry = r.verdict == 'over' and (r.new - tolerance - now) or 0
-      local remaining = div(max(tolerance - (r.tat - now), 0), interval)
-      row = {0, r.capacity, remaining, retry, max(r.stored_tat - now, 0), 0}
+      return div(tolerance - (r.new - now), interval), 0, r.new - now, delay
     end
+    local retry = over and (r.new - tolerance - now) or 0
+    local remaining = div(max(tolerance - (r.tat - now), 0), interval)
+    return remaining, retry, max(r.stored_tat - now, 0), 0
   end
-  if r.verdict == 'never' then
-    row[4] = -1
-  elseif r.verdict == 'repeat' then
-    -- Admitted before and still counting: allowed again, nothing recorded.
-    row[1] = 1
-    row[4] = 0
-    row[6] = all_allow and max(r.repeat_release - now, 0) or 0
-  elseif r.verdict == 'fits' then
-    -- Refused by another rule, this one answers that it would have allowed.
-    row[1] = 1
-  end
-  if record and request_id ~= '' then
-    -- Forget ids whose admissions no longer count, then remember this one.
-    local gone = call('ZRANGEBYSCORE', r.ids, '-inf', format('%.0f', now))
-    for g = 1, #gone, 1000 do
-      local chunk = {unpack(gone, g, min(g + 999, #gone))}
-      call('ZREM', r.ids, unpack(chunk))
-      call('HDEL', r.releases, unpack(chunk))
-    end
-    call('ZADD', r.ids, format('%.0f', now + row[5]), request_id)
-    expire_after(r.ids, row[5])
-    if row[6] > 0 then
-      call('HSET', r.releases, request_id, format('%.0f', now + row[6]))
-      expire_after(r.releases, row[5])
-    end
-  end
-  row[7] = now
-  row[8] = record and 1 or 0
-  answers[i] = row
 end
-return answers
+
+local results = {}
+-- Each check's rules, by position; shared by the checks of a call (a check reads only the
+-- first rule_count), since a table built per check costs as much as a Redis command.
+local rules = {}
+
+-- One check, its arguments after ARGV index `a` and its keys after KEYS index `k`; appends
+-- its numbers to `results`.
+local function run_check(a, k)
+  local cost = tonumber(argv[a + 2])
+  local units = max(cost, 1)
+  local request_id = argv[a + 3]
+  local mode = argv[a + 4]
+  local rule_count = tonumber(argv[a + 5])
+  local keys_per_rule = request_id == '' and 1 or 3
+  local margin = argv[a + 1] == '' and 0 or 60000
+
+  if mode == 'undo' then
+    for i = 1, rule_count do
+      local p = a + 5 + 2 * (i - 1)
+      local at = tonumber(argv[p + 2])
+      -- No time: this rule recorded nothing (a retried request id), nothing to give back.
+      if at then
+        local r = rule_of(rule_specs[tonumber(argv[p + 1])], k + (i - 1) * keys_per_rule,
+          keys_per_rule)
+        give_back(r, at, cost, request_id)
+      end
+    end
+    results[#results + 1] = 1
+    return
+  end
+
+  local t = argv[a + 1] == '' and redis_time() or tonumber(argv[a + 1])
+
+  -- Phase 1: evaluate every rule, reading only.
+  local all_allow = mode == 'check'
+  for i = 1, rule_count do
+    local r = rule_of(rule_specs[tonumber(argv[a + 5 + i])], k + (i - 1) * keys_per_rule,
+      keys_per_rule)
+    local fits = evaluate(r, t, units)
+    if request_id ~= '' then
+      local expires = tonumber(call('ZSCORE', r.ids, request_id))
+      if expires and expires > r.now then
+        r.repeat_release = tonumber(call('HGET', r.releases, request_id)) or 0
+      end
+    end
+    if r.repeat_release then
+      r.verdict = 'repeat'
+    elseif units > r.capacity then
+      r.verdict = 'never'
+      all_allow = false
+    elseif fits then
+      r.verdict = 'fits'
+    else
+      r.verdict = 'over'
+      all_allow = false
+    end
+    rules[i] = r
+  end
+
+  -- Phase 2: record in every rule, or in none, and answer.
+  for i = 1, rule_count do
+    local r = rules[i]
+    local now, verdict = r.now, r.verdict
+    local fits = all_allow and verdict == 'fits'
+    local recorded = fits and cost > 0
+    if recorded then
+      record(r, cost, margin)
+    end
+    local remaining, retry, reset, delay = answer(r, fits, verdict == 'over', units)
+    local allows = (verdict == 'fits' or verdict == 'repeat') and 1 or 0
+    if verdict == 'never' then
+      retry = -1
+    elseif verdict == 'repeat' then
+      -- Admitted before and still counting: allowed again, nothing recorded.
+      retry = 0
+      delay = all_allow and max(r.repeat_release - now, 0) or 0
+    end
+    if recorded and request_id ~= '' then
+      -- Forget ids whose admissions no longer count, then remember this one.
+      local gone = call('ZRANGEBYSCORE', r.ids, '-inf', format(INT, now))
+      for g = 1, #gone, 1000 do
+        local chunk = {unpack(gone, g, min(g + 999, #gone))}
+        call('ZREM', r.ids, unpack(chunk))
+        call('HDEL', r.releases, unpack(chunk))
+      end
+      call('ZADD', r.ids, format(INT, now + reset), request_id)
+      call('PEXPIRE', r.ids, ttl_ms(reset, margin))
+      if delay > 0 then
+        call('HSET', r.releases, request_id, format(INT, now + delay))
+        call('PEXPIRE', r.releases, ttl_ms(reset, margin))
+      end
+    end
+    local n = #results
+    results[n + 1] = recorded and allows + 2 or allows
+    results[n + 2] = remaining
+    results[n + 3] = retry
+    results[n + 4] = reset
+    results[n + 5] = delay
+    results[n + 6] = now
+  end
+end
+
+local a, k = 2 + 7 * spec_count, 0
+for _ = 1, tonumber(argv[a]) do
+  local before = #results
+  local ok, failure = pcall(run_check, a, k)
+  if not ok then
+    -- What this check wrote into the answer is dropped; its error takes the place. A
+    -- Redis error arrives as a table {err = text}; anything else is this script's bug.
+    for i = #results, before + 1, -1 do
+      results[i] = nil
+    end
+    results[before + 1] = type(failure) == 'table' and failure.err or tostring(failure)
+  end
+  local rule_count = tonumber(argv[a + 5])
+  k = k + rule_count * (argv[a + 3] == '' and 1 or 3)
+  a = a + 5 + rule_count * (argv[a + 4] == 'undo' and 2 or 1)
+end
+return results

@@ -11,12 +11,14 @@
 mod keys;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, TlsCertificates};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 pub use keys::{hash_slot, identity_slot, redis_key};
 
@@ -57,7 +59,10 @@ impl RedisStoreConfig {
 
 #[derive(Clone)]
 enum Connection {
-    Single(ConnectionManager),
+    Single {
+        manager: ConnectionManager,
+        batcher: Batcher,
+    },
     Cluster(ClusterConnection),
 }
 
@@ -65,7 +70,7 @@ enum Connection {
 #[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
-    script: Script,
+    script: Arc<Script>,
     prefix: String,
     timeout: Duration,
     /// Where it connects, without credentials: named in every error.
@@ -106,6 +111,7 @@ impl RedisStore {
         if tls {
             install_crypto_provider();
         }
+        let script = Arc::new(Script::new(CHECK_SCRIPT));
         let connection = if let Some((seeds, node_scheme)) = cluster {
             let (credentials, hosts) = match seeds.rsplit_once('@') {
                 Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
@@ -145,11 +151,14 @@ impl RedisStore {
             .await
             .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
             .map_err(|e| unavailable(e.to_string()))?;
-            Connection::Single(manager)
+            Connection::Single {
+                batcher: Batcher::start(manager.clone(), Arc::clone(&script), config.timeout),
+                manager,
+            }
         };
         let store = RedisStore {
             connection,
-            script: Script::new(CHECK_SCRIPT),
+            script,
             prefix: config.prefix,
             timeout: config.timeout,
             server,
@@ -169,7 +178,10 @@ impl RedisStore {
     /// Sends one command, on whichever kind of connection, within the timeout.
     async fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, CallError> {
         match &self.connection {
-            Connection::Single(c) => self.bounded(command.query_async(&mut c.clone())).await,
+            Connection::Single { manager, .. } => {
+                self.bounded(command.query_async(&mut manager.clone()))
+                    .await
+            }
             Connection::Cluster(c) => self.bounded(command.query_async(&mut c.clone())).await,
         }
     }
@@ -232,7 +244,7 @@ impl RedisStore {
                     server,
                     message: format!("cluster down: {e}"),
                 },
-                _ if e.to_string().contains("WRONGTYPE") => StoreError::WrongType {
+                _ if e.to_string().contains(WRONG_TYPE) => StoreError::WrongType {
                     server,
                     key: key.unwrap_or_default(),
                 },
@@ -248,70 +260,95 @@ impl RedisStore {
                     message: e.to_string(),
                 },
             },
+            CallError::Check(message) if message.contains(WRONG_TYPE) => StoreError::WrongType {
+                server,
+                key: key.unwrap_or_default(),
+            },
+            CallError::Check(message) => StoreError::Script {
+                server,
+                key,
+                message,
+            },
+            CallError::Closed => StoreError::Unavailable {
+                server,
+                message: "the connection's batching task has stopped".to_owned(),
+            },
         }
     }
 
-    /// Runs the script once for `check`, in `mode`, and returns each limit's answer.
+    /// Runs the script for `check`, in `mode`, and returns each limit's answer (none for
+    /// an undo).
     async fn run(&self, check: &Check<'_>, mode: Mode<'_>) -> Result<Vec<Row>, StoreError> {
-        let mut invocation = self.script.prepare_invoke();
-        invocation
-            .arg(check.at.map_or(String::new(), |at| at.to_string()))
-            .arg(check.cost)
-            .arg(check.request_id.unwrap_or(""))
-            .arg(mode.name())
-            .arg(check.limits.len());
-        let mut state_keys = Vec::with_capacity(check.limits.len());
+        let call = self.encode(check, mode);
+        let first_key = call.keys.first().cloned();
+        match self.call_script(call).await {
+            Ok(rows) => Ok(rows
+                .into_iter()
+                .zip(check.limits)
+                .map(|(row, limit)| Row::new(row, limit.rule.capacity()))
+                .collect()),
+            Err(e) if e.is_wrong_type() => {
+                let culprit = self.wrong_type_key(check).await;
+                Err(self.error(e, culprit.as_deref()))
+            }
+            Err(e) => Err(self.error(e, first_key.as_deref())),
+        }
+    }
+
+    /// The script's keys and arguments for one check (see the script's header).
+    fn encode(&self, check: &Check<'_>, mode: Mode<'_>) -> ScriptCheck {
+        let with_request_id = check.request_id.is_some();
+        let mut keys = Vec::with_capacity(if with_request_id { 3 } else { 1 } * check.limits.len());
+        let mut rules = Vec::with_capacity(check.limits.len());
         for (i, limit) in check.limits.iter().enumerate() {
             let rule = limit.rule;
-            let state_key = redis_key(&self.prefix, 's', rule, limit.key);
-            invocation
-                .key(&state_key)
-                .key(redis_key(&self.prefix, 'i', rule, limit.key))
-                .key(redis_key(&self.prefix, 'r', rule, limit.key));
-            state_keys.push(state_key);
-            let undo_at = match mode {
-                Mode::Undo(rows) => rows[i].recorded_at.map(|at| at.to_string()),
+            keys.push(redis_key(&self.prefix, 's', rule, limit.key));
+            if with_request_id {
+                keys.push(redis_key(&self.prefix, 'i', rule, limit.key));
+                keys.push(redis_key(&self.prefix, 'r', rule, limit.key));
+            }
+            let recorded_at = match mode {
+                Mode::Undo(rows) => rows[i].recorded_at,
                 Mode::Check | Mode::Dry => None,
             };
-            invocation
-                .arg(algorithm_code(rule.algorithm()))
-                .arg(rule.limit())
-                .arg(rule.window())
-                .arg(rule.buckets())
-                .arg(rule.capacity())
-                .arg(rule.emission_interval())
-                .arg(u8::from(rule.layout() == LogLayout::Compact))
-                .arg(undo_at.unwrap_or_default());
+            rules.push((rule_spec(rule), recorded_at));
         }
-        let reply: Result<redis::Value, CallError> = match &self.connection {
-            Connection::Single(c) => self.bounded(invocation.invoke_async(&mut c.clone())).await,
-            Connection::Cluster(c) => self.bounded(invocation.invoke_async(&mut c.clone())).await,
-        };
-        let reply = match reply {
-            Ok(reply) => reply,
-            Err(CallError::Redis(e)) if e.to_string().contains("WRONGTYPE") => {
-                let culprit = self.wrong_type_key(check).await;
-                return Err(self.error(CallError::Redis(e), culprit.as_deref()));
+        ScriptCheck {
+            keys,
+            at: check.at,
+            cost: check.cost,
+            request_id: check.request_id.map(str::to_owned),
+            mode: mode.name(),
+            rules,
+        }
+    }
+
+    /// Sends one check to the script and returns its rows: on a single server through the
+    /// batcher, on a cluster alone (a call's keys must share a slot there).
+    async fn call_script(&self, call: ScriptCheck) -> Result<Vec<ScriptRow>, CallError> {
+        match &self.connection {
+            Connection::Single { batcher, .. } => {
+                let (answer, answered) = oneshot::channel();
+                batcher
+                    .queue
+                    .send(Queued { call, answer })
+                    .map_err(|_| CallError::Closed)?;
+                match tokio::time::timeout(self.timeout, answered).await {
+                    Ok(Ok(answer)) => answer,
+                    Ok(Err(_)) => Err(CallError::Closed),
+                    Err(_) => Err(CallError::Timeout),
+                }
             }
-            Err(e) => return Err(self.error(e, state_keys.first().map(String::as_str))),
-        };
-        if let Mode::Undo(_) = mode {
-            return Ok(Vec::new());
+            Connection::Cluster(c) => {
+                let calls = std::slice::from_ref(&call);
+                let invocation = invocation(&self.script, calls);
+                let reply = self
+                    .bounded(invocation.invoke_async(&mut c.clone()))
+                    .await?;
+                let mut answers = split_answers(reply, calls)?;
+                answers.pop().expect("one answer for one check")
+            }
         }
-        let rows: Vec<[i64; 8]> =
-            redis::from_redis_value(reply).map_err(|e| StoreError::Script {
-                server: self.server.clone(),
-                key: state_keys.first().cloned(),
-                message: e.to_string(),
-            })?;
-        if rows.len() != check.limits.len() {
-            return Err(StoreError::Script {
-                server: self.server.clone(),
-                key: state_keys.first().cloned(),
-                message: format!("{} answers for {} limits", rows.len(), check.limits.len()),
-            });
-        }
-        Ok(rows.into_iter().map(Row::from).collect())
     }
 
     /// A check whose limits live in several Redis Cluster hash slots cannot be one script.
@@ -407,9 +444,221 @@ impl RedisStore {
     }
 }
 
+#[derive(Clone)]
 enum CallError {
     Redis(RedisError),
     Timeout,
+    /// Redis refused a command of this check (the script caught it, so the other checks
+    /// sent in the same call went on).
+    Check(String),
+    /// The batching task is gone (its runtime shut down).
+    Closed,
+}
+
+/// What Redis' error says when a key holds another type than the command needs.
+const WRONG_TYPE: &str = "WRONGTYPE";
+
+impl CallError {
+    fn is_wrong_type(&self) -> bool {
+        match self {
+            CallError::Redis(e) => e.to_string().contains(WRONG_TYPE),
+            CallError::Check(message) => message.contains(WRONG_TYPE),
+            CallError::Timeout | CallError::Closed => false,
+        }
+    }
+}
+
+/// One check's keys and arguments for the script.
+struct ScriptCheck {
+    keys: Vec<String>,
+    /// Client time, if the check carries one.
+    at: Option<u64>,
+    cost: u64,
+    request_id: Option<String>,
+    mode: &'static str,
+    /// Per limit, its rule's description and, for an undo, when it recorded units.
+    rules: Vec<(RuleSpec, Option<u64>)>,
+}
+
+/// A rule as the script reads it: algorithm, limit, window, buckets, capacity, emission
+/// interval, layout.
+type RuleSpec = [u64; 7];
+
+fn rule_spec(rule: &Rule) -> RuleSpec {
+    [
+        algorithm_code(rule.algorithm()),
+        rule.limit(),
+        rule.window(),
+        rule.buckets(),
+        rule.capacity(),
+        rule.emission_interval(),
+        u64::from(rule.layout() == LogLayout::Compact),
+    ]
+}
+
+/// One limit's answer from the script: status (1 allows, +2 recorded), remaining,
+/// retry_after (-1 never), reset_after, delay, time decided at.
+type ScriptRow = [i64; 6];
+
+/// One script call carrying `checks`, in order; each distinct rule is described once.
+fn invocation<'s>(script: &'s Script, checks: &[ScriptCheck]) -> redis::ScriptInvocation<'s> {
+    let mut specs: Vec<RuleSpec> = Vec::new();
+    let mut spec_numbers: Vec<usize> = Vec::new();
+    for check in checks {
+        for (spec, _) in &check.rules {
+            let number = match specs.iter().position(|known| known == spec) {
+                Some(i) => i + 1,
+                None => {
+                    specs.push(*spec);
+                    specs.len()
+                }
+            };
+            spec_numbers.push(number);
+        }
+    }
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(specs.len());
+    for spec in &specs {
+        invocation.arg(&spec[..]);
+    }
+    invocation.arg(checks.len());
+    let mut numbers = spec_numbers.into_iter();
+    for check in checks {
+        for key in &check.keys {
+            invocation.key(key);
+        }
+        match check.at {
+            Some(at) => invocation.arg(at),
+            None => invocation.arg(""),
+        };
+        invocation
+            .arg(check.cost)
+            .arg(check.request_id.as_deref().unwrap_or(""))
+            .arg(check.mode)
+            .arg(check.rules.len());
+        for ((_, recorded_at), number) in check.rules.iter().zip(&mut numbers) {
+            invocation.arg(number);
+            if check.mode == Mode::UNDO {
+                match recorded_at {
+                    Some(at) => invocation.arg(at),
+                    None => invocation.arg(""),
+                };
+            }
+        }
+    }
+    invocation
+}
+
+/// The script's reply to a call carrying `checks`, split per check: its rows (none for an
+/// undo), or the error that stopped it.
+fn split_answers(
+    reply: redis::Value,
+    checks: &[ScriptCheck],
+) -> Result<Vec<Result<Vec<ScriptRow>, CallError>>, CallError> {
+    let malformed = |what: &str| CallError::Check(format!("malformed script reply: {what}"));
+    let redis::Value::Array(values) = reply else {
+        return Err(malformed("not an array"));
+    };
+    let mut values = values.into_iter();
+    let mut answers = Vec::with_capacity(checks.len());
+    for check in checks {
+        let answer = match values.next() {
+            Some(redis::Value::BulkString(text)) => Err(CallError::Check(
+                String::from_utf8_lossy(&text).into_owned(),
+            )),
+            Some(redis::Value::Int(1)) if check.mode == Mode::UNDO => Ok(Vec::new()),
+            Some(redis::Value::Int(first)) if check.mode != Mode::UNDO => {
+                let mut rows = Vec::with_capacity(check.rules.len());
+                let mut next = Some(first);
+                for _ in &check.rules {
+                    let mut row = [0; 6];
+                    for field in &mut row {
+                        *field = match next.take().or_else(|| match values.next() {
+                            Some(redis::Value::Int(v)) => Some(v),
+                            _ => None,
+                        }) {
+                            Some(v) => v,
+                            None => return Err(malformed("short row")),
+                        };
+                    }
+                    rows.push(row);
+                }
+                Ok(rows)
+            }
+            _ => return Err(malformed("unexpected value")),
+        };
+        answers.push(answer);
+    }
+    if values.next().is_some() {
+        return Err(malformed("more values than checks"));
+    }
+    Ok(answers)
+}
+
+/// Most checks that are waiting together go to Redis together, in one script call (at most
+/// [`MAX_BATCH`]): a call's fixed costs (the command, the script's setup, `TIME`) are paid
+/// once for all, which is what lets one Redis decide more checks a second. A check never
+/// waits for others to join: while fewer than [`BATCHES_IN_FLIGHT`] calls are in flight it
+/// leaves at once, alone if it is alone; checks only gather while the calls in flight are
+/// out. Each check in a call is decided as if it were alone, in order.
+#[derive(Clone)]
+struct Batcher {
+    queue: mpsc::UnboundedSender<Queued>,
+}
+
+/// Checks per script call, at most.
+const MAX_BATCH: usize = 64;
+/// Script calls in flight on the connection at once.
+const BATCHES_IN_FLIGHT: usize = 4;
+
+struct Queued {
+    call: ScriptCheck,
+    answer: oneshot::Sender<Result<Vec<ScriptRow>, CallError>>,
+}
+
+impl Batcher {
+    /// Starts the task that sends queued checks; it ends when every store clone is gone.
+    fn start(connection: ConnectionManager, script: Arc<Script>, timeout: Duration) -> Batcher {
+        let (queue, mut waiting) = mpsc::unbounded_channel::<Queued>();
+        tokio::spawn(async move {
+            let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+            loop {
+                let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+                    return;
+                };
+                let mut batch = Vec::with_capacity(MAX_BATCH);
+                if waiting.recv_many(&mut batch, MAX_BATCH).await == 0 {
+                    return;
+                }
+                let (mut connection, script) = (connection.clone(), Arc::clone(&script));
+                tokio::spawn(async move {
+                    let (calls, answers): (Vec<ScriptCheck>, Vec<_>) =
+                        batch.into_iter().map(|q| (q.call, q.answer)).unzip();
+                    let invocation = invocation(&script, &calls);
+                    let call = invocation.invoke_async(&mut connection);
+                    let replies = match tokio::time::timeout(timeout, call).await {
+                        Ok(Ok(reply)) => split_answers(reply, &calls),
+                        Ok(Err(e)) => Err(CallError::Redis(e)),
+                        Err(_) => Err(CallError::Timeout),
+                    };
+                    drop(permit);
+                    match replies {
+                        Ok(replies) => {
+                            for (answer, reply) in answers.into_iter().zip(replies) {
+                                let _caller_gone = answer.send(reply);
+                            }
+                        }
+                        Err(e) => {
+                            for answer in answers {
+                                let _caller_gone = answer.send(Err(e.clone()));
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Batcher { queue }
+    }
 }
 
 /// What the script is asked to do (its ARGV[4]).
@@ -424,11 +673,13 @@ enum Mode<'a> {
 }
 
 impl Mode<'_> {
+    const UNDO: &'static str = "undo";
+
     fn name(self) -> &'static str {
         match self {
             Mode::Check => "check",
             Mode::Dry => "dry",
-            Mode::Undo(_) => "undo",
+            Mode::Undo(_) => Self::UNDO,
         }
     }
 }
@@ -441,14 +692,15 @@ struct Row {
     recorded_at: Option<u64>,
 }
 
-impl From<[i64; 8]> for Row {
-    fn from(row: [i64; 8]) -> Self {
-        let [allows, limit, remaining, retry, reset, delay, at, recorded] = row;
+impl Row {
+    /// A script row as a decision of a rule whose decisions carry `limit`.
+    fn new(row: ScriptRow, limit: u64) -> Self {
+        let [status, remaining, retry, reset, delay, at] = row;
         let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
         Row {
             decision: Decision {
-                allowed: allows == 1,
-                limit: unsigned(limit),
+                allowed: status & 1 == 1,
+                limit,
                 remaining: unsigned(remaining),
                 retry_after: if retry < 0 {
                     RetryAfter::Never
@@ -458,12 +710,12 @@ impl From<[i64; 8]> for Row {
                 reset_after: unsigned(reset),
                 delay: unsigned(delay),
             },
-            recorded_at: (recorded == 1).then(|| unsigned(at)),
+            recorded_at: (status & 2 == 2).then(|| unsigned(at)),
         }
     }
 }
 
-fn algorithm_code(algorithm: Algorithm) -> u8 {
+fn algorithm_code(algorithm: Algorithm) -> u64 {
     match algorithm {
         Algorithm::SlidingLog => 1,
         Algorithm::SlidingCounter => 2,
@@ -540,11 +792,11 @@ mod tests {
 
     #[test]
     fn rows_become_decisions() {
-        let row = Row::from([0, 5, 0, -1, 10, 0, 77, 0]);
+        let row = Row::new([0, 0, -1, 10, 0, 77], 5);
         assert_eq!(row.decision.retry_after, RetryAfter::Never);
         assert!(!row.decision.allowed);
         assert_eq!(row.recorded_at, None);
-        let row = Row::from([1, 5, 4, 0, 10, 3, 77, 1]);
+        let row = Row::new([3, 4, 0, 10, 3, 77], 5);
         assert_eq!((row.decision.delay, row.recorded_at), (3, Some(77)));
     }
 }
