@@ -41,7 +41,11 @@ fn rules_for(
             let mut spec = RuleSpec::new(algorithm, limit, window * (i + 1));
             match algorithm {
                 Algorithm::SlidingCounter => {
-                    spec.buckets = Some([1, 4, 10][random.below(3) as usize])
+                    let fitting: Vec<u64> = [1, 4, 10]
+                        .into_iter()
+                        .filter(|buckets| window * (i + 1) % buckets == 0)
+                        .collect();
+                    spec.buckets = Some(fitting[random.below(fitting.len() as u64) as usize])
                 }
                 Algorithm::TokenBucket => spec.burst = Some(1 + random.below(6)),
                 Algorithm::LeakyBucket => spec.queue = Some(random.below(4)),
@@ -59,6 +63,80 @@ const KEYS: [&str; 4] = ["user:1", "user:{2}", "}{", ""];
 /// are what production uses.
 const WINDOWS: [u64; 6] = [10, 12, 60, 120, 100_000, 1_000_000];
 
+/// A random sequence of checks on one pair of rules: same times, bursts, boundary jumps,
+/// several keys, costs 0..3, request ids.
+struct Trace {
+    random: Random,
+    rules: Vec<Rule>,
+    t: u64,
+}
+
+/// One check of a trace: which rule limits which key, cost, request id, time.
+struct Line {
+    limits: Vec<(usize, &'static str)>,
+    cost: u64,
+    request_id: Option<String>,
+    at: u64,
+}
+
+impl Trace {
+    fn new(algorithm: Algorithm, layout: Option<LogLayout>, seed: u64) -> Trace {
+        let mut random = Random(seed);
+        let rules = rules_for(algorithm, layout, seed, &mut random);
+        let t = 1_700_000_000_000_000 + random.below(1_000_000);
+        Trace { random, rules, t }
+    }
+
+    fn next(&mut self) -> Line {
+        let random = &mut self.random;
+        let window = self.rules[0].window();
+        self.t = match random.below(10) {
+            0..=2 => self.t,
+            3..=7 => self.t + random.below(window / 2 + 1),
+            // Just before, at or after a window boundary.
+            8 => (self.t / window + 1) * window + random.below(3) - 1,
+            _ => self.t + random.below(4 * window),
+        };
+        let key = KEYS[random.below(KEYS.len() as u64) as usize];
+        // Sometimes the second rule limits another key: on a cluster, another hash slot.
+        let other = KEYS[random.below(KEYS.len() as u64) as usize];
+        let limits = match random.below(4) {
+            0 => vec![(0, key)],
+            1 => vec![(1, key)],
+            2 => vec![(0, key), (1, key)],
+            _ => vec![(0, key), (1, other)],
+        };
+        let request_id = (random.below(4) == 0).then(|| format!("req-{}", random.below(5)));
+        Line {
+            limits,
+            cost: random.below(4),
+            request_id,
+            at: self.t,
+        }
+    }
+}
+
+/// The limits a line names.
+fn limits_of<'a>(rules: &'a [Rule], line: &Line) -> Vec<Limit<'a>> {
+    line.limits
+        .iter()
+        .map(|&(rule, key)| Limit {
+            rule: &rules[rule],
+            key,
+        })
+        .collect()
+}
+
+/// The check a line is, with its limits.
+fn check_of<'a>(limits: &'a [Limit<'a>], line: &'a Line) -> Check<'a> {
+    Check {
+        limits,
+        cost: line.cost,
+        request_id: line.request_id.as_deref(),
+        at: Some(line.at),
+    }
+}
+
 /// Runs `lines` random checks through the memory store and `store`, comparing every
 /// decision. Times are the caller's, so both stores see the same instants.
 async fn differential(
@@ -68,48 +146,18 @@ async fn differential(
     seed: u64,
     lines: usize,
 ) {
-    let mut random = Random(seed);
-    let rules = rules_for(algorithm, layout, seed, &mut random);
+    let mut trace = Trace::new(algorithm, layout, seed);
     let reference = MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)));
-    let window = rules[0].window();
-    let mut t: u64 = 1_700_000_000_000_000 + random.below(1_000_000);
-    for line in 0..lines {
-        t = match random.below(10) {
-            0..=2 => t,
-            3..=7 => t + random.below(window / 2 + 1),
-            // Just before, at or after a window boundary.
-            8 => (t / window + 1) * window + random.below(3) - 1,
-            _ => t + random.below(4 * window),
-        };
-        let key = KEYS[random.below(KEYS.len() as u64) as usize];
-        // Sometimes the second rule limits another key: on a cluster, another hash slot.
-        let other = KEYS[random.below(KEYS.len() as u64) as usize];
-        let (first, second) = (&rules[0], &rules[1]);
-        let chosen: Vec<Limit> = match random.below(4) {
-            0 => vec![Limit { rule: first, key }],
-            1 => vec![Limit { rule: second, key }],
-            2 => vec![Limit { rule: first, key }, Limit { rule: second, key }],
-            _ => vec![
-                Limit { rule: first, key },
-                Limit {
-                    rule: second,
-                    key: other,
-                },
-            ],
-        };
-        let id = (random.below(4) == 0).then(|| format!("req-{}", random.below(5)));
-        let check = Check {
-            limits: &chosen,
-            cost: random.below(4),
-            request_id: id.as_deref(),
-            at: Some(t),
-        };
+    for n in 0..lines {
+        let line = trace.next();
+        let limits = limits_of(&trace.rules, &line);
+        let check = check_of(&limits, &line);
         let want = reference.check_now(&check).unwrap();
         let got = store.check(&check).await.unwrap();
         assert_eq!(
             got, want,
-            "{algorithm} {layout:?} seed {seed} line {line}: t={t} key={key:?} cost={} id={id:?}",
-            check.cost
+            "{algorithm} {layout:?} seed {seed} line {n}: t={} limits={:?} cost={} id={:?}",
+            line.at, line.limits, line.cost, line.request_id
         );
     }
 }
@@ -319,6 +367,127 @@ async fn a_key_of_the_wrong_type_is_a_typed_error() {
             .decision
             .allowed
     );
+}
+
+/// Checks in flight together on one server share script calls (the store batches them), and
+/// each is still decided as if alone: lanes of every algorithm and layout, each with rules
+/// and keys of its own, send one check each per round, all at once, and every decision is
+/// held to the reference. (A current-thread runtime: every lane's check is queued before
+/// the batching task runs, so a round is one call.)
+#[tokio::test]
+async fn checks_in_flight_together_share_a_call_and_agree_with_the_reference() {
+    const ROUNDS: usize = 60;
+    let store = standalone_store("batched").await;
+    let lanes: Vec<Trace> = (0..42)
+        .map(|lane| {
+            let (algorithm, layout) = CASES[lane % CASES.len()];
+            Trace::new(algorithm, layout, 9_000 + lane as u64)
+        })
+        .collect();
+    let lane_count = lanes.len();
+    let before = store.script_calls();
+    in_shared_calls(&store, lanes, ROUNDS).await;
+    let after = store.script_calls();
+    let (calls, checks) = (after.calls - before.calls, after.checks - before.checks);
+    assert_eq!(checks, (ROUNDS * lane_count) as u64);
+    assert!(
+        calls * 10 <= checks,
+        "{checks} checks in {calls} script calls: they were not batched"
+    );
+}
+
+/// Sends each lane's next check, all at once, `rounds` times, and holds every decision to
+/// the reference: a memory store per lane, since each lane keeps its own time.
+async fn in_shared_calls(store: &RedisStore, mut lanes: Vec<Trace>, rounds: usize) {
+    let references: Vec<MemoryStore> = lanes
+        .iter()
+        .map(|_| MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0))))
+        .collect();
+    for round in 0..rounds {
+        let mut sent = Vec::new();
+        for lane in &mut lanes {
+            let line = Arc::new(lane.next());
+            let (store, rules, line_sent) = (store.clone(), lane.rules.clone(), Arc::clone(&line));
+            let decided = tokio::spawn(async move {
+                let limits = limits_of(&rules, &line_sent);
+                store.check(&check_of(&limits, &line_sent)).await
+            });
+            sent.push((line, decided));
+        }
+        for ((lane, reference), (line, decided)) in lanes.iter().zip(&references).zip(sent) {
+            let got = decided.await.unwrap().unwrap();
+            let limits = limits_of(&lane.rules, &line);
+            let want = reference.check_now(&check_of(&limits, &line)).unwrap();
+            assert_eq!(
+                got,
+                want,
+                "round {round}, {} {:?} rules: t={} limits={:?} cost={} id={:?}",
+                lane.rules[0].algorithm(),
+                lane.rules[0].layout(),
+                line.at,
+                line.limits,
+                line.cost,
+                line.request_id
+            );
+        }
+    }
+}
+
+/// A check whose key holds the wrong type fails alone: the checks that share its script
+/// call are decided and recorded as usual.
+#[tokio::test]
+async fn a_wrong_type_key_fails_only_its_own_check_in_a_shared_call() {
+    let store = standalone_store("batched-wrongtype").await;
+    let rule = Rule::new("w", &RuleSpec::new(Algorithm::SlidingLog, 5, 60_000_000)).unwrap();
+    let culprit = store.state_key(&rule, "mallory");
+    support::command(support::standalone().port, &format!("SET {culprit} oops")).unwrap();
+    let keys: Vec<String> = (0..20)
+        .map(|i| {
+            if i == 7 {
+                "mallory".into()
+            } else {
+                format!("user-{i}")
+            }
+        })
+        .collect();
+    let before = store.script_calls();
+    let decided: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (store, rule, key) = (store.clone(), rule.clone(), key.clone());
+            tokio::spawn(async move {
+                let limits = [Limit {
+                    rule: &rule,
+                    key: &key,
+                }];
+                store.check(&Check::new(&limits, 2)).await
+            })
+        })
+        .collect();
+    for (key, decided) in keys.iter().zip(decided) {
+        match (key.as_str(), decided.await.unwrap()) {
+            ("mallory", Err(StoreError::WrongType { key, .. })) => assert_eq!(key, culprit),
+            ("mallory", other) => panic!("expected a wrong-type error, got {other:?}"),
+            (_, Ok(outcome)) => {
+                assert!(outcome.decision.allowed, "{key}");
+                assert_eq!(outcome.decision.remaining, 3, "{key}");
+            }
+            (_, Err(e)) => panic!("{key} failed with its neighbour: {e}"),
+        }
+    }
+    let after = store.script_calls();
+    assert!(
+        after.calls - before.calls < after.checks - before.checks,
+        "the checks did not share a call"
+    );
+    // What the others recorded stays recorded: 2 of 5 taken, and a peek answers as a
+    // check of 1 would.
+    let limits = [Limit {
+        rule: &rule,
+        key: "user-0",
+    }];
+    let peek = store.check(&Check::new(&limits, 0)).await.unwrap();
+    assert_eq!(peek.decision.remaining, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ pub mod redis;
 
 pub use any::{AnyStore, StoreOptions};
 pub use memory::{MemoryStore, MemoryStoreConfig, SWEEP_INTERVAL};
-pub use redis::{RedisStore, RedisStoreConfig};
+pub use redis::{RedisStore, RedisStoreConfig, ScriptCalls};
 
 use std::fmt;
 use std::future::Future;

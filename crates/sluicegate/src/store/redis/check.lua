@@ -116,17 +116,24 @@ for s = 1, spec_count do
   }
 end
 
--- One rule of a check: its spec, its keys, and room for what evaluating it finds.
--- Sixteen fields, what a sliding log's check uses: a table's fields are allocated by
--- powers of two, and each field added past them costs a rehash.
-local function rule_of(spec, q, keys_per_rule)
-  local r = {
-    algorithm = spec.algorithm, limit = spec.limit, window = spec.window,
-    buckets = spec.buckets, capacity = spec.capacity, interval = spec.interval,
-    layout = spec.layout, key = keys[q + 1],
-    now = 0, latest = false, live = 0, expired = 0, cutoff = 0, verdict = false,
-    head = 0, count = 0,
-  }
+-- The rules of the check being decided, by position, reused from check to check: a table
+-- built per check costs about as much as a Redis command. rule_of resets every field that
+-- evaluating a rule reads before it writes; the algorithms' other fields are always
+-- written first.
+local rule_slots = {}
+
+-- Rule `i` of a check: its spec, its keys, and room for what evaluating it finds.
+local function rule_of(i, spec, q, keys_per_rule)
+  local r = rule_slots[i]
+  if not r then
+    r = {}
+    rule_slots[i] = r
+  end
+  r.algorithm, r.limit, r.window = spec.algorithm, spec.limit, spec.window
+  r.buckets, r.capacity, r.interval = spec.buckets, spec.capacity, spec.interval
+  r.layout, r.key = spec.layout, keys[q + 1]
+  r.now, r.latest, r.live, r.expired, r.cutoff = 0, false, 0, 0, 0
+  r.head, r.count, r.new_key, r.repeat_release = 0, 0, false, false
   if keys_per_rule == 3 then
     r.ids, r.releases = keys[q + 2], keys[q + 3]
   end
@@ -188,6 +195,14 @@ local function give_back(r, at, cost, request_id)
   end
 end
 
+-- The zset layout's live entries: all of them (r.count) less the expired ones, which are
+-- few and at the front. (ZCOUNT of the live ones would walk them all, one by one in a
+-- small set's listpack.)
+local function count_live(r)
+  r.expired = call('ZCOUNT', r.key, '-inf', format(INT, r.cutoff))
+  r.live = r.count - r.expired
+end
+
 -- Reads one rule's state at time t: sets r.now (t clamped to the key's latest time) and
 -- what deciding and answering need; returns whether `units` fit.
 local function evaluate(r, t, units)
@@ -210,10 +225,14 @@ local function evaluate(r, t, units)
       end
       r.now = max(t, r.latest or 0)
       r.cutoff = r.now - r.window
-      -- Live entries are the total less the expired ones, which are few and at the front:
-      -- ZCOUNT of the live ones would walk them all, one by one in a small set's listpack.
-      r.expired = call('ZCOUNT', key, '-inf', format(INT, r.cutoff))
-      r.live = total - r.expired
+      r.count = total
+      if total + units <= r.limit then
+        -- Fits whatever has expired; how much has is learnt when recording prunes it, or
+        -- counted if the check answers without recording.
+        r.expired = false
+        return true
+      end
+      count_live(r)
     else
       local header = call('GETRANGE', r.key, 0, COMPACT_HEADER - 1)
       if #header == COMPACT_HEADER then
@@ -311,7 +330,10 @@ local function record(r, cost, margin)
   if alg == 1 then
     local limit = r.limit
     if r.layout == 0 then
-      if r.expired > 0 then
+      if not r.expired then
+        r.expired = call('ZREMRANGEBYSCORE', key, '-inf', format(INT, r.cutoff))
+        r.live = r.count - r.expired
+      elseif r.expired > 0 then
         call('ZREMRANGEBYSCORE', key, '-inf', format(INT, r.cutoff))
       end
       -- Member "time:n", n = live + u. After pruning the set holds exactly `live` entries,
@@ -393,6 +415,9 @@ end
 local function answer(r, admitted, over, units)
   local alg, now, limit = r.algorithm, r.now, r.limit
   if alg == 1 then
+    if not r.expired then
+      count_live(r)
+    end
     if admitted then
       return limit - r.live - units, 0, r.window, 0
     end
@@ -486,8 +511,7 @@ local function answer(r, admitted, over, units)
 end
 
 local results = {}
--- Each check's rules, by position; shared by the checks of a call (a check reads only the
--- first rule_count), since a table built per check costs as much as a Redis command.
+-- The evaluated rules of the check being decided (its first rule_count entries).
 local rules = {}
 
 -- One check, its arguments after ARGV index `a` and its keys after KEYS index `k`; appends
@@ -507,7 +531,7 @@ local function run_check(a, k)
       local at = tonumber(argv[p + 2])
       -- No time: this rule recorded nothing (a retried request id), nothing to give back.
       if at then
-        local r = rule_of(rule_specs[tonumber(argv[p + 1])], k + (i - 1) * keys_per_rule,
+        local r = rule_of(i, rule_specs[tonumber(argv[p + 1])], k + (i - 1) * keys_per_rule,
           keys_per_rule)
         give_back(r, at, cost, request_id)
       end
@@ -521,7 +545,7 @@ local function run_check(a, k)
   -- Phase 1: evaluate every rule, reading only.
   local all_allow = mode == 'check'
   for i = 1, rule_count do
-    local r = rule_of(rule_specs[tonumber(argv[a + 5 + i])], k + (i - 1) * keys_per_rule,
+    local r = rule_of(i, rule_specs[tonumber(argv[a + 5 + i])], k + (i - 1) * keys_per_rule,
       keys_per_rule)
     local fits = evaluate(r, t, units)
     if request_id ~= '' then
@@ -587,20 +611,33 @@ local function run_check(a, k)
   end
 end
 
+-- The checks, in order. One pcall covers a run of checks (a pcall per check costs more than
+-- the rest of a check's Lua): when a check fails, its numbers are dropped, its error takes
+-- their place, and the run goes on from the next check.
+local check_count = tonumber(argv[2 + 7 * spec_count])
+local done = 0
 local a, k = 2 + 7 * spec_count, 0
-for _ = 1, tonumber(argv[a]) do
-  local before = #results
-  local ok, failure = pcall(run_check, a, k)
+-- Where the current check's arguments, keys and answer start, and where the next's do.
+local next_a, next_k, answer_start = a, k, 0
+local function run_checks()
+  while done < check_count do
+    local rule_count = tonumber(argv[a + 5])
+    next_a = a + 5 + rule_count * (argv[a + 4] == 'undo' and 2 or 1)
+    next_k = k + rule_count * (argv[a + 3] == '' and 1 or 3)
+    answer_start = #results
+    run_check(a, k)
+    a, k, done = next_a, next_k, done + 1
+  end
+end
+while done < check_count do
+  local ok, failure = pcall(run_checks)
   if not ok then
-    -- What this check wrote into the answer is dropped; its error takes the place. A
-    -- Redis error arrives as a table {err = text}; anything else is this script's bug.
-    for i = #results, before + 1, -1 do
+    -- A Redis error arrives as a table {err = text}; anything else is this script's bug.
+    for i = #results, answer_start + 1, -1 do
       results[i] = nil
     end
-    results[before + 1] = type(failure) == 'table' and failure.err or tostring(failure)
+    results[answer_start + 1] = type(failure) == 'table' and failure.err or tostring(failure)
+    a, k, done = next_a, next_k, done + 1
   end
-  local rule_count = tonumber(argv[a + 5])
-  k = k + rule_count * (argv[a + 3] == '' and 1 or 3)
-  a = a + 5 + rule_count * (argv[a + 4] == 'undo' and 2 or 1)
 end
 return results

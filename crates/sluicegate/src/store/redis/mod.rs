@@ -12,6 +12,7 @@ mod keys;
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -71,6 +72,7 @@ enum Connection {
 pub struct RedisStore {
     connection: Connection,
     script: Arc<Script>,
+    calls: Arc<CallCounters>,
     prefix: String,
     timeout: Duration,
     /// Where it connects, without credentials: named in every error.
@@ -112,6 +114,7 @@ impl RedisStore {
             install_crypto_provider();
         }
         let script = Arc::new(Script::new(CHECK_SCRIPT));
+        let calls = Arc::new(CallCounters::default());
         let connection = if let Some((seeds, node_scheme)) = cluster {
             let (credentials, hosts) = match seeds.rsplit_once('@') {
                 Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
@@ -152,13 +155,19 @@ impl RedisStore {
             .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
             .map_err(|e| unavailable(e.to_string()))?;
             Connection::Single {
-                batcher: Batcher::start(manager.clone(), Arc::clone(&script), config.timeout),
+                batcher: Batcher::start(
+                    manager.clone(),
+                    Arc::clone(&script),
+                    Arc::clone(&calls),
+                    config.timeout,
+                ),
                 manager,
             }
         };
         let store = RedisStore {
             connection,
             script,
+            calls,
             prefix: config.prefix,
             timeout: config.timeout,
             server,
@@ -204,6 +213,15 @@ impl RedisStore {
                 .map_err(|e| self.error(e, Some(&redis_key)))?;
         }
         Ok(())
+    }
+
+    /// How many script calls this store (and its clones) made, and how many checks they
+    /// carried: on a single server, checks in flight together share a call.
+    pub fn script_calls(&self) -> ScriptCalls {
+        ScriptCalls {
+            calls: self.calls.calls.load(Ordering::Relaxed),
+            checks: self.calls.checks.load(Ordering::Relaxed),
+        }
     }
 
     /// The key prefix.
@@ -341,6 +359,7 @@ impl RedisStore {
             }
             Connection::Cluster(c) => {
                 let calls = std::slice::from_ref(&call);
+                self.calls.count(1);
                 let invocation = invocation(&self.script, calls);
                 let reply = self
                     .bounded(invocation.invoke_async(&mut c.clone()))
@@ -606,6 +625,29 @@ struct Batcher {
     queue: mpsc::UnboundedSender<Queued>,
 }
 
+/// Script calls made and checks carried, counted as they are sent.
+#[derive(Default)]
+struct CallCounters {
+    calls: AtomicU64,
+    checks: AtomicU64,
+}
+
+impl CallCounters {
+    fn count(&self, checks: usize) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.checks.fetch_add(checks as u64, Ordering::Relaxed);
+    }
+}
+
+/// What [`RedisStore::script_calls`] reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScriptCalls {
+    /// Script calls sent.
+    pub calls: u64,
+    /// Checks they carried.
+    pub checks: u64,
+}
+
 /// Checks per script call, at most.
 const MAX_BATCH: usize = 64;
 /// Script calls in flight on the connection at once.
@@ -618,7 +660,12 @@ struct Queued {
 
 impl Batcher {
     /// Starts the task that sends queued checks; it ends when every store clone is gone.
-    fn start(connection: ConnectionManager, script: Arc<Script>, timeout: Duration) -> Batcher {
+    fn start(
+        connection: ConnectionManager,
+        script: Arc<Script>,
+        counters: Arc<CallCounters>,
+        timeout: Duration,
+    ) -> Batcher {
         let (queue, mut waiting) = mpsc::unbounded_channel::<Queued>();
         tokio::spawn(async move {
             let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
@@ -630,6 +677,7 @@ impl Batcher {
                 if waiting.recv_many(&mut batch, MAX_BATCH).await == 0 {
                     return;
                 }
+                counters.count(batch.len());
                 let (mut connection, script) = (connection.clone(), Arc::clone(&script));
                 tokio::spawn(async move {
                     let (calls, answers): (Vec<ScriptCheck>, Vec<_>) =
