@@ -43,7 +43,7 @@ fn rules_for(
                 Algorithm::SlidingCounter => {
                     let fitting: Vec<u64> = [1, 4, 10]
                         .into_iter()
-                        .filter(|buckets| window * (i + 1) % buckets == 0)
+                        .filter(|buckets| (window * (i + 1)).is_multiple_of(*buckets))
                         .collect();
                     spec.buckets = Some(fitting[random.below(fitting.len() as u64) as usize])
                 }
