@@ -22,7 +22,7 @@
 --          2 sliding-counter, 3 fixed-window, 4 token-bucket, 5 leaky-bucket), limit L,
 --          window W (µs), buckets N, capacity, emission interval T (µs), layout (0 zset,
 --          1 compact; sliding-log only).
---          Then the number of checks C, and per check:
+--          Then the number of check shapes H, and per shape:
 --            client time in µs, or '' for Redis TIME (read once per call)
 --            cost (0 is a peek: answers as a cost of 1, records nothing)
 --            request id, or ''
@@ -31,6 +31,7 @@
 --              given per rule)
 --            number of rules R, then per rule its number among the S rules (from 1) and,
 --              for 'undo' only, the time the admission was recorded at ('' for none)
+--          Then the number of checks C, and per check the number of its shape (from 1).
 -- KEYS     per check and rule: the state; and when the check has a request id, its
 --          request ids (zset id -> expiry) and release times (hash) too.
 --
@@ -50,6 +51,19 @@ local argv, keys = ARGV, KEYS
 -- 64-bit long), '%.0f' otherwise. MEMBER: a sliding-log entry, "time:<digits of n><n>".
 local INT = format('%d', 2 ^ 53) == '9007199254740992' and '%d' or '%.0f'
 local MEMBER = INT .. ':%d' .. INT
+
+-- Whole numbers as Redis arguments, each written once per call: a call's checks mostly
+-- share their times (Redis TIME is read once per call), so the same few come up again
+-- and again.
+local written = {}
+local function int(x)
+  local s = written[x]
+  if not s then
+    s = format(INT, x)
+    written[x] = s
+  end
+  return s
+end
 
 -- floor(x / y) for integers, exact even where the double quotient rounds to the next one.
 local function div(x, y)
@@ -74,9 +88,10 @@ end
 -- Redis expires keys on its own clock. A check that carries its own time (replay, tests)
 -- may run that time far faster than Redis's, so such keys get a minute more (`margin`);
 -- with Redis TIME the TTL is exact. PEXPIRE takes ms: µs round up, so a key never expires
--- before its state stops mattering.
+-- before its state stops mattering. Written as a string (int): most checks of a call
+-- share their TTL.
 local function ttl_ms(micros, margin)
-  return max(1, floor((micros + 999) / 1000)) + margin
+  return int(max(1, floor((micros + 999) / 1000)) + margin)
 end
 
 -- The compact sliding log: one string, a 24-byte header (head, count, latest time) and a
@@ -145,7 +160,7 @@ end
 -- so removing `cost` of them at that instant restores the state.
 local function give_back(r, at, cost, request_id)
   if r.algorithm == 1 and r.layout == 0 then
-    local stamp = format(INT, at)
+    local stamp = int(at)
     local taken = call('ZREVRANGEBYSCORE', r.key, stamp, stamp, 'LIMIT', 0, cost)
     if #taken > 0 then
       call('ZREM', r.key, unpack(taken))
@@ -175,7 +190,7 @@ local function give_back(r, at, cost, request_id)
       end
     end
   elseif r.algorithm == 2 then
-    local field = 'b' .. format(INT, div(at, div(r.window, r.buckets)))
+    local field = 'b' .. int(div(at, div(r.window, r.buckets)))
     if call('HINCRBY', r.key, field, -cost) <= 0 then
       call('HDEL', r.key, field)
     end
@@ -186,7 +201,7 @@ local function give_back(r, at, cost, request_id)
   else
     local tat = tonumber(call('HGET', r.key, 'tat'))
     if tat then
-      call('HSET', r.key, 'tat', format(INT, max(at, tat - cost * r.interval)))
+      call('HSET', r.key, 'tat', int(max(at, tat - cost * r.interval)))
     end
   end
   if request_id ~= '' then
@@ -199,7 +214,7 @@ end
 -- few and at the front. (ZCOUNT of the live ones would walk them all, one by one in a
 -- small set's listpack.)
 local function count_live(r)
-  r.expired = call('ZCOUNT', r.key, '-inf', format(INT, r.cutoff))
+  r.expired = call('ZCOUNT', r.key, '-inf', int(r.cutoff))
   r.live = r.count - r.expired
 end
 
@@ -220,7 +235,7 @@ local function evaluate(r, t, units)
       -- Time clamps to the newest entry only when that is later than t (Redis' clock
       -- stepped back, or a replay's time did): usually nothing is, and a count over the
       -- end of the set says so without reading an entry.
-      if call('ZCOUNT', key, format(INT, t + 1), '+inf') > 0 then
+      if call('ZCOUNT', key, int(t + 1), '+inf') > 0 then
         r.latest = tonumber(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
       end
       r.now = max(t, r.latest or 0)
@@ -331,10 +346,10 @@ local function record(r, cost, margin)
     local limit = r.limit
     if r.layout == 0 then
       if not r.expired then
-        r.expired = call('ZREMRANGEBYSCORE', key, '-inf', format(INT, r.cutoff))
+        r.expired = call('ZREMRANGEBYSCORE', key, '-inf', int(r.cutoff))
         r.live = r.count - r.expired
       elseif r.expired > 0 then
-        call('ZREMRANGEBYSCORE', key, '-inf', format(INT, r.cutoff))
+        call('ZREMRANGEBYSCORE', key, '-inf', int(r.cutoff))
       end
       -- Member "time:n", n = live + u. After pruning the set holds exactly `live` entries,
       -- and units at one instant are only added while it is the key's latest (time is
@@ -343,9 +358,9 @@ local function record(r, cost, margin)
       -- instant sort by n (a give-back removes the highest).
       if cost == 1 then
         local n = r.live + 1
-        call('ZADD', key, format(INT, now), format(MEMBER, now, digits(n), n))
+        call('ZADD', key, int(now), format(MEMBER, now, digits(n), n))
       else
-        local stamp = format(INT, now)
+        local stamp = int(now)
         local args = {}
         for u = 1, cost do
           local n = r.live + u
@@ -388,24 +403,24 @@ local function record(r, cost, margin)
     local w, n = r.width, r.buckets
     for _, b in ipairs(r.stored) do
       if b[1] + n < r.bucket then
-        call('HDEL', key, 'b' .. format(INT, b[1]))
+        call('HDEL', key, 'b' .. int(b[1]))
       end
     end
-    call('HINCRBY', key, 'b' .. format(INT, r.bucket), cost)
-    call('HSET', key, 't', format(INT, now))
+    call('HINCRBY', key, 'b' .. int(r.bucket), cost)
+    call('HSET', key, 't', int(now))
     call('PEXPIRE', key, ttl_ms((r.bucket + n + 1) * w - now, margin))
   elseif alg == 3 then
     if r.stored_window == r.index then
       call('HINCRBY', key, 'n', cost)
-      call('HSET', key, 't', format(INT, now))
+      call('HSET', key, 't', int(now))
     else
       -- A new window's counter: its TTL is set now and never refreshed (seed 004).
-      call('HSET', key, 'k', r.index, 'n', cost, 't', format(INT, now))
+      call('HSET', key, 'k', r.index, 'n', cost, 't', int(now))
       call('PEXPIRE', key, ttl_ms(r.window_end - now, margin))
     end
   else
     local tat = r.tat + cost * r.interval
-    call('HSET', key, 'tat', format(INT, tat), 't', format(INT, now))
+    call('HSET', key, 'tat', int(tat), 't', int(now))
     call('PEXPIRE', key, ttl_ms(tat - now, margin))
   end
 end
@@ -514,25 +529,21 @@ local results = {}
 -- The evaluated rules of the check being decided (its first rule_count entries).
 local rules = {}
 
--- One check, its arguments after ARGV index `a` and its keys after KEYS index `k`; appends
--- its numbers to `results`.
-local function run_check(a, k)
-  local cost = tonumber(argv[a + 2])
+-- One check of the given shape, its keys after KEYS index `k`; appends its numbers to
+-- `results`.
+local function run_check(shape, k)
+  local cost, request_id, mode = shape.cost, shape.request_id, shape.mode
+  local rule_count, specs = shape.rule_count, shape.specs
   local units = max(cost, 1)
-  local request_id = argv[a + 3]
-  local mode = argv[a + 4]
-  local rule_count = tonumber(argv[a + 5])
   local keys_per_rule = request_id == '' and 1 or 3
-  local margin = argv[a + 1] == '' and 0 or 60000
+  local margin = shape.time == '' and 0 or 60000
 
   if mode == 'undo' then
     for i = 1, rule_count do
-      local p = a + 5 + 2 * (i - 1)
-      local at = tonumber(argv[p + 2])
+      local at = shape.undo_at[i]
       -- No time: this rule recorded nothing (a retried request id), nothing to give back.
       if at then
-        local r = rule_of(i, rule_specs[tonumber(argv[p + 1])], k + (i - 1) * keys_per_rule,
-          keys_per_rule)
+        local r = rule_of(i, specs[i], k + (i - 1) * keys_per_rule, keys_per_rule)
         give_back(r, at, cost, request_id)
       end
     end
@@ -540,13 +551,12 @@ local function run_check(a, k)
     return
   end
 
-  local t = argv[a + 1] == '' and redis_time() or tonumber(argv[a + 1])
+  local t = shape.time == '' and redis_time() or tonumber(shape.time)
 
   -- Phase 1: evaluate every rule, reading only.
   local all_allow = mode == 'check'
   for i = 1, rule_count do
-    local r = rule_of(i, rule_specs[tonumber(argv[a + 5 + i])], k + (i - 1) * keys_per_rule,
-      keys_per_rule)
+    local r = rule_of(i, specs[i], k + (i - 1) * keys_per_rule, keys_per_rule)
     local fits = evaluate(r, t, units)
     if request_id ~= '' then
       local expires = tonumber(call('ZSCORE', r.ids, request_id))
@@ -588,16 +598,16 @@ local function run_check(a, k)
     end
     if recorded and request_id ~= '' then
       -- Forget ids whose admissions no longer count, then remember this one.
-      local gone = call('ZRANGEBYSCORE', r.ids, '-inf', format(INT, now))
+      local gone = call('ZRANGEBYSCORE', r.ids, '-inf', int(now))
       for g = 1, #gone, 1000 do
         local chunk = {unpack(gone, g, min(g + 999, #gone))}
         call('ZREM', r.ids, unpack(chunk))
         call('HDEL', r.releases, unpack(chunk))
       end
-      call('ZADD', r.ids, format(INT, now + reset), request_id)
+      call('ZADD', r.ids, int(now + reset), request_id)
       call('PEXPIRE', r.ids, ttl_ms(reset, margin))
       if delay > 0 then
-        call('HSET', r.releases, request_id, format(INT, now + delay))
+        call('HSET', r.releases, request_id, int(now + delay))
         call('PEXPIRE', r.releases, ttl_ms(reset, margin))
       end
     end
@@ -611,22 +621,43 @@ local function run_check(a, k)
   end
 end
 
--- The checks, in order. One pcall covers a run of checks (a pcall per check costs more than
--- the rest of a check's Lua): when a check fails, its numbers are dropped, its error takes
--- their place, and the run goes on from the next check.
-local check_count = tonumber(argv[2 + 7 * spec_count])
-local done = 0
-local a, k = 2 + 7 * spec_count, 0
--- Where the current check's arguments, keys and answer start, and where the next's do.
-local next_a, next_k, answer_start = a, k, 0
+-- The shapes of the call's checks: what a check asks, but for its keys. Checks that ask the
+-- same (the same rules, cost, mode, no request id, Redis TIME: the common case under load)
+-- share a shape, so a check costs one argument.
+local shapes = {}
+local p = 2 + 7 * spec_count
+for h = 1, tonumber(argv[p]) do
+  local rule_count, undo = tonumber(argv[p + 5]), argv[p + 4] == 'undo'
+  local shape = {
+    time = argv[p + 1], cost = tonumber(argv[p + 2]), request_id = argv[p + 3],
+    mode = argv[p + 4], rule_count = rule_count, specs = {}, undo_at = {},
+  }
+  for i = 1, rule_count do
+    if undo then
+      shape.specs[i] = rule_specs[tonumber(argv[p + 4 + 2 * i])]
+      shape.undo_at[i] = tonumber(argv[p + 5 + 2 * i])
+    else
+      shape.specs[i] = rule_specs[tonumber(argv[p + 5 + i])]
+    end
+  end
+  shapes[h] = shape
+  p = p + 5 + rule_count * (undo and 2 or 1)
+end
+
+-- The checks, in order, each its shape's number. One pcall covers a run of checks (a pcall
+-- per check costs more than the rest of a check's Lua): when a check fails, its numbers
+-- are dropped, its error takes their place, and the run goes on from the next check.
+local check_count = tonumber(argv[p + 1])
+local done, k = 0, 0
+-- Where the current check's keys and answer start, and where the next check's keys do.
+local next_k, answer_start = 0, 0
 local function run_checks()
   while done < check_count do
-    local rule_count = tonumber(argv[a + 5])
-    next_a = a + 5 + rule_count * (argv[a + 4] == 'undo' and 2 or 1)
-    next_k = k + rule_count * (argv[a + 3] == '' and 1 or 3)
+    local shape = shapes[tonumber(argv[p + 2 + done])]
+    next_k = k + shape.rule_count * (shape.request_id == '' and 1 or 3)
     answer_start = #results
-    run_check(a, k)
-    a, k, done = next_a, next_k, done + 1
+    run_check(shape, k)
+    k, done = next_k, done + 1
   end
 end
 while done < check_count do
@@ -637,7 +668,7 @@ while done < check_count do
       results[i] = nil
     end
     results[answer_start + 1] = type(failure) == 'table' and failure.err or tostring(failure)
-    a, k, done = next_a, next_k, done + 1
+    k, done = next_k, done + 1
   end
 end
 return results

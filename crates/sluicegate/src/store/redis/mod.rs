@@ -519,45 +519,51 @@ fn rule_spec(rule: &Rule) -> RuleSpec {
 /// retry_after (-1 never), reset_after, delay, time decided at.
 type ScriptRow = [i64; 6];
 
-/// One script call carrying `checks`, in order; each distinct rule is described once.
+/// One script call carrying `checks`, in order. Each distinct rule is described once, and
+/// so is each distinct shape of check (what it asks, but for its keys): checks of the same
+/// rules and cost, without request ids or times of their own, cost one argument each.
 fn invocation<'s>(script: &'s Script, checks: &[ScriptCheck]) -> redis::ScriptInvocation<'s> {
     let mut specs: Vec<RuleSpec> = Vec::new();
-    let mut spec_numbers: Vec<usize> = Vec::new();
+    let mut shapes: Vec<&ScriptCheck> = Vec::new();
+    let mut shape_numbers = Vec::with_capacity(checks.len());
     for check in checks {
         for (spec, _) in &check.rules {
-            let number = match specs.iter().position(|known| known == spec) {
-                Some(i) => i + 1,
-                None => {
-                    specs.push(*spec);
-                    specs.len()
-                }
-            };
-            spec_numbers.push(number);
+            if !specs.contains(spec) {
+                specs.push(*spec);
+            }
         }
+        let number = match shapes.iter().position(|shape| shape.same_shape(check)) {
+            Some(i) => i + 1,
+            None => {
+                shapes.push(check);
+                shapes.len()
+            }
+        };
+        shape_numbers.push(number);
     }
     let mut invocation = script.prepare_invoke();
     invocation.arg(specs.len());
     for spec in &specs {
         invocation.arg(&spec[..]);
     }
-    invocation.arg(checks.len());
-    let mut numbers = spec_numbers.into_iter();
-    for check in checks {
-        for key in &check.keys {
-            invocation.key(key);
-        }
-        match check.at {
+    invocation.arg(shapes.len());
+    for shape in shapes {
+        match shape.at {
             Some(at) => invocation.arg(at),
             None => invocation.arg(""),
         };
         invocation
-            .arg(check.cost)
-            .arg(check.request_id.as_deref().unwrap_or(""))
-            .arg(check.mode)
-            .arg(check.rules.len());
-        for ((_, recorded_at), number) in check.rules.iter().zip(&mut numbers) {
+            .arg(shape.cost)
+            .arg(shape.request_id.as_deref().unwrap_or(""))
+            .arg(shape.mode)
+            .arg(shape.rules.len());
+        for (spec, recorded_at) in &shape.rules {
+            let number = 1 + specs
+                .iter()
+                .position(|known| known == spec)
+                .expect("every rule of every check was collected");
             invocation.arg(number);
-            if check.mode == Mode::UNDO {
+            if shape.mode == Mode::UNDO {
                 match recorded_at {
                     Some(at) => invocation.arg(at),
                     None => invocation.arg(""),
@@ -565,7 +571,24 @@ fn invocation<'s>(script: &'s Script, checks: &[ScriptCheck]) -> redis::ScriptIn
             }
         }
     }
+    invocation.arg(checks.len()).arg(shape_numbers);
+    for check in checks {
+        for key in &check.keys {
+            invocation.key(key);
+        }
+    }
     invocation
+}
+
+impl ScriptCheck {
+    /// Whether the script would read `other` exactly as this check, but for the keys.
+    fn same_shape(&self, other: &ScriptCheck) -> bool {
+        self.at == other.at
+            && self.cost == other.cost
+            && self.request_id == other.request_id
+            && self.mode == other.mode
+            && self.rules == other.rules
+    }
 }
 
 /// The script's reply to a call carrying `checks`, split per check: its rows (none for an
