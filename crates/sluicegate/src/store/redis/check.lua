@@ -31,7 +31,8 @@
 --              given per rule)
 --            number of rules R, then per rule its number among the S rules (from 1) and,
 --              for 'undo' only, the time the admission was recorded at ('' for none)
---          Then the number of checks C, and per check the number of its shape (from 1).
+--          Then the number of checks C, and when H > 1, per check the number of its shape
+--          (from 1).
 -- KEYS     per check and rule: the state; and when the check has a request id, its
 --          request ids (zset id -> expiry) and release times (hash) too.
 --
@@ -144,9 +145,13 @@ local function rule_of(i, spec, q, keys_per_rule)
     r = {}
     rule_slots[i] = r
   end
-  r.algorithm, r.limit, r.window = spec.algorithm, spec.limit, spec.window
-  r.buckets, r.capacity, r.interval = spec.buckets, spec.capacity, spec.interval
-  r.layout, r.key = spec.layout, keys[q + 1]
+  if r.spec ~= spec then
+    r.spec = spec
+    r.algorithm, r.limit, r.window = spec.algorithm, spec.limit, spec.window
+    r.buckets, r.capacity, r.interval = spec.buckets, spec.capacity, spec.interval
+    r.layout = spec.layout
+  end
+  r.key = keys[q + 1]
   r.now, r.latest, r.live, r.expired, r.cutoff = 0, false, 0, 0, 0
   r.head, r.count, r.new_key, r.repeat_release = 0, 0, false, false
   if keys_per_rule == 3 then
@@ -525,7 +530,7 @@ local function answer(r, admitted, over, units)
   end
 end
 
-local results = {}
+local results, result_count = {}, 0
 -- The evaluated rules of the check being decided (its first rule_count entries).
 local rules = {}
 
@@ -536,7 +541,7 @@ local function run_check(shape, k)
   local rule_count, specs = shape.rule_count, shape.specs
   local units = max(cost, 1)
   local keys_per_rule = request_id == '' and 1 or 3
-  local margin = shape.time == '' and 0 or 60000
+  local margin = shape.margin
 
   if mode == 'undo' then
     for i = 1, rule_count do
@@ -547,11 +552,12 @@ local function run_check(shape, k)
         give_back(r, at, cost, request_id)
       end
     end
-    results[#results + 1] = 1
+    result_count = result_count + 1
+    results[result_count] = 1
     return
   end
 
-  local t = shape.time == '' and redis_time() or tonumber(shape.time)
+  local t = shape.t or redis_time()
 
   -- Phase 1: evaluate every rule, reading only.
   local all_allow = mode == 'check'
@@ -611,13 +617,14 @@ local function run_check(shape, k)
         call('PEXPIRE', r.releases, ttl_ms(reset, margin))
       end
     end
-    local n = #results
+    local n = result_count
     results[n + 1] = recorded and allows + 2 or allows
     results[n + 2] = remaining
     results[n + 3] = retry
     results[n + 4] = reset
     results[n + 5] = delay
     results[n + 6] = now
+    result_count = n + 6
   end
 end
 
@@ -626,11 +633,14 @@ end
 -- share a shape, so a check costs one argument.
 local shapes = {}
 local p = 2 + 7 * spec_count
-for h = 1, tonumber(argv[p]) do
+local shape_count = tonumber(argv[p])
+for h = 1, shape_count do
   local rule_count, undo = tonumber(argv[p + 5]), argv[p + 4] == 'undo'
+  -- t: the client's time, or false for Redis TIME; margin: see ttl_ms.
   local shape = {
-    time = argv[p + 1], cost = tonumber(argv[p + 2]), request_id = argv[p + 3],
-    mode = argv[p + 4], rule_count = rule_count, specs = {}, undo_at = {},
+    t = tonumber(argv[p + 1]) or false, margin = argv[p + 1] == '' and 0 or 60000,
+    cost = tonumber(argv[p + 2]), request_id = argv[p + 3], mode = argv[p + 4],
+    rule_count = rule_count, specs = {}, undo_at = {},
   }
   for i = 1, rule_count do
     if undo then
@@ -653,9 +663,9 @@ local done, k = 0, 0
 local next_k, answer_start = 0, 0
 local function run_checks()
   while done < check_count do
-    local shape = shapes[tonumber(argv[p + 2 + done])]
+    local shape = shape_count == 1 and shapes[1] or shapes[tonumber(argv[p + 2 + done])]
     next_k = k + shape.rule_count * (shape.request_id == '' and 1 or 3)
-    answer_start = #results
+    answer_start = result_count
     run_check(shape, k)
     k, done = next_k, done + 1
   end
@@ -664,10 +674,11 @@ while done < check_count do
   local ok, failure = pcall(run_checks)
   if not ok then
     -- A Redis error arrives as a table {err = text}; anything else is this script's bug.
-    for i = #results, answer_start + 1, -1 do
+    for i = result_count, answer_start + 1, -1 do
       results[i] = nil
     end
-    results[answer_start + 1] = type(failure) == 'table' and failure.err or tostring(failure)
+    result_count = answer_start + 1
+    results[result_count] = type(failure) == 'table' and failure.err or tostring(failure)
     k, done = next_k, done + 1
   end
 end

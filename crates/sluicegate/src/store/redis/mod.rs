@@ -521,7 +521,8 @@ type ScriptRow = [i64; 6];
 
 /// One script call carrying `checks`, in order. Each distinct rule is described once, and
 /// so is each distinct shape of check (what it asks, but for its keys): checks of the same
-/// rules and cost, without request ids or times of their own, cost one argument each.
+/// rules and cost, without request ids or times of their own, cost one argument each, and
+/// none when every check of the call has one shape.
 fn invocation<'s>(script: &'s Script, checks: &[ScriptCheck]) -> redis::ScriptInvocation<'s> {
     let mut specs: Vec<RuleSpec> = Vec::new();
     let mut shapes: Vec<&ScriptCheck> = Vec::new();
@@ -546,7 +547,8 @@ fn invocation<'s>(script: &'s Script, checks: &[ScriptCheck]) -> redis::ScriptIn
     for spec in &specs {
         invocation.arg(&spec[..]);
     }
-    invocation.arg(shapes.len());
+    let shapes_count = shapes.len();
+    invocation.arg(shapes_count);
     for shape in shapes {
         match shape.at {
             Some(at) => invocation.arg(at),
@@ -571,7 +573,10 @@ fn invocation<'s>(script: &'s Script, checks: &[ScriptCheck]) -> redis::ScriptIn
             }
         }
     }
-    invocation.arg(checks.len()).arg(shape_numbers);
+    invocation.arg(checks.len());
+    if shapes_count > 1 {
+        invocation.arg(shape_numbers);
+    }
     for check in checks {
         for key in &check.keys {
             invocation.key(key);
