@@ -117,39 +117,37 @@ local function digits(n)
   return d
 end
 
-local rule_specs = {}
+-- A rule is known by where its 7 values start in ARGV (spec), read when a rule slot takes
+-- it up: no table per rule.
 local spec_count = tonumber(argv[1])
-for s = 1, spec_count do
-  local p = 1 + (s - 1) * 7
-  rule_specs[s] = {
-    algorithm = tonumber(argv[p + 1]),
-    limit = tonumber(argv[p + 2]),
-    window = tonumber(argv[p + 3]),
-    buckets = tonumber(argv[p + 4]),
-    capacity = tonumber(argv[p + 5]),
-    interval = tonumber(argv[p + 6]),
-    layout = tonumber(argv[p + 7]),
-  }
-end
 
 -- The rules of the check being decided, by position, reused from check to check: a table
 -- built per check costs about as much as a Redis command. rule_of resets every field that
 -- evaluating a rule reads before it writes; the algorithms' other fields are always
--- written first.
+-- written first. A slot is built whole, once: fields added one by one would rehash it.
 local rule_slots = {}
+local function new_rule_slot()
+  return {
+    spec = false, algorithm = 0, limit = 0, window = 0, buckets = 0, capacity = 0,
+    interval = 0, layout = 0, key = false, ids = false, releases = false, now = 0,
+    latest = false, live = 0, expired = 0, cutoff = 0, head = 0, count = 0,
+    new_key = false, repeat_release = false, verdict = false,
+  }
+end
 
 -- Rule `i` of a check: its spec, its keys, and room for what evaluating it finds.
 local function rule_of(i, spec, q, keys_per_rule)
   local r = rule_slots[i]
   if not r then
-    r = {}
+    r = new_rule_slot()
     rule_slots[i] = r
   end
   if r.spec ~= spec then
     r.spec = spec
-    r.algorithm, r.limit, r.window = spec.algorithm, spec.limit, spec.window
-    r.buckets, r.capacity, r.interval = spec.buckets, spec.capacity, spec.interval
-    r.layout = spec.layout
+    r.algorithm, r.limit = tonumber(argv[spec + 1]), tonumber(argv[spec + 2])
+    r.window, r.buckets = tonumber(argv[spec + 3]), tonumber(argv[spec + 4])
+    r.capacity, r.interval = tonumber(argv[spec + 5]), tonumber(argv[spec + 6])
+    r.layout = tonumber(argv[spec + 7])
   end
   r.key = keys[q + 1]
   r.now, r.latest, r.live, r.expired, r.cutoff = 0, false, 0, 0, 0
@@ -640,14 +638,14 @@ for h = 1, shape_count do
   local shape = {
     t = tonumber(argv[p + 1]) or false, margin = argv[p + 1] == '' and 0 or 60000,
     cost = tonumber(argv[p + 2]), request_id = argv[p + 3], mode = argv[p + 4],
-    rule_count = rule_count, specs = {}, undo_at = {},
+    rule_count = rule_count, specs = {}, undo_at = undo and {},
   }
   for i = 1, rule_count do
     if undo then
-      shape.specs[i] = rule_specs[tonumber(argv[p + 4 + 2 * i])]
+      shape.specs[i] = 1 + 7 * (tonumber(argv[p + 4 + 2 * i]) - 1)
       shape.undo_at[i] = tonumber(argv[p + 5 + 2 * i])
     else
-      shape.specs[i] = rule_specs[tonumber(argv[p + 5 + i])]
+      shape.specs[i] = 1 + 7 * (tonumber(argv[p + 5 + i]) - 1)
     end
   end
   shapes[h] = shape
