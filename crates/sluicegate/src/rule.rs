@@ -22,8 +22,8 @@ pub const MAX_SPAN: u64 = (1 << 53) - (1 << 52);
 pub const MAX_ZSET_LOG_LIMIT: u64 = 999_999_999;
 
 /// The most units a `compact` sliding-log may hold at once: one Redis string of 8 bytes a
-/// unit (and a 16-byte header) within Redis' 512 MiB.
-pub const MAX_COMPACT_LOG_LIMIT: u64 = (512 * 1024 * 1024 - 16) / 8;
+/// unit (and a 24-byte header) within Redis' 512 MiB.
+pub const MAX_COMPACT_LOG_LIMIT: u64 = (512 * 1024 * 1024 - 24) / 8;
 
 /// The sliding-counter default number of sub-buckets (SPEC.md).
 pub const DEFAULT_BUCKETS: u64 = 10;
