@@ -490,6 +490,73 @@ async fn a_wrong_type_key_fails_only_its_own_check_in_a_shared_call() {
     assert_eq!(peek.decision.remaining, 2);
 }
 
+/// A check still queued when its caller's timeout passes is never sent: its caller was
+/// told the store failed, so it must not take units. Redis is held up with CLIENT PAUSE (on
+/// a server of this test's own) while calls are in flight; the checks queued behind them
+/// time out, and once Redis answers again none of them reaches it.
+#[tokio::test]
+async fn a_check_whose_caller_gave_up_is_never_sent() {
+    let server = support::RedisServer::start(&[]);
+    let mut config = RedisStoreConfig::new(&server.url());
+    config.prefix = prefix("gave-up");
+    config.timeout = std::time::Duration::from_millis(100);
+    let store = RedisStore::connect(config).await.unwrap();
+    let rule = Rule::new("g", &RuleSpec::new(Algorithm::SlidingLog, 100, 60_000_000)).unwrap();
+    let check = |store: RedisStore, rule: Rule| async move {
+        let limits = [Limit {
+            rule: &rule,
+            key: "k",
+        }];
+        store.check(&Check::new(&limits, 1)).await
+    };
+    support::command(server.port, "CLIENT PAUSE 700 ALL").unwrap();
+    // Checks one by one, each sent on its own call, until every call the connection allows
+    // is in flight: then the next one stays queued.
+    let mut decided = Vec::new();
+    let mut sent = 0;
+    loop {
+        decided.push(tokio::spawn(check(store.clone(), rule.clone())));
+        for _ in 0..100 {
+            if store.script_calls().calls > sent {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        if store.script_calls().calls == sent {
+            break;
+        }
+        sent = store.script_calls().calls;
+    }
+    for _ in 0..9 {
+        decided.push(tokio::spawn(check(store.clone(), rule.clone())));
+    }
+    for decided in decided {
+        match decided.await.unwrap() {
+            Err(StoreError::Timeout { .. }) => {}
+            other => panic!("expected a timeout while Redis is paused, got {other:?}"),
+        }
+    }
+    // Answers once the pause is over; then the calls in flight complete and a new check
+    // goes through once a call is free.
+    support::command(server.port, "PING").unwrap();
+    let peek = loop {
+        let limits = [Limit {
+            rule: &rule,
+            key: "k",
+        }];
+        if let Ok(outcome) = store.check(&Check::new(&limits, 0)).await {
+            break outcome;
+        }
+    };
+    assert!(peek.decision.allowed);
+    assert_eq!(
+        store.script_calls().checks,
+        sent + 1,
+        "{sent} checks were sent before Redis paused, then the peek; the 10 that timed out \
+         in the queue must not have been"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_an_error_naming_it() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")

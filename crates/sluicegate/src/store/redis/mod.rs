@@ -145,7 +145,7 @@ impl RedisStore {
             .map_err(|e| unavailable(e.to_string()))?;
             let manager_config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(connect_timeout))
-                .set_response_timeout(Some(config.timeout))
+                .set_response_timeout(Some(call_hold(config.timeout)))
                 .set_number_of_retries(1);
             let manager = tokio::time::timeout(
                 connect_timeout,
@@ -159,7 +159,7 @@ impl RedisStore {
                     manager.clone(),
                     Arc::clone(&script),
                     Arc::clone(&calls),
-                    config.timeout,
+                    call_hold(config.timeout),
                 ),
                 manager,
             }
@@ -676,6 +676,15 @@ pub struct ScriptCalls {
     pub checks: u64,
 }
 
+/// How long a script call keeps its place on the connection while Redis does not answer.
+/// Longer than a check's own timeout on purpose: while Redis is stalled, the calls in flight
+/// keep their places, so the checks queued behind them time out in the queue and are never
+/// sent (their callers were told the store failed; sent later, they could still take units).
+/// Bounded, so that a call lost with its connection frees its place.
+fn call_hold(check_timeout: Duration) -> Duration {
+    (check_timeout * 10).max(Duration::from_secs(1))
+}
+
 /// Checks per script call, at most.
 const MAX_BATCH: usize = 64;
 /// Script calls in flight on the connection at once.
@@ -688,11 +697,12 @@ struct Queued {
 
 impl Batcher {
     /// Starts the task that sends queued checks; it ends when every store clone is gone.
+    /// A call that has no answer within `hold` gives its place up (see [`call_hold`]).
     fn start(
         connection: ConnectionManager,
         script: Arc<Script>,
         counters: Arc<CallCounters>,
-        timeout: Duration,
+        hold: Duration,
     ) -> Batcher {
         let (queue, mut waiting) = mpsc::unbounded_channel::<Queued>();
         tokio::spawn(async move {
@@ -705,6 +715,13 @@ impl Batcher {
                 if waiting.recv_many(&mut batch, MAX_BATCH).await == 0 {
                     return;
                 }
+                // A check whose caller stopped waiting (its timeout passed while calls in
+                // flight held Redis up) was answered with an error: sent now, it could still
+                // take units nobody will use.
+                batch.retain(|queued| !queued.answer.is_closed());
+                if batch.is_empty() {
+                    continue;
+                }
                 counters.count(batch.len());
                 let (mut connection, script) = (connection.clone(), Arc::clone(&script));
                 tokio::spawn(async move {
@@ -712,7 +729,7 @@ impl Batcher {
                         batch.into_iter().map(|q| (q.call, q.answer)).unzip();
                     let invocation = invocation(&script, &calls);
                     let call = invocation.invoke_async(&mut connection);
-                    let replies = match tokio::time::timeout(timeout, call).await {
+                    let replies = match tokio::time::timeout(hold, call).await {
                         Ok(Ok(reply)) => split_answers(reply, &calls),
                         Ok(Err(e)) => Err(CallError::Redis(e)),
                         Err(_) => Err(CallError::Timeout),
