@@ -135,7 +135,7 @@ impl Metrics {
             BreakerState::Open => 1,
             BreakerState::HalfOpen => 2,
         };
-        let single_values = [
+        let mut single_values = vec![
             (
                 "sluicegate_store_errors_total",
                 "counter",
@@ -173,6 +173,23 @@ impl Metrics {
                 load(&self.config_errors),
             ),
         ];
+        if let AnyStore::Redis(redis) = limiter.store() {
+            let sent = redis.script_calls();
+            single_values.extend([
+                (
+                    "sluicegate_redis_script_calls_total",
+                    "counter",
+                    "Check-script calls sent to Redis.",
+                    sent.calls,
+                ),
+                (
+                    "sluicegate_redis_script_checks_total",
+                    "counter",
+                    "Checks those calls carried: under load several share a call.",
+                    sent.checks,
+                ),
+            ]);
+        }
         for (name, kind, help, value) in single_values {
             let _ = writeln!(
                 out,
@@ -255,5 +272,7 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }
+        // Script calls are a Redis store's.
+        assert!(!text.contains("sluicegate_redis_script"), "{text}");
     }
 }

@@ -224,6 +224,9 @@ descriptors:
         let (status, body) = server.request("POST", "/v1/check", &check("user"));
         assert_eq!(status, 200, "{body}");
         assert!(body.contains(r#""decided_by":"store""#), "{body}");
+        // One check, alone: one script call.
+        assert_eq!(metric(server, "sluicegate_redis_script_calls_total"), 1);
+        assert_eq!(metric(server, "sluicegate_redis_script_checks_total"), 1);
     }
     redis.shutdown();
     for (policy, server) in &servers {
