@@ -11,12 +11,13 @@
 --
 -- Cost, not style, shapes this code: on Redis 7.0 each redis.call costs about 0.5 µs,
 -- each table built 0.3 µs, each number in the reply 0.1 µs, against a whole check of a
--- few µs (measured; docs/BENCHMARKS.md). So a call's rules are described once and checks
--- refer to them, and tables are few. Times are written with string.format('%d') (exact
--- below 2^53 where Lua's integer format is 64-bit, checked below; tostring keeps only 14
--- digits): glibc writes a 16-digit number through '%.0f', or through the "%.17g" Redis
--- uses for a Lua number argument, three times slower. Small numbers (offsets, TTLs) go as
--- Lua numbers; exclusive bounds are written `x + 1` (every time is a whole µs).
+-- few µs (measured; docs/BENCHMARKS.md). So a call describes its rules and its shapes of
+-- check once and checks refer to them, and tables are few. Times and TTLs are written with
+-- string.format('%d') (exact below 2^53 where Lua's integer format is 64-bit, checked
+-- below; tostring keeps only 14 digits), once per call: glibc writes a 16-digit number
+-- through '%.0f', or through the "%.17g" Redis uses for a Lua number argument, three times
+-- slower. Offsets go as Lua numbers; exclusive bounds are written `x + 1` (every time is a
+-- whole µs).
 --
 -- ARGV     the number of rules S, then 7 values per rule: algorithm (1 sliding-log,
 --          2 sliding-counter, 3 fixed-window, 4 token-bucket, 5 leaky-bucket), limit L,
@@ -529,8 +530,6 @@ local function answer(r, admitted, over, units)
 end
 
 local results, result_count = {}, 0
--- The evaluated rules of the check being decided (its first rule_count entries).
-local rules = {}
 
 -- One check of the given shape, its keys after KEYS index `k`; appends its numbers to
 -- `results`.
@@ -579,12 +578,11 @@ local function run_check(shape, k)
       r.verdict = 'over'
       all_allow = false
     end
-    rules[i] = r
   end
 
   -- Phase 2: record in every rule, or in none, and answer.
   for i = 1, rule_count do
-    local r = rules[i]
+    local r = rule_slots[i]
     local now, verdict = r.now, r.verdict
     local fits = all_allow and verdict == 'fits'
     local recorded = fits and cost > 0
