@@ -1,6 +1,6 @@
 //! The Redis store: one Lua script decides each check (`check.lua`), Redis `TIME` as the
 //! clock, on a single server or a Redis Cluster. On a single server the checks in flight
-//! together share script calls ([`Batcher`]); each is still decided alone and atomically.
+//! together share script calls (see `Batcher`); each is still decided alone and atomically.
 //!
 //! Keys: `{prefix}{TAG}:{kind}:{rule identity length}:{rule identity}:{key}`. `TAG` is a
 //! hash of the user's key alone, so every rule's state for one identity lives in one hash
