@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use sluicegate::store::redis::{hash_slot, redis_key};
 use sluicegate::{
-    Algorithm, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, RedisStore,
-    RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
+    Algorithm, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, Outcome,
+    RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
 };
 
 /// A deterministic random sequence (xorshift), so a failure names a seed to replay.
@@ -176,6 +176,16 @@ async fn store_at(url: &str, test: &str) -> RedisStore {
         .unwrap_or_else(|e| panic!("connect to the test server at {url}: {e}"))
 }
 
+/// A check of `cost` under one rule for one key, on the store's clock.
+async fn check_one(
+    store: &RedisStore,
+    rule: &Rule,
+    key: &str,
+    cost: u64,
+) -> Result<Outcome, StoreError> {
+    store.check(&Check::new(&[Limit { rule, key }], cost)).await
+}
+
 async fn standalone_store(test: &str) -> RedisStore {
     store_at(&support::standalone().url(), test).await
 }
@@ -233,13 +243,8 @@ async fn identities_spread_over_every_master() {
     .unwrap();
     for i in 0..10_000 {
         let key = format!("user:{i}");
-        let limits = [Limit {
-            rule: &rule,
-            key: &key,
-        }];
         assert!(
-            store
-                .check(&Check::new(&limits, 1))
+            check_one(&store, &rule, &key, 1)
                 .await
                 .unwrap()
                 .decision
@@ -340,11 +345,7 @@ async fn a_key_of_the_wrong_type_is_a_typed_error() {
     let rule = Rule::new("w", &RuleSpec::new(Algorithm::TokenBucket, 5, 1_000_000)).unwrap();
     let key = store.state_key(&rule, "mallory");
     support::command(support::standalone().port, &format!("SET {key} oops")).unwrap();
-    let limits = [Limit {
-        rule: &rule,
-        key: "mallory",
-    }];
-    match store.check(&Check::new(&limits, 1)).await {
+    match check_one(&store, &rule, "mallory", 1).await {
         Err(StoreError::WrongType {
             key: culprit,
             server,
@@ -355,13 +356,8 @@ async fn a_key_of_the_wrong_type_is_a_typed_error() {
         other => panic!("expected a wrong-type error, got {other:?}"),
     }
     // The store goes on serving other keys.
-    let fine = [Limit {
-        rule: &rule,
-        key: "bob",
-    }];
     assert!(
-        store
-            .check(&Check::new(&fine, 1))
+        check_one(&store, &rule, "bob", 1)
             .await
             .unwrap()
             .decision
@@ -455,13 +451,7 @@ async fn a_wrong_type_key_fails_only_its_own_check_in_a_shared_call() {
         .iter()
         .map(|key| {
             let (store, rule, key) = (store.clone(), rule.clone(), key.clone());
-            tokio::spawn(async move {
-                let limits = [Limit {
-                    rule: &rule,
-                    key: &key,
-                }];
-                store.check(&Check::new(&limits, 2)).await
-            })
+            tokio::spawn(async move { check_one(&store, &rule, &key, 2).await })
         })
         .collect();
     for (key, decided) in keys.iter().zip(decided) {
@@ -482,11 +472,7 @@ async fn a_wrong_type_key_fails_only_its_own_check_in_a_shared_call() {
     );
     // What the others recorded stays recorded: 2 of 5 taken, and a peek answers as a
     // check of 1 would.
-    let limits = [Limit {
-        rule: &rule,
-        key: "user-0",
-    }];
-    let peek = store.check(&Check::new(&limits, 0)).await.unwrap();
+    let peek = check_one(&store, &rule, "user-0", 0).await.unwrap();
     assert_eq!(peek.decision.remaining, 2);
 }
 
@@ -502,13 +488,8 @@ async fn a_check_whose_caller_gave_up_is_never_sent() {
     config.timeout = std::time::Duration::from_millis(100);
     let store = RedisStore::connect(config).await.unwrap();
     let rule = Rule::new("g", &RuleSpec::new(Algorithm::SlidingLog, 100, 60_000_000)).unwrap();
-    let check = |store: RedisStore, rule: Rule| async move {
-        let limits = [Limit {
-            rule: &rule,
-            key: "k",
-        }];
-        store.check(&Check::new(&limits, 1)).await
-    };
+    let check =
+        |store: RedisStore, rule: Rule| async move { check_one(&store, &rule, "k", 1).await };
     support::command(server.port, "CLIENT PAUSE 700 ALL").unwrap();
     // Checks one by one, each sent on its own call, until every call the connection allows
     // is in flight: then the next one stays queued.
@@ -540,11 +521,7 @@ async fn a_check_whose_caller_gave_up_is_never_sent() {
     // goes through once a call is free.
     support::command(server.port, "PING").unwrap();
     let peek = loop {
-        let limits = [Limit {
-            rule: &rule,
-            key: "k",
-        }];
-        if let Ok(outcome) = store.check(&Check::new(&limits, 0)).await {
+        if let Ok(outcome) = check_one(&store, &rule, "k", 0).await {
             break outcome;
         }
     };

@@ -626,7 +626,7 @@ end
 
 -- The shapes of the call's checks: what a check asks, but for its keys. Checks that ask the
 -- same (the same rules, cost, mode, no request id, Redis TIME: the common case under load)
--- share a shape, so a check costs one argument.
+-- share a shape, so a check costs one argument, and none when a call has one shape.
 local shapes = {}
 local p = 2 + 7 * spec_count
 local shape_count = tonumber(argv[p])

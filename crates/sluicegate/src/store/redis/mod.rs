@@ -239,16 +239,18 @@ impl RedisStore {
         &self,
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, CallError> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(CallError::Redis(e)),
-            Err(_) => Err(CallError::Timeout),
-        }
+        bounded(self.timeout, call).await
     }
 
     fn error(&self, error: CallError, key: Option<&str>) -> StoreError {
         let server = self.server.clone();
         let key = key.map(str::to_owned);
+        if error.is_wrong_type() {
+            return StoreError::WrongType {
+                server,
+                key: key.unwrap_or_default(),
+            };
+        }
         match error {
             CallError::Timeout => StoreError::Timeout {
                 server,
@@ -263,10 +265,6 @@ impl RedisStore {
                     server,
                     message: format!("cluster down: {e}"),
                 },
-                _ if e.to_string().contains(WRONG_TYPE) => StoreError::WrongType {
-                    server,
-                    key: key.unwrap_or_default(),
-                },
                 ErrorKind::Server(_) | ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
                     StoreError::Script {
                         server,
@@ -278,10 +276,6 @@ impl RedisStore {
                     server,
                     message: e.to_string(),
                 },
-            },
-            CallError::Check(message) if message.contains(WRONG_TYPE) => StoreError::WrongType {
-                server,
-                key: key.unwrap_or_default(),
             },
             CallError::Check(message) => StoreError::Script {
                 server,
@@ -298,9 +292,7 @@ impl RedisStore {
     /// Runs the script for `check`, in `mode`, and returns each limit's answer (none for
     /// an undo).
     async fn run(&self, check: &Check<'_>, mode: Mode<'_>) -> Result<Vec<Row>, StoreError> {
-        let call = self.encode(check, mode);
-        let first_key = call.keys.first().cloned();
-        match self.call_script(call).await {
+        match self.call_script(self.encode(check, mode)).await {
             Ok(rows) => Ok(rows
                 .into_iter()
                 .zip(check.limits)
@@ -310,7 +302,10 @@ impl RedisStore {
                 let culprit = self.wrong_type_key(check).await;
                 Err(self.error(e, culprit.as_deref()))
             }
-            Err(e) => Err(self.error(e, first_key.as_deref())),
+            Err(e) => {
+                let first = check.limits[0];
+                Err(self.error(e, Some(&self.state_key(first.rule, first.key))))
+            }
         }
     }
 
@@ -475,6 +470,18 @@ enum CallError {
     Closed,
 }
 
+/// `call`, or a timeout error once `timeout` has passed.
+async fn bounded<T>(
+    timeout: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, CallError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(CallError::Redis(e)),
+        Err(_) => Err(CallError::Timeout),
+    }
+}
+
 /// What Redis' error says when a key holds another type than the command needs.
 const WRONG_TYPE: &str = "WRONGTYPE";
 
@@ -518,7 +525,8 @@ fn rule_spec(rule: &Rule) -> RuleSpec {
 
 /// One limit's answer from the script: status (1 allows, +2 recorded), remaining,
 /// retry_after (-1 never), reset_after, delay, time decided at.
-type ScriptRow = [i64; 6];
+type ScriptRow = [i64; ROW_FIELDS];
+const ROW_FIELDS: usize = 6;
 
 /// One script call carrying `checks`, in order. Each distinct rule is described once, and
 /// so is each distinct shape of check (what it asks, but for its keys): checks of the same
@@ -616,22 +624,17 @@ fn split_answers(
             )),
             Some(redis::Value::Int(1)) if check.mode == Mode::UNDO => Ok(Vec::new()),
             Some(redis::Value::Int(first)) if check.mode != Mode::UNDO => {
-                let mut rows = Vec::with_capacity(check.rules.len());
-                let mut next = Some(first);
-                for _ in &check.rules {
-                    let mut row = [0; 6];
-                    for field in &mut row {
-                        *field = match next.take().or_else(|| match values.next() {
-                            Some(redis::Value::Int(v)) => Some(v),
-                            _ => None,
-                        }) {
-                            Some(v) => v,
-                            None => return Err(malformed("short row")),
-                        };
+                let mut fields = vec![first];
+                while fields.len() < ROW_FIELDS * check.rules.len() {
+                    match values.next() {
+                        Some(redis::Value::Int(field)) => fields.push(field),
+                        _ => return Err(malformed("short row")),
                     }
-                    rows.push(row);
                 }
-                Ok(rows)
+                Ok(fields
+                    .chunks_exact(ROW_FIELDS)
+                    .map(|row| row.try_into().expect("chunks of a row's length"))
+                    .collect())
             }
             _ => return Err(malformed("unexpected value")),
         };
@@ -729,12 +732,9 @@ impl Batcher {
                     let (calls, answers): (Vec<ScriptCheck>, Vec<_>) =
                         batch.into_iter().map(|q| (q.call, q.answer)).unzip();
                     let invocation = invocation(&script, &calls);
-                    let call = invocation.invoke_async(&mut connection);
-                    let replies = match tokio::time::timeout(hold, call).await {
-                        Ok(Ok(reply)) => split_answers(reply, &calls),
-                        Ok(Err(e)) => Err(CallError::Redis(e)),
-                        Err(_) => Err(CallError::Timeout),
-                    };
+                    let replies = bounded(hold, invocation.invoke_async(&mut connection))
+                        .await
+                        .and_then(|reply| split_answers(reply, &calls));
                     drop(permit);
                     match replies {
                         Ok(replies) => {
