@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use sluicegate::{Algorithm, Check, Limit, LogLayout, RedisStore, Rule, RuleSpec, Store};
 
-use crate::simulate::{human_bytes, redis_bytes};
+use super::simulate::{human_bytes, redis_bytes};
 
 /// The workload.
 pub(crate) struct Workload {

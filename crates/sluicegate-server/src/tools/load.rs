@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::bench::{BenchReport, Drive, drive};
+use super::bench::{BenchReport, Drive, drive};
 
 /// HTTP/2 connections the gRPC load opens (at most one per task).
 const GRPC_CONNECTIONS: usize = 8;
