@@ -3,8 +3,14 @@
 
 pub mod cli;
 mod config;
-mod decide;
+mod envoy;
 mod grpc;
 mod http;
 mod metrics;
+mod server;
+mod service;
 mod tools;
+
+pub use config::Config;
+pub use server::{Listeners, ServeOptions, serve};
+pub use service::ServiceOptions;

@@ -1,18 +1,30 @@
-//! Prometheus metrics, written in the text exposition format at `GET /metrics`.
+//! Prometheus metrics, written in the text exposition format (0.0.4) at `GET /metrics`.
 //!
-//! A registry of its own per service rather than the `metrics` facade's process-global
-//! recorder: every server (and every test's server) counts only its own traffic, and the
-//! whole exporter is the few lines below.
+//! A registry of its own per service rather than a process-global recorder: every server
+//! (and every test's server) counts only its own traffic. Nothing on the decision path
+//! takes a lock: a rule's counters are looked up once per configuration load
+//! ([`RuleMetrics`], kept beside the configuration) and shared as atomics; only
+//! `detailed_metric` rules, whose label is the request's value, go through the family's
+//! map. The limiter's own counters are read when the metrics are.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
 use std::time::Duration;
 
-use sluicegate::{AnyStore, BreakerState, DecidedBy, Decision, Limiter};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use sluicegate::{AnyStore, BreakerState, DecidedBy, Decision, FailurePolicy, Limiter};
 
-/// Upper bounds (seconds) of the store latency histogram's buckets.
+use crate::config::Config;
+
+/// The content type of [`Metrics::render`]'s text.
+pub(crate) const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// Upper bounds (seconds) of the check latency histogram's buckets.
 const LATENCY_BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
@@ -21,213 +33,229 @@ const LATENCY_BUCKETS: [f64; 12] = [
 /// (envoyproxy/ratelimit's near_limit, at its default 80 % threshold).
 const NEAR_LIMIT_SHARE: f64 = 0.2;
 
-#[derive(Default)]
-struct RuleCounters {
-    total: u64,
-    over_limit: u64,
-    near_limit: u64,
-    within_limit: u64,
+/// Everyone who can decide a check, in the order the metrics list them.
+const DECIDERS: [DecidedBy; 5] = [
+    DecidedBy::Store,
+    DecidedBy::NegativeCache,
+    DecidedBy::Fallback(FailurePolicy::Allow),
+    DecidedBy::Fallback(FailurePolicy::Deny),
+    DecidedBy::Fallback(FailurePolicy::Local),
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    rule: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecidedByLabels {
+    decided_by: &'static str,
+}
+
+/// One rule's hit counters, by result.
+#[derive(Clone, Debug)]
+pub(crate) struct RuleMetrics {
+    total: Counter,
+    over_limit: Counter,
+    near_limit: Counter,
+    within_limit: Counter,
     /// Over the limit, but in shadow mode: let through.
-    shadow_mode: u64,
+    shadow_mode: Counter,
+}
+
+impl RuleMetrics {
+    /// Counts one decision of the rule.
+    pub(crate) fn count(&self, decision: &Decision, shadow: bool) {
+        self.total.inc();
+        if !decision.allowed && shadow {
+            self.shadow_mode.inc();
+        } else if !decision.allowed {
+            self.over_limit.inc();
+        } else if decision.remaining as f64 <= decision.limit as f64 * NEAR_LIMIT_SHARE {
+            self.near_limit.inc();
+        } else {
+            self.within_limit.inc();
+        }
+    }
 }
 
 /// Everything the service counts.
-#[derive(Default)]
 pub(crate) struct Metrics {
-    rules: Mutex<BTreeMap<String, RuleCounters>>,
-    decided_by: Mutex<BTreeMap<&'static str, u64>>,
-    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    latency_count: AtomicU64,
-    latency_sum_micros: AtomicU64,
-    pub(crate) config_loads: AtomicU64,
-    pub(crate) config_errors: AtomicU64,
+    registry: Registry,
+    rule_hits: Family<RuleLabels, Counter>,
+    /// One counter per entry of [`DECIDERS`].
+    decided_by: Vec<Counter>,
+    check_duration: Histogram,
+    config_loads: Counter,
+    config_errors: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let rule_hits = Family::<RuleLabels, Counter>::default();
+        registry.register(
+            "sluicegate_rule_hits",
+            "Decisions per rule, by result",
+            rule_hits.clone(),
+        );
+        let decisions = Family::<DecidedByLabels, Counter>::default();
+        registry.register(
+            "sluicegate_decisions",
+            "Checks, by who decided them",
+            decisions.clone(),
+        );
+        let decided_by = DECIDERS
+            .iter()
+            .map(|by| {
+                decisions.get_or_create_owned(&DecidedByLabels {
+                    decided_by: by.name(),
+                })
+            })
+            .collect();
+        let check_duration = Histogram::new(LATENCY_BUCKETS);
+        registry.register(
+            "sluicegate_check_duration_seconds",
+            "Time to decide a check (store call included)",
+            check_duration.clone(),
+        );
+        let config_loads = Counter::default();
+        registry.register(
+            "sluicegate_config_loads",
+            "Configurations loaded",
+            config_loads.clone(),
+        );
+        let config_errors = Counter::default();
+        registry.register(
+            "sluicegate_config_errors",
+            "Configurations rejected",
+            config_errors.clone(),
+        );
+        Metrics {
+            registry,
+            rule_hits,
+            decided_by,
+            check_duration,
+            config_loads,
+            config_errors,
+        }
+    }
 }
 
 impl Metrics {
-    /// Counts one rule's decision.
-    pub(crate) fn rule(&self, path: &str, decision: &Decision, shadow: bool) {
-        let mut rules = self
-            .rules
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let counters = match rules.get_mut(path) {
-            Some(c) => c,
-            None => rules.entry(path.to_owned()).or_default(),
+    /// The counters of the rule at `path` (or, for a `detailed_metric` rule, of one of
+    /// its values): created on first use, shared afterwards.
+    pub(crate) fn rule_metrics(&self, path: &str) -> RuleMetrics {
+        let counter = |result| {
+            self.rule_hits.get_or_create_owned(&RuleLabels {
+                rule: path.to_owned(),
+                result,
+            })
         };
-        counters.total += 1;
-        if !decision.allowed && shadow {
-            counters.shadow_mode += 1;
-        } else if !decision.allowed {
-            counters.over_limit += 1;
-        } else if decision.remaining as f64 <= decision.limit as f64 * NEAR_LIMIT_SHARE {
-            counters.near_limit += 1;
-        } else {
-            counters.within_limit += 1;
+        RuleMetrics {
+            total: counter("total"),
+            over_limit: counter("over_limit"),
+            near_limit: counter("near_limit"),
+            within_limit: counter("within_limit"),
+            shadow_mode: counter("shadow_mode"),
         }
+    }
+
+    /// The counters of every limit of `config`, looked up once so that decisions need no
+    /// lookup in the family's map.
+    pub(crate) fn rules_of(&self, config: &Config) -> HashMap<String, RuleMetrics> {
+        config
+            .limits()
+            .into_iter()
+            .map(|l| (l.path.clone(), self.rule_metrics(&l.path)))
+            .collect()
+    }
+
+    /// Counts one rule's decision (the slow path, through the family's map).
+    #[cfg(test)]
+    fn rule(&self, path: &str, decision: &Decision, shadow: bool) {
+        self.rule_metrics(path).count(decision, shadow);
     }
 
     /// Counts who decided a check, and how long the limiter took.
     pub(crate) fn check(&self, decided_by: DecidedBy, took: Duration) {
-        *self
-            .decided_by
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry(decided_by.name())
-            .or_default() += 1;
-        let seconds = took.as_secs_f64();
-        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.latency_buckets) {
-            if seconds <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some(i) = DECIDERS
+            .iter()
+            .position(|by| by.name() == decided_by.name())
+        {
+            self.decided_by[i].inc();
         }
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
-        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        self.latency_sum_micros.fetch_add(micros, Ordering::Relaxed);
+        self.check_duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts a configuration put in force.
+    pub(crate) fn config_loaded(&self) {
+        self.config_loads.inc();
+    }
+
+    /// Counts a configuration that did not load.
+    pub(crate) fn config_rejected(&self) {
+        self.config_errors.inc();
     }
 
     /// The text exposition, with the limiter's own counters read now.
     pub(crate) fn render(&self, limiter: &Limiter<AnyStore>) -> String {
         let mut out = String::new();
-        let mut family = |name: &str, kind: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        };
-        family(
-            "sluicegate_rule_hits_total",
-            "counter",
-            "Decisions per rule, by result.",
-        );
-        let rules = self
-            .rules
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (path, c) in rules.iter() {
-            let rule = escape(path);
-            for (result, n) in [
-                ("total", c.total),
-                ("over_limit", c.over_limit),
-                ("near_limit", c.near_limit),
-                ("within_limit", c.within_limit),
-                ("shadow_mode", c.shadow_mode),
-            ] {
-                let _ = writeln!(
-                    out,
-                    "sluicegate_rule_hits_total{{rule=\"{rule}\",result=\"{result}\"}} {n}"
-                );
-            }
-        }
-        drop(rules);
-        let _ = writeln!(
-            out,
-            "# HELP sluicegate_decisions_total Checks, by who decided them.\n# TYPE sluicegate_decisions_total counter"
-        );
-        let decided = self
-            .decided_by
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (by, n) in decided.iter() {
-            let _ = writeln!(out, "sluicegate_decisions_total{{decided_by=\"{by}\"}} {n}");
-        }
-        drop(decided);
-        let stats = limiter.stats();
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let breaker = match limiter.breaker_state() {
-            BreakerState::Closed => 0,
-            BreakerState::Open => 1,
-            BreakerState::HalfOpen => 2,
-        };
-        let mut single_values = vec![
-            (
-                "sluicegate_store_errors_total",
-                "counter",
-                "Checks the store failed (errors, timeouts, open breaker).",
-                load(&stats.store_errors),
-            ),
-            (
-                "sluicegate_negative_cache_hits_total",
-                "counter",
-                "Refusals answered by the negative cache.",
-                load(&stats.negative_cache_hits),
-            ),
-            (
-                "sluicegate_fallback_decisions_total",
-                "counter",
-                "Checks decided by a store-failure policy.",
-                load(&stats.fallback_decisions),
-            ),
-            (
-                "sluicegate_breaker_state",
-                "gauge",
-                "Circuit breaker: 0 closed, 1 open, 2 half-open.",
-                breaker,
-            ),
-            (
-                "sluicegate_config_loads_total",
-                "counter",
-                "Configurations loaded.",
-                load(&self.config_loads),
-            ),
-            (
-                "sluicegate_config_errors_total",
-                "counter",
-                "Configurations rejected.",
-                load(&self.config_errors),
-            ),
-        ];
-        if let AnyStore::Redis(redis) = limiter.store() {
-            let sent = redis.script_calls();
-            single_values.extend([
-                (
-                    "sluicegate_redis_script_calls_total",
-                    "counter",
-                    "Check-script calls sent to Redis.",
-                    sent.calls,
-                ),
-                (
-                    "sluicegate_redis_script_checks_total",
-                    "counter",
-                    "Checks those calls carried: under load several share a call.",
-                    sent.checks,
-                ),
-            ]);
-        }
-        for (name, kind, help, value) in single_values {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP sluicegate_check_duration_seconds Time to decide a check (store call included).\n# TYPE sluicegate_check_duration_seconds histogram"
-        );
-        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.latency_buckets) {
-            let _ = writeln!(
-                out,
-                "sluicegate_check_duration_seconds_bucket{{le=\"{bound}\"}} {}",
-                load(bucket)
-            );
-        }
-        let count = load(&self.latency_count);
-        let _ = writeln!(
-            out,
-            "sluicegate_check_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
-        );
-        let _ = writeln!(
-            out,
-            "sluicegate_check_duration_seconds_sum {}",
-            load(&self.latency_sum_micros) as f64 / 1e6
-        );
-        let _ = writeln!(out, "sluicegate_check_duration_seconds_count {count}");
+        // Writing into a String cannot fail.
+        let _ = prometheus_text::encode(&mut out, &self.registry);
+        let _ = prometheus_text::encode(&mut out, &limiter_registry(limiter));
         out
     }
 }
 
-/// A label value: backslash, double quote and newline escaped.
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// The limiter's counters as they are now, as a registry of constants.
+fn limiter_registry(limiter: &Limiter<AnyStore>) -> Registry {
+    use std::sync::atomic::Ordering;
+    let mut registry = Registry::default();
+    let stats = limiter.stats();
+    let mut counter = |name: &str, help: &str, value: u64| {
+        registry.register(name, help, ConstCounter::new(value));
+    };
+    counter(
+        "sluicegate_store_errors",
+        "Checks the store failed (errors, timeouts, open breaker)",
+        stats.store_errors.load(Ordering::Relaxed),
+    );
+    counter(
+        "sluicegate_negative_cache_hits",
+        "Refusals answered by the negative cache",
+        stats.negative_cache_hits.load(Ordering::Relaxed),
+    );
+    counter(
+        "sluicegate_fallback_decisions",
+        "Checks decided by a store-failure policy",
+        stats.fallback_decisions.load(Ordering::Relaxed),
+    );
+    if let AnyStore::Redis(redis) = limiter.store() {
+        let sent = redis.script_calls();
+        counter(
+            "sluicegate_redis_script_calls",
+            "Check-script calls sent to Redis",
+            sent.calls,
+        );
+        counter(
+            "sluicegate_redis_script_checks",
+            "Checks those calls carried: under load several share a call",
+            sent.checks,
+        );
+    }
+    let breaker: i64 = match limiter.breaker_state() {
+        BreakerState::Closed => 0,
+        BreakerState::Open => 1,
+        BreakerState::HalfOpen => 2,
+    };
+    registry.register(
+        "sluicegate_breaker_state",
+        "Circuit breaker: 0 closed, 1 open, 2 half-open",
+        ConstGauge::new(breaker),
+    );
+    registry
 }
 
 #[cfg(test)]

@@ -2,6 +2,8 @@
 
 mod serve;
 
+pub use serve::ServeArgs;
+
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -15,7 +17,6 @@ use sluicegate::{
     StoreOptions,
 };
 
-use self::serve::ServeArgs;
 use crate::tools::{bench, clf, load, plan, replay, simulate, trace};
 
 #[derive(Parser)]
@@ -316,7 +317,7 @@ impl RuleArgs {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve::serve(args),
+        Command::Serve(args) => serve::serve(args).map_err(|e| format!("{e:#}")),
         Command::Replay(args) => run_replay(&args),
         Command::Bench(args) => run_bench(&args),
         Command::Simulate(args) => run_simulate(&args),

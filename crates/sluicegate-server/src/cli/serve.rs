@@ -1,24 +1,24 @@
-//! `sluicegate serve`: the service's flags, starting it, reloading its configuration, stopping on a signal.
+//! `sluicegate serve`: the service's flags, and the process around [`crate::serve`] —
+//! logging, the runtime, the listeners, and stopping on SIGTERM or SIGINT.
 
 use std::io;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::Args;
 use sluicegate::duration::parse_duration;
-use sluicegate::{Algorithm, AnyStore, Limiter, MemoryStore};
+use sluicegate::{Algorithm, LimiterConfig};
 
 use super::{StoreArgs, runtime};
-use crate::config::{self, Config};
-use crate::{decide, grpc, http, metrics};
-
-/// The example configuration `serve` uses when no `--config` is given (examples/).
-const EXAMPLE_CONFIG: &str = include_str!("../../../../examples/sluicegate.yaml");
+use crate::server::{self, Listeners, ServeOptions};
+use crate::service::{DEFAULT_MAX_ENTRY_BYTES, ServiceOptions};
 
 #[derive(Args)]
-pub(super) struct ServeArgs {
+/// The flags of `sluicegate serve`.
+pub struct ServeArgs {
     /// Descriptor configuration (YAML). Without it, the example rules of
     /// examples/sluicegate.yaml are served.
     #[arg(long, env = "SLUICEGATE_CONFIG")]
@@ -59,7 +59,7 @@ pub(super) struct ServeArgs {
     #[arg(long, env = "SLUICEGATE_LEGACY_HEADERS")]
     legacy_headers: bool,
     /// The longest descriptor key or value accepted, in bytes (longer: 400).
-    #[arg(long, env = "SLUICEGATE_MAX_ENTRY_BYTES", default_value_t = decide::DEFAULT_MAX_ENTRY_BYTES)]
+    #[arg(long, env = "SLUICEGATE_MAX_ENTRY_BYTES", default_value_t = DEFAULT_MAX_ENTRY_BYTES)]
     max_entry_bytes: usize,
     /// Enables POST /v1/reset for requests bearing this token.
     #[arg(long, env = "SLUICEGATE_ADMIN_TOKEN", hide_env_values = true)]
@@ -70,37 +70,61 @@ pub(super) struct ServeArgs {
 }
 
 impl ServeArgs {
-    fn limiter_config(&self) -> Result<sluicegate::LimiterConfig, String> {
-        let cool_down = parse_duration(&self.breaker_cool_down)
-            .map_err(|e| format!("--breaker-cool-down: {e}"))?;
+    /// The service these flags describe.
+    pub fn options(&self) -> anyhow::Result<ServeOptions> {
+        let duration = |flag: &str, text: &str| {
+            parse_duration(text)
+                .map(Duration::from_micros)
+                .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+        };
         let remote = self.store.store != "memory";
-        Ok(sluicegate::LimiterConfig {
-            on_store_error: self.on_store_error,
-            instances: self.instances.max(1),
-            breaker_failures: self.breaker_failures,
-            breaker_cool_down: Duration::from_micros(cool_down),
-            negative_cache_entries: if remote && !self.no_negative_cache {
-                100_000
-            } else {
-                0
+        Ok(ServeOptions {
+            config: self.config.clone(),
+            default_algorithm: self.default_algorithm,
+            store: self
+                .store
+                .options("sluicegate:")
+                .map_err(anyhow::Error::msg)?,
+            limiter: LimiterConfig {
+                on_store_error: self.on_store_error,
+                instances: self.instances.max(1),
+                breaker_failures: self.breaker_failures,
+                breaker_cool_down: duration("--breaker-cool-down", &self.breaker_cool_down)?,
+                negative_cache_entries: if remote && !self.no_negative_cache {
+                    100_000
+                } else {
+                    0
+                },
             },
+            service: ServiceOptions {
+                max_entry_bytes: self.max_entry_bytes,
+                legacy_headers: self.legacy_headers,
+                admin_token: self.admin_token.as_deref().map(Arc::from),
+            },
+            reload_interval: duration("--reload-interval", &self.reload_interval)?,
+        })
+    }
+
+    /// Binds the addresses these flags name.
+    pub async fn listeners(&self) -> anyhow::Result<Listeners> {
+        let bind = |address: SocketAddr| async move {
+            tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("cannot listen on {address}"))
+        };
+        let grpc_only = match self.grpc_listen {
+            Some(address) => Some(bind(address).await?),
+            None => None,
+        };
+        Ok(Listeners {
+            main: bind(self.listen).await?,
+            grpc_only,
         })
     }
 }
 
-fn load_config(path: Option<&Path>, default: Algorithm) -> Result<Config, String> {
-    match path {
-        Some(path) => Config::load(path, default),
-        None => Config::parse(
-            Path::new("examples/sluicegate.yaml"),
-            EXAMPLE_CONFIG,
-            default,
-        ),
-    }
-    .map_err(|e| e.to_string())
-}
-
-pub(super) fn serve(args: ServeArgs) -> Result<(), String> {
+/// Runs the service in this process until SIGTERM or SIGINT.
+pub(super) fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(io::stderr)
         .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
@@ -109,163 +133,11 @@ pub(super) fn serve(args: ServeArgs) -> Result<(), String> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    // The files as they were before loading, so an edit made meanwhile is reloaded too.
-    let loaded_files = args.config.as_deref().map(config::fingerprint);
-    let config = load_config(args.config.as_deref(), args.default_algorithm)?;
-    runtime()?.block_on(async {
-        let store = AnyStore::open(args.store.options("sluicegate:")?)
-            .await
-            .map_err(|e| e.to_string())?;
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-        let limiter = Arc::new(Limiter::with_config(store, args.limiter_config()?));
-        if limiter.store().memory().is_some() {
-            let sweeper = Arc::clone(&limiter);
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(1));
-                loop {
-                    tick.tick().await;
-                    sweeper.store().memory().map(MemoryStore::sweep);
-                }
-            });
-        }
-        let metrics = Arc::new(metrics::Metrics::default());
-        metrics
-            .config_loads
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let live = Arc::new(config::LiveConfig::new(config));
-        if let Some(path) = args.config.clone() {
-            let interval = parse_duration(&args.reload_interval)
-                .map_err(|e| format!("--reload-interval: {e}"))?;
-            let interval = Duration::from_micros(interval.max(1_000));
-            // Listen for SIGHUP now, before the server says it is up: a SIGHUP that came
-            // before the handler would end the process.
-            #[cfg(unix)]
-            let hangup =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-            #[cfg(not(unix))]
-            let hangup = None;
-            tokio::spawn(reload_on_change(
-                path,
-                loaded_files.unwrap_or_default(),
-                args.default_algorithm,
-                Arc::clone(&live),
-                Arc::clone(&metrics),
-                interval,
-                hangup,
-            ));
-        }
-        let state = http::AppState {
-            config: live,
-            limiter,
-            metrics,
-            admin_token: args.admin_token.as_deref().map(Arc::from),
-            legacy_headers: args.legacy_headers,
-            max_entry_bytes: args.max_entry_bytes,
-        };
-        let local = listener.local_addr().map_err(|e| e.to_string())?;
-        tracing::info!(
-            address = %local,
-            config = %args.config.as_deref().unwrap_or(Path::new("examples/sluicegate.yaml")).display(),
-            store = %args.store.store,
-            "sluicegate listening"
-        );
-        // One signal stops every listener.
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            shutdown_signal().await;
-            let _ = stop.send(true);
-        });
-        let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = stopped.wait_for(|stop| *stop).await;
-        };
-        let grpc_only = match args.grpc_listen {
-            Some(address) => {
-                let listener = tokio::net::TcpListener::bind(address)
-                    .await
-                    .map_err(|e| format!("cannot listen on {address}: {e}"))?;
-                let local = listener.local_addr().map_err(|e| e.to_string())?;
-                tracing::info!(grpc_address = %local, "gRPC also on its own port");
-                let router = grpc::router(state.clone());
-                Some(tokio::spawn(
-                    axum::serve(listener, router)
-                        .with_graceful_shutdown(until_stopped(stopped.clone()))
-                        .into_future(),
-                ))
-            }
-            None => None,
-        };
-        axum::serve(listener, http::app(state))
-            .with_graceful_shutdown(until_stopped(stopped))
-            .await
-            .map_err(|e| format!("server failed: {e}"))?;
-        if let Some(grpc) = grpc_only {
-            grpc.await
-                .map_err(|e| format!("gRPC server failed: {e}"))?
-                .map_err(|e| format!("gRPC server failed: {e}"))?;
-        }
-        Ok(())
+    let options = args.options()?;
+    runtime().map_err(anyhow::Error::msg)?.block_on(async {
+        let listeners = args.listeners().await?;
+        server::serve(options, listeners, shutdown_signal()).await
     })
-}
-
-#[cfg(unix)]
-type Hangup = tokio::signal::unix::Signal;
-/// No SIGHUP off Unix.
-#[cfg(not(unix))]
-type Hangup = NoSignal;
-
-#[cfg(not(unix))]
-struct NoSignal;
-
-#[cfg(not(unix))]
-impl NoSignal {
-    async fn recv(&mut self) -> Option<()> {
-        std::future::pending().await
-    }
-}
-
-/// Reloads the configuration when its files change or on SIGHUP. A configuration that
-/// does not load keeps the previous one serving; the error is logged and counted.
-async fn reload_on_change(
-    path: PathBuf,
-    mut seen: Vec<config::FileStamp>,
-    default: Algorithm,
-    live: Arc<config::LiveConfig>,
-    metrics: Arc<metrics::Metrics>,
-    interval: Duration,
-    mut hangup: Option<Hangup>,
-) {
-    use std::sync::atomic::Ordering;
-    let mut tick = tokio::time::interval(interval);
-    loop {
-        let signalled = async {
-            match hangup.as_mut() {
-                Some(signal) => signal.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        let forced = tokio::select! {
-            _ = tick.tick() => false,
-            _ = signalled => true,
-        };
-        let now = config::fingerprint(&path);
-        if !forced && now == seen {
-            continue;
-        }
-        seen = now;
-        match Config::load(&path, default) {
-            Ok(config) => {
-                live.replace(config);
-                metrics.config_loads.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(config = %path.display(), "configuration reloaded");
-            }
-            Err(e) => {
-                metrics.config_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %e, "configuration rejected; the previous one keeps serving");
-            }
-        }
-    }
 }
 
 /// Resolves on SIGINT or SIGTERM: stop accepting, let requests in flight finish.

@@ -1,0 +1,294 @@
+//! The configuration as files: matching, errors naming file, line and field, directories.
+
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(Path::new("limits.yaml"), text, DEFAULT_ALGORITHM)
+}
+
+fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
+    pairs
+        .iter()
+        .map(|(k, v)| Entry {
+            key: (*k).into(),
+            value: (*v).into(),
+        })
+        .collect()
+}
+
+fn found<'a>(config: &'a Config, pairs: &[(&str, &str)]) -> Option<&'a str> {
+    config
+        .find("d", &entries(pairs))
+        .unwrap()
+        .map(|l| l.path.as_str())
+}
+
+#[test]
+fn most_specific_match_and_nesting() {
+    let config = parse(
+        "domain: d
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: remote_address
+    value: 10.0.0.1
+    rate_limit: {unit: second, requests_per_unit: 1000}
+  - key: to_cluster
+    value: api
+    descriptors:
+      - key: user
+        rate_limit: {window: 90s, requests_per_unit: 5, algorithm: token-bucket, burst: 2}
+",
+    )
+    .unwrap();
+    assert_eq!(
+        found(&config, &[("remote_address", "10.0.0.1")]),
+        Some("d.remote_address_10.0.0.1")
+    );
+    assert_eq!(
+        found(&config, &[("remote_address", "10.0.0.2")]),
+        Some("d.remote_address")
+    );
+    assert_eq!(
+        found(&config, &[("to_cluster", "api"), ("user", "bob")]),
+        Some("d.to_cluster_api.user")
+    );
+    // A node without a rate_limit limits nothing; an unknown value matches nothing.
+    assert_eq!(found(&config, &[("to_cluster", "api")]), None);
+    assert_eq!(
+        found(&config, &[("to_cluster", "web"), ("user", "bob")]),
+        None
+    );
+    assert!(config.find("other", &[]).is_err());
+    let rule = config
+        .find("d", &entries(&[("to_cluster", "api"), ("user", "x")]))
+        .unwrap()
+        .unwrap()
+        .rule
+        .clone()
+        .unwrap();
+    assert_eq!(
+        (rule.algorithm(), rule.window(), rule.capacity()),
+        (Algorithm::TokenBucket, 90_000_000, 2)
+    );
+}
+
+#[test]
+fn errors_name_file_line_and_field() {
+    let cases = [
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 5\n",
+            "line 5",
+            "rate_limit.unit",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      window: 1d\n      requests_per_unit: 200000000\n      algorithm: sliding-counter\n",
+            "line 5",
+            "rate_limit.window: window 1d with limit 200000000 exceeds 2^53",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limt: {}\n",
+            "line 4",
+            "rate_limt",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: gcra}\n",
+            "line 4",
+            "rate_limit.algorithm",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, window: 1s, requests_per_unit: 1}\n",
+            "line 4",
+            "rate_limit.window",
+        ),
+    ];
+    for (text, line, field) in cases {
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.starts_with("limits.yaml: "), "{err}");
+        assert!(err.contains(line), "{line} in {err}");
+        assert!(err.contains(field), "{field} in {err}");
+    }
+    let dup = parse("domain: d\ndescriptors:\n  - key: a\n  - key: a\n").unwrap_err();
+    assert!(
+        dup.to_string().contains("d.a: duplicate descriptor"),
+        "{dup}"
+    );
+}
+
+#[test]
+fn a_directory_holds_one_domain_per_file() {
+    let dir = std::env::temp_dir().join(format!("sluicegate-config-dir-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rule = "descriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    std::fs::write(dir.join("one.yaml"), format!("domain: one\n{rule}")).unwrap();
+    std::fs::write(dir.join("two.yml"), format!("domain: two\n{rule}")).unwrap();
+    std::fs::write(dir.join("notes.txt"), "not a config").unwrap();
+    let config = Config::load(&dir, DEFAULT_ALGORITHM).unwrap();
+    assert!(
+        config
+            .find("one", &entries(&[("a", "x")]))
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        config
+            .find("two", &entries(&[("a", "x")]))
+            .unwrap()
+            .is_some()
+    );
+    std::fs::write(dir.join("three.yaml"), format!("domain: one\n{rule}")).unwrap();
+    let err = Config::load(&dir, DEFAULT_ALGORITHM)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("three.yaml") && err.contains("already defined in"),
+        "{err}"
+    );
+}
+
+/// envoyproxy/ratelimit's documented examples (its README, examples 1 to 9) load
+/// unchanged and match as documented.
+#[test]
+fn envoyproxy_ratelimit_examples_match_as_documented() {
+    let load = |text: &str| {
+        Config::parse(Path::new("example.yaml"), text, Algorithm::FixedWindow).unwrap()
+    };
+    let path = |config: &Config, domain: &str, pairs: &[(&str, &str)]| {
+        config
+            .find(domain, &entries(pairs))
+            .unwrap()
+            .map(|l| l.path.clone())
+    };
+    // 1: two values of one key.
+    let c = load(
+        "domain: mongo_cps\ndescriptors:\n  - key: database\n    value: users\n    rate_limit:\n      unit: second\n      requests_per_unit: 500\n\n  - key: database\n    value: default\n    rate_limit:\n      unit: second\n      requests_per_unit: 500\n",
+    );
+    assert_eq!(
+        path(&c, "mongo_cps", &[("database", "users")]).as_deref(),
+        Some("mongo_cps.database_users")
+    );
+    assert_eq!(path(&c, "mongo_cps", &[("database", "other")]), None);
+    // 2: nested lists; a key without a value matches any value.
+    let c = load(
+        "domain: messaging\ndescriptors:\n  - key: message_type\n    value: marketing\n    descriptors:\n      - key: to_number\n        rate_limit:\n          unit: day\n          requests_per_unit: 5\n  - key: to_number\n    rate_limit:\n      unit: day\n      requests_per_unit: 100\n",
+    );
+    assert_eq!(
+        path(
+            &c,
+            "messaging",
+            &[("message_type", "marketing"), ("to_number", "2061111111")]
+        )
+        .as_deref(),
+        Some("messaging.message_type_marketing.to_number")
+    );
+    assert_eq!(
+        path(&c, "messaging", &[("to_number", "2061111111")]).as_deref(),
+        Some("messaging.to_number")
+    );
+    assert_eq!(
+        path(&c, "messaging", &[("message_type", "marketing")]),
+        None
+    );
+    // 3: key and value is tried before key alone; 0 per unit blocks.
+    let c = load(
+        "domain: edge_proxy_per_ip\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n\n  # Black list IP\n  - key: remote_address\n    value: 50.0.0.5\n    rate_limit:\n      unit: second\n      requests_per_unit: 0\n",
+    );
+    let blocked = c
+        .find(
+            "edge_proxy_per_ip",
+            &entries(&[("remote_address", "50.0.0.5")]),
+        )
+        .unwrap()
+        .unwrap();
+    assert!(blocked.blocked && blocked.rule.is_none());
+    let normal = c
+        .find(
+            "edge_proxy_per_ip",
+            &entries(&[("remote_address", "50.0.0.1")]),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(normal.rule.as_ref().unwrap().limit(), 10);
+    // 4: the request must reach the level that holds the limit.
+    let c = load(
+        "domain: example4\ndescriptors:\n  - key: key\n    value: value\n    rate_limit:\n      requests_per_unit: 300\n      unit: second\n",
+    );
+    assert_eq!(
+        path(&c, "example4", &[("key", "value"), ("subkey", "subvalue")]),
+        None
+    );
+    // 5: unlimited.
+    let c = load(
+        "domain: internal\ndescriptors:\n  - key: ldap\n    rate_limit:\n      unlimited: true\n\n  - key: azure\n    rate_limit:\n      unit: minute\n      requests_per_unit: 100\n",
+    );
+    assert!(
+        c.find("internal", &entries(&[("ldap", "x")]))
+            .unwrap()
+            .unwrap()
+            .rule
+            .is_none()
+    );
+    // 6: shadow mode.
+    let c = load(
+        "domain: example6\ndescriptors:\n  - key: service\n    descriptors:\n      - key: user\n        value: user-a\n        rate_limit:\n          requests_per_unit: 10\n          unit: second\n        shadow_mode: true\n      - key: user\n        value: user-b\n        rate_limit:\n          requests_per_unit: 20\n          unit: second\n",
+    );
+    let a = c
+        .find(
+            "example6",
+            &entries(&[("service", "auth-service"), ("user", "user-a")]),
+        )
+        .unwrap()
+        .unwrap();
+    let b = c
+        .find(
+            "example6",
+            &entries(&[("service", "auth-service"), ("user", "user-b")]),
+        )
+        .unwrap()
+        .unwrap();
+    assert!(a.shadow_mode && !b.shadow_mode);
+    // 7: replaces.
+    let c = load(
+        "domain: example7\ndescriptors:\n  - key: key_1\n    value: value_1\n    descriptors:\n      - key: user\n        value: bkthomps\n        rate_limit:\n          name: specific_limit\n          requests_per_unit: 5\n          unit: second\n  - key: key_2\n    value: value_2\n    descriptors:\n      - key: user\n        value: bkthomps\n        rate_limit:\n          replaces:\n            - name: specific_limit\n          requests_per_unit: 10\n          unit: second\n",
+    );
+    let second = c
+        .find(
+            "example7",
+            &entries(&[("key_2", "value_2"), ("user", "bkthomps")]),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.replaces, ["specific_limit"]);
+    // 8: detailed metrics.
+    let c = load(
+        "domain: example8\ndescriptors:\n  - key: key1\n    detailed_metric: true\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n  - key: key1\n    value: value1\n    rate_limit:\n      unit: minute\n      requests_per_unit: 20\n",
+    );
+    assert!(
+        c.find("example8", &entries(&[("key1", "other")]))
+            .unwrap()
+            .unwrap()
+            .detailed_metric
+    );
+    // 9: a wildcard value.
+    let c = load(
+        "domain: example9\ndescriptors:\n  - key: key1\n    value: value*\n    rate_limit:\n      unit: minute\n      requests_per_unit: 20\n",
+    );
+    assert_eq!(
+        path(&c, "example9", &[("key1", "value_2")]).as_deref(),
+        Some("example9.key1_value*")
+    );
+    assert_eq!(path(&c, "example9", &[("key1", "other")]), None);
+}
+
+#[test]
+fn unlimited_matches_without_a_rule() {
+    let config =
+        parse("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true}\n").unwrap();
+    let limit = config.find("d", &entries(&[("a", "x")])).unwrap().unwrap();
+    assert!(limit.rule.is_none());
+    let err = parse(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: second}\n",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("rate_limit.unit"), "{err}");
+}

@@ -1,0 +1,200 @@
+//! envoyproxy/ratelimit's protocol, mapped once: a `RateLimitRequest` in, a
+//! `RateLimitResponse` out. gRPC serves the messages as they are; `POST /json` reads and
+//! writes the same messages in proto3's JSON mapping ([`json`]).
+
+pub(crate) mod json;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use sluicegate::{Decision, RetryAfter, Rule, headers};
+
+use crate::config::Entry;
+use crate::service::{DecideError, Decided, DescriptorOutcome, Service};
+
+/// Decides one `RateLimitRequest`: every descriptor together, all-or-nothing.
+pub(crate) async fn should_rate_limit(
+    service: &Service,
+    request: &RateLimitRequest,
+) -> Result<RateLimitResponse, DecideError> {
+    let (descriptors, cost) = descriptors_and_cost(request)?;
+    let decided = service
+        .decide(&request.domain, &descriptors, cost, None)
+        .await?;
+    Ok(response(&decided, service.options().legacy_headers))
+}
+
+/// The request's descriptors as entries, and the one cost they share. Envoy: an unset
+/// `hits_addend` means 1. One check has one cost, so descriptors asking for different
+/// ones cannot be decided together.
+fn descriptors_and_cost(request: &RateLimitRequest) -> Result<(Vec<Vec<Entry>>, u64), DecideError> {
+    let request_cost = u64::from(request.hits_addend.max(1));
+    let mut cost = None;
+    let mut descriptors = Vec::with_capacity(request.descriptors.len());
+    for (i, d) in request.descriptors.iter().enumerate() {
+        let own = d.hits_addend.map_or(request_cost, |h| h.value);
+        if *cost.get_or_insert(own) != own {
+            return Err(DecideError::Invalid(format!(
+                "descriptors[{i}].hits_addend: every descriptor of one request must add \
+                 the same number of hits"
+            )));
+        }
+        if d.limit.is_some() {
+            return Err(DecideError::Invalid(format!(
+                "descriptors[{i}].limit: per-request limit overrides are not supported; \
+                 configure the rule instead"
+            )));
+        }
+        let entries = d
+            .entries
+            .iter()
+            .map(|e| Entry {
+                key: e.key.clone(),
+                value: e.value.clone(),
+            })
+            .collect();
+        descriptors.push(entries);
+    }
+    Ok((descriptors, cost.unwrap_or(request_cost)))
+}
+
+/// The answer: a status per descriptor, in request order, and the headers Envoy adds.
+fn response(decided: &Decided, legacy_headers: bool) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: code(!decided.allowed()).into(),
+        statuses: decided.descriptors.iter().map(status).collect(),
+        response_headers_to_add: response_headers(decided, legacy_headers),
+        ..RateLimitResponse::default()
+    }
+}
+
+fn code(over_limit: bool) -> Code {
+    if over_limit {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    }
+}
+
+/// The unit Envoy shows for a window, when it is exactly one; `Unknown` otherwise (a
+/// window of 90 s has none).
+fn unit_of(window: u64) -> Unit {
+    match window {
+        1_000_000 => Unit::Second,
+        60_000_000 => Unit::Minute,
+        3_600_000_000 => Unit::Hour,
+        86_400_000_000 => Unit::Day,
+        _ => Unit::Unknown,
+    }
+}
+
+fn proto_duration(micros: u64) -> ProtoDuration {
+    ProtoDuration {
+        seconds: i64::try_from(micros / 1_000_000).unwrap_or(i64::MAX),
+        nanos: i32::try_from(micros % 1_000_000 * 1_000).unwrap_or(0),
+    }
+}
+
+/// A count as Envoy's `uint32` fields carry it.
+fn clamp_u32(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn status(descriptor: &DescriptorOutcome) -> DescriptorStatus {
+    if descriptor.unlimited {
+        // As envoyproxy/ratelimit answers an unlimited descriptor.
+        return DescriptorStatus {
+            code: Code::Ok.into(),
+            limit_remaining: u32::MAX,
+            ..DescriptorStatus::default()
+        };
+    }
+    let Some(d) = descriptor.decision.as_ref() else {
+        return DescriptorStatus {
+            code: Code::Ok.into(),
+            ..DescriptorStatus::default()
+        };
+    };
+    let Some(rule) = descriptor.rule.as_ref() else {
+        // A block: over the limit, with a limit of 0.
+        return DescriptorStatus {
+            code: Code::OverLimit.into(),
+            current_limit: Some(RateLimit {
+                name: descriptor.path.clone().unwrap_or_default(),
+                requests_per_unit: 0,
+                unit: Unit::Unknown.into(),
+            }),
+            ..DescriptorStatus::default()
+        };
+    };
+    // Shadow mode: counted, reported, never enforced.
+    DescriptorStatus {
+        code: code(!d.allowed && !descriptor.shadow).into(),
+        current_limit: Some(RateLimit {
+            name: rule.name().to_owned(),
+            requests_per_unit: clamp_u32(d.limit),
+            unit: unit_of(rule.window()).into(),
+        }),
+        limit_remaining: clamp_u32(d.remaining),
+        duration_until_reset: Some(proto_duration(d.reset_after)),
+        ..DescriptorStatus::default()
+    }
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.to_owned(),
+        value,
+        ..HeaderValue::default()
+    }
+}
+
+/// `RateLimit`, `RateLimit-Policy` (and the legacy `X-RateLimit-*` when asked),
+/// `Retry-After` on a refusal, and who decided; none when no enforced limit was checked.
+fn response_headers(decided: &Decided, legacy_headers: bool) -> Vec<HeaderValue> {
+    let Some(outcome) = &decided.outcome else {
+        return Vec::new();
+    };
+    let limited: Vec<(&Rule, Decision)> = decided
+        .descriptors
+        .iter()
+        .filter(|d| !d.shadow)
+        .filter_map(|d| d.rule.as_ref().zip(d.decision))
+        .collect();
+    let decisions: Vec<Decision> = limited.iter().map(|(_, d)| *d).collect();
+    let binding = limited[headers::binding_index(&outcome.decision, &decisions)].0;
+    let decision = outcome.decision;
+    let mut out = vec![
+        header(
+            "RateLimit-Policy",
+            headers::ratelimit_policy(limited.iter().map(|(r, _)| *r)),
+        ),
+        header("RateLimit", headers::ratelimit(binding, &decision)),
+    ];
+    if legacy_headers {
+        let reset = headers::seconds_up(decision.reset_after).to_string();
+        out.push(header("X-RateLimit-Limit", decision.limit.to_string()));
+        out.push(header(
+            "X-RateLimit-Remaining",
+            decision.remaining.to_string(),
+        ));
+        out.push(header("X-RateLimit-Reset", reset));
+    }
+    if let RetryAfter::Micros(us) = decision.retry_after
+        && !decision.allowed
+    {
+        out.push(header(
+            "Retry-After",
+            headers::seconds_up(us).max(1).to_string(),
+        ));
+    }
+    out.push(header(
+        "x-sluicegate-decided-by",
+        outcome.decided_by.name().to_owned(),
+    ));
+    out
+}

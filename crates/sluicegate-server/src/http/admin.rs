@@ -1,0 +1,77 @@
+//! What operators call: `POST /v1/reset` (behind the admin token) and `GET /v1/rules`.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use sluicegate::Rule;
+
+use super::check::CheckRequest;
+use super::error::ApiError;
+use crate::service::Service;
+
+/// `POST /v1/reset`: forget the state of every limit a request's descriptors match, as
+/// if they had never been used. Admin only: needs `Authorization: Bearer <token>` with
+/// the token given to `--admin-token`; without one configured the endpoint is off.
+pub(super) async fn reset(
+    State(service): State<Arc<Service>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let Some(token) = service.options().admin_token.as_deref() else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "reset is off: start the server with --admin-token to enable it",
+        ));
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if !presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.as_bytes())) {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "reset needs Authorization: Bearer <admin token>",
+        ));
+    }
+    let request: CheckRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid reset request: {e}")))?;
+    let forgotten = service
+        .forget(&request.domain, &request.descriptors())
+        .await?;
+    Ok(axum::Json(serde_json::json!({ "reset": forgotten })).into_response())
+}
+
+/// Compares secrets in time that does not depend on where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[derive(Serialize)]
+pub(super) struct RuleBody {
+    path: String,
+    /// Null for an unlimited rule.
+    algorithm: Option<String>,
+    limit: Option<u64>,
+    window_us: Option<u64>,
+}
+
+/// `GET /v1/rules`: the loaded rules.
+pub(super) async fn rules(State(service): State<Arc<Service>>) -> axum::Json<Vec<RuleBody>> {
+    let live = service.live();
+    let rules = live
+        .config
+        .limits()
+        .into_iter()
+        .map(|l| RuleBody {
+            path: l.path.clone(),
+            algorithm: l.rule.as_ref().map(|r| r.algorithm().to_string()),
+            limit: l.rule.as_ref().map(Rule::capacity),
+            window_us: l.rule.as_ref().map(Rule::window),
+        })
+        .collect();
+    axum::Json(rules)
+}

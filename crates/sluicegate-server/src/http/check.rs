@@ -1,0 +1,128 @@
+//! `POST /v1/check`: sluicegate's own JSON API.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use sluicegate::Decision;
+
+use super::error::ApiError;
+use crate::config::Entry;
+use crate::service::Service;
+
+/// A `/v1/check` body (and `/v1/reset`'s, which names limits the same way).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CheckRequest {
+    pub(super) domain: String,
+    descriptors: Vec<RequestDescriptor>,
+    #[serde(default = "one")]
+    cost: u64,
+    request_id: Option<String>,
+}
+
+impl CheckRequest {
+    pub(super) fn descriptors(&self) -> Vec<Vec<Entry>> {
+        self.descriptors.iter().map(|d| d.entries.clone()).collect()
+    }
+}
+
+fn one() -> u64 {
+    1
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequestDescriptor {
+    entries: Vec<Entry>,
+}
+
+/// A decision as JSON. `retry_after_us` is -1 for never, as in the replay format.
+#[derive(Serialize, Debug, PartialEq)]
+struct DecisionBody {
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    retry_after_us: i64,
+    reset_after_us: u64,
+    delay_us: u64,
+}
+
+impl From<Decision> for DecisionBody {
+    fn from(d: Decision) -> Self {
+        DecisionBody {
+            allowed: d.allowed,
+            limit: d.limit,
+            remaining: d.remaining,
+            retry_after_us: d.retry_after.as_signed_micros(),
+            reset_after_us: d.reset_after,
+            delay_us: d.delay,
+        }
+    }
+}
+
+/// Each request descriptor's own answer, in request order.
+#[derive(Serialize)]
+struct DescriptorBody {
+    /// The matched configuration path, or null when nothing matched.
+    rule: Option<String>,
+    /// The rule's decision; null when no rule or an `unlimited` one matched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decision: Option<DecisionBody>,
+    /// The rule is in shadow mode: its decision is reported, never enforced.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    shadow_mode: bool,
+}
+
+#[derive(Serialize)]
+struct CheckResponse {
+    allowed: bool,
+    /// `store`, `negative-cache`, or the fallback policy that decided.
+    decided_by: &'static str,
+    /// The combined decision; null when no descriptor matched a limited rule.
+    decision: Option<DecisionBody>,
+    descriptors: Vec<DescriptorBody>,
+}
+
+pub(super) async fn check(
+    State(service): State<Arc<Service>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let request: CheckRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid check request: {e}")))?;
+    let decided = service
+        .decide(
+            &request.domain,
+            &request.descriptors(),
+            request.cost,
+            request.request_id.as_deref(),
+        )
+        .await?;
+    let descriptors = decided
+        .descriptors
+        .iter()
+        .map(|d| DescriptorBody {
+            rule: d.path.clone(),
+            decision: d.decision.map(Into::into),
+            shadow_mode: d.shadow,
+        })
+        .collect();
+    let decided_by = decided
+        .outcome
+        .as_ref()
+        .map_or("store", |o| o.decided_by.name());
+    let response = CheckResponse {
+        allowed: decided.allowed(),
+        decided_by,
+        decision: decided.outcome.map(|o| o.decision.into()),
+        descriptors,
+    };
+    let mut response = axum::Json(response).into_response();
+    response.headers_mut().insert(
+        "x-sluicegate-decided-by",
+        axum::http::HeaderValue::from_static(decided_by),
+    );
+    Ok(response)
+}

@@ -1,0 +1,135 @@
+//! The running service: the store opened, the configuration loaded and kept fresh, HTTP
+//! and gRPC served on the listeners given until told to stop. [`serve`] is what
+//! `sluicegate serve` runs, and what tests run in-process on a port of their own.
+
+mod reload;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use sluicegate::{Algorithm, AnyStore, Limiter, LimiterConfig, MemoryStore, StoreOptions};
+use tokio::net::TcpListener;
+
+use crate::config::{self, Config};
+use crate::http;
+use crate::service::{Service, ServiceOptions};
+
+/// The example configuration served when no configuration path is given (examples/).
+const EXAMPLE_CONFIG: &str = include_str!("../../../../examples/sluicegate.yaml");
+
+/// The name the example configuration goes by in logs and errors.
+const EXAMPLE_CONFIG_NAME: &str = "examples/sluicegate.yaml";
+
+/// What the service is made of.
+pub struct ServeOptions {
+    /// A YAML file, or a directory of them; `None` serves the example rules.
+    pub config: Option<PathBuf>,
+    /// The algorithm of rules that name none.
+    pub default_algorithm: Algorithm,
+    /// Where state lives.
+    pub store: StoreOptions,
+    /// Timeouts, failure policy, breaker and negative cache.
+    pub limiter: LimiterConfig,
+    /// How the front ends answer.
+    pub service: ServiceOptions,
+    /// How often the configuration files are checked for edits.
+    pub reload_interval: Duration,
+}
+
+/// Where the service listens.
+pub struct Listeners {
+    /// HTTP and gRPC on one port.
+    pub main: TcpListener,
+    /// gRPC alone, on a port of its own too.
+    pub grpc_only: Option<TcpListener>,
+}
+
+/// Serves until `shutdown` resolves, then stops accepting, lets the requests in flight
+/// finish, and returns.
+pub async fn serve(
+    options: ServeOptions,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    // The files as they were before loading, so an edit made meanwhile is reloaded too.
+    let loaded_files = options.config.as_deref().map(config::fingerprint);
+    let config = load_config(options.config.as_deref(), options.default_algorithm)?;
+    let store = AnyStore::open(options.store.clone()).await?;
+    let limiter = Arc::new(Limiter::with_config(store, options.limiter.clone()));
+    if limiter.store().memory().is_some() {
+        let sweeper = Arc::clone(&limiter);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                sweeper.store().memory().map(MemoryStore::sweep);
+            }
+        });
+    }
+    let service = Arc::new(Service::new(config, limiter, options.service.clone()));
+    service.metrics().config_loaded();
+    if let Some(path) = options.config.clone() {
+        // Listen for SIGHUP now, before the server says it is up: a SIGHUP that came
+        // before the handler would end the process.
+        let hangup = reload::Hangup::listen();
+        tokio::spawn(reload::reload_on_change(
+            reload::Watch {
+                path,
+                seen: loaded_files.unwrap_or_default(),
+                default_algorithm: options.default_algorithm,
+                interval: options.reload_interval.max(Duration::from_millis(1)),
+            },
+            Arc::clone(&service),
+            hangup,
+        ));
+    }
+    let address = listeners.main.local_addr()?;
+    tracing::info!(
+        address = %address,
+        config = %options.config.as_deref().unwrap_or(Path::new(EXAMPLE_CONFIG_NAME)).display(),
+        store = %options.store.url,
+        "sluicegate listening"
+    );
+    // One signal stops every listener.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    });
+    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    };
+    let grpc_only = match listeners.grpc_only {
+        Some(listener) => {
+            tracing::info!(grpc_address = %listener.local_addr()?, "gRPC also on its own port");
+            let router = crate::grpc::router(Arc::clone(&service));
+            Some(tokio::spawn(
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(until_stopped(stopped.clone()))
+                    .into_future(),
+            ))
+        }
+        None => None,
+    };
+    axum::serve(listeners.main, http::app(service))
+        .with_graceful_shutdown(until_stopped(stopped))
+        .await
+        .context("server failed")?;
+    if let Some(grpc) = grpc_only {
+        grpc.await
+            .context("gRPC server failed")?
+            .context("gRPC server failed")?;
+    }
+    Ok(())
+}
+
+/// The configuration at `path`, or the example rules without one.
+fn load_config(path: Option<&Path>, default: Algorithm) -> anyhow::Result<Config> {
+    Ok(match path {
+        Some(path) => Config::load(path, default)?,
+        None => Config::parse(Path::new(EXAMPLE_CONFIG_NAME), EXAMPLE_CONFIG, default)?,
+    })
+}

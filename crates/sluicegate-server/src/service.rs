@@ -1,0 +1,394 @@
+//! The service behind every front end: the configuration in force, the limiter and the
+//! metrics. One rate-limit request, whatever protocol brought it, is a domain and
+//! descriptors in and the matched rules' decisions out: HTTP and gRPC both call
+//! [`Service::decide`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use sluicegate::{AnyStore, Check, Decision, Limit, Limiter, Outcome, Rule, StoreError};
+
+use crate::config::{Config, Entry, UnknownDomain};
+use crate::metrics::{Metrics, RuleMetrics};
+
+/// How the front ends answer, beside what the configuration says.
+#[derive(Clone, Debug)]
+pub struct ServiceOptions {
+    /// The longest descriptor key or value accepted, in bytes.
+    pub max_entry_bytes: usize,
+    /// Also answer the legacy `X-RateLimit-*` headers (gRPC headers to add).
+    pub legacy_headers: bool,
+    /// The bearer token `/v1/reset` needs; `None` turns it off.
+    pub admin_token: Option<Arc<str>>,
+}
+
+impl Default for ServiceOptions {
+    fn default() -> Self {
+        ServiceOptions {
+            max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
+            legacy_headers: false,
+            admin_token: None,
+        }
+    }
+}
+
+/// A configuration in force, with the counters of its rules.
+pub(crate) struct Live {
+    pub(crate) config: Config,
+    rule_metrics: HashMap<String, RuleMetrics>,
+}
+
+/// What every front end shares.
+pub(crate) struct Service {
+    /// The configuration in force, replaced whole when a reload succeeds; a request keeps
+    /// the one it started with.
+    live: ArcSwap<Live>,
+    limiter: Arc<Limiter<AnyStore>>,
+    metrics: Metrics,
+    options: ServiceOptions,
+}
+
+/// What became of each request descriptor.
+pub(crate) struct DescriptorOutcome {
+    /// The matched configuration path; `None` when nothing matched (or the match was
+    /// replaced by another limit of the request).
+    pub(crate) path: Option<String>,
+    /// The matched rule; `None` for `unlimited`, for a block (`requests_per_unit: 0`),
+    /// or no match.
+    pub(crate) rule: Option<Rule>,
+    /// The rule's decision; `None` when no limited rule matched.
+    pub(crate) decision: Option<Decision>,
+    /// The matched limit is `unlimited`.
+    pub(crate) unlimited: bool,
+    /// The limit is in shadow mode: decided and counted, never enforced.
+    pub(crate) shadow: bool,
+}
+
+/// The answer to one request.
+pub(crate) struct Decided {
+    pub(crate) descriptors: Vec<DescriptorOutcome>,
+    /// The enforced limits' outcome; `None` when no descriptor matched an enforced,
+    /// limited rule.
+    pub(crate) outcome: Option<Outcome>,
+    /// A matched block (`requests_per_unit: 0`) refuses the request.
+    pub(crate) blocked: bool,
+}
+
+impl Decided {
+    pub(crate) fn allowed(&self) -> bool {
+        !self.blocked && self.outcome.as_ref().is_none_or(|o| o.decision.allowed)
+    }
+}
+
+/// A block's decision: over the limit, and it will never pass.
+const BLOCKED: Decision = Decision {
+    allowed: false,
+    limit: 0,
+    remaining: 0,
+    retry_after: sluicegate::RetryAfter::Never,
+    reset_after: 0,
+    delay: 0,
+};
+
+/// Why a request could not be decided.
+pub(crate) enum DecideError {
+    /// The request is malformed: say what is wrong.
+    Invalid(String),
+    /// The store could not decide and no policy decided for it.
+    Store(StoreError),
+}
+
+impl From<StoreError> for DecideError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::InvalidCheck(message) => DecideError::Invalid(message),
+            other => DecideError::Store(other),
+        }
+    }
+}
+
+/// The identity of a request descriptor within its rule: every entry, length-prefixed, so
+/// that no two different descriptors encode alike whatever characters they hold.
+pub(crate) fn descriptor_key(entries: &[Entry]) -> String {
+    let mut key = String::new();
+    for entry in entries {
+        for part in [&entry.key, &entry.value] {
+            key.push_str(&part.len().to_string());
+            key.push(':');
+            key.push_str(part);
+        }
+    }
+    key
+}
+
+/// The most descriptors one request may carry.
+pub(crate) const MAX_DESCRIPTORS: usize = 64;
+/// The most entries one descriptor may carry.
+pub(crate) const MAX_ENTRIES: usize = 16;
+/// The longest key or value of an entry, in bytes, unless `--max-entry-bytes` says.
+pub(crate) const DEFAULT_MAX_ENTRY_BYTES: usize = 1024;
+
+impl Live {
+    fn new(config: Config, metrics: &Metrics) -> Self {
+        let rule_metrics = metrics.rules_of(&config);
+        Live {
+            config,
+            rule_metrics,
+        }
+    }
+}
+
+impl Service {
+    /// A service deciding with `limiter` by the rules of `config`.
+    pub(crate) fn new(
+        config: Config,
+        limiter: Arc<Limiter<AnyStore>>,
+        options: ServiceOptions,
+    ) -> Self {
+        let metrics = Metrics::default();
+        let live = ArcSwap::from_pointee(Live::new(config, &metrics));
+        Service {
+            live,
+            limiter,
+            metrics,
+            options,
+        }
+    }
+
+    /// The configuration in force now.
+    pub(crate) fn live(&self) -> Arc<Live> {
+        self.live.load_full()
+    }
+
+    /// Puts `config` in force for every request that starts from now on.
+    pub(crate) fn replace_config(&self, config: Config) {
+        self.live.store(Arc::new(Live::new(config, &self.metrics)));
+    }
+
+    pub(crate) fn limiter(&self) -> &Limiter<AnyStore> {
+        &self.limiter
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub(crate) fn options(&self) -> &ServiceOptions {
+        &self.options
+    }
+
+    /// Matches every descriptor and decides all the limited ones in one check, all-or-nothing.
+    /// Two descriptors that land on the same rule and key share one limit and one answer.
+    pub(crate) async fn decide(
+        &self,
+        domain: &str,
+        descriptors: &[Vec<Entry>],
+        cost: u64,
+        request_id: Option<&str>,
+    ) -> Result<Decided, DecideError> {
+        if descriptors.is_empty() {
+            return Err(DecideError::Invalid(
+                "descriptors: at least one is required".into(),
+            ));
+        }
+        if descriptors.len() > MAX_DESCRIPTORS {
+            return Err(DecideError::Invalid(format!(
+                "descriptors: {} given, at most {MAX_DESCRIPTORS} allowed",
+                descriptors.len()
+            )));
+        }
+        for (i, entries) in descriptors.iter().enumerate() {
+            if entries.is_empty() || entries.len() > MAX_ENTRIES {
+                return Err(DecideError::Invalid(format!(
+                    "descriptors[{i}].entries: 1 to {MAX_ENTRIES} entries are required, {} given",
+                    entries.len()
+                )));
+            }
+            for (j, entry) in entries.iter().enumerate() {
+                for (field, text) in [("key", &entry.key), ("value", &entry.value)] {
+                    if text.len() > self.options.max_entry_bytes {
+                        return Err(DecideError::Invalid(format!(
+                            "descriptors[{i}].entries[{j}].{field}: {} bytes, at most \
+                         {} allowed",
+                            text.len(),
+                            self.options.max_entry_bytes
+                        )));
+                    }
+                }
+            }
+        }
+        let live = self.live();
+        let config = &live.config;
+        let mut matched = Vec::with_capacity(descriptors.len());
+        for entries in descriptors {
+            let limit = config.find(domain, entries).map_err(|UnknownDomain| {
+                DecideError::Invalid(format!("domain: unknown domain {domain:?}"))
+            })?;
+            matched.push(limit);
+        }
+        // envoyproxy/ratelimit's `replaces`: a matched limit that names another one takes its
+        // place for this request.
+        let replaced: Vec<&str> = matched
+            .iter()
+            .flatten()
+            .flat_map(|l| l.replaces.iter().map(String::as_str))
+            .collect();
+        for limit in &mut matched {
+            if limit
+                .and_then(|l| l.name.as_deref())
+                .is_some_and(|n| replaced.contains(&n))
+            {
+                *limit = None;
+            }
+        }
+        let blocked = matched
+            .iter()
+            .flatten()
+            .any(|l| l.blocked && !l.shadow_mode);
+
+        // Enforced limits are decided together, all-or-nothing; shadow ones apart, so that
+        // they can never refuse or hold back the others.
+        let keys: Vec<String> = descriptors.iter().map(|d| descriptor_key(d)).collect();
+        let mut enforced: Vec<Limit<'_>> = Vec::new();
+        let mut shadow: Vec<Limit<'_>> = Vec::new();
+        let mut slot_of: Vec<Option<(bool, usize)>> = Vec::new();
+        for (limit, key) in matched.iter().zip(&keys) {
+            let slot = limit.and_then(|l| {
+                let rule = l.rule.as_ref()?;
+                let list = if l.shadow_mode {
+                    &mut shadow
+                } else {
+                    &mut enforced
+                };
+                let index = list
+                    .iter()
+                    .position(|x| x.key == key && x.rule.same_identity(rule))
+                    .unwrap_or_else(|| {
+                        list.push(Limit { rule, key });
+                        list.len() - 1
+                    });
+                Some((l.shadow_mode, index))
+            });
+            slot_of.push(slot);
+        }
+        // A block refuses the request without asking the store.
+        let outcome = if enforced.is_empty() || blocked {
+            None
+        } else {
+            Some(self.run(&enforced, cost, request_id).await?)
+        };
+        let shadow_outcome = if shadow.is_empty() {
+            None
+        } else {
+            Some(self.run(&shadow, cost, request_id).await?)
+        };
+
+        let descriptors = matched
+            .iter()
+            .zip(&slot_of)
+            .zip(descriptors)
+            .map(|((limit, slot), entries)| {
+                let decision = match (limit, slot) {
+                    (Some(l), _) if l.blocked => Some(BLOCKED),
+                    (_, Some((false, i))) => outcome.as_ref().map(|o| o.limits()[*i]),
+                    (_, Some((true, i))) => shadow_outcome.as_ref().map(|o| o.limits()[*i]),
+                    _ => None,
+                };
+                if let (Some(l), Some(decision)) = (limit, &decision) {
+                    match (entries.last(), live.rule_metrics.get(&l.path)) {
+                        // Labelled by the request's value: looked up per decision.
+                        (Some(last), _) if l.detailed_metric => self
+                            .metrics
+                            .rule_metrics(&format!("{}_{}", l.path, last.value))
+                            .count(decision, l.shadow_mode),
+                        (_, Some(counters)) => counters.count(decision, l.shadow_mode),
+                        (_, None) => self
+                            .metrics
+                            .rule_metrics(&l.path)
+                            .count(decision, l.shadow_mode),
+                    }
+                }
+                DescriptorOutcome {
+                    path: limit.map(|l| l.path.clone()),
+                    rule: limit.and_then(|l| l.rule.clone()),
+                    decision,
+                    unlimited: limit.is_some_and(|l| l.rule.is_none() && !l.blocked),
+                    shadow: limit.is_some_and(|l| l.shadow_mode),
+                }
+            })
+            .collect();
+        Ok(Decided {
+            descriptors,
+            outcome,
+            blocked,
+        })
+    }
+
+    /// Forgets the state of every limit `descriptors` match, as if they had never been
+    /// used; the paths of the limits forgotten.
+    pub(crate) async fn forget(
+        &self,
+        domain: &str,
+        descriptors: &[Vec<Entry>],
+    ) -> Result<Vec<String>, DecideError> {
+        let live = self.live();
+        let config = &live.config;
+        let mut forgotten = Vec::new();
+        for entries in descriptors {
+            let limit = config.find(domain, entries).map_err(|UnknownDomain| {
+                DecideError::Invalid(format!("domain: unknown domain {domain:?}"))
+            })?;
+            if let Some((limit, rule)) = limit.and_then(|l| Some(l).zip(l.rule.as_ref())) {
+                self.limiter
+                    .store()
+                    .forget(rule, &descriptor_key(entries))
+                    .await?;
+                forgotten.push(limit.path.clone());
+            }
+        }
+        Ok(forgotten)
+    }
+
+    /// One check of `limits`, timed and counted.
+    async fn run(
+        &self,
+        limits: &[Limit<'_>],
+        cost: u64,
+        request_id: Option<&str>,
+    ) -> Result<Outcome, DecideError> {
+        let check = Check {
+            request_id,
+            ..Check::new(limits, cost)
+        };
+        let started = std::time::Instant::now();
+        let outcome = self.limiter.decide(&check).await?;
+        self.metrics.check(outcome.decided_by, started.elapsed());
+        Ok(outcome)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_keys_do_not_collide() {
+        let e = |k: &str, v: &str| Entry {
+            key: k.into(),
+            value: v.into(),
+        };
+        let pairs = [
+            vec![e("a", "b:c")],
+            vec![e("a:b", "c")],
+            vec![e("a", "b"), e("c", "")],
+            vec![e("a", "b1:c0:")],
+        ];
+        let keys: Vec<String> = pairs.iter().map(|p| descriptor_key(p)).collect();
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+    }
+}
