@@ -127,7 +127,7 @@ fn replay_rejects_a_bad_rule() {
 
 #[test]
 fn serve_answers_the_documented_calls_and_exits_cleanly() {
-    let server = Server::start(&[]);
+    let server = Server::binary(&[]);
     let (status, body) = server.request("GET", "/healthz", "");
     assert_eq!((status, body.trim()), (200, "ok"));
     // The README's curl call, against the example rules (5 per 10 s per user).
@@ -272,7 +272,7 @@ fn metric(server: &Server, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{name} not in\n{text}"))
 }
 
-/// Waits (a real process reloads on its own time) until `name` reaches `want`.
+/// Waits (the server reloads on its own time) until `name` reaches `want`.
 fn wait_for_metric(server: &Server, name: &str, want: u64) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while metric(server, name) < want {
@@ -294,7 +294,7 @@ fn user_config(limit: &str) -> String {
 fn configuration_reloads_on_sighup_and_on_change_and_a_bad_one_keeps_the_old() {
     let path = std::env::temp_dir().join(format!("sluicegate-reload-{}.yaml", std::process::id()));
     std::fs::write(&path, user_config("1")).unwrap();
-    let server = Server::start(&[
+    let server = Server::binary(&[
         "--config",
         path.to_str().unwrap(),
         "--reload-interval",
@@ -308,7 +308,7 @@ fn configuration_reloads_on_sighup_and_on_change_and_a_bad_one_keeps_the_old() {
             .starts_with(r#"{"allowed":true"#)
     };
     let hangup = |server: &Server| {
-        let pid = server.child.id().to_string();
+        let pid = server.pid().to_string();
         assert!(
             Command::new("kill")
                 .args(["-HUP", &pid])

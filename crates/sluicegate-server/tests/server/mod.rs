@@ -1,21 +1,103 @@
-//! A `sluicegate serve` process on a free loopback port, for end-to-end tests.
+//! The service on a free loopback port, for end-to-end tests: in this process through
+//! `sluicegate_server::serve` (the same flags as `sluicegate serve`), or as the real
+//! binary where the process itself is under test (signals, exit status).
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use sluicegate_server::cli::ServeArgs;
+
+/// `sluicegate serve`'s flags, parsed as the binary parses them.
+#[derive(Parser)]
+struct Flags {
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+enum Running {
+    /// `serve` on a runtime of its own thread; dropping the sender stops it.
+    InProcess {
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+        thread: Option<JoinHandle<anyhow::Result<()>>>,
+    },
+    Binary(Child),
+}
 
 pub struct Server {
-    pub child: Child,
+    running: Running,
     pub address: String,
     /// With --grpc-listen: the gRPC-only address.
     pub grpc_address: Option<String>,
 }
 
+/// How a server ended.
+pub struct Stopped {
+    success: bool,
+}
+
+impl Stopped {
+    /// It stopped cleanly: exit status 0, or `serve` returned `Ok`.
+    pub fn success(&self) -> bool {
+        self.success
+    }
+}
+
 impl Server {
-    /// Starts `sluicegate serve --listen 127.0.0.1:0 ARGS` and waits for its addresses.
+    /// Serves `--listen 127.0.0.1:0 ARGS` in this process and waits until it listens.
     pub fn start(args: &[&str]) -> Server {
+        let flags = Flags::try_parse_from(
+            ["serve", "--listen", "127.0.0.1:0"]
+                .iter()
+                .chain(args)
+                .copied(),
+        )
+        .unwrap_or_else(|e| panic!("serve {args:?}: {e}"));
+        let (addresses, bound) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            runtime.block_on(async move {
+                let options = flags.serve.options()?;
+                let listeners = flags.serve.listeners().await?;
+                let main = listeners.main.local_addr()?.to_string();
+                let grpc = match &listeners.grpc_only {
+                    Some(listener) => Some(listener.local_addr()?.to_string()),
+                    None => None,
+                };
+                let _ = addresses.send((main, grpc));
+                sluicegate_server::serve(options, listeners, async move {
+                    let _ = stopped.await;
+                })
+                .await
+            })
+        });
+        let Ok((address, grpc_address)) = bound.recv() else {
+            let failed = thread.join().expect("the server thread does not panic");
+            panic!("serve {args:?} did not start: {failed:?}");
+        };
+        Server {
+            running: Running::InProcess {
+                stop: Some(stop),
+                thread: Some(thread),
+            },
+            address,
+            grpc_address,
+        }
+    }
+
+    /// Starts the real binary, `sluicegate serve --listen 127.0.0.1:0 ARGS`, and waits for
+    /// the addresses it logs.
+    pub fn binary(args: &[&str]) -> Server {
         let wants_grpc = args.contains(&"--grpc-listen");
         let mut child = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
             .args(["serve", "--listen", "127.0.0.1:0"])
@@ -41,45 +123,79 @@ impl Server {
         // Keep draining stderr so the server never blocks on a full pipe.
         std::thread::spawn(move || lines.for_each(drop));
         Server {
-            child,
+            running: Running::Binary(child),
             address: address.expect("the server logs its address"),
             grpc_address,
         }
     }
 
-    /// One HTTP/1.1 request on a fresh connection: the status and the body.
-    pub fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let mut stream = TcpStream::connect(&self.address).unwrap();
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            self.address,
-            body.len()
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        let status = response[9..12].parse().unwrap();
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
+    /// The process id of a server started with [`Server::binary`].
+    pub fn pid(&self) -> u32 {
+        match &self.running {
+            Running::Binary(child) => child.id(),
+            Running::InProcess { .. } => panic!("an in-process server has no process of its own"),
+        }
     }
 
-    /// SIGTERM, and the exit status.
-    pub fn stop(mut self) -> ExitStatus {
-        let pid = self.child.id().to_string();
-        let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        assert!(killed.success());
-        self.child.wait().unwrap()
+    /// One HTTP/1.1 request, from a real client on a connection of its own: the status and
+    /// the body. Blocks; call it from a test thread, not from inside a runtime.
+    pub fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let uri = format!("http://{}{path}", self.address);
+        let request = axum::http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("content-type", "application/json")
+            .body(Full::new(axum::body::Bytes::from(body.to_owned())))
+            .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let client = Client::builder(TokioExecutor::new()).build_http();
+            let response = client.request(request).await.unwrap();
+            let status = response.status().as_u16();
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8_lossy(&bytes).into_owned())
+        })
+    }
+
+    /// Stops the server — SIGTERM for the binary, the shutdown future for an in-process
+    /// one — and says how it ended.
+    pub fn stop(mut self) -> Stopped {
+        match &mut self.running {
+            Running::Binary(child) => {
+                let pid = child.id().to_string();
+                let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+                assert!(killed.success());
+                Stopped {
+                    success: child.wait().unwrap().success(),
+                }
+            }
+            Running::InProcess { stop, thread } => {
+                drop(stop.take());
+                let ended = thread.take().unwrap().join().expect("serve does not panic");
+                Stopped {
+                    success: ended.is_ok(),
+                }
+            }
+        }
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        match &mut self.running {
+            Running::Binary(child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            Running::InProcess { stop, thread } => {
+                drop(stop.take());
+                if let Some(thread) = thread.take() {
+                    let _ = thread.join();
+                }
+            }
+        }
     }
 }
