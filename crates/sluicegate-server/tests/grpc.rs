@@ -1,8 +1,7 @@
 //! Envoy's rate-limit service over real gRPC: the tonic client, and Python's grpcio to
 //! prove the wire is the standard one.
 
-#[path = "../../sluicegate/tests/support/mod.rs"]
-mod support;
+use sluicegate_test_support as support;
 
 mod server;
 
