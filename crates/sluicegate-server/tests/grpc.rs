@@ -115,7 +115,7 @@ async fn rls_on_redis() {
     .await;
 }
 
-/// Python's grpcio, with the protobuf written by hand, gets the same answers.
+/// Python's grpcio, with the stubs generated from Envoy's protos, gets the same answers.
 #[test]
 fn rls_from_python_grpcio() {
     let server = Server::start(&[]);
@@ -127,7 +127,7 @@ fn rls_from_python_grpcio() {
             .expect("python3");
         assert!(
             out.status.success(),
-            "python grpcio call failed (scripts/test installs grpcio): {}",
+            "python grpcio call failed (scripts/test installs grpcio and xds-protos): {}",
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout).unwrap()
