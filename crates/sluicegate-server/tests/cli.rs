@@ -1,7 +1,6 @@
 //! The `sluicegate` binary end to end: real processes, real sockets.
 
-#[path = "../../sluicegate/tests/support/mod.rs"]
-mod support;
+use sluicegate_test_support as support;
 
 mod server;
 

@@ -1,8 +1,7 @@
 //! Envoy's rate-limit service over real gRPC: the tonic client, and Python's grpcio to
 //! prove the wire is the standard one.
 
-#[path = "../../sluicegate/tests/support/mod.rs"]
-mod support;
+use sluicegate_test_support as support;
 
 mod server;
 
@@ -116,7 +115,7 @@ async fn rls_on_redis() {
     .await;
 }
 
-/// Python's grpcio, with the protobuf written by hand, gets the same answers.
+/// Python's grpcio, with the stubs generated from Envoy's protos, gets the same answers.
 #[test]
 fn rls_from_python_grpcio() {
     let server = Server::start(&[]);
@@ -128,7 +127,7 @@ fn rls_from_python_grpcio() {
             .expect("python3");
         assert!(
             out.status.success(),
-            "python grpcio call failed (scripts/test installs grpcio): {}",
+            "python grpcio call failed (scripts/test installs grpcio and xds-protos): {}",
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout).unwrap()

@@ -2,8 +2,7 @@
 //! deciding with Redis TIME. From Redis' own record and the processes' counts, no rule
 //! ever admits more than it may.
 
-#[path = "../../sluicegate/tests/support/mod.rs"]
-mod support;
+use sluicegate_test_support::{self as support, cmd};
 
 use std::process::{Command, Output};
 use std::time::Instant;
@@ -57,17 +56,15 @@ fn hammer(prefix: &str, rule: &[&str]) -> (u64, f64) {
     (allowed(&a) + allowed(&b), elapsed)
 }
 
-fn redis(args: &str) -> String {
-    support::command(support::standalone().port, args).unwrap()
-}
-
 /// The one state key under `prefix`.
 fn state_key(prefix: &str) -> String {
-    let reply = redis(&format!("KEYS {prefix}*:s:*"));
-    let key = reply
-        .lines()
-        .find(|line| line.starts_with(prefix))
-        .unwrap_or_else(|| panic!("no state key under {prefix}: {reply}"));
+    let keys: Vec<String> = support::standalone()
+        .query(cmd("KEYS").arg(format!("{prefix}*:s:*")))
+        .unwrap();
+    let key = keys
+        .iter()
+        .find(|key| key.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no state key under {prefix}: {keys:?}"));
     key.to_owned()
 }
 
@@ -88,7 +85,8 @@ fn sliding_log_admits_exactly_its_limit() {
     assert_eq!(allowed, 300);
     // Redis' record: 300 entries, distinct members, all within the hour.
     let key = state_key(&prefix);
-    assert_eq!(redis(&format!("ZCARD {key}")).trim(), ":300");
+    let entries: u64 = support::standalone().query(cmd("ZCARD").arg(&key)).unwrap();
+    assert_eq!(entries, 300);
 }
 
 #[test]
@@ -106,8 +104,9 @@ fn fixed_window_never_exceeds_its_limit() {
         ],
     );
     let key = state_key(&prefix);
-    let count = redis(&format!("HGET {key} n"));
-    let count: u64 = count.lines().nth(1).unwrap().parse().unwrap();
+    let count: u64 = support::standalone()
+        .query(cmd("HGET").arg(&key).arg("n"))
+        .unwrap();
     assert!(count <= 250, "the window holds {count}");
     // Two runs of 2 s cross at most one 10-day boundary.
     assert!(

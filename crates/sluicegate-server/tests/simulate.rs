@@ -1,7 +1,6 @@
 //! `sluicegate trace`, `simulate` and `plan` end to end, as a user runs them.
 
-#[path = "../../sluicegate/tests/support/mod.rs"]
-mod support;
+use sluicegate_test_support::{self as support, cmd};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -232,6 +231,6 @@ fn plan_measures_on_a_real_redis_and_cleans_up() {
         .unwrap();
     let measured_zset: u64 = zset.split_whitespace().nth(6).unwrap().parse().unwrap();
     assert!(measured_zset > 4 * measured, "{table}");
-    let left = support::command(server.port, "KEYS sluicegate:plan:*").unwrap();
-    assert!(left.starts_with("*0"), "plan left keys behind: {left}");
+    let left: Vec<String> = server.query(cmd("KEYS").arg("sluicegate:plan:*")).unwrap();
+    assert!(left.is_empty(), "plan left keys behind: {left:?}");
 }

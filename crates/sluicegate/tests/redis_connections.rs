@@ -1,8 +1,6 @@
 //! The connection strings a deployment uses: TLS with its own authority, an ACL user and
 //! password, a unix socket — each against a real redis-server started here.
 
-mod support;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -10,6 +8,7 @@ use std::time::Duration;
 use sluicegate::{
     Algorithm, Check, Limit, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
 };
+use sluicegate_test_support as support;
 
 fn rule() -> Rule {
     Rule::new("conn", &RuleSpec::new(Algorithm::SlidingLog, 2, 60_000_000)).unwrap()
@@ -135,16 +134,9 @@ async fn tls_with_the_deployments_own_authority() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_user_and_password() {
-    // Each word of the ACL rule is its own argument, quoted for the shell that starts it.
-    let server = support::RedisServer::start(&[
-        "--user",
-        "limiter",
-        "on",
-        "'>s3cret'",
-        "'~*'",
-        "'&*'",
-        "'+@all'",
-    ]);
+    // Each word of the ACL rule is its own argument.
+    let server =
+        support::RedisServer::start(&["--user", "limiter", "on", ">s3cret", "~*", "&*", "+@all"]);
     let url = format!("redis://limiter:s3cret@127.0.0.1:{}", server.port);
     decides(
         &RedisStore::connect(config(&url, "acl"))

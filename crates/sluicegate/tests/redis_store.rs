@@ -1,8 +1,6 @@
 //! The Redis store against the Rust reference (the in-memory store), on a real
 //! redis-server and a real three-master Redis Cluster started by the tests.
 
-mod support;
-
 use std::sync::Arc;
 
 use sluicegate::store::redis::{hash_slot, redis_key};
@@ -10,6 +8,7 @@ use sluicegate::{
     Algorithm, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, Outcome,
     RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
 };
+use sluicegate_test_support::{self as support, cmd};
 
 /// A deterministic random sequence (xorshift), so a failure names a seed to replay.
 struct Random(u64);
@@ -252,8 +251,7 @@ async fn identities_spread_over_every_master() {
         );
     }
     for master in &support::cluster().nodes {
-        let reply = support::command(master.port, "DBSIZE").unwrap();
-        let keys: u64 = reply.trim().trim_start_matches(':').parse().unwrap();
+        let keys: u64 = master.query(&cmd("DBSIZE")).unwrap();
         assert!(keys > 2_000, "master {} holds {keys} keys", master.port);
     }
 }
@@ -300,7 +298,7 @@ async fn multi_rule_check_on_one_identity_is_atomic_on_the_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_expire_once_their_window_has_passed() {
     let store = standalone_store("expiry").await;
-    let port = support::standalone().port;
+    let server = support::standalone();
     for (algorithm, layout) in CASES {
         let mut spec = RuleSpec::new(algorithm, 5, 200_000);
         spec.layout = layout;
@@ -316,8 +314,7 @@ async fn keys_expire_once_their_window_has_passed() {
         let admitted = store.check(&check).await.unwrap().decision;
         assert!(admitted.allowed);
         let key = store.state_key(&rule, "idle");
-        let ttl = support::command(port, &format!("PTTL {key}")).unwrap();
-        let ttl: u64 = ttl.trim().trim_start_matches(':').parse().unwrap();
+        let ttl: u64 = server.query(cmd("PTTL").arg(&key)).unwrap();
         // No shorter than the state matters (reset_after, rounded up to a ms), no longer.
         let reset_ms = admitted.reset_after.div_ceil(1000);
         assert!(
@@ -329,12 +326,8 @@ async fn keys_expire_once_their_window_has_passed() {
         tokio::time::sleep(std::time::Duration::from_millis(reset_ms + 60)).await;
         for kind in ['s', 'i', 'r'] {
             let key = redis_key(store.prefix(), kind, &rule, "idle");
-            let exists = support::command(port, &format!("EXISTS {key}")).unwrap();
-            assert_eq!(
-                exists.trim(),
-                ":0",
-                "{algorithm}: {key} outlived its window"
-            );
+            let exists: u64 = server.query(cmd("EXISTS").arg(&key)).unwrap();
+            assert_eq!(exists, 0, "{algorithm}: {key} outlived its window");
         }
     }
 }
@@ -344,7 +337,9 @@ async fn a_key_of_the_wrong_type_is_a_typed_error() {
     let store = standalone_store("wrongtype").await;
     let rule = Rule::new("w", &RuleSpec::new(Algorithm::TokenBucket, 5, 1_000_000)).unwrap();
     let key = store.state_key(&rule, "mallory");
-    support::command(support::standalone().port, &format!("SET {key} oops")).unwrap();
+    support::standalone()
+        .query::<()>(cmd("SET").arg(&key).arg("oops"))
+        .unwrap();
     match check_one(&store, &rule, "mallory", 1).await {
         Err(StoreError::WrongType {
             key: culprit,
@@ -436,7 +431,9 @@ async fn a_wrong_type_key_fails_only_its_own_check_in_a_shared_call() {
     let store = standalone_store("batched-wrongtype").await;
     let rule = Rule::new("w", &RuleSpec::new(Algorithm::SlidingLog, 5, 60_000_000)).unwrap();
     let culprit = store.state_key(&rule, "mallory");
-    support::command(support::standalone().port, &format!("SET {culprit} oops")).unwrap();
+    support::standalone()
+        .query::<()>(cmd("SET").arg(&culprit).arg("oops"))
+        .unwrap();
     let keys: Vec<String> = (0..20)
         .map(|i| {
             if i == 7 {
@@ -490,7 +487,9 @@ async fn a_check_whose_caller_gave_up_is_never_sent() {
     let rule = Rule::new("g", &RuleSpec::new(Algorithm::SlidingLog, 100, 60_000_000)).unwrap();
     let check =
         |store: RedisStore, rule: Rule| async move { check_one(&store, &rule, "k", 1).await };
-    support::command(server.port, "CLIENT PAUSE 700 ALL").unwrap();
+    server
+        .query::<()>(cmd("CLIENT").arg(&["PAUSE", "700", "ALL"]))
+        .unwrap();
     // Checks one by one, each sent on its own call, until every call the connection allows
     // is in flight: then the next one stays queued.
     let mut decided = Vec::new();
@@ -519,7 +518,7 @@ async fn a_check_whose_caller_gave_up_is_never_sent() {
     }
     // Answers once the pause is over; then the calls in flight complete and a new check
     // goes through once a call is free.
-    support::command(server.port, "PING").unwrap();
+    server.query::<()>(&cmd("PING")).unwrap();
     let peek = loop {
         if let Ok(outcome) = check_one(&store, &rule, "k", 0).await {
             break outcome;
@@ -553,7 +552,7 @@ async fn an_unreachable_server_is_an_error_naming_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compact_log_costs_at_most_ten_bytes_an_entry() {
     let store = standalone_store("memory-usage").await;
-    let port = support::standalone().port;
+    let server = support::standalone();
     let mut usage = Vec::new();
     for layout in [LogLayout::Zset, LogLayout::Compact] {
         let spec = RuleSpec {
@@ -573,8 +572,7 @@ async fn compact_log_costs_at_most_ten_bytes_an_entry() {
             assert!(store.check(&check).await.unwrap().decision.allowed);
         }
         let key = store.state_key(&rule, "full");
-        let reply = support::command(port, &format!("MEMORY USAGE {key}")).unwrap();
-        let bytes: f64 = reply.trim().trim_start_matches(':').parse().unwrap();
+        let bytes: f64 = server.query(cmd("MEMORY").arg("USAGE").arg(&key)).unwrap();
         usage.push(bytes / 1000.0);
     }
     assert!(usage[1] <= 10.0, "compact: {} bytes per entry", usage[1]);
@@ -669,18 +667,11 @@ async fn a_check_across_slots_gives_back_when_a_later_slot_refuses() {
         1
     );
     let key = store.state_key(&per_user, user);
-    let port = support::cluster()
-        .nodes
-        .iter()
-        .map(|m| m.port)
-        .find(|&port| {
-            support::command(port, &format!("EXISTS {key}")).is_ok_and(|r| r.trim() == ":1")
-        });
-    let port = port.expect("the key lives on one master");
-    assert_eq!(
-        support::command(port, &format!("ZCARD {key}"))
-            .unwrap()
-            .trim(),
-        ":3"
-    );
+    let master = support::cluster().nodes.iter().find(|master| {
+        master
+            .query::<u64>(cmd("EXISTS").arg(&key))
+            .is_ok_and(|n| n == 1)
+    });
+    let master = master.expect("the key lives on one master");
+    assert_eq!(master.query::<u64>(cmd("ZCARD").arg(&key)).unwrap(), 3);
 }

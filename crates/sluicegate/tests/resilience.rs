@@ -2,14 +2,13 @@
 //! restart, and the negative cache — against real redis-server processes that the tests
 //! start and stop.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use sluicegate::{
     Algorithm, BreakerState, Check, DecidedBy, FailurePolicy, Limit, Limiter, LimiterConfig,
     RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
 };
+use sluicegate_test_support as support;
 use std::sync::atomic::Ordering;
 
 const TIMEOUT: Duration = Duration::from_millis(100);

@@ -1,0 +1,64 @@
+//! A Redis Cluster of real servers, created with `redis-cli --cluster create`.
+
+use std::process::Command;
+use std::time::Duration;
+
+use redis::cmd;
+
+use crate::poll::poll_until;
+use crate::server::{HOW_TO_GET_REDIS, RedisServer};
+
+/// A Redis Cluster: its masters first, then their replicas, all on loopback ports.
+pub struct RedisCluster {
+    /// Every node, in the order `redis-cli --cluster create` was given them.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// `masters` masters with `replicas` replicas each; a node that stops answering is
+    /// failed over after one second. Returns once every node reports `cluster_state:ok`.
+    pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
+            .map(|_| {
+                RedisServer::start(&["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+            })
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| panic!("redis-cli: {e}. {HOW_TO_GET_REDIS}"));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let ready = poll_until(Duration::from_secs(30), || {
+            nodes.iter().all(|node| {
+                node.query::<String>(cmd("CLUSTER").arg("INFO"))
+                    .is_ok_and(|info| info.contains("cluster_state:ok"))
+            })
+        });
+        assert!(ready, "the cluster did not become ready");
+        RedisCluster { nodes }
+    }
+
+    /// `redis-cluster://127.0.0.1:P1,127.0.0.1:P2,…` naming every node.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect();
+        format!("redis-cluster://{}", hosts.join(","))
+    }
+
+    /// The nodes that are masters now.
+    pub fn current_masters(&self) -> Vec<&RedisServer> {
+        self.nodes.iter().filter(|node| node.is_master()).collect()
+    }
+}

@@ -1,0 +1,149 @@
+//! One redis-server process on a loopback port, and the client calls tests make to it.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use redis::{Cmd, FromRedisValue, RedisResult, Value, cmd};
+
+use crate::poll::poll_until;
+
+/// What to do when redis-server cannot be started.
+pub(crate) const HOW_TO_GET_REDIS: &str = "redis-server and redis-cli are needed: run \
+     scripts/test (it installs them) or `apt-get install redis-server redis-tools`";
+
+/// How long one client call may take: connecting, and waiting for its reply. Long enough
+/// to outlast a `CLIENT PAUSE` a test sets, short enough that a hung server fails the test.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One redis-server process listening on 127.0.0.1, with no persistence and a scratch
+/// directory of its own. It is killed when this value is dropped or the test process
+/// exits.
+pub struct RedisServer {
+    /// The loopback port it listens on.
+    pub port: u16,
+    /// The shell the server runs under: dropping it closes the pipe the shell waits on,
+    /// and the shell then kills the server.
+    _shell: Child,
+}
+
+impl RedisServer {
+    /// A server on a free port, with `extra` redis-server options (`["--requirepass",
+    /// "secret"]`). Returns once it answers `PING`.
+    pub fn start(extra: &[&str]) -> RedisServer {
+        RedisServer::start_at(free_port(), extra)
+    }
+
+    /// A server on a given port: to restart one that was [shut down](Self::shutdown).
+    pub fn start_at(port: u16, extra: &[&str]) -> RedisServer {
+        RedisServer::launch(port, None, extra)
+    }
+
+    /// A server on a free port reading `config` as its configuration file first (Sentinel
+    /// needs one it can rewrite), then `extra` options.
+    pub(crate) fn start_configured(config: &str, extra: &[&str]) -> RedisServer {
+        RedisServer::launch(free_port(), Some(config), extra)
+    }
+
+    fn launch(port: u16, config: Option<&str>, extra: &[&str]) -> RedisServer {
+        let dir =
+            std::env::temp_dir().join(format!("sluicegate-redis-{port}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        let mut args: Vec<String> = Vec::new();
+        if let Some(config) = config {
+            let file = dir.join("redis.conf");
+            std::fs::write(&file, config).expect("a configuration file");
+            args.push(file.display().to_string());
+        }
+        let port_arg = port.to_string();
+        let dir_arg = dir.display().to_string();
+        let defaults = [
+            "--port",
+            &port_arg,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            &dir_arg,
+        ];
+        args.extend(defaults.iter().chain(extra).map(|s| (*s).to_owned()));
+        let log = dir.join("log");
+        let server = RedisServer {
+            port,
+            _shell: spawn_under_shell(&args, &log),
+        };
+        let answers = poll_until(Duration::from_secs(10), || {
+            server
+                .query::<String>(&cmd("PING"))
+                .is_ok_and(|reply| reply == "PONG")
+        });
+        if !answers {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            panic!(
+                "redis-server did not start on port {port}. {HOW_TO_GET_REDIS}. \
+                 Its log ends: {tail:?}"
+            );
+        }
+        server
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Sends one command on a connection of its own and converts the reply, e.g.
+    /// `server.query::<u64>(cmd("EXISTS").arg(&key))`.
+    pub fn query<T: FromRedisValue>(&self, command: &Cmd) -> RedisResult<T> {
+        let client = redis::Client::open(("127.0.0.1", self.port))?;
+        let mut connection = client.get_connection_with_timeout(CALL_TIMEOUT)?;
+        connection.set_read_timeout(Some(CALL_TIMEOUT))?;
+        command.query(&mut connection)
+    }
+
+    /// Stops the server at once (no save): what a crash looks like to clients. Returns
+    /// once it no longer answers.
+    pub fn shutdown(&self) {
+        // The server closes the connection instead of replying: there is nothing to read.
+        let _ = self.query::<()>(cmd("SHUTDOWN").arg("NOSAVE"));
+        let stopped = poll_until(Duration::from_secs(5), || {
+            self.query::<()>(&cmd("PING")).is_err()
+        });
+        assert!(stopped, "redis-server on {} did not stop", self.port);
+    }
+
+    /// Whether it is a master now (`ROLE`), as opposed to a replica.
+    pub fn is_master(&self) -> bool {
+        self.query::<Vec<Value>>(&cmd("ROLE")).is_ok_and(
+            |role| matches!(role.first(), Some(Value::BulkString(name)) if name == b"master"),
+        )
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// Runs `redis-server ARGS` (output to `log`) under a shell that waits on a pipe from this
+/// process and kills the server once the pipe closes: when the returned child is dropped,
+/// or when this process exits, however it exits.
+fn spawn_under_shell(args: &[String], log: &Path) -> Child {
+    let script = "command -v redis-server >/dev/null || exit 127; \
+         log=$1; shift; redis-server \"$@\" >\"$log\" 2>&1 & server=$!; \
+         read _; kill $server 2>/dev/null";
+    Command::new("sh")
+        .args(["-c", script, "sh"])
+        .arg(log)
+        .args(args)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("sh")
+}
