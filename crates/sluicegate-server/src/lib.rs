@@ -12,5 +12,5 @@ mod service;
 mod tools;
 
 pub use config::Config;
-pub use server::{Listeners, ServeOptions, serve};
+pub use server::{Listeners, Prepared, ServeOptions, prepare, serve};
 pub use service::ServiceOptions;

@@ -135,8 +135,9 @@ pub(super) fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .init();
     let options = args.options()?;
     runtime().map_err(anyhow::Error::msg)?.block_on(async {
+        let prepared = server::prepare(options).await?;
         let listeners = args.listeners().await?;
-        server::serve(options, listeners, shutdown_signal()).await
+        prepared.serve(listeners, shutdown_signal()).await
     })
 }
 

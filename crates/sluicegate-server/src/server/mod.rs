@@ -47,13 +47,18 @@ pub struct Listeners {
     pub grpc_only: Option<TcpListener>,
 }
 
-/// Serves until `shutdown` resolves, then stops accepting, lets the requests in flight
-/// finish, and returns.
-pub async fn serve(
-    options: ServeOptions,
-    listeners: Listeners,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+/// The service made and its configuration loaded, not yet listening: what can fail at
+/// start has failed by now.
+pub struct Prepared {
+    service: Arc<Service>,
+    /// Where the configuration came from, for the log.
+    config_name: PathBuf,
+    store_url: String,
+}
+
+/// Loads the configuration, opens the store, and starts what runs beside the requests:
+/// the reload watch (SIGHUP is listened for from here on) and the memory store's sweeper.
+pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
     // The files as they were before loading, so an edit made meanwhile is reloaded too.
     let loaded_files = options.config.as_deref().map(config::fingerprint);
     let config = load_config(options.config.as_deref(), options.default_algorithm)?;
@@ -86,44 +91,73 @@ pub async fn serve(
             hangup,
         ));
     }
-    let address = listeners.main.local_addr()?;
-    tracing::info!(
-        address = %address,
-        config = %options.config.as_deref().unwrap_or(Path::new(EXAMPLE_CONFIG_NAME)).display(),
-        store = %options.store.url,
-        "sluicegate listening"
-    );
-    // One signal stops every listener.
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop.send(true);
-    });
-    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = stopped.wait_for(|stop| *stop).await;
-    };
-    let grpc_only = match listeners.grpc_only {
-        Some(listener) => {
-            tracing::info!(grpc_address = %listener.local_addr()?, "gRPC also on its own port");
-            let router = crate::grpc::router(Arc::clone(&service));
-            Some(tokio::spawn(
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(until_stopped(stopped.clone()))
-                    .into_future(),
-            ))
+    Ok(Prepared {
+        service,
+        config_name: options
+            .config
+            .unwrap_or_else(|| PathBuf::from(EXAMPLE_CONFIG_NAME)),
+        store_url: options.store.url,
+    })
+}
+
+/// Serves until `shutdown` resolves, then stops accepting, lets the requests in flight
+/// finish, and returns: [`prepare`], then [`Prepared::serve`].
+pub async fn serve(
+    options: ServeOptions,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    prepare(options).await?.serve(listeners, shutdown).await
+}
+
+impl Prepared {
+    /// Serves HTTP and gRPC on `listeners` until `shutdown` resolves, then stops
+    /// accepting, lets the requests in flight finish, and returns.
+    pub async fn serve(
+        self,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let service = self.service;
+        let address = listeners.main.local_addr()?;
+        tracing::info!(
+            address = %address,
+            config = %self.config_name.display(),
+            store = %self.store_url,
+            "sluicegate listening"
+        );
+        // One signal stops every listener.
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        });
+        let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        };
+        let grpc_only = match listeners.grpc_only {
+            Some(listener) => {
+                tracing::info!(grpc_address = %listener.local_addr()?, "gRPC also on its own port");
+                let router = crate::grpc::router(Arc::clone(&service));
+                Some(tokio::spawn(
+                    axum::serve(listener, router)
+                        .with_graceful_shutdown(until_stopped(stopped.clone()))
+                        .into_future(),
+                ))
+            }
+            None => None,
+        };
+        axum::serve(listeners.main, http::app(service))
+            .with_graceful_shutdown(until_stopped(stopped))
+            .await
+            .context("server failed")?;
+        if let Some(grpc) = grpc_only {
+            grpc.await
+                .context("gRPC server failed")?
+                .context("gRPC server failed")?;
         }
-        None => None,
-    };
-    axum::serve(listeners.main, http::app(service))
-        .with_graceful_shutdown(until_stopped(stopped))
-        .await
-        .context("server failed")?;
-    if let Some(grpc) = grpc_only {
-        grpc.await
-            .context("gRPC server failed")?
-            .context("gRPC server failed")?;
+        Ok(())
     }
-    Ok(())
 }
 
 /// The configuration at `path`, or the example rules without one.

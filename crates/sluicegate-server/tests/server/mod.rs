@@ -67,7 +67,8 @@ impl Server {
                 .enable_all()
                 .build()?;
             runtime.block_on(async move {
-                let options = flags.serve.options()?;
+                // Loaded before the address is told: a test may edit the files at once.
+                let prepared = sluicegate_server::prepare(flags.serve.options()?).await?;
                 let listeners = flags.serve.listeners().await?;
                 let main = listeners.main.local_addr()?.to_string();
                 let grpc = match &listeners.grpc_only {
@@ -75,10 +76,11 @@ impl Server {
                     None => None,
                 };
                 let _ = addresses.send((main, grpc));
-                sluicegate_server::serve(options, listeners, async move {
-                    let _ = stopped.await;
-                })
-                .await
+                prepared
+                    .serve(listeners, async move {
+                        let _ = stopped.await;
+                    })
+                    .await
             })
         });
         let Ok((address, grpc_address)) = bound.recv() else {
