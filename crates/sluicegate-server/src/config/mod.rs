@@ -74,10 +74,11 @@ impl Config {
             message,
         };
         let file: RawFile = serde_saphyr::from_str(text).map_err(|e| {
-            error(
-                e.to_string()
-                    .replace("<input>", &path.display().to_string()),
-            )
+            // The snippet's header names the file, not the reader's "<input>".
+            let name = path.display().to_string();
+            error(e.render_with_options(serde_saphyr::render_options! {
+                source_name: Some(&name),
+            }))
         })?;
         if file.domain.is_empty() {
             return Err(error("domain: must not be empty".into()));
