@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::{Context as _, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 use sluicegate::duration::parse_duration;
 use sluicegate::{
@@ -88,21 +89,16 @@ struct PaceArgs {
 impl PaceArgs {
     /// The drive over `keys` distinct keys (given by the flag `keys_flag`) from
     /// `concurrency` tasks, checked before any work starts.
-    fn drive(
-        &self,
-        keys: usize,
-        keys_flag: &str,
-        concurrency: usize,
-    ) -> Result<bench::Drive, String> {
-        let duration = parse_duration(&self.duration).map_err(|e| format!("--duration: {e}"))?;
+    fn drive(&self, keys: usize, keys_flag: &str, concurrency: usize) -> Result<bench::Drive> {
+        let duration = parse_duration(&self.duration).context("--duration")?;
         if keys == 0 || concurrency == 0 {
-            return Err(format!("{keys_flag} and --concurrency must be at least 1"));
+            bail!("{keys_flag} and --concurrency must be at least 1");
         }
         if self
             .rate
             .is_some_and(|rate| !(rate.is_finite() && rate > 0.0))
         {
-            return Err("--rate must be a positive number of calls per second".into());
+            bail!("--rate must be a positive number of calls per second");
         }
         Ok(bench::Drive {
             keys,
@@ -201,21 +197,20 @@ struct StoreArgs {
 }
 
 impl StoreArgs {
-    fn options(&self, default_prefix: &str) -> Result<StoreOptions, String> {
+    fn options(&self, default_prefix: &str) -> Result<StoreOptions> {
         let mut options = StoreOptions::new(&self.store);
         options.prefix = self
             .prefix
             .clone()
             .unwrap_or_else(|| default_prefix.to_owned());
-        let timeout =
-            parse_duration(&self.store_timeout).map_err(|e| format!("--store-timeout: {e}"))?;
+        let timeout = parse_duration(&self.store_timeout).context("--store-timeout")?;
         options.timeout = Duration::from_micros(timeout);
         options.tls_ca = self
             .store_tls_ca
             .as_ref()
             .map(|path| {
                 std::fs::read(path)
-                    .map_err(|e| format!("--store-tls-ca: cannot read {}: {e}", path.display()))
+                    .with_context(|| format!("--store-tls-ca: cannot read {}", path.display()))
             })
             .transpose()?;
         Ok(options)
@@ -271,8 +266,8 @@ struct RuleShape {
 
 impl RuleShape {
     /// The spec of `algorithm` with these numbers.
-    fn spec(&self, algorithm: Algorithm) -> Result<RuleSpec, String> {
-        let window = parse_duration(&self.window).map_err(|e| format!("--window: {e}"))?;
+    fn spec(&self, algorithm: Algorithm) -> Result<RuleSpec> {
+        let window = parse_duration(&self.window).context("--window")?;
         Ok(RuleSpec {
             buckets: self.buckets,
             burst: self.burst,
@@ -296,19 +291,19 @@ struct RuleArgs {
 }
 
 impl RuleArgs {
-    fn rule(&self) -> Result<Rule, String> {
-        let algorithm: Algorithm = self.algorithm.parse().map_err(|e| format!("--{e}"))?;
+    fn rule(&self) -> Result<Rule> {
+        let algorithm: Algorithm = self.algorithm.parse().map_err(|e| anyhow!("--{e}"))?;
         let layout = self
             .layout
             .as_deref()
             .map(str::parse::<LogLayout>)
             .transpose()
-            .map_err(|e| format!("--{e}"))?;
+            .map_err(|e| anyhow!("--{e}"))?;
         let spec = RuleSpec {
             layout,
             ..self.shape.spec(algorithm)?
         };
-        Rule::new("cli", &spec).map_err(|e| format!("--{e}"))
+        Rule::new("cli", &spec).map_err(|e| anyhow!("--{e}"))
     }
 }
 
@@ -316,7 +311,7 @@ impl RuleArgs {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve::serve(args),
+        Command::Serve(args) => serve::serve(args).map_err(anyhow::Error::msg),
         Command::Replay(args) => run_replay(&args),
         Command::Bench(args) => run_bench(&args),
         Command::Simulate(args) => run_simulate(&args),
@@ -326,21 +321,22 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("sluicegate: error: {message}");
+        Err(error) => {
+            // `:#` writes the whole chain: what was being done, then why it failed.
+            eprintln!("sluicegate: error: {error:#}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
+fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))
+        .context("cannot start the runtime")
 }
 
-fn run_replay(args: &ReplayArgs) -> Result<(), String> {
+fn run_replay(args: &ReplayArgs) -> Result<()> {
     let rule = args.rule.rule()?;
     runtime()?.block_on(async {
         let store = if args.store.store == "memory" {
@@ -360,25 +356,19 @@ fn run_replay(args: &ReplayArgs) -> Result<(), String> {
                 std::process::id(),
                 sluicegate::Clock::now_micros(&sluicegate::SystemClock::new())
             );
-            AnyStore::open(args.store.options(&unique)?)
-                .await
-                .map_err(|e| e.to_string())?
+            AnyStore::open(args.store.options(&unique)?).await?
         };
         let output = io::BufWriter::new(io::stdout().lock());
-        replay::replay(&store, &rule, io::stdin().lock(), output)
-            .await
-            .map_err(|e| e.to_string())
+        replay::replay(&store, &rule, io::stdin().lock(), output).await
     })
 }
 
-fn run_bench(args: &BenchArgs) -> Result<(), String> {
+fn run_bench(args: &BenchArgs) -> Result<()> {
     let rule = args.rule.rule()?;
     let drive = args.pace.drive(args.keys, "--keys", args.concurrency)?;
     runtime()?.block_on(async {
         let unique = format!("sluicegate:bench:{}:", std::process::id());
-        let store = AnyStore::open(args.store.options(&unique)?)
-            .await
-            .map_err(|e| e.to_string())?;
+        let store = AnyStore::open(args.store.options(&unique)?).await?;
         let plan = bench::BenchPlan {
             store_name: args.store.store.clone(),
             drive,
@@ -388,11 +378,11 @@ fn run_bench(args: &BenchArgs) -> Result<(), String> {
     })
 }
 
-fn run_trace(args: &TraceArgs) -> Result<(), String> {
-    let duration = parse_duration(&args.duration).map_err(|e| format!("--duration: {e}"))?;
-    let window = parse_duration(&args.window).map_err(|e| format!("--window: {e}"))?;
+fn run_trace(args: &TraceArgs) -> Result<()> {
+    let duration = parse_duration(&args.duration).context("--duration")?;
+    let window = parse_duration(&args.window).context("--window")?;
     if !(args.rate.is_finite() && args.rate > 0.0) || args.keys == 0 || window == 0 {
-        return Err("--rate, --keys and --window must be positive".into());
+        bail!("--rate, --keys and --window must be positive");
     }
     let spec = trace::TraceSpec {
         pattern: args.pattern,
@@ -404,17 +394,17 @@ fn run_trace(args: &TraceArgs) -> Result<(), String> {
         start: 1_700_000_000_000_000,
     };
     let mut out = io::BufWriter::new(io::stdout().lock());
-    trace::write_trace(&spec, &mut out)
-        .and_then(|_| io::Write::flush(&mut out))
-        .map_err(|e| e.to_string())
+    trace::write_trace(&spec, &mut out)?;
+    io::Write::flush(&mut out)?;
+    Ok(())
 }
 
-fn run_simulate(args: &SimulateArgs) -> Result<(), String> {
+fn run_simulate(args: &SimulateArgs) -> Result<()> {
     use std::io::BufRead;
     let spec = args.shape.spec(Algorithm::SlidingLog)?;
     let window = spec.window;
     let path = &args.trace;
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file = std::fs::File::open(path).with_context(|| path.display().to_string())?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
     let reader = io::BufReader::with_capacity(1 << 20, file);
     let span = trace_span(path, args.format, args.key_field).unwrap_or(window * 10);
@@ -423,7 +413,7 @@ fn run_simulate(args: &SimulateArgs) -> Result<(), String> {
     let started = std::time::Instant::now();
     let (mut read, mut malformed, mut first_error) = (0u64, 0u64, None);
     for (index, line) in reader.lines().enumerate() {
-        let line = line.map_err(|e| format!("{}: {e}", path.display()))?;
+        let line = line.with_context(|| path.display().to_string())?;
         read += line.len() as u64 + 1;
         if progress && index % (1 << 20) == 0 && size > 0 {
             eprint!(
@@ -471,7 +461,7 @@ fn run_simulate(args: &SimulateArgs) -> Result<(), String> {
     }
     print!("{}", simulate::table(&sim, args.shape.limit));
     if let Some(chart) = &args.chart {
-        std::fs::write(chart, sim.chart()).map_err(|e| format!("{}: {e}", chart.display()))?;
+        std::fs::write(chart, sim.chart()).with_context(|| chart.display().to_string())?;
         println!("chart written to {}", chart.display());
     }
     Ok(())
@@ -500,7 +490,7 @@ fn trace_span(path: &Path, format: TraceFormat, key_field: clf::KeyField) -> Opt
     last.checked_sub(first).filter(|span| *span > 0)
 }
 
-fn run_load(args: LoadArgs) -> Result<(), String> {
+fn run_load(args: LoadArgs) -> Result<()> {
     let drive = args.pace.drive(args.values, "--values", args.concurrency)?;
     let target = load::Target {
         address: args.target,
@@ -513,10 +503,10 @@ fn run_load(args: LoadArgs) -> Result<(), String> {
         .print(args.pace.json)
 }
 
-fn run_plan(args: &PlanArgs) -> Result<(), String> {
-    let window = parse_duration(&args.window).map_err(|e| format!("--window: {e}"))?;
+fn run_plan(args: &PlanArgs) -> Result<()> {
+    let window = parse_duration(&args.window).context("--window")?;
     if !(args.qps.is_finite() && args.qps > 0.0) || args.keys == 0 {
-        return Err("--qps and --keys must be positive".into());
+        bail!("--qps and --keys must be positive");
     }
     let workload = plan::Workload {
         qps: args.qps,
@@ -532,14 +522,12 @@ fn run_plan(args: &PlanArgs) -> Result<(), String> {
             let mut config = sluicegate::RedisStoreConfig::new(url);
             config.prefix = format!("sluicegate:plan:{}:", std::process::id());
             config.timeout = Duration::from_secs(5);
-            let store = sluicegate::RedisStore::connect(config)
-                .await
-                .map_err(|e| e.to_string())?;
+            let store = sluicegate::RedisStore::connect(config).await?;
             let mut bytes = Vec::new();
             for row in &rows {
                 bytes.push(plan::measure(&store, row).await?);
             }
-            Ok::<_, String>(bytes)
+            anyhow::Ok(bytes)
         })?),
     };
     print!("{}", plan::table(&workload, &rows, measured.as_deref()));

@@ -112,8 +112,9 @@ pub(super) fn serve(args: ServeArgs) -> Result<(), String> {
     // The files as they were before loading, so an edit made meanwhile is reloaded too.
     let loaded_files = args.config.as_deref().map(config::fingerprint);
     let config = load_config(args.config.as_deref(), args.default_algorithm)?;
-    runtime()?.block_on(async {
-        let store = AnyStore::open(args.store.options("sluicegate:")?)
+    runtime().map_err(|e| format!("{e:#}"))?.block_on(async {
+        let options = args.store.options("sluicegate:").map_err(|e| format!("{e:#}"))?;
+        let store = AnyStore::open(options)
             .await
             .map_err(|e| e.to_string())?;
         let listener = tokio::net::TcpListener::bind(args.listen)

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use anyhow::{Result, anyhow};
 use sluicegate::{Algorithm, Check, Limit, LogLayout, RedisStore, Rule, RuleSpec, Store};
 
 use super::simulate::{human_bytes, redis_bytes};
@@ -35,7 +36,7 @@ impl Workload {
         self.limit.map_or(sent, |l| sent.min(l)).max(1)
     }
 
-    pub(crate) fn rows(&self) -> Result<Vec<PlanRow>, String> {
+    pub(crate) fn rows(&self) -> Result<Vec<PlanRow>> {
         let entries = self.entries_per_key();
         let limit = self.limit.unwrap_or(entries).max(1);
         let mut rows = Vec::new();
@@ -53,7 +54,7 @@ impl Workload {
                     _ => {}
                 }
                 let rule = Rule::new(&format!("plan-{}-{}", algorithm, layout.name()), &spec)
-                    .map_err(|e| format!("{algorithm}: --{e}"))?;
+                    .map_err(|e| anyhow!("{algorithm}: --{e}"))?;
                 let label = if algorithm == Algorithm::SlidingLog {
                     format!("{algorithm} ({})", layout.name())
                 } else {
@@ -73,7 +74,7 @@ impl Workload {
 
 /// Writes one representative key of `row` through `store` (with the caller's clock, so the
 /// entries all stay live), measures it with MEMORY USAGE, and deletes it.
-pub(crate) async fn measure(store: &RedisStore, row: &PlanRow) -> Result<u64, String> {
+pub(crate) async fn measure(store: &RedisStore, row: &PlanRow) -> Result<u64> {
     let key = "representative";
     let limits = [Limit {
         rule: &row.rule,
@@ -95,17 +96,10 @@ pub(crate) async fn measure(store: &RedisStore, row: &PlanRow) -> Result<u64, St
             at: Some(start + i * step),
             ..Check::new(&limits, 1)
         };
-        store.check(&check).await.map_err(|e| e.to_string())?;
+        store.check(&check).await?;
     }
-    let bytes = store
-        .memory_usage(&row.rule, key)
-        .await
-        .map_err(|e| e.to_string())?
-        .unwrap_or(0);
-    store
-        .forget(&row.rule, key)
-        .await
-        .map_err(|e| e.to_string())?;
+    let bytes = store.memory_usage(&row.rule, key).await?.unwrap_or(0);
+    store.forget(&row.rule, key).await?;
     Ok(bytes)
 }
 

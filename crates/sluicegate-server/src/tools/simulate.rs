@@ -13,6 +13,7 @@ use std::sync::Arc;
 /// Keys come from a trace file, not from clients at run time: a fast hash will do.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
+use anyhow::{Result, anyhow};
 use sluicegate::{
     Algorithm, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, Rule, RuleSpec,
 };
@@ -92,7 +93,7 @@ const CHART_POINTS: u64 = 200;
 impl Simulation {
     /// Every algorithm with `limit` per `window` (and the given extras); `span` is the
     /// trace's expected length in µs, for the chart's buckets.
-    pub(crate) fn new(base: &RuleSpec, span: u64) -> Result<Simulation, String> {
+    pub(crate) fn new(base: &RuleSpec, span: u64) -> Result<Simulation> {
         let runs = Algorithm::ALL
             .iter()
             .map(|&algorithm| {
@@ -107,7 +108,7 @@ impl Simulation {
                     ..*base
                 };
                 let rule = Rule::new(algorithm.name(), &spec)
-                    .map_err(|e| format!("{algorithm}: --{e}"))?;
+                    .map_err(|e| anyhow!("{algorithm}: --{e}"))?;
                 Ok(Run {
                     rule,
                     // The trace's times drive every decision; the clock is never read, and
@@ -126,7 +127,7 @@ impl Simulation {
                     series: Vec::new(),
                 })
             })
-            .collect::<Result<Vec<Run>, String>>()?;
+            .collect::<Result<Vec<Run>>>()?;
         Ok(Simulation {
             runs,
             keys: HashMap::default(),
@@ -139,7 +140,7 @@ impl Simulation {
     }
 
     /// Decides one request in every algorithm.
-    pub(crate) fn request(&mut self, t: u64, key: &str, cost: u64) -> Result<(), String> {
+    pub(crate) fn request(&mut self, t: u64, key: &str, cost: u64) -> Result<()> {
         self.requests += 1;
         let next_id = self.keys.len() as u32;
         let id = match self.keys.get(key) {
@@ -162,12 +163,7 @@ impl Simulation {
                 at: Some(t),
                 ..Check::new(&limits, cost)
             };
-            let allowed = run
-                .store
-                .check_now(&check)
-                .map_err(|e| e.to_string())?
-                .decision
-                .allowed;
+            let allowed = run.store.check_now(&check)?.decision.allowed;
             // Algorithm::ALL starts with the sliding log: the reference for the others.
             let reference = *exact.get_or_insert(allowed);
             let report = &mut run.report;
