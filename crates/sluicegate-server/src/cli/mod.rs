@@ -3,20 +3,17 @@
 mod serve;
 
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 use sluicegate::duration::parse_duration;
-use sluicegate::{
-    Algorithm, AnyStore, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, Rule, RuleSpec,
-    StoreOptions,
-};
+use sluicegate::{Algorithm, AnyStore, LogLayout, Rule, RuleSpec, StoreOptions};
 
 use self::serve::ServeArgs;
+use crate::tools::trace_file::{TraceFile, TraceFormat};
 use crate::tools::{bench, clf, load, plan, replay, simulate, trace};
 
 #[derive(Parser)]
@@ -107,14 +104,6 @@ impl PaceArgs {
             rate: self.rate,
         })
     }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum TraceFormat {
-    /// SPEC.md's replay CSV: time_us,key,cost[,request_id].
-    Csv,
-    /// Common or Combined Log Format access logs.
-    Clf,
 }
 
 #[derive(Args)]
@@ -340,15 +329,7 @@ fn run_replay(args: &ReplayArgs) -> Result<()> {
     let rule = args.rule.rule()?;
     runtime()?.block_on(async {
         let store = if args.store.store == "memory" {
-            // Time comes from the input; the clock is never read. Every key of the trace
-            // may be live at once, so the cap is the trace's size, not a server's.
-            AnyStore::Memory(MemoryStore::new(
-                MemoryStoreConfig {
-                    max_keys: usize::MAX,
-                    ..MemoryStoreConfig::default()
-                },
-                Arc::new(ManualClock::new(0)),
-            ))
+            AnyStore::Memory(replay::trace_store())
         } else {
             // A prefix of its own per run, so a replay never meets another's state.
             let unique = format!(
@@ -400,94 +381,9 @@ fn run_trace(args: &TraceArgs) -> Result<()> {
 }
 
 fn run_simulate(args: &SimulateArgs) -> Result<()> {
-    use std::io::BufRead;
     let spec = args.shape.spec(Algorithm::SlidingLog)?;
-    let window = spec.window;
-    let path = &args.trace;
-    let file = std::fs::File::open(path).with_context(|| path.display().to_string())?;
-    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let reader = io::BufReader::with_capacity(1 << 20, file);
-    let span = trace_span(path, args.format, args.key_field).unwrap_or(window * 10);
-    let mut sim = simulate::Simulation::new(&spec, span)?;
-    let progress = io::IsTerminal::is_terminal(&io::stderr());
-    let started = std::time::Instant::now();
-    let (mut read, mut malformed, mut first_error) = (0u64, 0u64, None);
-    for (index, line) in reader.lines().enumerate() {
-        let line = line.with_context(|| path.display().to_string())?;
-        read += line.len() as u64 + 1;
-        if progress && index % (1 << 20) == 0 && size > 0 {
-            eprint!(
-                "\r{} lines, {:.0}%",
-                index,
-                100.0 * read as f64 / size as f64
-            );
-        }
-        let text = line.trim_end_matches('\r');
-        if text.trim().is_empty() || text.trim_start().starts_with('#') {
-            continue;
-        }
-        let decided = match args.format {
-            TraceFormat::Csv => {
-                replay::parse_line(text).map(|l| sim.request(l.time, l.key, l.cost))
-            }
-            TraceFormat::Clf => {
-                clf::parse_line(text, args.key_field).map(|(t, key)| sim.request(t, &key, 1))
-            }
-        };
-        match decided {
-            Ok(result) => result?,
-            Err(e) => {
-                malformed += 1;
-                first_error.get_or_insert(format!("line {}: {e}", index + 1));
-            }
-        }
-    }
-    if progress {
-        eprintln!();
-    }
-    println!(
-        "{} requests, {} keys, limit {} per {}, in {:.1} s",
-        sim.requests,
-        sim.key_count(),
-        args.shape.limit,
-        args.shape.window,
-        started.elapsed().as_secs_f64()
-    );
-    if malformed > 0 {
-        println!(
-            "{malformed} malformed lines skipped (first: {})",
-            first_error.unwrap_or_default()
-        );
-    }
-    print!("{}", simulate::table(&sim, args.shape.limit));
-    if let Some(chart) = &args.chart {
-        std::fs::write(chart, sim.chart()).with_context(|| chart.display().to_string())?;
-        println!("chart written to {}", chart.display());
-    }
-    Ok(())
-}
-
-/// The time between a trace's first and last lines (for the chart's scale), reading only
-/// the file's two ends.
-fn trace_span(path: &Path, format: TraceFormat, key_field: clf::KeyField) -> Option<u64> {
-    use std::io::{Read, Seek, SeekFrom};
-    let time = |line: &str| match format {
-        TraceFormat::Csv => replay::parse_line(line).ok().map(|l| l.time),
-        TraceFormat::Clf => clf::parse_line(line, key_field).ok().map(|(t, _)| t),
-    };
-    let text = std::fs::File::open(path).ok()?;
-    let mut head = String::new();
-    text.take(1 << 16).read_to_string(&mut head).ok()?;
-    let first = head.lines().find_map(time)?;
-    let mut file = std::fs::File::open(path).ok()?;
-    let len = file.metadata().ok()?.len();
-    file.seek(SeekFrom::Start(len.saturating_sub(1 << 16)))
-        .ok()?;
-    let mut tail = Vec::new();
-    file.read_to_end(&mut tail).ok()?;
-    let tail = String::from_utf8_lossy(&tail);
-    let last = tail.lines().rev().find_map(time)?;
-    last.checked_sub(first).filter(|span| *span > 0)
+    let trace = TraceFile::open(&args.trace, args.format, args.key_field)?;
+    simulate::run(trace, &spec, &args.shape.window, args.chart.as_deref())
 }
 
 fn run_load(args: LoadArgs) -> Result<()> {
@@ -518,17 +414,7 @@ fn run_plan(args: &PlanArgs) -> Result<()> {
     let rows = workload.rows()?;
     let measured = match &args.redis {
         None => None,
-        Some(url) => Some(runtime()?.block_on(async {
-            let mut config = sluicegate::RedisStoreConfig::new(url);
-            config.prefix = format!("sluicegate:plan:{}:", std::process::id());
-            config.timeout = Duration::from_secs(5);
-            let store = sluicegate::RedisStore::connect(config).await?;
-            let mut bytes = Vec::new();
-            for row in &rows {
-                bytes.push(plan::measure(&store, row).await?);
-            }
-            anyhow::Ok(bytes)
-        })?),
+        Some(url) => Some(runtime()?.block_on(plan::measure_on(url, &rows))?),
     };
     print!("{}", plan::table(&workload, &rows, measured.as_deref()));
     Ok(())

@@ -2,11 +2,14 @@
 //! computed from measured constants, or measured on a real server with `--redis`.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use anyhow::{Result, anyhow};
-use sluicegate::{Algorithm, Check, Limit, LogLayout, RedisStore, Rule, RuleSpec, Store};
+use sluicegate::{
+    Algorithm, Check, Limit, LogLayout, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store,
+};
 
-use super::simulate::{human_bytes, redis_bytes};
+use super::redis_memory::{human_bytes, redis_bytes};
 
 /// The workload.
 pub(crate) struct Workload {
@@ -72,9 +75,22 @@ impl Workload {
     }
 }
 
+/// Measures every row on the Redis at `url`, under a throwaway prefix of this process.
+pub(crate) async fn measure_on(url: &str, rows: &[PlanRow]) -> Result<Vec<u64>> {
+    let mut config = RedisStoreConfig::new(url);
+    config.prefix = format!("sluicegate:plan:{}:", std::process::id());
+    config.timeout = Duration::from_secs(5);
+    let store = RedisStore::connect(config).await?;
+    let mut bytes = Vec::new();
+    for row in rows {
+        bytes.push(measure(&store, row).await?);
+    }
+    Ok(bytes)
+}
+
 /// Writes one representative key of `row` through `store` (with the caller's clock, so the
 /// entries all stay live), measures it with MEMORY USAGE, and deletes it.
-pub(crate) async fn measure(store: &RedisStore, row: &PlanRow) -> Result<u64> {
+async fn measure(store: &RedisStore, row: &PlanRow) -> Result<u64> {
     let key = "representative";
     let limits = [Limit {
         rule: &row.rule,

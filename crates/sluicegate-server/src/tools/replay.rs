@@ -6,9 +6,25 @@
 //! `time_us,key,cost,allowed,remaining,retry_after_us,reset_after_us,delay_us`.
 
 use std::io::{BufRead, Write};
+use std::sync::Arc;
 
 use anyhow::{Context as _, Result, bail};
-use sluicegate::{Check, Limit, MAX_TIME, Rule, Store};
+use sluicegate::{
+    Check, Limit, MAX_TIME, ManualClock, MemoryStore, MemoryStoreConfig, Rule, Store,
+};
+
+/// A memory store for decisions timed by a trace: time comes from the input and the clock
+/// is never read; every key of the trace may be live at once, so the cap is the trace's
+/// size, not a server's.
+pub(crate) fn trace_store() -> MemoryStore {
+    MemoryStore::new(
+        MemoryStoreConfig {
+            max_keys: usize::MAX,
+            ..MemoryStoreConfig::default()
+        },
+        Arc::new(ManualClock::new(0)),
+    )
+}
 
 /// One parsed input line.
 #[derive(Debug, PartialEq, Eq)]
