@@ -10,7 +10,8 @@ use clap::Args;
 use sluicegate::duration::parse_duration;
 use sluicegate::{Algorithm, AnyStore, Limiter, MemoryStore};
 
-use super::{StoreArgs, runtime};
+use super::args::StoreArgs;
+use super::runtime::runtime;
 use crate::config::{self, Config};
 use crate::{decide, grpc, http, metrics};
 
