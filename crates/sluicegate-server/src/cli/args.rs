@@ -1,14 +1,49 @@
-//! The arguments several commands share: where state lives, a rule, how hard to drive.
+//! The arguments several commands share: where state lives, a rule, how hard to drive,
+//! and the value parser of every duration flag.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Args;
-use sluicegate::duration::parse_duration;
+use sluicegate::duration::{DurationError, parse_duration};
 use sluicegate::{Algorithm, LogLayout, Rule, RuleSpec, StoreOptions};
 
 use crate::tools::bench::Drive;
+
+/// A duration flag's value, read by [`parse_duration_arg`]: whole µs, and the text as the
+/// user wrote it (a report echoes the user's own words back).
+#[derive(Clone, Debug)]
+pub(crate) struct DurationArg {
+    micros: u64,
+    written: String,
+}
+
+impl DurationArg {
+    /// The duration in µs, the unit of every time in SPEC.md.
+    pub(crate) fn micros(&self) -> u64 {
+        self.micros
+    }
+
+    /// The duration, for timeouts and timers.
+    pub(crate) fn duration(&self) -> Duration {
+        Duration::from_micros(self.micros)
+    }
+
+    /// The flag's text, as given.
+    pub(crate) fn as_written(&self) -> &str {
+        &self.written
+    }
+}
+
+/// clap's value parser for duration flags (`value_parser = parse_duration_arg`): the
+/// value arrives parsed, and a bad one is reported by clap, naming the flag.
+pub(crate) fn parse_duration_arg(text: &str) -> Result<DurationArg, DurationError> {
+    Ok(DurationArg {
+        micros: parse_duration(text)?,
+        written: text.to_owned(),
+    })
+}
 
 /// Where state lives.
 #[derive(Args)]
@@ -21,8 +56,8 @@ pub(crate) struct StoreArgs {
     #[arg(long, env = "SLUICEGATE_PREFIX")]
     prefix: Option<String>,
     /// Per-call Redis timeout, e.g. 50ms.
-    #[arg(long, env = "SLUICEGATE_STORE_TIMEOUT", default_value = "50ms")]
-    store_timeout: String,
+    #[arg(long, env = "SLUICEGATE_STORE_TIMEOUT", default_value = "50ms", value_parser = parse_duration_arg)]
+    store_timeout: DurationArg,
     /// PEM file of the authority that signed a TLS Redis server's certificate, when it is
     /// not in the system's trust store.
     #[arg(long, env = "SLUICEGATE_STORE_TLS_CA")]
@@ -38,8 +73,7 @@ impl StoreArgs {
             .prefix
             .clone()
             .unwrap_or_else(|| default_prefix.to_owned());
-        let timeout = parse_duration(&self.store_timeout).context("--store-timeout")?;
-        options.timeout = Duration::from_micros(timeout);
+        options.timeout = self.store_timeout.duration();
         options.tls_ca = self
             .store_tls_ca
             .as_ref()
@@ -59,8 +93,8 @@ pub(crate) struct RuleShape {
     #[arg(long)]
     pub(crate) limit: u64,
     /// W: a duration such as 500ms, 1s, 90s, 1m, 1h, 1d.
-    #[arg(long)]
-    pub(crate) window: String,
+    #[arg(long, value_parser = parse_duration_arg)]
+    pub(crate) window: DurationArg,
     /// N: sliding-counter buckets (default 10).
     #[arg(long)]
     buckets: Option<u64>,
@@ -74,14 +108,13 @@ pub(crate) struct RuleShape {
 
 impl RuleShape {
     /// The spec of `algorithm` with these numbers.
-    pub(crate) fn spec(&self, algorithm: Algorithm) -> Result<RuleSpec> {
-        let window = parse_duration(&self.window).context("--window")?;
-        Ok(RuleSpec {
+    pub(crate) fn spec(&self, algorithm: Algorithm) -> RuleSpec {
+        RuleSpec {
             buckets: self.buckets,
             burst: self.burst,
             queue: self.queue,
-            ..RuleSpec::new(algorithm, self.limit, window)
-        })
+            ..RuleSpec::new(algorithm, self.limit, self.window.micros())
+        }
     }
 }
 
@@ -110,7 +143,7 @@ impl RuleArgs {
             .map_err(|e| anyhow!("--{e}"))?;
         let spec = RuleSpec {
             layout,
-            ..self.shape.spec(algorithm)?
+            ..self.shape.spec(algorithm)
         };
         Rule::new("cli", &spec).map_err(|e| anyhow!("--{e}"))
     }
@@ -120,8 +153,8 @@ impl RuleArgs {
 #[derive(Args)]
 pub(crate) struct PaceArgs {
     /// How long to run, e.g. 10s.
-    #[arg(long, default_value = "10s")]
-    duration: String,
+    #[arg(long, default_value = "10s", value_parser = parse_duration_arg)]
+    duration: DurationArg,
     /// A fixed total rate of calls per second instead of as fast as possible.
     #[arg(long)]
     rate: Option<f64>,
@@ -134,7 +167,6 @@ impl PaceArgs {
     /// The drive over `keys` distinct keys (given by the flag `keys_flag`) from
     /// `concurrency` tasks, checked before any work starts.
     pub(crate) fn drive(&self, keys: usize, keys_flag: &str, concurrency: usize) -> Result<Drive> {
-        let duration = parse_duration(&self.duration).context("--duration")?;
         if keys == 0 || concurrency == 0 {
             bail!("{keys_flag} and --concurrency must be at least 1");
         }
@@ -147,8 +179,42 @@ impl PaceArgs {
         Ok(Drive {
             keys,
             concurrency,
-            duration: Duration::from_micros(duration),
+            duration: self.duration.duration(),
             rate: self.rate,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[arg(long, value_parser = parse_duration_arg)]
+        window: DurationArg,
+    }
+
+    #[test]
+    fn durations_arrive_parsed_and_keep_their_text() {
+        let flags = Flags::try_parse_from(["test", "--window", "60s"]).unwrap();
+        assert_eq!(flags.window.micros(), 60_000_000);
+        assert_eq!(flags.window.duration(), Duration::from_secs(60));
+        assert_eq!(flags.window.as_written(), "60s");
+    }
+
+    #[test]
+    fn a_bad_duration_is_reported_by_clap_naming_the_flag() {
+        let err = Flags::try_parse_from(["test", "--window", "1x"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("'--window <WINDOW>'"), "{err}");
+        assert!(
+            err.contains(r#"invalid duration "1x": unknown unit"#),
+            "{err}"
+        );
     }
 }

@@ -1,9 +1,9 @@
 //! `sluicegate plan`: its flags.
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Result, bail};
 use clap::Args;
-use sluicegate::duration::parse_duration;
 
+use super::args::{DurationArg, parse_duration_arg};
 use super::runtime::runtime;
 use crate::tools::plan;
 
@@ -13,8 +13,8 @@ pub(super) struct PlanArgs {
     #[arg(long)]
     qps: f64,
     /// W, e.g. 1m.
-    #[arg(long)]
-    window: String,
+    #[arg(long, value_parser = parse_duration_arg)]
+    window: DurationArg,
     /// Distinct keys.
     #[arg(long)]
     keys: u64,
@@ -30,13 +30,12 @@ pub(super) struct PlanArgs {
 }
 
 pub(super) fn run(args: &PlanArgs) -> Result<()> {
-    let window = parse_duration(&args.window).context("--window")?;
     if !(args.qps.is_finite() && args.qps > 0.0) || args.keys == 0 {
         bail!("--qps and --keys must be positive");
     }
     let workload = plan::Workload {
         qps: args.qps,
-        window,
+        window: args.window.micros(),
         keys: args.keys,
         limit: args.limit,
         buckets: args.buckets,

@@ -29,7 +29,12 @@ pub(super) struct SimulateArgs {
 }
 
 pub(super) fn run(args: &SimulateArgs) -> Result<()> {
-    let spec = args.shape.spec(Algorithm::SlidingLog)?;
+    let spec = args.shape.spec(Algorithm::SlidingLog);
     let trace = TraceFile::open(&args.trace, args.format, args.key_field)?;
-    simulate::run(trace, &spec, &args.shape.window, args.chart.as_deref())
+    simulate::run(
+        trace,
+        &spec,
+        args.shape.window.as_written(),
+        args.chart.as_deref(),
+    )
 }

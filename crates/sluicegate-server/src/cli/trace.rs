@@ -2,10 +2,10 @@
 
 use std::io;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Result, bail};
 use clap::Args;
-use sluicegate::duration::parse_duration;
 
+use super::args::{DurationArg, parse_duration_arg};
 use crate::tools::trace;
 
 #[derive(Args)]
@@ -19,19 +19,18 @@ pub(super) struct TraceArgs {
     #[arg(long, default_value_t = 100)]
     keys: u64,
     /// How long the trace lasts, e.g. 10m.
-    #[arg(long)]
-    duration: String,
+    #[arg(long, value_parser = parse_duration_arg)]
+    duration: DurationArg,
     /// The window a boundary attack aims at.
-    #[arg(long, default_value = "1m")]
-    window: String,
+    #[arg(long, default_value = "1m", value_parser = parse_duration_arg)]
+    window: DurationArg,
     /// Seed of the random sequence: the same seed gives the same trace.
     #[arg(long, default_value_t = 1)]
     seed: u64,
 }
 
 pub(super) fn run(args: &TraceArgs) -> Result<()> {
-    let duration = parse_duration(&args.duration).context("--duration")?;
-    let window = parse_duration(&args.window).context("--window")?;
+    let window = args.window.micros();
     if !(args.rate.is_finite() && args.rate > 0.0) || args.keys == 0 || window == 0 {
         bail!("--rate, --keys and --window must be positive");
     }
@@ -39,7 +38,7 @@ pub(super) fn run(args: &TraceArgs) -> Result<()> {
         pattern: args.pattern,
         rate: args.rate,
         keys: args.keys,
-        duration,
+        duration: args.duration.micros(),
         window,
         seed: args.seed,
         start: 1_700_000_000_000_000,
