@@ -5,14 +5,13 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
-use sluicegate::duration::parse_duration;
 use sluicegate::{Algorithm, LimiterConfig};
 
-use super::{StoreArgs, runtime};
+use super::args::{DurationArg, StoreArgs, parse_duration_arg};
+use super::runtime::runtime;
 use crate::server::{self, Listeners, ServeOptions};
 use crate::service::{DEFAULT_MAX_ENTRY_BYTES, ServiceOptions};
 
@@ -39,8 +38,8 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICEGATE_BREAKER_FAILURES", default_value_t = 5)]
     breaker_failures: u32,
     /// How long an open breaker waits before probing the store again.
-    #[arg(long, env = "SLUICEGATE_BREAKER_COOL_DOWN", default_value = "1s")]
-    breaker_cool_down: String,
+    #[arg(long, env = "SLUICEGATE_BREAKER_COOL_DOWN", default_value = "1s", value_parser = parse_duration_arg)]
+    breaker_cool_down: DurationArg,
     /// Do not answer repeated refusals locally (the negative cache is on for Redis).
     #[arg(long, env = "SLUICEGATE_NO_NEGATIVE_CACHE")]
     no_negative_cache: bool,
@@ -65,31 +64,23 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICEGATE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
     /// How often to look for edits of the --config files (SIGHUP reloads at once).
-    #[arg(long, env = "SLUICEGATE_RELOAD_INTERVAL", default_value = "1s")]
-    reload_interval: String,
+    #[arg(long, env = "SLUICEGATE_RELOAD_INTERVAL", default_value = "1s", value_parser = parse_duration_arg)]
+    reload_interval: DurationArg,
 }
 
 impl ServeArgs {
     /// The service these flags describe.
     pub fn options(&self) -> anyhow::Result<ServeOptions> {
-        let duration = |flag: &str, text: &str| {
-            parse_duration(text)
-                .map(Duration::from_micros)
-                .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
-        };
         let remote = self.store.store != "memory";
         Ok(ServeOptions {
             config: self.config.clone(),
             default_algorithm: self.default_algorithm,
-            store: self
-                .store
-                .options("sluicegate:")
-                .map_err(anyhow::Error::msg)?,
+            store: self.store.options("sluicegate:")?,
             limiter: LimiterConfig {
                 on_store_error: self.on_store_error,
                 instances: self.instances.max(1),
                 breaker_failures: self.breaker_failures,
-                breaker_cool_down: duration("--breaker-cool-down", &self.breaker_cool_down)?,
+                breaker_cool_down: self.breaker_cool_down.duration(),
                 negative_cache_entries: if remote && !self.no_negative_cache {
                     100_000
                 } else {
@@ -101,7 +92,7 @@ impl ServeArgs {
                 legacy_headers: self.legacy_headers,
                 admin_token: self.admin_token.as_deref().map(Arc::from),
             },
-            reload_interval: duration("--reload-interval", &self.reload_interval)?,
+            reload_interval: self.reload_interval.duration(),
         })
     }
 
@@ -134,7 +125,7 @@ pub(super) fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )
         .init();
     let options = args.options()?;
-    runtime().map_err(anyhow::Error::msg)?.block_on(async {
+    runtime()?.block_on(async {
         let prepared = server::prepare(options).await?;
         let listeners = args.listeners().await?;
         prepared.serve(listeners, shutdown_signal()).await

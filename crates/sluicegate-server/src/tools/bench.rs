@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Result;
 use serde::Serialize;
 use sluicegate::{AnyStore, Check, Limit, Limiter, LimiterConfig, Rule};
 
@@ -220,12 +221,9 @@ pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchRe
 
 impl BenchReport {
     /// Prints the report, as JSON or as text.
-    pub(crate) fn print(&self, json: bool) -> Result<(), String> {
+    pub(crate) fn print(&self, json: bool) -> Result<()> {
         if json {
-            println!(
-                "{}",
-                serde_json::to_string(self).map_err(|e| e.to_string())?
-            );
+            println!("{}", serde_json::to_string(self)?);
         } else {
             println!("{}", self.text());
         }

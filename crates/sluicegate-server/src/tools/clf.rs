@@ -1,6 +1,8 @@
 //! Common and Combined Log Format access-log lines, as traces:
 //! `host ident user [10/Oct/2000:13:55:36 -0700] "GET /path HTTP/1.0" 200 2326 "referer" "agent"`.
 
+use anyhow::{Context as _, Result, anyhow};
+
 /// Which field of a log line is the rate-limit key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum KeyField {
@@ -15,15 +17,15 @@ pub(crate) enum KeyField {
 }
 
 /// The time (µs since the epoch) and key of one log line, or what is wrong with it.
-pub(crate) fn parse_line(line: &str, key_field: KeyField) -> Result<(u64, String), String> {
+pub(crate) fn parse_line(line: &str, key_field: KeyField) -> Result<(u64, String)> {
     let mut rest = line.trim_end();
-    let mut word = || -> Result<&str, String> {
+    let mut word = || -> Result<&str> {
         let trimmed = rest.trim_start();
         let end = trimmed.find(' ').unwrap_or(trimmed.len());
         let (w, tail) = trimmed.split_at(end);
         rest = tail;
         if w.is_empty() {
-            Err("the line ends early".into())
+            Err(anyhow!("the line ends early"))
         } else {
             Ok(w)
         }
@@ -35,7 +37,7 @@ pub(crate) fn parse_line(line: &str, key_field: KeyField) -> Result<(u64, String
     let date = after_user
         .strip_prefix('[')
         .and_then(|s| s.split_once(']'))
-        .ok_or("no [date] field")?;
+        .context("no [date] field")?;
     let time = parse_clf_time(date.0)?;
     let mut tail = date.1.trim_start();
     let mut quoted = || -> Option<String> {
@@ -49,26 +51,26 @@ pub(crate) fn parse_line(line: &str, key_field: KeyField) -> Result<(u64, String
         }
         Some(value)
     };
-    let request = quoted().ok_or("no \"request\" field")?;
+    let request = quoted().context("no \"request\" field")?;
     let key = match key_field {
         KeyField::Host => host,
         KeyField::User => user,
         KeyField::Path => request
             .split(' ')
             .nth(1)
-            .ok_or("the request has no path")?
+            .context("the request has no path")?
             .to_owned(),
         KeyField::Agent => {
-            let _referer = quoted().ok_or("no \"referer\" field (not Combined Log Format)")?;
-            quoted().ok_or("no \"user agent\" field (not Combined Log Format)")?
+            let _referer = quoted().context("no \"referer\" field (not Combined Log Format)")?;
+            quoted().context("no \"user agent\" field (not Combined Log Format)")?
         }
     };
     Ok((time, key))
 }
 
 /// `10/Oct/2000:13:55:36 -0700` → µs since the epoch.
-fn parse_clf_time(text: &str) -> Result<u64, String> {
-    let bad = || format!("bad date {text:?}");
+fn parse_clf_time(text: &str) -> Result<u64> {
+    let bad = || anyhow!("bad date {text:?}");
     let (stamp, zone) = text.split_once(' ').ok_or_else(bad)?;
     let mut parts = stamp.split(['/', ':']);
     let mut next = || parts.next().ok_or_else(bad);
@@ -104,7 +106,7 @@ fn parse_clf_time(text: &str) -> Result<u64, String> {
         - offset_seconds;
     u64::try_from(seconds)
         .map(|s| s * 1_000_000)
-        .map_err(|_| format!("date {text:?} is before 1970"))
+        .map_err(|_| anyhow!("date {text:?} is before 1970"))
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
@@ -150,6 +152,7 @@ mod tests {
         assert!(
             parse_line(common, KeyField::Agent)
                 .unwrap_err()
+                .to_string()
                 .contains("Combined")
         );
         for (line, says) in [
@@ -168,7 +171,7 @@ mod tests {
                 "request",
             ),
         ] {
-            let err = parse_line(line, KeyField::Host).unwrap_err();
+            let err = parse_line(line, KeyField::Host).unwrap_err().to_string();
             assert!(err.contains(says), "{line:?}: {err}");
         }
     }

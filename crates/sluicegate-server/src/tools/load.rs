@@ -1,6 +1,7 @@
 //! `sluicegate load`: a load generator for a running service, over HTTP (`POST /v1/check`)
 //! or gRPC (Envoy's `ShouldRateLimit`), from a process of its own.
 
+use anyhow::{Result, anyhow};
 use axum::body::Bytes;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -34,7 +35,7 @@ pub(crate) struct Target {
 }
 
 /// Drives `target` as `load` says.
-pub(crate) async fn run(target: Target, load: Drive) -> Result<BenchReport, String> {
+pub(crate) async fn run(target: Target, load: Drive) -> Result<BenchReport> {
     let values: Vec<String> = (0..load.keys).map(|i| format!("load-{i}")).collect();
     let driven = match target.protocol {
         Protocol::Http => {
@@ -81,7 +82,8 @@ pub(crate) async fn run(target: Target, load: Drive) -> Result<BenchReport, Stri
             for _ in 0..load.concurrency.clamp(1, GRPC_CONNECTIONS) {
                 let client = RateLimitServiceClient::connect(format!("http://{}", target.address))
                     .await
-                    .map_err(|e| format!("cannot connect to {}: {e}", target.address))?;
+                    // Only the error's own words: its chain of causes repeats itself.
+                    .map_err(|e| anyhow!("cannot connect to {}: {e}", target.address))?;
                 clients.push(client);
             }
             let clients = std::sync::Arc::new(clients);

@@ -2,10 +2,14 @@
 //! computed from measured constants, or measured on a real server with `--redis`.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
-use sluicegate::{Algorithm, Check, Limit, LogLayout, RedisStore, Rule, RuleSpec, Store};
+use anyhow::{Result, anyhow};
+use sluicegate::{
+    Algorithm, Check, Limit, LogLayout, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store,
+};
 
-use super::simulate::{human_bytes, redis_bytes};
+use super::redis_memory::{human_bytes, redis_bytes};
 
 /// The workload.
 pub(crate) struct Workload {
@@ -35,7 +39,7 @@ impl Workload {
         self.limit.map_or(sent, |l| sent.min(l)).max(1)
     }
 
-    pub(crate) fn rows(&self) -> Result<Vec<PlanRow>, String> {
+    pub(crate) fn rows(&self) -> Result<Vec<PlanRow>> {
         let entries = self.entries_per_key();
         let limit = self.limit.unwrap_or(entries).max(1);
         let mut rows = Vec::new();
@@ -53,7 +57,7 @@ impl Workload {
                     _ => {}
                 }
                 let rule = Rule::new(&format!("plan-{}-{}", algorithm, layout.name()), &spec)
-                    .map_err(|e| format!("{algorithm}: --{e}"))?;
+                    .map_err(|e| anyhow!("{algorithm}: --{e}"))?;
                 let label = if algorithm == Algorithm::SlidingLog {
                     format!("{algorithm} ({})", layout.name())
                 } else {
@@ -71,9 +75,22 @@ impl Workload {
     }
 }
 
+/// Measures every row on the Redis at `url`, under a throwaway prefix of this process.
+pub(crate) async fn measure_on(url: &str, rows: &[PlanRow]) -> Result<Vec<u64>> {
+    let mut config = RedisStoreConfig::new(url);
+    config.prefix = format!("sluicegate:plan:{}:", std::process::id());
+    config.timeout = Duration::from_secs(5);
+    let store = RedisStore::connect(config).await?;
+    let mut bytes = Vec::new();
+    for row in rows {
+        bytes.push(measure(&store, row).await?);
+    }
+    Ok(bytes)
+}
+
 /// Writes one representative key of `row` through `store` (with the caller's clock, so the
 /// entries all stay live), measures it with MEMORY USAGE, and deletes it.
-pub(crate) async fn measure(store: &RedisStore, row: &PlanRow) -> Result<u64, String> {
+async fn measure(store: &RedisStore, row: &PlanRow) -> Result<u64> {
     let key = "representative";
     let limits = [Limit {
         rule: &row.rule,
@@ -95,17 +112,10 @@ pub(crate) async fn measure(store: &RedisStore, row: &PlanRow) -> Result<u64, St
             at: Some(start + i * step),
             ..Check::new(&limits, 1)
         };
-        store.check(&check).await.map_err(|e| e.to_string())?;
+        store.check(&check).await?;
     }
-    let bytes = store
-        .memory_usage(&row.rule, key)
-        .await
-        .map_err(|e| e.to_string())?
-        .unwrap_or(0);
-    store
-        .forget(&row.rule, key)
-        .await
-        .map_err(|e| e.to_string())?;
+    let bytes = store.memory_usage(&row.rule, key).await?.unwrap_or(0);
+    store.forget(&row.rule, key).await?;
     Ok(bytes)
 }
 

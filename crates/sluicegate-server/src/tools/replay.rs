@@ -5,37 +5,25 @@
 //! starting with `#` are skipped and produce no output. Each other line produces
 //! `time_us,key,cost,allowed,remaining,retry_after_us,reset_after_us,delay_us`.
 
-use std::fmt;
-use std::io::{self, BufRead, Write};
+use std::io::{BufRead, Write};
+use std::sync::Arc;
 
-use sluicegate::{Check, Limit, MAX_TIME, Rule, Store, StoreError};
+use anyhow::{Context as _, Result, bail};
+use sluicegate::{
+    Check, Limit, MAX_TIME, ManualClock, MemoryStore, MemoryStoreConfig, Rule, Store,
+};
 
-/// Why a replay stopped.
-#[derive(Debug)]
-pub(crate) enum ReplayError {
-    /// Line `line` (1-based) is malformed or could not be decided.
-    Line {
-        line: usize,
-        message: String,
-    },
-    Io(io::Error),
-}
-
-impl fmt::Display for ReplayError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ReplayError::Line { line, message } => write!(f, "line {line}: {message}"),
-            ReplayError::Io(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for ReplayError {}
-
-impl From<io::Error> for ReplayError {
-    fn from(e: io::Error) -> Self {
-        ReplayError::Io(e)
-    }
+/// A memory store for decisions timed by a trace: time comes from the input and the clock
+/// is never read; every key of the trace may be live at once, so the cap is the trace's
+/// size, not a server's.
+pub(crate) fn trace_store() -> MemoryStore {
+    MemoryStore::new(
+        MemoryStoreConfig {
+            max_keys: usize::MAX,
+            ..MemoryStoreConfig::default()
+        },
+        Arc::new(ManualClock::new(0)),
+    )
 }
 
 /// One parsed input line.
@@ -48,34 +36,36 @@ pub(crate) struct ReplayLine<'a> {
 }
 
 /// Parses one non-comment line; the error says what is wrong.
-pub(crate) fn parse_line(text: &str) -> Result<ReplayLine<'_>, String> {
+pub(crate) fn parse_line(text: &str) -> Result<ReplayLine<'_>> {
     let mut fields = text.split(',');
     let (Some(time), Some(key), Some(cost)) = (fields.next(), fields.next(), fields.next()) else {
-        return Err(format!(
+        bail!(
             "expected time_us,key,cost[,request_id], got {} field(s)",
             text.split(',').count()
-        ));
+        );
     };
     let request_id = fields.next();
     if fields.next().is_some() {
-        return Err(format!(
+        bail!(
             "expected at most 4 fields (time_us,key,cost,request_id), got {}",
             text.split(',').count()
-        ));
+        );
     }
     let time: u64 = time
         .trim()
         .parse()
-        .map_err(|_| format!("time_us {time:?} is not a whole number of µs"))?;
+        .ok()
+        .with_context(|| format!("time_us {time:?} is not a whole number of µs"))?;
     if time >= MAX_TIME {
-        return Err(format!("time_us {time} is not below 2^52"));
+        bail!("time_us {time} is not below 2^52");
     }
     let cost: u64 = cost
         .trim()
         .parse()
-        .map_err(|_| format!("cost {cost:?} is not a whole number"))?;
+        .ok()
+        .with_context(|| format!("cost {cost:?} is not a whole number"))?;
     let request_id = match request_id {
-        Some("") => return Err("request_id is empty (leave the field out instead)".into()),
+        Some("") => bail!("request_id is empty (leave the field out instead)"),
         other => other,
     };
     Ok(ReplayLine {
@@ -92,25 +82,22 @@ pub(crate) async fn replay<S: Store>(
     rule: &Rule,
     input: impl BufRead,
     mut output: impl Write,
-) -> Result<(), ReplayError> {
+) -> Result<()> {
     let mut previous = 0;
     for (index, line) in input.lines().enumerate() {
         let line_no = index + 1;
-        let at_line = |message: String| ReplayError::Line {
-            line: line_no,
-            message,
-        };
+        let at_line = || format!("line {line_no}");
         let line = line?;
         let text = line.trim_end_matches('\r');
         if text.trim().is_empty() || text.trim_start().starts_with('#') {
             continue;
         }
-        let parsed = parse_line(text).map_err(at_line)?;
+        let parsed = parse_line(text).with_context(at_line)?;
         if parsed.time < previous {
-            return Err(at_line(format!(
-                "time_us {} is before the previous line's {previous}: input must be ordered by time",
+            bail!(
+                "line {line_no}: time_us {} is before the previous line's {previous}: input must be ordered by time",
                 parsed.time
-            )));
+            );
         }
         previous = parsed.time;
         let limits = [Limit {
@@ -123,11 +110,7 @@ pub(crate) async fn replay<S: Store>(
             request_id: parsed.request_id,
             at: Some(parsed.time),
         };
-        let d = store
-            .check(&check)
-            .await
-            .map_err(|e: StoreError| at_line(e.to_string()))?
-            .decision;
+        let d = store.check(&check).await.with_context(at_line)?.decision;
         writeln!(
             output,
             "{},{},{},{},{},{},{},{}",
@@ -152,13 +135,13 @@ mod tests {
     #[test]
     fn parses_fields() {
         assert_eq!(
-            parse_line("100,user:1,2,req-9"),
-            Ok(ReplayLine {
+            parse_line("100,user:1,2,req-9").unwrap(),
+            ReplayLine {
                 time: 100,
                 key: "user:1",
                 cost: 2,
                 request_id: Some("req-9")
-            })
+            }
         );
         assert_eq!(parse_line("5,,0").unwrap().key, "");
         for (bad, says) in [
@@ -170,7 +153,7 @@ mod tests {
             ("1,k,1,r,extra", "at most 4 fields"),
             ("4503599627370496,k,1", "not below 2^52"),
         ] {
-            let err = parse_line(bad).unwrap_err();
+            let err = parse_line(bad).unwrap_err().to_string();
             assert!(err.contains(says), "{bad}: {err}");
         }
     }

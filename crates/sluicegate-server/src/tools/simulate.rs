@@ -8,27 +8,64 @@
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context as _, Result, anyhow};
+use sluicegate::{Algorithm, Check, Limit, LogLayout, MemoryStore, Rule, RuleSpec};
+
+use super::chart;
+use super::redis_memory::{human_bytes, redis_bytes};
+use super::replay::trace_store;
+use super::trace_file::TraceFile;
 
 /// Keys come from a trace file, not from clients at run time: a fast hash will do.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
-use sluicegate::{
-    Algorithm, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, Rule, RuleSpec,
-};
+/// Runs `trace` through every algorithm with the numbers of `spec`, and prints the report
+/// (`window` as the user wrote it); with `chart`, writes the SVG chart there too.
+pub(crate) fn run(
+    trace: TraceFile,
+    spec: &RuleSpec,
+    window: &str,
+    chart: Option<&Path>,
+) -> Result<()> {
+    // Without a readable span, ten windows give the chart a sensible scale.
+    let span = trace.span().unwrap_or(spec.window * 10);
+    let mut sim = Simulation::new(spec, span)?;
+    let started = Instant::now();
+    let skipped = trace.read(|t, key, cost| sim.request(t, key, cost))?;
+    println!(
+        "{} requests, {} keys, limit {} per {}, in {:.1} s",
+        sim.requests,
+        sim.key_count(),
+        spec.limit,
+        window,
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(first) = &skipped.first {
+        println!("{} malformed lines skipped (first: {first})", skipped.count);
+    }
+    print!("{}", table(&sim, spec.limit));
+    if let Some(path) = chart {
+        std::fs::write(path, sim.chart()).with_context(|| path.display().to_string())?;
+        println!("chart written to {}", path.display());
+    }
+    Ok(())
+}
 
 /// What one algorithm did with the trace.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) struct AlgorithmReport {
-    pub(crate) allowed: u64,
-    pub(crate) wrongly_allowed: u64,
-    pub(crate) wrongly_rejected: u64,
+struct AlgorithmReport {
+    allowed: u64,
+    wrongly_allowed: u64,
+    wrongly_rejected: u64,
     /// The most units admitted for one key in any window `(t − W, t]`.
-    pub(crate) max_in_window: u64,
+    max_in_window: u64,
     /// Keys holding state at once, at the peak.
-    pub(crate) peak_keys: u64,
+    peak_keys: u64,
     /// Units admitted within the last W, all keys together, at the peak.
-    pub(crate) peak_live_units: u64,
+    peak_live_units: u64,
 }
 
 /// One algorithm's run.
@@ -75,7 +112,7 @@ impl Run {
 }
 
 /// The whole simulation, fed one request at a time.
-pub(crate) struct Simulation {
+struct Simulation {
     runs: Vec<Run>,
     keys: HashMap<String, u32>,
     window: u64,
@@ -83,7 +120,7 @@ pub(crate) struct Simulation {
     bucket_width: u64,
     start: Option<u64>,
     offered: Vec<u64>,
-    pub(crate) requests: u64,
+    requests: u64,
 }
 
 /// How many points a chart series has.
@@ -92,7 +129,7 @@ const CHART_POINTS: u64 = 200;
 impl Simulation {
     /// Every algorithm with `limit` per `window` (and the given extras); `span` is the
     /// trace's expected length in µs, for the chart's buckets.
-    pub(crate) fn new(base: &RuleSpec, span: u64) -> Result<Simulation, String> {
+    fn new(base: &RuleSpec, span: u64) -> Result<Simulation> {
         let runs = Algorithm::ALL
             .iter()
             .map(|&algorithm| {
@@ -107,18 +144,10 @@ impl Simulation {
                     ..*base
                 };
                 let rule = Rule::new(algorithm.name(), &spec)
-                    .map_err(|e| format!("{algorithm}: --{e}"))?;
+                    .map_err(|e| anyhow!("{algorithm}: --{e}"))?;
                 Ok(Run {
                     rule,
-                    // The trace's times drive every decision; the clock is never read, and
-                    // every key of the trace may be live at once.
-                    store: MemoryStore::new(
-                        MemoryStoreConfig {
-                            max_keys: usize::MAX,
-                            ..MemoryStoreConfig::default()
-                        },
-                        Arc::new(ManualClock::new(0)),
-                    ),
+                    store: trace_store(),
                     report: AlgorithmReport::default(),
                     recent: VecDeque::new(),
                     live: HashMap::default(),
@@ -126,7 +155,7 @@ impl Simulation {
                     series: Vec::new(),
                 })
             })
-            .collect::<Result<Vec<Run>, String>>()?;
+            .collect::<Result<Vec<Run>>>()?;
         Ok(Simulation {
             runs,
             keys: HashMap::default(),
@@ -139,7 +168,7 @@ impl Simulation {
     }
 
     /// Decides one request in every algorithm.
-    pub(crate) fn request(&mut self, t: u64, key: &str, cost: u64) -> Result<(), String> {
+    fn request(&mut self, t: u64, key: &str, cost: u64) -> Result<()> {
         self.requests += 1;
         let next_id = self.keys.len() as u32;
         let id = match self.keys.get(key) {
@@ -162,12 +191,7 @@ impl Simulation {
                 at: Some(t),
                 ..Check::new(&limits, cost)
             };
-            let allowed = run
-                .store
-                .check_now(&check)
-                .map_err(|e| e.to_string())?
-                .decision
-                .allowed;
+            let allowed = run.store.check_now(&check)?.decision.allowed;
             // Algorithm::ALL starts with the sliding log: the reference for the others.
             let reference = *exact.get_or_insert(allowed);
             let report = &mut run.report;
@@ -186,7 +210,7 @@ impl Simulation {
     }
 
     /// The reports, in `Algorithm::ALL` order.
-    pub(crate) fn reports(&self) -> Vec<(Algorithm, AlgorithmReport)> {
+    fn reports(&self) -> Vec<(Algorithm, AlgorithmReport)> {
         self.runs
             .iter()
             .map(|run| (run.rule.algorithm(), run.report.clone()))
@@ -194,12 +218,12 @@ impl Simulation {
     }
 
     /// Distinct keys seen.
-    pub(crate) fn key_count(&self) -> usize {
+    fn key_count(&self) -> usize {
         self.keys.len()
     }
 
     /// Estimated Redis bytes for an algorithm's state at its peak (see `redis_bytes`).
-    pub(crate) fn redis_estimate(&self, algorithm: Algorithm, layout: LogLayout) -> u64 {
+    fn redis_estimate(&self, algorithm: Algorithm, layout: LogLayout) -> u64 {
         let run = self
             .runs
             .iter()
@@ -215,14 +239,14 @@ impl Simulation {
 
     /// An SVG chart of admitted units over time, one labelled series per algorithm, plus
     /// the offered load.
-    pub(crate) fn chart(&self) -> String {
+    fn chart(&self) -> String {
         let mut series: Vec<(&str, &[u64])> = vec![("offered", &self.offered)];
         series.extend(
             self.runs
                 .iter()
                 .map(|run| (run.rule.algorithm().name(), run.series.as_slice())),
         );
-        chart_svg(&series, self.bucket_width)
+        chart::svg(&series, self.bucket_width)
     }
 }
 
@@ -233,107 +257,8 @@ fn bump(series: &mut Vec<u64>, bucket: usize, units: u64) {
     series[bucket] += units;
 }
 
-/// Redis bytes for one key's state, from `MEMORY USAGE` on Redis 7.0 with sluicegate's key
-/// names (about 70 bytes): a hash of 2–3 small fields takes 184 bytes; a sliding counter
-/// adds about 20 per bucket; a zset log about 36 per entry while Redis keeps it as a
-/// listpack (up to 128 entries) and 116 per entry as a skiplist; a compact log 8 per slot
-/// of L. `sluicegate plan --redis` measures them on a real server.
-pub(crate) fn redis_bytes(rule: &Rule, layout: LogLayout, entries: u64) -> u64 {
-    match rule.algorithm() {
-        Algorithm::SlidingLog => match layout {
-            LogLayout::Zset if entries <= 128 => 140 + 36 * entries,
-            LogLayout::Zset => 200 + 116 * entries,
-            LogLayout::Compact => 200 + 8 * rule.limit(),
-        },
-        Algorithm::SlidingCounter => 184 + 20 * rule.buckets().saturating_sub(1),
-        Algorithm::FixedWindow | Algorithm::TokenBucket | Algorithm::LeakyBucket => 184,
-    }
-}
-
-const COLOURS: [&str; 6] = [
-    "#9e9e9e", "#1b5e20", "#1565c0", "#c62828", "#6a1b9a", "#ef6c00",
-];
-
-/// A line chart: x = time buckets, y = units per bucket.
-fn chart_svg(series: &[(&str, &[u64])], bucket_width: u64) -> String {
-    let (width, height, left, bottom, top, right) = (900.0, 420.0, 60.0, 40.0, 30.0, 170.0);
-    let points = series
-        .iter()
-        .map(|(_, s)| s.len())
-        .max()
-        .unwrap_or(0)
-        .max(2);
-    let peak = series
-        .iter()
-        .flat_map(|(_, s)| s.iter().copied())
-        .max()
-        .unwrap_or(0)
-        .max(1) as f64;
-    let plot_w = width - left - right;
-    let plot_h = height - top - bottom;
-    let x = |i: usize| left + plot_w * i as f64 / (points - 1) as f64;
-    let y = |v: u64| top + plot_h * (1.0 - v as f64 / peak);
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(
-        svg,
-        r#"<title>Admitted units per {} s, by algorithm</title>"#,
-        bucket_width as f64 / 1e6
-    );
-    let _ = writeln!(
-        svg,
-        r##"<rect width="{width}" height="{height}" fill="#ffffff"/>"##
-    );
-    let _ = writeln!(
-        svg,
-        r##"<line x1="{left}" y1="{}" x2="{}" y2="{}" stroke="#000"/><line x1="{left}" y1="{top}" x2="{left}" y2="{}" stroke="#000"/>"##,
-        top + plot_h,
-        left + plot_w,
-        top + plot_h,
-        top + plot_h
-    );
-    let _ = writeln!(
-        svg,
-        r#"<text x="{left}" y="{}">0</text><text x="4" y="{}">{peak}</text><text x="{left}" y="{}">time →  (one point per {} s)</text>"#,
-        top + plot_h + 15.0,
-        top + 4.0,
-        height - 8.0,
-        bucket_width as f64 / 1e6
-    );
-    for (i, (name, values)) in series.iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
-        let path: Vec<String> = (0..points)
-            .map(|p| format!("{:.1},{:.1}", x(p), y(values.get(p).copied().unwrap_or(0))))
-            .collect();
-        let dash = if i == 0 {
-            r#" stroke-dasharray="4 3""#
-        } else {
-            ""
-        };
-        let _ = writeln!(
-            svg,
-            r#"<polyline data-series="{name}" fill="none" stroke="{colour}" stroke-width="1.5"{dash} points="{}"/>"#,
-            path.join(" ")
-        );
-        let ly = top + 18.0 * i as f64 + 6.0;
-        let lx = left + plot_w + 15.0;
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{colour}" stroke-width="3"/><text x="{}" y="{}">{name}</text>"#,
-            lx + 20.0,
-            lx + 26.0,
-            ly + 4.0
-        );
-    }
-    svg.push_str("</svg>\n");
-    svg
-}
-
 /// The report table.
-pub(crate) fn table(sim: &Simulation, limit: u64) -> String {
+fn table(sim: &Simulation, limit: u64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -385,15 +310,6 @@ pub(crate) fn table(sim: &Simulation, limit: u64) -> String {
     out
 }
 
-pub(crate) fn human_bytes(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
-        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
-        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
-        b => format!("{b} B"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,12 +355,5 @@ mod tests {
         assert_eq!(log.max_in_window, 3);
         assert_eq!(log.peak_keys, 2);
         assert_eq!(log.peak_live_units, 5);
-    }
-
-    #[test]
-    fn memory_estimates_follow_the_measured_constants() {
-        let rule = Rule::new("r", &RuleSpec::new(Algorithm::SlidingLog, 1000, S)).unwrap();
-        assert_eq!(redis_bytes(&rule, LogLayout::Zset, 1000), 116_200);
-        assert_eq!(redis_bytes(&rule, LogLayout::Compact, 1000), 8_200);
     }
 }

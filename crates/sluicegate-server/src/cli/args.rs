@@ -1,0 +1,220 @@
+//! The arguments several commands share: where state lives, a rule, how hard to drive,
+//! and the value parser of every duration flag.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use clap::Args;
+use sluicegate::duration::{DurationError, parse_duration};
+use sluicegate::{Algorithm, LogLayout, Rule, RuleSpec, StoreOptions};
+
+use crate::tools::bench::Drive;
+
+/// A duration flag's value, read by [`parse_duration_arg`]: whole µs, and the text as the
+/// user wrote it (a report echoes the user's own words back).
+#[derive(Clone, Debug)]
+pub(crate) struct DurationArg {
+    micros: u64,
+    written: String,
+}
+
+impl DurationArg {
+    /// The duration in µs, the unit of every time in SPEC.md.
+    pub(crate) fn micros(&self) -> u64 {
+        self.micros
+    }
+
+    /// The duration, for timeouts and timers.
+    pub(crate) fn duration(&self) -> Duration {
+        Duration::from_micros(self.micros)
+    }
+
+    /// The flag's text, as given.
+    pub(crate) fn as_written(&self) -> &str {
+        &self.written
+    }
+}
+
+/// clap's value parser for duration flags (`value_parser = parse_duration_arg`): the
+/// value arrives parsed, and a bad one is reported by clap, naming the flag.
+pub(crate) fn parse_duration_arg(text: &str) -> Result<DurationArg, DurationError> {
+    Ok(DurationArg {
+        micros: parse_duration(text)?,
+        written: text.to_owned(),
+    })
+}
+
+/// Where state lives.
+#[derive(Args)]
+pub(crate) struct StoreArgs {
+    /// memory, redis://host:port, rediss://host:port (TLS), redis+unix:///path,
+    /// redis-cluster://host:port,host:port or rediss-cluster://….
+    #[arg(long, env = "SLUICEGATE_STORE", default_value = "memory")]
+    pub(crate) store: String,
+    /// Prefix of every Redis key.
+    #[arg(long, env = "SLUICEGATE_PREFIX")]
+    prefix: Option<String>,
+    /// Per-call Redis timeout, e.g. 50ms.
+    #[arg(long, env = "SLUICEGATE_STORE_TIMEOUT", default_value = "50ms", value_parser = parse_duration_arg)]
+    store_timeout: DurationArg,
+    /// PEM file of the authority that signed a TLS Redis server's certificate, when it is
+    /// not in the system's trust store.
+    #[arg(long, env = "SLUICEGATE_STORE_TLS_CA")]
+    store_tls_ca: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    /// The options to open the store with; Redis keys under `default_prefix` unless
+    /// `--prefix` says otherwise.
+    pub(crate) fn options(&self, default_prefix: &str) -> Result<StoreOptions> {
+        let mut options = StoreOptions::new(&self.store);
+        options.prefix = self
+            .prefix
+            .clone()
+            .unwrap_or_else(|| default_prefix.to_owned());
+        options.timeout = self.store_timeout.duration();
+        options.tls_ca = self
+            .store_tls_ca
+            .as_ref()
+            .map(|path| {
+                std::fs::read(path)
+                    .with_context(|| format!("--store-tls-ca: cannot read {}", path.display()))
+            })
+            .transpose()?;
+        Ok(options)
+    }
+}
+
+/// A rule's numbers, from the command line.
+#[derive(Args)]
+pub(crate) struct RuleShape {
+    /// L: units per window.
+    #[arg(long)]
+    pub(crate) limit: u64,
+    /// W: a duration such as 500ms, 1s, 90s, 1m, 1h, 1d.
+    #[arg(long, value_parser = parse_duration_arg)]
+    pub(crate) window: DurationArg,
+    /// N: sliding-counter buckets (default 10).
+    #[arg(long)]
+    buckets: Option<u64>,
+    /// B: token-bucket burst (default L).
+    #[arg(long)]
+    burst: Option<u64>,
+    /// Q: leaky-bucket queue (default 0).
+    #[arg(long)]
+    queue: Option<u64>,
+}
+
+impl RuleShape {
+    /// The spec of `algorithm` with these numbers.
+    pub(crate) fn spec(&self, algorithm: Algorithm) -> RuleSpec {
+        RuleSpec {
+            buckets: self.buckets,
+            burst: self.burst,
+            queue: self.queue,
+            ..RuleSpec::new(algorithm, self.limit, self.window.micros())
+        }
+    }
+}
+
+/// One rule, from the command line.
+#[derive(Args)]
+pub(crate) struct RuleArgs {
+    /// sliding-log, sliding-counter, fixed-window, token-bucket or leaky-bucket.
+    #[arg(long)]
+    algorithm: String,
+    #[command(flatten)]
+    shape: RuleShape,
+    /// Redis layout of a sliding-log: zset (default) or compact.
+    #[arg(long)]
+    layout: Option<String>,
+}
+
+impl RuleArgs {
+    /// The rule, validated; its errors name the flag (`--window: …`).
+    pub(crate) fn rule(&self) -> Result<Rule> {
+        let algorithm: Algorithm = self.algorithm.parse().map_err(|e| anyhow!("--{e}"))?;
+        let layout = self
+            .layout
+            .as_deref()
+            .map(str::parse::<LogLayout>)
+            .transpose()
+            .map_err(|e| anyhow!("--{e}"))?;
+        let spec = RuleSpec {
+            layout,
+            ..self.shape.spec(algorithm)
+        };
+        Rule::new("cli", &spec).map_err(|e| anyhow!("--{e}"))
+    }
+}
+
+/// How long and how fast `bench` and `load` drive, and how they report.
+#[derive(Args)]
+pub(crate) struct PaceArgs {
+    /// How long to run, e.g. 10s.
+    #[arg(long, default_value = "10s", value_parser = parse_duration_arg)]
+    duration: DurationArg,
+    /// A fixed total rate of calls per second instead of as fast as possible.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+impl PaceArgs {
+    /// The drive over `keys` distinct keys (given by the flag `keys_flag`) from
+    /// `concurrency` tasks, checked before any work starts.
+    pub(crate) fn drive(&self, keys: usize, keys_flag: &str, concurrency: usize) -> Result<Drive> {
+        if keys == 0 || concurrency == 0 {
+            bail!("{keys_flag} and --concurrency must be at least 1");
+        }
+        if self
+            .rate
+            .is_some_and(|rate| !(rate.is_finite() && rate > 0.0))
+        {
+            bail!("--rate must be a positive number of calls per second");
+        }
+        Ok(Drive {
+            keys,
+            concurrency,
+            duration: self.duration.duration(),
+            rate: self.rate,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[arg(long, value_parser = parse_duration_arg)]
+        window: DurationArg,
+    }
+
+    #[test]
+    fn durations_arrive_parsed_and_keep_their_text() {
+        let flags = Flags::try_parse_from(["test", "--window", "60s"]).unwrap();
+        assert_eq!(flags.window.micros(), 60_000_000);
+        assert_eq!(flags.window.duration(), Duration::from_secs(60));
+        assert_eq!(flags.window.as_written(), "60s");
+    }
+
+    #[test]
+    fn a_bad_duration_is_reported_by_clap_naming_the_flag() {
+        let err = Flags::try_parse_from(["test", "--window", "1x"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("'--window <WINDOW>'"), "{err}");
+        assert!(
+            err.contains(r#"invalid duration "1x": unknown unit"#),
+            "{err}"
+        );
+    }
+}
