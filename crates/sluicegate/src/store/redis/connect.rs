@@ -1,0 +1,155 @@
+//! Reaching Redis: a single server through a connection manager (its checks batched), or a
+//! Redis Cluster through the cluster client; TLS with rustls.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Script, TlsCertificates};
+
+use super::batcher::{Batcher, call_hold};
+use super::error::{CallError, bounded};
+use super::script::CallCounters;
+use crate::store::StoreError;
+
+#[derive(Clone)]
+pub(super) enum Connection {
+    Single {
+        manager: ConnectionManager,
+        batcher: Batcher,
+    },
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    /// Connects to `url` (named `server` in errors) within `timeout`, at least one second
+    /// for a first connection. `tls_ca` is the PEM authority a TLS server's certificate is
+    /// checked against, when it is not in the system's trust store. A single server's
+    /// checks go through a batcher that runs `script` and counts its calls in `calls`.
+    pub(super) async fn open(
+        url: &str,
+        server: &str,
+        timeout: Duration,
+        tls_ca: Option<&[u8]>,
+        script: &Arc<Script>,
+        calls: &Arc<CallCounters>,
+    ) -> Result<Connection, StoreError> {
+        let unavailable = |message: String| StoreError::Unavailable {
+            server: server.to_owned(),
+            message,
+        };
+        let connect_timeout = timeout.max(Duration::from_secs(1));
+        let certificates = || TlsCertificates {
+            client_tls: None,
+            root_cert: tls_ca.map(<[u8]>::to_vec),
+        };
+        let cluster = [
+            ("redis-cluster://", "redis://"),
+            ("rediss-cluster://", "rediss://"),
+        ]
+        .into_iter()
+        .find_map(|(scheme, node)| Some((url.strip_prefix(scheme)?, node)));
+        let tls = url.starts_with("rediss");
+        if tls {
+            install_crypto_provider();
+        }
+        if let Some((seeds, node_scheme)) = cluster {
+            let (credentials, hosts) = match seeds.rsplit_once('@') {
+                Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
+                None => (String::new(), seeds),
+            };
+            let nodes: Vec<String> = hosts
+                .split(',')
+                .map(|host| format!("{node_scheme}{credentials}{}", host.trim()))
+                .collect();
+            let mut builder = ClusterClientBuilder::new(nodes)
+                .connection_timeout(connect_timeout)
+                .response_timeout(timeout);
+            if tls && tls_ca.is_some() {
+                builder = builder.certs(certificates());
+            }
+            let client = builder.build().map_err(|e| unavailable(e.to_string()))?;
+            let connection = tokio::time::timeout(connect_timeout, client.get_async_connection())
+                .await
+                .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
+                .map_err(|e| unavailable(e.to_string()))?;
+            return Ok(Connection::Cluster(connection));
+        }
+        let client = if tls && tls_ca.is_some() {
+            redis::Client::build_with_tls(url, certificates())
+        } else {
+            redis::Client::open(url)
+        }
+        .map_err(|e| unavailable(e.to_string()))?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(call_hold(timeout)))
+            .set_number_of_retries(1);
+        let manager = tokio::time::timeout(
+            connect_timeout,
+            client.get_connection_manager_with_config(manager_config),
+        )
+        .await
+        .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
+        .map_err(|e| unavailable(e.to_string()))?;
+        Ok(Connection::Single {
+            batcher: Batcher::start(
+                manager.clone(),
+                Arc::clone(script),
+                Arc::clone(calls),
+                call_hold(timeout),
+            ),
+            manager,
+        })
+    }
+
+    /// Sends one command, on whichever kind of connection, within `timeout`.
+    pub(super) async fn query<T: redis::FromRedisValue>(
+        &self,
+        command: &redis::Cmd,
+        timeout: Duration,
+    ) -> Result<T, CallError> {
+        match self {
+            Connection::Single { manager, .. } => {
+                bounded(timeout, command.query_async(&mut manager.clone())).await
+            }
+            Connection::Cluster(c) => bounded(timeout, command.query_async(&mut c.clone())).await,
+        }
+    }
+}
+
+/// rustls needs a process-wide cryptography provider; ring is the one this build carries.
+/// Installing fails only if one is installed already, which is as good.
+fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _already_installed = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// The URL without its password, for error messages and logs.
+pub(super) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_passwords() {
+        assert_eq!(redact("redis://app:secret@db:6379/0"), "redis://db:6379/0");
+        assert_eq!(redact("redis-cluster://a:1,b:2"), "redis-cluster://a:1,b:2");
+        assert_eq!(
+            redact("redis+unix:///run/redis.sock"),
+            "redis+unix:///run/redis.sock"
+        );
+    }
+}
