@@ -18,5 +18,5 @@ pub use rule::{
 };
 pub use store::{
     AnyStore, Check, DecidedBy, Limit, MemoryStore, MemoryStoreConfig, Outcome, RedisStore,
-    RedisStoreConfig, Store, StoreError, StoreOptions,
+    RedisStoreConfig, Store, StoreError, StoreOptions, StoreUrl, StoreUrlError,
 };

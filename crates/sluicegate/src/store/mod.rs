@@ -4,10 +4,12 @@
 mod any;
 mod memory;
 pub mod redis;
+mod url;
 
 pub use any::{AnyStore, StoreOptions};
 pub use memory::{MemoryStore, MemoryStoreConfig, SWEEP_INTERVAL};
 pub use redis::{RedisStore, RedisStoreConfig, ScriptCalls};
+pub use url::{StoreUrl, StoreUrlError};
 
 use std::fmt;
 use std::future::Future;

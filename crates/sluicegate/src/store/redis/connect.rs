@@ -13,6 +13,7 @@ use super::batcher::{Batcher, call_hold};
 use super::error::{CallError, bounded};
 use super::script::CallCounters;
 use crate::store::StoreError;
+use crate::store::url::{RedisUrl, Topology};
 
 #[derive(Clone)]
 pub(super) enum Connection {
@@ -24,20 +25,19 @@ pub(super) enum Connection {
 }
 
 impl Connection {
-    /// Connects to `url` (named `server` in errors) within `timeout`, at least one second
-    /// for a first connection. `tls_ca` is the PEM authority a TLS server's certificate is
-    /// checked against, when it is not in the system's trust store. A single server's
-    /// checks go through a batcher that runs `script` and counts its calls in `calls`.
+    /// Connects to `url` within `timeout`, at least one second for a first connection.
+    /// `tls_ca` is the PEM authority a TLS server's certificate is checked against, when it
+    /// is not in the system's trust store. A single server's checks go through a batcher
+    /// that runs `script` and counts its calls in `calls`.
     pub(super) async fn open(
-        url: &str,
-        server: &str,
+        url: &RedisUrl,
         timeout: Duration,
         tls_ca: Option<&[u8]>,
         script: &Arc<Script>,
         calls: &Arc<CallCounters>,
     ) -> Result<Connection, StoreError> {
         let unavailable = |message: String| StoreError::Unavailable {
-            server: server.to_owned(),
+            server: url.shown.clone(),
             message,
         };
         let connect_timeout = timeout.max(Duration::from_secs(1));
@@ -45,42 +45,32 @@ impl Connection {
             client_tls: None,
             root_cert: tls_ca.map(<[u8]>::to_vec),
         };
-        let cluster = [
-            ("redis-cluster://", "redis://"),
-            ("rediss-cluster://", "rediss://"),
-        ]
-        .into_iter()
-        .find_map(|(scheme, node)| Some((url.strip_prefix(scheme)?, node)));
-        let tls = url.starts_with("rediss");
-        if tls {
+        if url.tls {
             install_crypto_provider();
         }
-        if let Some((seeds, node_scheme)) = cluster {
-            let (credentials, hosts) = match seeds.rsplit_once('@') {
-                Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
-                None => (String::new(), seeds),
-            };
-            let nodes: Vec<String> = hosts
-                .split(',')
-                .map(|host| format!("{node_scheme}{credentials}{}", host.trim()))
-                .collect();
-            let mut builder = ClusterClientBuilder::new(nodes)
-                .connection_timeout(connect_timeout)
-                .response_timeout(timeout);
-            if tls && tls_ca.is_some() {
-                builder = builder.certs(certificates());
+        let with_ca = url.tls && tls_ca.is_some();
+        let server = match &url.topology {
+            Topology::Server(server) => server,
+            Topology::Cluster(nodes) => {
+                let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+                    .connection_timeout(connect_timeout)
+                    .response_timeout(timeout);
+                if with_ca {
+                    builder = builder.certs(certificates());
+                }
+                let client = builder.build().map_err(|e| unavailable(e.to_string()))?;
+                let connection =
+                    tokio::time::timeout(connect_timeout, client.get_async_connection())
+                        .await
+                        .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
+                        .map_err(|e| unavailable(e.to_string()))?;
+                return Ok(Connection::Cluster(connection));
             }
-            let client = builder.build().map_err(|e| unavailable(e.to_string()))?;
-            let connection = tokio::time::timeout(connect_timeout, client.get_async_connection())
-                .await
-                .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
-                .map_err(|e| unavailable(e.to_string()))?;
-            return Ok(Connection::Cluster(connection));
-        }
-        let client = if tls && tls_ca.is_some() {
-            redis::Client::build_with_tls(url, certificates())
+        };
+        let client = if with_ca {
+            redis::Client::build_with_tls(server.as_str(), certificates())
         } else {
-            redis::Client::open(url)
+            redis::Client::open(server.as_str())
         }
         .map_err(|e| unavailable(e.to_string()))?;
         let manager_config = ConnectionManagerConfig::new()
@@ -127,29 +117,4 @@ fn install_crypto_provider() {
     ONCE.call_once(|| {
         let _already_installed = rustls::crypto::ring::default_provider().install_default();
     });
-}
-
-/// The URL without its password, for error messages and logs.
-pub(super) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://{}", &url[..scheme_end], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_lose_their_passwords() {
-        assert_eq!(redact("redis://app:secret@db:6379/0"), "redis://db:6379/0");
-        assert_eq!(redact("redis-cluster://a:1,b:2"), "redis-cluster://a:1,b:2");
-        assert_eq!(
-            redact("redis+unix:///run/redis.sock"),
-            "redis+unix:///run/redis.sock"
-        );
-    }
 }

@@ -25,7 +25,8 @@ use redis::Script;
 pub use keys::{hash_slot, identity_slot, redis_key};
 pub use script::ScriptCalls;
 
-use super::{Check, Outcome, Store, StoreError};
+use super::url::{RedisUrl, Target};
+use super::{Check, Outcome, Store, StoreError, StoreUrl};
 use crate::rule::{Algorithm, LogLayout, Rule};
 use cluster::RunScript;
 use connect::Connection;
@@ -35,7 +36,7 @@ use script::{CHECK_SCRIPT, CallCounters, Mode, Row, ScriptCheck, ScriptRow};
 /// Settings of a [`RedisStore`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisStoreConfig {
-    /// `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS),
+    /// A Redis [`StoreUrl`]: `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS),
     /// `redis+unix:///path/to.sock`, or `redis-cluster://[user:password@]host:port,…`
     /// (seed nodes; `rediss-cluster://` for TLS).
     pub url: String,
@@ -86,25 +87,38 @@ impl RedisStore {
     /// Connects (within the configured timeout, at least one second for a first
     /// connection) and checks that the server answers.
     pub async fn connect(config: RedisStoreConfig) -> Result<RedisStore, StoreError> {
-        let server = connect::redact(&config.url);
+        let unavailable =
+            |server: String, message: String| StoreError::Unavailable { server, message };
+        let url = StoreUrl::parse(&config.url)
+            .map_err(|e| unavailable(e.url().to_owned(), e.to_string()))?;
+        match url.target() {
+            Target::Redis(redis) => {
+                RedisStore::open(redis, config.prefix, config.timeout, config.tls_ca).await
+            }
+            Target::Memory => Err(unavailable(
+                url.to_string(),
+                "the in-memory store is not a Redis URL".to_owned(),
+            )),
+        }
+    }
+
+    /// [`RedisStore::connect`], to a URL already parsed.
+    pub(crate) async fn open(
+        url: &RedisUrl,
+        prefix: String,
+        timeout: Duration,
+        tls_ca: Option<Vec<u8>>,
+    ) -> Result<RedisStore, StoreError> {
         let script = Arc::new(Script::new(CHECK_SCRIPT));
         let calls = Arc::new(CallCounters::default());
-        let connection = Connection::open(
-            &config.url,
-            &server,
-            config.timeout,
-            config.tls_ca.as_deref(),
-            &script,
-            &calls,
-        )
-        .await?;
+        let connection = Connection::open(url, timeout, tls_ca.as_deref(), &script, &calls).await?;
         let store = RedisStore {
             connection,
             script,
             calls,
-            prefix: config.prefix,
-            timeout: config.timeout,
-            server,
+            prefix,
+            timeout,
+            server: url.shown.clone(),
         };
         store.ping().await?;
         Ok(store)
