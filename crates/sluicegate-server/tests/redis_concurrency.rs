@@ -8,6 +8,8 @@ mod support;
 use std::process::{Command, Output};
 use std::time::Instant;
 
+use sluicegate::store::redis::{KeyKind, key_pattern};
+
 /// Runs two bench processes at once against one key; returns their admitted counts and
 /// the wall time both took.
 fn hammer(prefix: &str, rule: &[&str]) -> (u64, f64) {
@@ -63,7 +65,8 @@ fn redis(args: &str) -> String {
 
 /// The one state key under `prefix`.
 fn state_key(prefix: &str) -> String {
-    let reply = redis(&format!("KEYS {prefix}*:s:*"));
+    let pattern = key_pattern(prefix, KeyKind::State);
+    let reply = redis(&format!("KEYS {pattern}"));
     let key = reply
         .lines()
         .find(|line| line.starts_with(prefix))

@@ -7,7 +7,8 @@
 //! slot (a check of several rules on one key is one atomic script, on a cluster too), and
 //! no character of a key — braces included — can steer it into another slot; the rest is
 //! length-prefixed, so two different (rule, key) pairs never share a Redis key. `kind` is
-//! `s` for the state, `i` for request ids, `r` for leaky-bucket release times.
+//! `s` for the state, `i` for request ids, `r` for leaky-bucket release times. Every name
+//! is built in `keys` ([`redis_key`]).
 
 mod batcher;
 mod cluster;
@@ -22,12 +23,12 @@ use std::time::Duration;
 
 use redis::Script;
 
-pub use keys::{hash_slot, identity_slot, redis_key};
+pub use keys::{KeyKind, hash_slot, identity_slot, key_pattern, redis_key};
 pub use script::ScriptCalls;
 
 use super::url::{RedisUrl, Target};
 use super::{Check, Outcome, Store, StoreError, StoreUrl};
-use crate::rule::{Algorithm, LogLayout, Rule};
+use crate::rule::Rule;
 use cluster::RunScript;
 use connect::Connection;
 use error::CallError;
@@ -148,7 +149,7 @@ impl RedisStore {
 
     /// Deletes every key of `rule` for `key` (state, request ids, release times).
     pub async fn forget(&self, rule: &Rule, key: &str) -> Result<(), StoreError> {
-        for kind in ['s', 'i', 'r'] {
+        for kind in KeyKind::ALL {
             let redis_key = redis_key(&self.prefix, kind, rule, key);
             self.query::<u64>(redis::cmd("DEL").arg(&redis_key))
                 .await
@@ -170,7 +171,7 @@ impl RedisStore {
 
     /// The Redis key holding the state of `rule` for `key`.
     pub fn state_key(&self, rule: &Rule, key: &str) -> String {
-        redis_key(&self.prefix, 's', rule, key)
+        redis_key(&self.prefix, KeyKind::State, rule, key)
     }
 
     fn error(&self, error: CallError, key: Option<&str>) -> StoreError {
@@ -197,17 +198,12 @@ impl RedisStore {
     /// Finds which of a check's keys holds a value of a type the script cannot read.
     async fn wrong_type_key(&self, check: &Check<'_>) -> Option<String> {
         for limit in check.limits {
-            for kind in ['s', 'i', 'r'] {
+            for kind in KeyKind::ALL {
                 let key = redis_key(&self.prefix, kind, limit.rule, limit.key);
-                let expected: &[&str] = match (kind, limit.rule.algorithm(), limit.rule.layout()) {
-                    ('s', Algorithm::SlidingLog, LogLayout::Zset) | ('i', ..) => &["zset"],
-                    ('s', Algorithm::SlidingLog, LogLayout::Compact) => &["string"],
-                    _ => &["hash"],
-                };
                 let found = self.query::<String>(redis::cmd("TYPE").arg(&key)).await;
                 if let Ok(found) = found
                     && found != "none"
-                    && !expected.contains(&found.as_str())
+                    && found != kind.redis_type(limit.rule)
                 {
                     return Some(key);
                 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redis::Script;
 
 use super::error::CallError;
-use super::keys::redis_key;
+use super::keys::{KeyKind, redis_key};
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::{Algorithm, LogLayout, Rule};
 use crate::store::Check;
@@ -120,10 +120,10 @@ impl ScriptCheck {
         let mut rules = Vec::with_capacity(check.limits.len());
         for (i, limit) in check.limits.iter().enumerate() {
             let rule = limit.rule;
-            keys.push(redis_key(prefix, 's', rule, limit.key));
+            keys.push(redis_key(prefix, KeyKind::State, rule, limit.key));
             if with_request_id {
-                keys.push(redis_key(prefix, 'i', rule, limit.key));
-                keys.push(redis_key(prefix, 'r', rule, limit.key));
+                keys.push(redis_key(prefix, KeyKind::RequestIds, rule, limit.key));
+                keys.push(redis_key(prefix, KeyKind::ReleaseTimes, rule, limit.key));
             }
             let recorded_at = match mode {
                 Mode::Undo(rows) => rows[i].recorded_at,
