@@ -1,6 +1,8 @@
 //! The Redis store against the Rust reference (the in-memory store), on a real
 //! redis-server and a real three-master Redis Cluster started by the tests.
 
+#![cfg(feature = "redis")]
+
 mod support;
 
 use std::sync::Arc;

@@ -3,9 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::redis::{RedisStore, RedisStoreConfig};
+#[cfg(feature = "redis")]
+use super::redis::RedisStore;
 use super::url::{StoreUrl, Target};
-use super::{Check, MemoryStore, MemoryStoreConfig, Outcome, Store, StoreError};
+use super::{
+    Check, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, MemoryStore, MemoryStoreConfig, Outcome,
+    Store, StoreError,
+};
 use crate::clock::SystemClock;
 
 /// The in-memory store or a Redis one.
@@ -15,6 +19,7 @@ pub enum AnyStore {
     Memory(MemoryStore),
     /// `redis://…`, `rediss://…`, `redis+unix://…`, `redis-cluster://…` or
     /// `rediss-cluster://…`.
+    #[cfg(feature = "redis")]
     Redis(RedisStore),
 }
 
@@ -24,7 +29,8 @@ pub struct StoreOptions {
     /// A [`StoreUrl`]: `memory`, `redis://…`, `rediss://…`, `redis+unix://…`,
     /// `redis-cluster://host:port,…`, `rediss-cluster://…`.
     pub url: String,
-    /// Redis key prefix.
+    /// Redis key prefix (kept without the `redis` feature, which has no use for it, so
+    /// that code setting it builds either way).
     pub prefix: String,
     /// Per-call timeout for Redis.
     pub timeout: Duration,
@@ -37,11 +43,10 @@ pub struct StoreOptions {
 impl StoreOptions {
     /// Defaults for `url`.
     pub fn new(url: &str) -> Self {
-        let redis = RedisStoreConfig::new(url);
         StoreOptions {
             url: url.to_owned(),
-            prefix: redis.prefix,
-            timeout: redis.timeout,
+            prefix: DEFAULT_REDIS_PREFIX.to_owned(),
+            timeout: DEFAULT_REDIS_TIMEOUT,
             tls_ca: None,
             memory: MemoryStoreConfig::default(),
         }
@@ -58,6 +63,7 @@ impl AnyStore {
                 options.memory,
                 Arc::new(SystemClock::new()),
             ))),
+            #[cfg(feature = "redis")]
             Target::Redis(redis) => {
                 RedisStore::open(redis, options.prefix, options.timeout, options.tls_ca)
                     .await
@@ -70,6 +76,7 @@ impl AnyStore {
     pub async fn ready(&self) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(_) => Ok(()),
+            #[cfg(feature = "redis")]
             AnyStore::Redis(store) => store.ping().await,
         }
     }
@@ -81,6 +88,7 @@ impl AnyStore {
                 store.forget(rule, key);
                 Ok(())
             }
+            #[cfg(feature = "redis")]
             AnyStore::Redis(store) => store.forget(rule, key).await,
         }
     }
@@ -89,6 +97,7 @@ impl AnyStore {
     pub fn memory(&self) -> Option<&MemoryStore> {
         match self {
             AnyStore::Memory(store) => Some(store),
+            #[cfg(feature = "redis")]
             AnyStore::Redis(_) => None,
         }
     }
@@ -98,6 +107,7 @@ impl Store for AnyStore {
     async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         match self {
             AnyStore::Memory(store) => store.check_now(check),
+            #[cfg(feature = "redis")]
             AnyStore::Redis(store) => store.check(check).await,
         }
     }
@@ -109,6 +119,7 @@ mod tests {
 
     /// Every Redis scheme the docs name gets past the URL to the connection (port 1 on
     /// loopback refuses it); `rediss-cluster://` was once refused as an unknown store.
+    #[cfg(feature = "redis")]
     #[tokio::test]
     async fn every_redis_scheme_reaches_a_connection() {
         for url in [

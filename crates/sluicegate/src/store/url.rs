@@ -22,10 +22,12 @@ pub struct StoreUrl {
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) enum Target {
     Memory,
+    #[cfg(feature = "redis")]
     Redis(RedisUrl),
 }
 
 /// A Redis server or cluster, as the Redis store connects to it.
+#[cfg(feature = "redis")]
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct RedisUrl {
     /// The URL without its password.
@@ -37,6 +39,7 @@ pub(crate) struct RedisUrl {
 
 /// One server or a cluster; each URL in the form the redis crate reads (user, password,
 /// database).
+#[cfg(feature = "redis")]
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) enum Topology {
     Server(String),
@@ -45,6 +48,13 @@ pub(crate) enum Topology {
 }
 
 /// A Redis URL scheme, and what it says about the connection.
+#[cfg_attr(
+    not(feature = "redis"),
+    expect(
+        dead_code,
+        reason = "without Redis a scheme is only recognised, to say so"
+    )
+)]
 struct RedisScheme {
     scheme: &'static str,
     tls: bool,
@@ -93,12 +103,15 @@ impl StoreUrl {
             url: redact(url),
             reason,
         };
-        let Some(scheme) = REDIS_SCHEMES.iter().find(|s| url.starts_with(s.scheme)) else {
-            return Err(error(Reason::Unknown));
-        };
-        Ok(StoreUrl {
-            target: Target::Redis(RedisUrl::parse(url, scheme)),
-        })
+        match REDIS_SCHEMES.iter().find(|s| url.starts_with(s.scheme)) {
+            None => Err(error(Reason::Unknown)),
+            #[cfg(feature = "redis")]
+            Some(scheme) => Ok(StoreUrl {
+                target: Target::Redis(RedisUrl::parse(url, scheme)),
+            }),
+            #[cfg(not(feature = "redis"))]
+            Some(_) => Err(error(Reason::WithoutRedis)),
+        }
     }
 
     /// Whether this is the in-memory store.
@@ -111,6 +124,7 @@ impl StoreUrl {
     }
 }
 
+#[cfg(feature = "redis")]
 impl RedisUrl {
     /// `url`, which starts with `scheme`.
     fn parse(url: &str, scheme: &RedisScheme) -> RedisUrl {
@@ -150,6 +164,7 @@ impl fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.target {
             Target::Memory => f.write_str("memory"),
+            #[cfg(feature = "redis")]
             Target::Redis(redis) => f.write_str(&redis.shown),
         }
     }
@@ -172,6 +187,8 @@ pub struct StoreUrlError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reason {
     Unknown,
+    #[cfg(not(feature = "redis"))]
+    WithoutRedis,
 }
 
 impl StoreUrlError {
@@ -190,6 +207,12 @@ impl fmt::Display for StoreUrlError {
                 "unknown store {url:?}: expected memory, redis://host:port, rediss://host:port, \
                  redis+unix:///path, redis-cluster://host:port,host:port or \
                  rediss-cluster://host:port,host:port"
+            ),
+            #[cfg(not(feature = "redis"))]
+            Reason::WithoutRedis => write!(
+                f,
+                "store {url:?} is a Redis store, and sluicegate was built without the redis \
+                 feature"
             ),
         }
     }
@@ -245,6 +268,7 @@ mod tests {
         assert!(!err.to_string().contains("secret"), "{err}");
     }
 
+    #[cfg(feature = "redis")]
     #[test]
     fn every_documented_redis_scheme_parses() {
         let parsed = |url: &str| match StoreUrl::parse(url).unwrap().target {
@@ -276,11 +300,22 @@ mod tests {
         assert!(redis.topology == Topology::Cluster(vec!["redis://a:7000".to_owned()]));
     }
 
+    #[cfg(feature = "redis")]
     #[test]
     fn a_redis_url_is_shown_without_its_password() {
         let url = StoreUrl::parse("redis://app:secret@db:6379/0").unwrap();
         assert!(!url.is_memory());
         assert_eq!(url.to_string(), "redis://db:6379/0");
         assert_eq!(format!("{url:?}"), r#"StoreUrl("redis://db:6379/0")"#);
+    }
+
+    #[cfg(not(feature = "redis"))]
+    #[test]
+    fn redis_urls_need_the_redis_feature() {
+        for url in ["redis://db:6379", "rediss-cluster://app:secret@a:1,b:2"] {
+            let err = StoreUrl::parse(url).unwrap_err().to_string();
+            assert!(err.contains("built without the redis feature"), "{err}");
+            assert!(!err.contains("secret"), "{err}");
+        }
     }
 }

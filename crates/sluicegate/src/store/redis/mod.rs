@@ -27,7 +27,9 @@ pub use keys::{KeyKind, hash_slot, identity_slot, key_pattern, redis_key};
 pub use script::ScriptCalls;
 
 use super::url::{RedisUrl, Target};
-use super::{Check, Outcome, Store, StoreError, StoreUrl};
+use super::{
+    Check, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome, Store, StoreError, StoreUrl,
+};
 use crate::rule::Rule;
 use cluster::RunScript;
 use connect::Connection;
@@ -55,8 +57,8 @@ impl RedisStoreConfig {
     pub fn new(url: &str) -> Self {
         RedisStoreConfig {
             url: url.to_owned(),
-            prefix: "sluicegate:".to_owned(),
-            timeout: Duration::from_millis(50),
+            prefix: DEFAULT_REDIS_PREFIX.to_owned(),
+            timeout: DEFAULT_REDIS_TIMEOUT,
             tls_ca: None,
         }
     }
