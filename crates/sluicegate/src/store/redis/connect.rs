@@ -15,6 +15,7 @@ use super::script::CallCounters;
 use crate::store::StoreError;
 use crate::store::url::{RedisUrl, Topology};
 
+/// What the store sends its commands and script calls on.
 #[derive(Clone)]
 pub(super) enum Connection {
     Single {
