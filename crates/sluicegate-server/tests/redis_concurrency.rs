@@ -7,6 +7,8 @@ use sluicegate_test_support::{self as support, cmd};
 use std::process::{Command, Output};
 use std::time::Instant;
 
+use sluicegate::store::redis::{KeyKind, key_pattern};
+
 /// Runs two bench processes at once against one key; returns their admitted counts and
 /// the wall time both took.
 fn hammer(prefix: &str, rule: &[&str]) -> (u64, f64) {
@@ -59,7 +61,7 @@ fn hammer(prefix: &str, rule: &[&str]) -> (u64, f64) {
 /// The one state key under `prefix`.
 fn state_key(prefix: &str) -> String {
     let keys: Vec<String> = support::standalone()
-        .query(cmd("KEYS").arg(format!("{prefix}*:s:*")))
+        .query(cmd("KEYS").arg(key_pattern(prefix, KeyKind::State)))
         .unwrap();
     let key = keys
         .iter()

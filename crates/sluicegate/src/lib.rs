@@ -1,4 +1,6 @@
 #![doc = include_str!("../README.md")]
+// Built without Redis, the README's links to the Redis store have nothing to lead to.
+#![cfg_attr(not(feature = "redis"), allow(rustdoc::broken_intra_doc_links))]
 
 pub(crate) mod algorithm;
 mod clock;
@@ -17,6 +19,8 @@ pub use rule::{
     MAX_ZSET_LOG_LIMIT, Rule, RuleError, RuleSpec,
 };
 pub use store::{
-    AnyStore, Check, DecidedBy, Limit, MemoryStore, MemoryStoreConfig, Outcome, RedisStore,
-    RedisStoreConfig, Store, StoreError, StoreOptions,
+    AnyStore, Check, DecidedBy, Limit, MemoryStore, MemoryStoreConfig, Outcome, Store, StoreError,
+    StoreOptions, StoreUrl, StoreUrlError,
 };
+#[cfg(feature = "redis")]
+pub use store::{RedisStore, RedisStoreConfig};

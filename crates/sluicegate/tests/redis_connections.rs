@@ -1,6 +1,8 @@
 //! The connection strings a deployment uses: TLS with its own authority, an ACL user and
 //! password, a unix socket — each against a real redis-server started here.
 
+#![cfg(feature = "redis")]
+
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;

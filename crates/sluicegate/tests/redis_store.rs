@@ -1,9 +1,11 @@
 //! The Redis store against the Rust reference (the in-memory store), on a real
 //! redis-server and a real three-master Redis Cluster started by the tests.
 
+#![cfg(feature = "redis")]
+
 use std::sync::Arc;
 
-use sluicegate::store::redis::{hash_slot, redis_key};
+use sluicegate::store::redis::{KeyKind, hash_slot, redis_key};
 use sluicegate::{
     Algorithm, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, Outcome,
     RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
@@ -324,7 +326,7 @@ async fn keys_expire_once_their_window_has_passed() {
         // Redis expires on its own clock; this is the one wait on real time in these tests,
         // and it waits for Redis, not for sluicegate.
         tokio::time::sleep(std::time::Duration::from_millis(reset_ms + 60)).await;
-        for kind in ['s', 'i', 'r'] {
+        for kind in KeyKind::ALL {
             let key = redis_key(store.prefix(), kind, &rule, "idle");
             let exists: u64 = server.query(cmd("EXISTS").arg(&key)).unwrap();
             assert_eq!(exists, 0, "{algorithm}: {key} outlived its window");

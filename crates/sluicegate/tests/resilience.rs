@@ -2,6 +2,8 @@
 //! restart, and the negative cache — against real redis-server processes that the tests
 //! start and stop.
 
+#![cfg(feature = "redis")]
+
 use std::time::{Duration, Instant};
 
 use sluicegate::{

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Args;
 use sluicegate::duration::{DurationError, parse_duration};
-use sluicegate::{Algorithm, LogLayout, Rule, RuleSpec, StoreOptions};
+use sluicegate::{Algorithm, LogLayout, Rule, RuleSpec, StoreOptions, StoreUrl, StoreUrlError};
 
 use crate::tools::bench::Drive;
 
@@ -50,7 +50,7 @@ pub(crate) fn parse_duration_arg(text: &str) -> Result<DurationArg, DurationErro
 pub(crate) struct StoreArgs {
     /// memory, redis://host:port, rediss://host:port (TLS), redis+unix:///path,
     /// redis-cluster://host:port,host:port or rediss-cluster://….
-    #[arg(long, env = "SLUICEGATE_STORE", default_value = "memory")]
+    #[arg(long, env = "SLUICEGATE_STORE", default_value = "memory", value_parser = parse_store_url)]
     pub(crate) store: String,
     /// Prefix of every Redis key.
     #[arg(long, env = "SLUICEGATE_PREFIX")]
@@ -64,7 +64,18 @@ pub(crate) struct StoreArgs {
     store_tls_ca: Option<PathBuf>,
 }
 
+/// A store URL as written, checked by [`StoreUrl`] when the flags are read (kept as text:
+/// the store is opened from it, password included).
+fn parse_store_url(text: &str) -> Result<String, StoreUrlError> {
+    StoreUrl::parse(text).map(|_| text.to_owned())
+}
+
 impl StoreArgs {
+    /// State lives in this process.
+    pub(crate) fn is_memory(&self) -> bool {
+        StoreUrl::parse(&self.store).is_ok_and(|url| url.is_memory())
+    }
+
     /// The options to open the store with; Redis keys under `default_prefix` unless
     /// `--prefix` says otherwise.
     pub(crate) fn options(&self, default_prefix: &str) -> Result<StoreOptions> {

@@ -21,7 +21,7 @@ pub(super) struct ReplayArgs {
 pub(super) fn run(args: &ReplayArgs) -> Result<()> {
     let rule = args.rule.rule()?;
     runtime()?.block_on(async {
-        let store = if args.store.store == "memory" {
+        let store = if args.store.is_memory() {
             AnyStore::Memory(replay::trace_store())
         } else {
             // A prefix of its own per run, so a replay never meets another's state.

@@ -71,7 +71,7 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// The service these flags describe.
     pub fn options(&self) -> anyhow::Result<ServeOptions> {
-        let remote = self.store.store != "memory";
+        let remote = !self.store.is_memory();
         Ok(ServeOptions {
             config: self.config.clone(),
             default_algorithm: self.default_algorithm,

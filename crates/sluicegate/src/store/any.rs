@@ -3,8 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::redis::{RedisStore, RedisStoreConfig};
-use super::{Check, MemoryStore, MemoryStoreConfig, Outcome, Store, StoreError};
+#[cfg(feature = "redis")]
+use super::redis::RedisStore;
+use super::url::{StoreUrl, Target};
+use super::{
+    Check, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, MemoryStore, MemoryStoreConfig, Outcome,
+    Store, StoreError,
+};
 use crate::clock::SystemClock;
 
 /// The in-memory store or a Redis one.
@@ -12,17 +17,20 @@ use crate::clock::SystemClock;
 pub enum AnyStore {
     /// `memory`.
     Memory(MemoryStore),
-    /// `redis://…`, `rediss://…`, `redis+unix://…` or `redis-cluster://…`.
+    /// `redis://…`, `rediss://…`, `redis+unix://…`, `redis-cluster://…` or
+    /// `rediss-cluster://…`.
+    #[cfg(feature = "redis")]
     Redis(RedisStore),
 }
 
 /// Where a store lives and how to reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreOptions {
-    /// `memory`, `redis://…`, `rediss://…`, `redis+unix://…`, `redis-cluster://host:port,…`,
-    /// `rediss-cluster://…`.
+    /// A [`StoreUrl`]: `memory`, `redis://…`, `rediss://…`, `redis+unix://…`,
+    /// `redis-cluster://host:port,…`, `rediss-cluster://…`.
     pub url: String,
-    /// Redis key prefix.
+    /// Redis key prefix (kept without the `redis` feature, which has no use for it, so
+    /// that code setting it builds either way).
     pub prefix: String,
     /// Per-call timeout for Redis.
     pub timeout: Duration,
@@ -35,11 +43,10 @@ pub struct StoreOptions {
 impl StoreOptions {
     /// Defaults for `url`.
     pub fn new(url: &str) -> Self {
-        let redis = RedisStoreConfig::new(url);
         StoreOptions {
             url: url.to_owned(),
-            prefix: redis.prefix,
-            timeout: redis.timeout,
+            prefix: DEFAULT_REDIS_PREFIX.to_owned(),
+            timeout: DEFAULT_REDIS_TIMEOUT,
             tls_ca: None,
             memory: MemoryStoreConfig::default(),
         }
@@ -47,41 +54,29 @@ impl StoreOptions {
 }
 
 impl AnyStore {
-    /// Opens the store `options.url` names.
+    /// Opens the store `options.url` names; a URL that names none is an invalid check.
     pub async fn open(options: StoreOptions) -> Result<AnyStore, StoreError> {
-        if options.url == "memory" {
-            return Ok(AnyStore::Memory(MemoryStore::new(
+        let url =
+            StoreUrl::parse(&options.url).map_err(|e| StoreError::InvalidCheck(e.to_string()))?;
+        match url.target() {
+            Target::Memory => Ok(AnyStore::Memory(MemoryStore::new(
                 options.memory,
                 Arc::new(SystemClock::new()),
-            )));
+            ))),
+            #[cfg(feature = "redis")]
+            Target::Redis(redis) => {
+                RedisStore::open(redis, options.prefix, options.timeout, options.tls_ca)
+                    .await
+                    .map(AnyStore::Redis)
+            }
         }
-        let known = [
-            "redis://",
-            "redis+unix://",
-            "unix://",
-            "redis-cluster://",
-            "rediss://",
-        ];
-        if !known.iter().any(|scheme| options.url.starts_with(scheme)) {
-            return Err(StoreError::InvalidCheck(format!(
-                "unknown store {:?}: expected memory, redis://host:port, rediss://host:port, \
-                 redis+unix:///path or redis-cluster://host:port,host:port",
-                options.url
-            )));
-        }
-        let config = RedisStoreConfig {
-            url: options.url,
-            prefix: options.prefix,
-            timeout: options.timeout,
-            tls_ca: options.tls_ca,
-        };
-        RedisStore::connect(config).await.map(AnyStore::Redis)
     }
 
     /// Whether the store answers: always for memory; a PING within the timeout for Redis.
     pub async fn ready(&self) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(_) => Ok(()),
+            #[cfg(feature = "redis")]
             AnyStore::Redis(store) => store.ping().await,
         }
     }
@@ -93,6 +88,7 @@ impl AnyStore {
                 store.forget(rule, key);
                 Ok(())
             }
+            #[cfg(feature = "redis")]
             AnyStore::Redis(store) => store.forget(rule, key).await,
         }
     }
@@ -101,6 +97,7 @@ impl AnyStore {
     pub fn memory(&self) -> Option<&MemoryStore> {
         match self {
             AnyStore::Memory(store) => Some(store),
+            #[cfg(feature = "redis")]
             AnyStore::Redis(_) => None,
         }
     }
@@ -110,7 +107,45 @@ impl Store for AnyStore {
     async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         match self {
             AnyStore::Memory(store) => store.check_now(check),
+            #[cfg(feature = "redis")]
             AnyStore::Redis(store) => store.check(check).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every Redis scheme the docs name gets past the URL to the connection (port 1 on
+    /// loopback refuses it); `rediss-cluster://` was once refused as an unknown store.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn every_redis_scheme_reaches_a_connection() {
+        for url in [
+            "redis://127.0.0.1:1",
+            "rediss://127.0.0.1:1",
+            "redis+unix:///nonexistent/redis.sock",
+            "redis-cluster://127.0.0.1:1",
+            "rediss-cluster://127.0.0.1:1",
+        ] {
+            let mut options = StoreOptions::new(url);
+            options.timeout = Duration::from_millis(100);
+            match AnyStore::open(options).await {
+                Err(StoreError::Unavailable { server, .. }) => assert_eq!(server, url),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unknown_store_is_refused() {
+        let err = AnyStore::open(StoreOptions::new("memcached://127.0.0.1:1"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, StoreError::InvalidCheck(m) if m.starts_with("unknown store")),
+            "{err:?}"
+        );
     }
 }

@@ -3,14 +3,19 @@
 
 mod any;
 mod memory;
+#[cfg(feature = "redis")]
 pub mod redis;
+mod url;
 
 pub use any::{AnyStore, StoreOptions};
 pub use memory::{MemoryStore, MemoryStoreConfig, SWEEP_INTERVAL};
+#[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreConfig, ScriptCalls};
+pub use url::{StoreUrl, StoreUrlError};
 
 use std::fmt;
 use std::future::Future;
+use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::rule::{EXACT_LIMIT, MAX_TIME, Rule};
@@ -18,6 +23,11 @@ use crate::rule::{EXACT_LIMIT, MAX_TIME, Rule};
 /// The longest request id a check may carry, in bytes. Ids are kept for as long as their
 /// admission counts, so their size is bounded like everything else a key holds.
 pub const MAX_REQUEST_ID_BYTES: usize = 256;
+
+/// Prepended to every Redis key unless a prefix is configured.
+pub(crate) const DEFAULT_REDIS_PREFIX: &str = "sluicegate:";
+/// How long one Redis check may take unless configured.
+pub(crate) const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// One rule applied to one key.
 #[derive(Clone, Copy, Debug)]

@@ -1,17 +1,73 @@
-//! Redis key names and Redis Cluster hash slots.
+//! Redis key names and Redis Cluster hash slots: every key the store reads or writes is
+//! named here.
 
-use crate::rule::Rule;
+use crate::rule::{Algorithm, LogLayout, Rule};
 
-/// The Redis key of one kind of state (`s` state, `i` request ids, `r` release times) of
-/// `rule` for the user's `key`: `{prefix}{TAG}:{kind}:{len}:{rule identity}:{key}`.
-pub fn redis_key(prefix: &str, kind: char, rule: &Rule, key: &str) -> String {
+/// What one Redis key of a (rule, key) holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyKind {
+    /// The algorithm's state.
+    State,
+    /// The request ids whose admissions still count (checks with a request id).
+    RequestIds,
+    /// When each admission with a request id is released (leaky bucket).
+    ReleaseTimes,
+}
+
+impl KeyKind {
+    /// Every kind: together, all the keys of a (rule, key).
+    pub const ALL: [KeyKind; 3] = [KeyKind::State, KeyKind::RequestIds, KeyKind::ReleaseTimes];
+
+    /// The kind's letter in the key name.
+    fn letter(self) -> char {
+        match self {
+            KeyKind::State => 's',
+            KeyKind::RequestIds => 'i',
+            KeyKind::ReleaseTimes => 'r',
+        }
+    }
+
+    /// The Redis type the script keeps at a key of this kind for `rule`.
+    pub(super) fn redis_type(self, rule: &Rule) -> &'static str {
+        match (self, rule.algorithm(), rule.layout()) {
+            (KeyKind::State, Algorithm::SlidingLog, LogLayout::Zset)
+            | (KeyKind::RequestIds, ..) => "zset",
+            (KeyKind::State, Algorithm::SlidingLog, LogLayout::Compact) => "string",
+            _ => "hash",
+        }
+    }
+}
+
+/// The Redis key of one kind of state of `rule` for the user's `key`:
+/// `{prefix}{TAG}:{kind}:{len}:{rule identity}:{key}`.
+pub fn redis_key(prefix: &str, kind: KeyKind, rule: &Rule, key: &str) -> String {
     let identity = rule.identity();
     format!(
-        "{prefix}{{{:016x}}}:{kind}:{}:{identity}:{key}",
+        "{prefix}{{{:0TAG_DIGITS$x}}}:{}:{}:{identity}:{key}",
         identity_tag(key),
+        kind.letter(),
         identity.len()
     )
 }
+
+/// A Redis glob pattern (for `KEYS` or `SCAN … MATCH`) matching exactly the keys of `kind`
+/// under `prefix`, of every rule and user key.
+pub fn key_pattern(prefix: &str, kind: KeyKind) -> String {
+    let mut pattern = String::with_capacity(prefix.len() + TAG_DIGITS + 8);
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push('{');
+    pattern.extend(std::iter::repeat_n('?', TAG_DIGITS));
+    pattern.push_str(&format!("}}:{}:*", kind.letter()));
+    pattern
+}
+
+/// The hash tag's length: a u64 in hex.
+const TAG_DIGITS: usize = 16;
 
 /// The hash tag of an identity: FNV-1a of the key's bytes. Stable across processes and
 /// versions (every instance must name the same key), and the only part of a key Redis
@@ -24,7 +80,7 @@ fn identity_tag(key: &str) -> u64 {
 
 /// The hash slot of every key of the identity `key` (what the tag hashes to).
 pub fn identity_slot(key: &str) -> u16 {
-    crc16(format!("{:016x}", identity_tag(key)).as_bytes()) % 16384
+    crc16(format!("{:0TAG_DIGITS$x}", identity_tag(key)).as_bytes()) % 16384
 }
 
 /// The Redis Cluster hash slot of a key: CRC16 (XMODEM) of its hash tag, modulo 16384.
@@ -59,7 +115,7 @@ fn crc16(bytes: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rule::{Algorithm, RuleSpec};
+    use crate::rule::RuleSpec;
 
     #[test]
     fn crc16_matches_redis_cluster_spec() {
@@ -81,23 +137,61 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for key in user_keys {
             for r in [&a, &b] {
-                for kind in ['s', 'i', 'r'] {
+                for kind in KeyKind::ALL {
                     assert!(seen.insert(redis_key("p:", kind, r, key)), "{key:?}");
                 }
             }
             // Every rule and kind of one identity shares one slot.
-            let slot = hash_slot(&redis_key("p:", 's', &a, key));
+            let slot = hash_slot(&redis_key("p:", KeyKind::State, &a, key));
             assert_eq!(identity_slot(key), slot);
-            assert_eq!(hash_slot(&redis_key("p:", 'i', &b, key)), slot);
+            assert_eq!(
+                hash_slot(&redis_key("p:", KeyKind::RequestIds, &b, key)),
+                slot
+            );
         }
         // A key naming another key's tag does not land in its slot.
-        let victim = redis_key("p:", 's', &a, "victim");
+        let victim = redis_key("p:", KeyKind::State, &a, "victim");
         let tag = &victim[victim.find('{').unwrap()..=victim.find('}').unwrap()];
-        let attacker = redis_key("p:", 's', &a, tag);
+        let attacker = redis_key("p:", KeyKind::State, &a, tag);
         assert_ne!(attacker.find('{'), None);
         assert_ne!(
             &attacker[attacker.find('{').unwrap()..=attacker.find('}').unwrap()],
             tag
         );
+    }
+
+    #[test]
+    fn a_pattern_matches_exactly_the_keys_of_its_kind() {
+        let rule = Rule::new("a", &RuleSpec::new(Algorithm::SlidingLog, 5, 1_000_000)).unwrap();
+        let prefix = "p*[1]:";
+        let pattern = key_pattern(prefix, KeyKind::State);
+        assert_eq!(pattern, r"p\*\[1\]:{????????????????}:s:*");
+        for key in ["x", "}:s:", "{x}:i:"] {
+            for kind in KeyKind::ALL {
+                let name = redis_key(prefix, kind, &rule, key);
+                assert_eq!(glob(&pattern, &name), kind == KeyKind::State, "{name}");
+            }
+        }
+        assert!(!glob(&pattern, &redis_key("p", KeyKind::State, &rule, "x")));
+    }
+
+    /// Redis' glob, for the parts `key_pattern` writes: `\c`, `?`, `*`.
+    fn glob(pattern: &str, name: &str) -> bool {
+        match pattern.chars().next() {
+            None => name.is_empty(),
+            Some('*') => (0..=name.len())
+                .filter(|&i| name.is_char_boundary(i))
+                .any(|i| glob(&pattern[1..], &name[i..])),
+            Some(c) => {
+                let (literal, rest) = match c {
+                    '\\' => (pattern[1..].chars().next(), &pattern[2..]),
+                    _ => (Some(c), &pattern[c.len_utf8()..]),
+                };
+                match name.chars().next() {
+                    Some(n) if c == '?' || Some(n) == literal => glob(rest, &name[n.len_utf8()..]),
+                    _ => false,
+                }
+            }
+        }
     }
 }

@@ -1,0 +1,109 @@
+//! A check whose limits live in several Redis Cluster hash slots: one script per slot, and
+//! a give-back when a later slot refuses.
+
+use super::keys::identity_slot;
+use super::script::{Mode, Row};
+use crate::decision::Decision;
+use crate::store::{Check, Limit, StoreError};
+
+/// Runs the script for one check, in one mode: what a check across slots is made of.
+pub(super) trait RunScript: Sync {
+    /// Each limit's answer (none for an undo).
+    fn run(
+        &self,
+        check: &Check<'_>,
+        mode: Mode<'_>,
+    ) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
+}
+
+/// The check's limits grouped by hash slot, in the order each slot first appears.
+pub(super) fn slot_groups(check: &Check<'_>) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, limit) in check.limits.iter().enumerate() {
+        let slot = identity_slot(limit.key);
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, group)) => group.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
+}
+
+/// A check whose limits live in several Redis Cluster hash slots cannot be one script.
+/// SPEC.md: apply the slots' groups in order, each atomic in itself; when a group
+/// refuses, give back what the earlier groups took, and answer every group as the
+/// refused check it became. Between a group's admission and its give-back, another
+/// client may see those units taken: the only departure from atomicity. If the give-back
+/// itself fails, the units stay taken (the limit errs on the side of refusing).
+pub(super) async fn check_across_slots(
+    store: &impl RunScript,
+    check: &Check<'_>,
+    groups: &[Vec<usize>],
+) -> Result<Vec<Decision>, StoreError> {
+    let mut decisions: Vec<Option<Decision>> = vec![None; check.limits.len()];
+    let mut taken: Vec<(Vec<Limit<'_>>, Vec<Row>)> = Vec::new();
+    for (g, group) in groups.iter().enumerate() {
+        let limits = limits_of(check, group);
+        let sub = Check {
+            limits: &limits,
+            ..*check
+        };
+        let rows = match store.run(&sub, Mode::Check).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                give_back(store, check, &taken).await;
+                return Err(e);
+            }
+        };
+        let admitted = rows.iter().all(|row| row.decision.allowed);
+        for (&i, row) in group.iter().zip(&rows) {
+            decisions[i] = Some(row.decision);
+        }
+        if admitted {
+            taken.push((limits, rows));
+            continue;
+        }
+        // Refused: give back, then answer the other groups without recording.
+        give_back(store, check, &taken).await;
+        for (h, other) in groups.iter().enumerate() {
+            if h == g {
+                continue;
+            }
+            let limits = limits_of(check, other);
+            let sub = Check {
+                limits: &limits,
+                ..*check
+            };
+            for (&i, row) in other.iter().zip(store.run(&sub, Mode::Dry).await?) {
+                decisions[i] = Some(row.decision);
+            }
+        }
+        break;
+    }
+    Ok(decisions
+        .into_iter()
+        .map(|d| d.expect("every limit was answered"))
+        .collect())
+}
+
+/// The limits of `check` that `group` numbers, in its order.
+fn limits_of<'a>(check: &Check<'a>, group: &[usize]) -> Vec<Limit<'a>> {
+    group.iter().map(|&i| check.limits[i]).collect()
+}
+
+/// Gives back, newest first, what earlier groups of a check recorded.
+async fn give_back(
+    store: &impl RunScript,
+    check: &Check<'_>,
+    taken: &[(Vec<Limit<'_>>, Vec<Row>)],
+) {
+    for (limits, rows) in taken.iter().rev() {
+        if rows.iter().all(|row| row.recorded_at.is_none()) {
+            continue;
+        }
+        let sub = Check { limits, ..*check };
+        if let Err(e) = store.run(&sub, Mode::Undo(rows)).await {
+            tracing::warn!(error = %e, "could not give back a refused check's units");
+        }
+    }
+}

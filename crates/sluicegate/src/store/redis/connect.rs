@@ -1,0 +1,121 @@
+//! Reaching Redis: a single server through a connection manager (its checks batched), or a
+//! Redis Cluster through the cluster client; TLS with rustls.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Script, TlsCertificates};
+
+use super::batcher::{Batcher, call_hold};
+use super::error::{CallError, bounded};
+use super::script::CallCounters;
+use crate::store::StoreError;
+use crate::store::url::{RedisUrl, Topology};
+
+/// What the store sends its commands and script calls on.
+#[derive(Clone)]
+pub(super) enum Connection {
+    Single {
+        manager: ConnectionManager,
+        batcher: Batcher,
+    },
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    /// Connects to `url` within `timeout`, at least one second for a first connection.
+    /// `tls_ca` is the PEM authority a TLS server's certificate is checked against, when it
+    /// is not in the system's trust store. A single server's checks go through a batcher
+    /// that runs `script` and counts its calls in `calls`.
+    pub(super) async fn open(
+        url: &RedisUrl,
+        timeout: Duration,
+        tls_ca: Option<&[u8]>,
+        script: &Arc<Script>,
+        calls: &Arc<CallCounters>,
+    ) -> Result<Connection, StoreError> {
+        let unavailable = |message: String| StoreError::Unavailable {
+            server: url.shown.clone(),
+            message,
+        };
+        let connect_timeout = timeout.max(Duration::from_secs(1));
+        let certificates = || TlsCertificates {
+            client_tls: None,
+            root_cert: tls_ca.map(<[u8]>::to_vec),
+        };
+        if url.tls {
+            install_crypto_provider();
+        }
+        let with_ca = url.tls && tls_ca.is_some();
+        let server = match &url.topology {
+            Topology::Server(server) => server,
+            Topology::Cluster(nodes) => {
+                let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+                    .connection_timeout(connect_timeout)
+                    .response_timeout(timeout);
+                if with_ca {
+                    builder = builder.certs(certificates());
+                }
+                let client = builder.build().map_err(|e| unavailable(e.to_string()))?;
+                let connection =
+                    tokio::time::timeout(connect_timeout, client.get_async_connection())
+                        .await
+                        .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
+                        .map_err(|e| unavailable(e.to_string()))?;
+                return Ok(Connection::Cluster(connection));
+            }
+        };
+        let client = if with_ca {
+            redis::Client::build_with_tls(server.as_str(), certificates())
+        } else {
+            redis::Client::open(server.as_str())
+        }
+        .map_err(|e| unavailable(e.to_string()))?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(call_hold(timeout)))
+            .set_number_of_retries(1);
+        let manager = tokio::time::timeout(
+            connect_timeout,
+            client.get_connection_manager_with_config(manager_config),
+        )
+        .await
+        .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
+        .map_err(|e| unavailable(e.to_string()))?;
+        Ok(Connection::Single {
+            batcher: Batcher::start(
+                manager.clone(),
+                Arc::clone(script),
+                Arc::clone(calls),
+                call_hold(timeout),
+            ),
+            manager,
+        })
+    }
+
+    /// Sends one command, on whichever kind of connection, within `timeout`.
+    pub(super) async fn query<T: redis::FromRedisValue>(
+        &self,
+        command: &redis::Cmd,
+        timeout: Duration,
+    ) -> Result<T, CallError> {
+        match self {
+            Connection::Single { manager, .. } => {
+                bounded(timeout, command.query_async(&mut manager.clone())).await
+            }
+            Connection::Cluster(c) => bounded(timeout, command.query_async(&mut c.clone())).await,
+        }
+    }
+}
+
+/// rustls needs a process-wide cryptography provider; ring is the one this build carries.
+/// Installing fails only if one is installed already, which is as good.
+fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _already_installed = rustls::crypto::ring::default_provider().install_default();
+    });
+}

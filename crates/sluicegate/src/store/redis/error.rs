@@ -1,0 +1,99 @@
+//! Why a Redis call failed, and how that becomes a [`StoreError`] naming the server and,
+//! where there is one, the key.
+
+use std::time::Duration;
+
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use crate::store::StoreError;
+
+/// A Redis call that did not answer with the script's rows.
+#[derive(Clone)]
+pub(super) enum CallError {
+    Redis(RedisError),
+    Timeout,
+    /// Redis refused a command of this check (the script caught it, so the other checks
+    /// sent in the same call went on).
+    Check(String),
+    /// The batching task is gone (its runtime shut down).
+    Closed,
+}
+
+/// `call`, or a timeout error once `timeout` has passed.
+pub(super) async fn bounded<T>(
+    timeout: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, CallError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(CallError::Redis(e)),
+        Err(_) => Err(CallError::Timeout),
+    }
+}
+
+/// What Redis' error says when a key holds another type than the command needs.
+const WRONG_TYPE: &str = "WRONGTYPE";
+
+impl CallError {
+    pub(super) fn is_wrong_type(&self) -> bool {
+        match self {
+            CallError::Redis(e) => e.to_string().contains(WRONG_TYPE),
+            CallError::Check(message) => message.contains(WRONG_TYPE),
+            CallError::Timeout | CallError::Closed => false,
+        }
+    }
+
+    /// The error as the store reports it: from `server` (its URL without credentials),
+    /// whose calls may take `timeout`, about `key`.
+    pub(super) fn into_store_error(
+        self,
+        server: &str,
+        timeout: Duration,
+        key: Option<&str>,
+    ) -> StoreError {
+        let server = server.to_owned();
+        let key = key.map(str::to_owned);
+        if self.is_wrong_type() {
+            return StoreError::WrongType {
+                server,
+                key: key.unwrap_or_default(),
+            };
+        }
+        match self {
+            CallError::Timeout => StoreError::Timeout {
+                server,
+                key,
+                after: timeout,
+            },
+            CallError::Redis(e) => match e.kind() {
+                ErrorKind::Server(ServerErrorKind::CrossSlot) => StoreError::InvalidCheck(format!(
+                    "the limits of this check live in different Redis Cluster hash slots: {e}"
+                )),
+                ErrorKind::Server(ServerErrorKind::ClusterDown) => StoreError::Unavailable {
+                    server,
+                    message: format!("cluster down: {e}"),
+                },
+                ErrorKind::Server(_) | ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
+                    StoreError::Script {
+                        server,
+                        key,
+                        message: e.to_string(),
+                    }
+                }
+                _ => StoreError::Unavailable {
+                    server,
+                    message: e.to_string(),
+                },
+            },
+            CallError::Check(message) => StoreError::Script {
+                server,
+                key,
+                message,
+            },
+            CallError::Closed => StoreError::Unavailable {
+                server,
+                message: "the connection's batching task has stopped".to_owned(),
+            },
+        }
+    }
+}

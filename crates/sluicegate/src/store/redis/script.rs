@@ -1,0 +1,307 @@
+//! The check script and how it is spoken to: the keys and arguments of one call carrying
+//! one or more checks (the script's header describes them), and the reply split back into
+//! each check's rows.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use redis::Script;
+
+use super::error::CallError;
+use super::keys::{KeyKind, redis_key};
+use crate::decision::{Decision, RetryAfter};
+use crate::rule::{Algorithm, LogLayout, Rule};
+use crate::store::Check;
+
+/// The check script; see its header for the arguments.
+pub(super) const CHECK_SCRIPT: &str = include_str!("check.lua");
+
+/// What the script is asked to do (its ARGV[4]).
+#[derive(Clone, Copy)]
+pub(super) enum Mode<'a> {
+    /// Decide and record.
+    Check,
+    /// Answer as a check refused by another rule: record nothing.
+    Dry,
+    /// Give back what these rows recorded.
+    Undo(&'a [Row]),
+}
+
+impl Mode<'_> {
+    const UNDO: &'static str = "undo";
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Check => "check",
+            Mode::Dry => "dry",
+            Mode::Undo(_) => Self::UNDO,
+        }
+    }
+}
+
+/// One limit's answer from the script.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Row {
+    pub(super) decision: Decision,
+    /// The time the script recorded units at, if it recorded any.
+    pub(super) recorded_at: Option<u64>,
+}
+
+impl Row {
+    /// A script row as a decision of a rule whose decisions carry `limit`.
+    pub(super) fn new(row: ScriptRow, limit: u64) -> Self {
+        let [status, remaining, retry, reset, delay, at] = row;
+        let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
+        Row {
+            decision: Decision {
+                allowed: status & 1 == 1,
+                limit,
+                remaining: unsigned(remaining),
+                retry_after: if retry < 0 {
+                    RetryAfter::Never
+                } else {
+                    RetryAfter::Micros(unsigned(retry))
+                },
+                reset_after: unsigned(reset),
+                delay: unsigned(delay),
+            },
+            recorded_at: (status & 2 == 2).then(|| unsigned(at)),
+        }
+    }
+}
+
+/// One limit's answer from the script: status (1 allows, +2 recorded), remaining,
+/// retry_after (-1 never), reset_after, delay, time decided at.
+pub(super) type ScriptRow = [i64; ROW_FIELDS];
+const ROW_FIELDS: usize = 6;
+
+/// One check's keys and arguments for the script.
+pub(super) struct ScriptCheck {
+    keys: Vec<String>,
+    /// Client time, if the check carries one.
+    at: Option<u64>,
+    cost: u64,
+    request_id: Option<String>,
+    mode: &'static str,
+    /// Per limit, its rule's description and, for an undo, when it recorded units.
+    rules: Vec<(RuleSpec, Option<u64>)>,
+}
+
+/// A rule as the script reads it: algorithm, limit, window, buckets, capacity, emission
+/// interval, layout.
+type RuleSpec = [u64; 7];
+
+fn rule_spec(rule: &Rule) -> RuleSpec {
+    [
+        algorithm_code(rule.algorithm()),
+        rule.limit(),
+        rule.window(),
+        rule.buckets(),
+        rule.capacity(),
+        rule.emission_interval(),
+        u64::from(rule.layout() == LogLayout::Compact),
+    ]
+}
+
+fn algorithm_code(algorithm: Algorithm) -> u64 {
+    match algorithm {
+        Algorithm::SlidingLog => 1,
+        Algorithm::SlidingCounter => 2,
+        Algorithm::FixedWindow => 3,
+        Algorithm::TokenBucket => 4,
+        Algorithm::LeakyBucket => 5,
+    }
+}
+
+impl ScriptCheck {
+    /// The script's keys (under `prefix`) and arguments for `check`, in `mode`.
+    pub(super) fn new(prefix: &str, check: &Check<'_>, mode: Mode<'_>) -> Self {
+        let with_request_id = check.request_id.is_some();
+        let mut keys = Vec::with_capacity(if with_request_id { 3 } else { 1 } * check.limits.len());
+        let mut rules = Vec::with_capacity(check.limits.len());
+        for (i, limit) in check.limits.iter().enumerate() {
+            let rule = limit.rule;
+            keys.push(redis_key(prefix, KeyKind::State, rule, limit.key));
+            if with_request_id {
+                keys.push(redis_key(prefix, KeyKind::RequestIds, rule, limit.key));
+                keys.push(redis_key(prefix, KeyKind::ReleaseTimes, rule, limit.key));
+            }
+            let recorded_at = match mode {
+                Mode::Undo(rows) => rows[i].recorded_at,
+                Mode::Check | Mode::Dry => None,
+            };
+            rules.push((rule_spec(rule), recorded_at));
+        }
+        ScriptCheck {
+            keys,
+            at: check.at,
+            cost: check.cost,
+            request_id: check.request_id.map(str::to_owned),
+            mode: mode.name(),
+            rules,
+        }
+    }
+
+    /// Whether the script would read `other` exactly as this check, but for the keys.
+    fn same_shape(&self, other: &ScriptCheck) -> bool {
+        self.at == other.at
+            && self.cost == other.cost
+            && self.request_id == other.request_id
+            && self.mode == other.mode
+            && self.rules == other.rules
+    }
+}
+
+/// One script call carrying `checks`, in order. Each distinct rule is described once, and
+/// so is each distinct shape of check (what it asks, but for its keys): checks of the same
+/// rules and cost, without request ids or times of their own, cost one argument each, and
+/// none when every check of the call has one shape.
+pub(super) fn invocation<'s>(
+    script: &'s Script,
+    checks: &[ScriptCheck],
+) -> redis::ScriptInvocation<'s> {
+    let mut specs: Vec<RuleSpec> = Vec::new();
+    let mut shapes: Vec<&ScriptCheck> = Vec::new();
+    let mut shape_numbers = Vec::with_capacity(checks.len());
+    for check in checks {
+        for (spec, _) in &check.rules {
+            if !specs.contains(spec) {
+                specs.push(*spec);
+            }
+        }
+        let number = match shapes.iter().position(|shape| shape.same_shape(check)) {
+            Some(i) => i + 1,
+            None => {
+                shapes.push(check);
+                shapes.len()
+            }
+        };
+        shape_numbers.push(number);
+    }
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(specs.len());
+    for spec in &specs {
+        invocation.arg(&spec[..]);
+    }
+    let shapes_count = shapes.len();
+    invocation.arg(shapes_count);
+    for shape in shapes {
+        match shape.at {
+            Some(at) => invocation.arg(at),
+            None => invocation.arg(""),
+        };
+        invocation
+            .arg(shape.cost)
+            .arg(shape.request_id.as_deref().unwrap_or(""))
+            .arg(shape.mode)
+            .arg(shape.rules.len());
+        for (spec, recorded_at) in &shape.rules {
+            let number = 1 + specs
+                .iter()
+                .position(|known| known == spec)
+                .expect("every rule of every check was collected");
+            invocation.arg(number);
+            if shape.mode == Mode::UNDO {
+                match recorded_at {
+                    Some(at) => invocation.arg(at),
+                    None => invocation.arg(""),
+                };
+            }
+        }
+    }
+    invocation.arg(checks.len());
+    if shapes_count > 1 {
+        invocation.arg(shape_numbers);
+    }
+    for check in checks {
+        for key in &check.keys {
+            invocation.key(key);
+        }
+    }
+    invocation
+}
+
+/// The script's reply to a call carrying `checks`, split per check: its rows (none for an
+/// undo), or the error that stopped it.
+pub(super) fn split_answers(
+    reply: redis::Value,
+    checks: &[ScriptCheck],
+) -> Result<Vec<Result<Vec<ScriptRow>, CallError>>, CallError> {
+    let malformed = |what: &str| CallError::Check(format!("malformed script reply: {what}"));
+    let redis::Value::Array(values) = reply else {
+        return Err(malformed("not an array"));
+    };
+    let mut values = values.into_iter();
+    let mut answers = Vec::with_capacity(checks.len());
+    for check in checks {
+        let answer = match values.next() {
+            Some(redis::Value::BulkString(text)) => Err(CallError::Check(
+                String::from_utf8_lossy(&text).into_owned(),
+            )),
+            Some(redis::Value::Int(1)) if check.mode == Mode::UNDO => Ok(Vec::new()),
+            Some(redis::Value::Int(first)) if check.mode != Mode::UNDO => {
+                let mut fields = vec![first];
+                while fields.len() < ROW_FIELDS * check.rules.len() {
+                    match values.next() {
+                        Some(redis::Value::Int(field)) => fields.push(field),
+                        _ => return Err(malformed("short row")),
+                    }
+                }
+                Ok(fields
+                    .chunks_exact(ROW_FIELDS)
+                    .map(|row| row.try_into().expect("chunks of a row's length"))
+                    .collect())
+            }
+            _ => return Err(malformed("unexpected value")),
+        };
+        answers.push(answer);
+    }
+    if values.next().is_some() {
+        return Err(malformed("more values than checks"));
+    }
+    Ok(answers)
+}
+
+/// Script calls made and checks carried, counted as they are sent.
+#[derive(Default)]
+pub(super) struct CallCounters {
+    calls: AtomicU64,
+    checks: AtomicU64,
+}
+
+impl CallCounters {
+    pub(super) fn count(&self, checks: usize) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.checks.fetch_add(checks as u64, Ordering::Relaxed);
+    }
+
+    pub(super) fn read(&self) -> ScriptCalls {
+        ScriptCalls {
+            calls: self.calls.load(Ordering::Relaxed),
+            checks: self.checks.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What [`RedisStore::script_calls`](super::RedisStore::script_calls) reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScriptCalls {
+    /// Script calls sent.
+    pub calls: u64,
+    /// Checks they carried.
+    pub checks: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_become_decisions() {
+        let row = Row::new([0, 0, -1, 10, 0, 77], 5);
+        assert_eq!(row.decision.retry_after, RetryAfter::Never);
+        assert!(!row.decision.allowed);
+        assert_eq!(row.recorded_at, None);
+        let row = Row::new([3, 4, 0, 10, 3, 77], 5);
+        assert_eq!((row.decision.delay, row.recorded_at), (3, Some(77)));
+    }
+}
