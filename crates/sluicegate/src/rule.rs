@@ -7,6 +7,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use crate::duration::format_duration;
+use crate::policy::FailurePolicy;
 
 /// Every number a Redis script computes must stay below this (Lua numbers are doubles).
 pub const EXACT_LIMIT: u64 = 1 << 53;
@@ -186,7 +187,7 @@ struct RuleInner {
     layout: LogLayout,
     /// What the limiter does with this rule when the store fails (not part of identity:
     /// it changes no state).
-    on_store_error: Option<crate::limiter::FailurePolicy>,
+    on_store_error: Option<FailurePolicy>,
 }
 
 impl Rule {
@@ -413,7 +414,7 @@ impl Rule {
     }
 
     /// This rule with its own policy for store failures, instead of the limiter's.
-    pub fn with_failure_policy(&self, policy: crate::limiter::FailurePolicy) -> Rule {
+    pub fn with_failure_policy(&self, policy: FailurePolicy) -> Rule {
         let r = &self.inner;
         Rule {
             inner: Arc::new(RuleInner {
@@ -427,7 +428,7 @@ impl Rule {
     }
 
     /// The rule's own policy for store failures, if it has one.
-    pub fn failure_policy(&self) -> Option<crate::limiter::FailurePolicy> {
+    pub fn failure_policy(&self) -> Option<FailurePolicy> {
         self.inner.on_store_error
     }
 

@@ -8,11 +8,9 @@
 //! counts them.
 
 mod breaker;
-mod fallback;
 mod negative_cache;
 
 pub use breaker::BreakerState;
-pub use fallback::FailurePolicy;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +22,7 @@ use negative_cache::NegativeCache;
 
 use crate::clock::SystemClock;
 use crate::decision::{Decision, RetryAfter};
+use crate::policy::FailurePolicy;
 use crate::rule::Rule;
 use crate::store::{
     Check, DecidedBy, Limit, MemoryStore, MemoryStoreConfig, Outcome, Store, StoreError,
