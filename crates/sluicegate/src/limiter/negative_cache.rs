@@ -22,8 +22,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::algorithm;
 use crate::decision::{Decision, RetryAfter};
-use crate::rule::Algorithm;
 use crate::store::Check;
 
 #[derive(Debug)]
@@ -121,17 +121,10 @@ impl NegativeCache {
     }
 
     /// Predicts a refusal from an admission of a one-limit check that left too little for
-    /// another of the same cost, where the algorithm makes the next opening computable
-    /// from the decision (the same argument as above: with other traffic, later still):
-    ///
-    /// - fixed-window: refused until the window ends, `reset_after` away;
-    /// - token- and leaky-bucket: with TAT − t = `reset_after`, a cost c fits again once
-    ///   TAT + c·T − t' ≤ τ, that is `reset_after + c·T − τ` away.
-    ///
-    /// The sliding log and counter need state the decision does not carry.
+    /// another of the same cost, where the algorithm can tell the next opening from the
+    /// decision alone (the same argument as above: with other traffic, later still).
     pub(crate) fn remember_admission(&self, check: &Check<'_>, sent: Instant, decision: Decision) {
         let [limit] = check.limits else { return };
-        let rule = limit.rule;
         let units = check.cost.max(1);
         if !decision.allowed
             || check.cost == 0
@@ -140,26 +133,8 @@ impl NegativeCache {
         {
             return;
         }
-        let refused = match rule.algorithm() {
-            Algorithm::FixedWindow => Decision {
-                allowed: false,
-                retry_after: RetryAfter::Micros(decision.reset_after),
-                delay: 0,
-                ..decision
-            },
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                let interval = rule.emission_interval();
-                let tolerance = interval * rule.capacity();
-                let opens = (decision.reset_after + units * interval).saturating_sub(tolerance);
-                Decision {
-                    allowed: false,
-                    remaining: tolerance.saturating_sub(decision.reset_after) / interval,
-                    retry_after: RetryAfter::Micros(opens),
-                    delay: 0,
-                    ..decision
-                }
-            }
-            Algorithm::SlidingLog | Algorithm::SlidingCounter => return,
+        let Some(refused) = algorithm::refusal_after_admission(limit.rule, decision, units) else {
+            return;
         };
         if let RetryAfter::Micros(wait) = refused.retry_after
             && wait > 0
