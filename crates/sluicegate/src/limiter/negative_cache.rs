@@ -11,7 +11,7 @@
 //!   `remaining` is as the store last reported it.)
 //! - The wait is counted from when the check was *sent*, which is no later than when the
 //!   store decided it, so the local deadline never outlasts the store's refusal (on clocks
-//!   that tick at the same rate; the limiter's is monotonic).
+//!   that tick at the same rate; the limiter's [`Clock`] is monotonic).
 //! - Checks that carry a request id bypass it (the store may recognise a retried
 //!   admission and allow it), and so do checks that carry their own time.
 //!
@@ -19,10 +19,10 @@
 //! expired a new refusal is simply not cached (a miss only costs a round trip).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
 
 use crate::algorithm;
+use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
 use crate::store::Check;
 
@@ -30,14 +30,16 @@ use crate::store::Check;
 pub(crate) struct NegativeCache {
     entries: Mutex<HashMap<String, Entry>>,
     capacity: usize,
+    /// The limiter's clock, read to drop expired entries when the cache is full.
+    clock: Arc<dyn Clock>,
 }
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     cost: u64,
-    /// When the check was sent whose answer made this entry.
-    since: Instant,
-    until: Instant,
+    /// When the check was sent whose answer made this entry (µs of the limiter's clock).
+    since: u64,
+    until: u64,
     limits: usize,
     decisions: [Option<Decision>; MAX_LIMITS],
 }
@@ -59,10 +61,11 @@ fn signature(check: &Check<'_>) -> String {
 }
 
 impl NegativeCache {
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
         NegativeCache {
             entries: Mutex::new(HashMap::new()),
             capacity,
+            clock,
         }
     }
 
@@ -71,7 +74,7 @@ impl NegativeCache {
     }
 
     /// The cached refusal of `check`, with its waits shortened by the time since.
-    pub(crate) fn lookup(&self, check: &Check<'_>, now: Instant) -> Option<Vec<Decision>> {
+    pub(crate) fn lookup(&self, check: &Check<'_>, now: u64) -> Option<Vec<Decision>> {
         if !Self::applies(check) {
             return None;
         }
@@ -83,9 +86,8 @@ impl NegativeCache {
         if now >= entry.until || check.cost.max(1) != entry.cost {
             return None;
         }
-        let left = u64::try_from((entry.until - now).as_micros()).unwrap_or(u64::MAX);
-        let elapsed = u64::try_from(now.saturating_duration_since(entry.since).as_micros())
-            .unwrap_or(u64::MAX);
+        let left = entry.until - now;
+        let elapsed = now.saturating_sub(entry.since);
         let shorten = |d: Decision| Decision {
             retry_after: match d.retry_after {
                 RetryAfter::Micros(us) if us > 0 => RetryAfter::Micros(us.min(left).max(1)),
@@ -106,7 +108,7 @@ impl NegativeCache {
     pub(crate) fn remember(
         &self,
         check: &Check<'_>,
-        sent: Instant,
+        sent: u64,
         combined: Decision,
         limits: &[Decision],
     ) {
@@ -123,7 +125,7 @@ impl NegativeCache {
     /// Predicts a refusal from an admission of a one-limit check that left too little for
     /// another of the same cost, where the algorithm can tell the next opening from the
     /// decision alone (the same argument as above: with other traffic, later still).
-    pub(crate) fn remember_admission(&self, check: &Check<'_>, sent: Instant, decision: Decision) {
+    pub(crate) fn remember_admission(&self, check: &Check<'_>, sent: u64, decision: Decision) {
         let [limit] = check.limits else { return };
         let units = check.cost.max(1);
         if !decision.allowed
@@ -143,13 +145,13 @@ impl NegativeCache {
         }
     }
 
-    fn insert(&self, check: &Check<'_>, sent: Instant, wait: u64, limits: &[Option<Decision>]) {
+    fn insert(&self, check: &Check<'_>, sent: u64, wait: u64, limits: &[Option<Decision>]) {
         let mut decisions = [None; MAX_LIMITS];
         decisions[..limits.len()].copy_from_slice(limits);
         let entry = Entry {
             cost: check.cost.max(1),
             since: sent,
-            until: sent + Duration::from_micros(wait),
+            until: sent.saturating_add(wait),
             limits: limits.len(),
             decisions,
         };
@@ -158,7 +160,7 @@ impl NegativeCache {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if entries.len() >= self.capacity {
-            let now = Instant::now();
+            let now = self.clock.now_micros();
             entries.retain(|_, e| e.until > now);
             if entries.len() >= self.capacity {
                 return;
