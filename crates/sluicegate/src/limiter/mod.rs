@@ -156,11 +156,10 @@ impl<S: Store> Limiter<S> {
     pub async fn decide(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         check.validate()?;
         let now = self.clock.now_micros();
-        if let Some(decisions) = self.negative.as_ref().and_then(|n| n.lookup(check, now)) {
+        if let Some(mut outcome) = self.negative.as_ref().and_then(|n| n.lookup(check, now)) {
             self.stats
                 .negative_cache_hits
                 .fetch_add(1, Ordering::Relaxed);
-            let mut outcome = Outcome::from_limits(decisions);
             outcome.decided_by = DecidedBy::NegativeCache;
             return Ok(outcome);
         }

@@ -211,3 +211,36 @@ async fn a_full_cache_drops_what_has_expired_and_otherwise_caches_nothing_new() 
         DecidedBy::NegativeCache
     );
 }
+
+#[tokio::test]
+async fn a_check_of_several_limits_is_cached_whole_and_only_in_its_order() {
+    let (limiter, clock) = limiter(LimiterConfig {
+        negative_cache_entries: 10,
+        ..LimiterConfig::default()
+    });
+    let wide = rule(Algorithm::SlidingLog, 100, 60 * S);
+    let narrow = rule(Algorithm::SlidingCounter, 1, 60 * S);
+    let limits = [
+        Limit {
+            rule: &wide,
+            key: "k",
+        },
+        Limit {
+            rule: &narrow,
+            key: "k",
+        },
+    ];
+    let check = Check::new(&limits, 1);
+    assert!(limiter.decide(&check).await.unwrap().decision.allowed);
+    let refused = limiter.decide(&check).await.unwrap();
+    assert_eq!(refused.decided_by, DecidedBy::Store);
+    clock.advance(S);
+    let cached = limiter.decide(&check).await.unwrap();
+    assert_eq!(cached.decided_by, DecidedBy::NegativeCache);
+    assert_eq!(cached.limits().len(), 2);
+    assert!(cached.limits()[0].allowed && !cached.limits()[1].allowed);
+    assert_eq!(cached.limits()[0].limit, refused.limits()[0].limit);
+    let reversed = [limits[1], limits[0]];
+    let other_order = limiter.decide(&Check::new(&reversed, 1)).await.unwrap();
+    assert_eq!(other_order.decided_by, DecidedBy::Store);
+}
