@@ -11,13 +11,19 @@ use http::{Request, Response, StatusCode};
 use sluicegate::{Check, Limit, Store};
 use tower::Service;
 
-use super::layer::Settings;
 use super::response::{add_headers, is_grpc, problem, rejection};
+use super::settings::Settings;
 
-/// The middleware around `Inner`; made by [`super::RateLimitLayer`].
+/// The middleware around `Inner`; made by [`RateLimitLayer`](crate::RateLimitLayer).
 pub struct RateLimit<Inner, S> {
-    pub(crate) inner: Inner,
-    pub(crate) settings: Arc<Settings<S>>,
+    inner: Inner,
+    settings: Arc<Settings<S>>,
+}
+
+impl<Inner, S> RateLimit<Inner, S> {
+    pub(crate) fn new(inner: Inner, settings: Arc<Settings<S>>) -> Self {
+        RateLimit { inner, settings }
+    }
 }
 
 impl<Inner: Clone, S> Clone for RateLimit<Inner, S> {
