@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum_core::body::Body;
 use http::{Request, Response, StatusCode};
 use sluicegate::{Check, Limit, Store};
 use tower::Service;
@@ -42,7 +42,7 @@ where
     Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     Inner::Future: Send,
     ReqBody: Send + 'static,
-    ResBody: http_body::Body<Data = axum::body::Bytes> + Send + 'static,
+    ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
     S: Store + 'static,
 {
