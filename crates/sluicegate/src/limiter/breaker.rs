@@ -3,8 +3,13 @@
 //!
 //! Times are µs of the limiter's [`Clock`](crate::Clock), passed in by the caller, so
 //! tests move a manual clock past the cool-down instead of sleeping through it.
+//!
+//! Every check asks the breaker, so a healthy store must not make every check queue on
+//! one lock: while nothing has failed, asking and reporting success read one flag and take
+//! no lock. Only a failure, and everything while failures count, takes the lock.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// The breaker's state, as a metric reports it.
@@ -23,6 +28,10 @@ pub(crate) struct Breaker {
     failures_to_open: u32,
     /// µs.
     cool_down: u64,
+    /// Whether `state` is anything but closed with no failure counted. Written only under
+    /// the lock; read without it, as if the read came just before or after a concurrent
+    /// change (no other data is read on the strength of it, hence relaxed).
+    failing: AtomicBool,
     state: Mutex<Inner>,
 }
 
@@ -48,6 +57,7 @@ impl Breaker {
         Breaker {
             failures_to_open,
             cool_down: u64::try_from(cool_down.as_micros()).unwrap_or(u64::MAX),
+            failing: AtomicBool::new(false),
             state: Mutex::new(Inner {
                 consecutive_failures: 0,
                 open_until: None,
@@ -62,7 +72,14 @@ impl Breaker {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn healthy(&self) -> bool {
+        !self.failing.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn permit(&self, now: u64) -> Permit {
+        if self.healthy() {
+            return Permit::Call;
+        }
         let mut inner = self.inner();
         match inner.open_until {
             None => Permit::Call,
@@ -75,16 +92,21 @@ impl Breaker {
     }
 
     pub(crate) fn success(&self) {
+        if self.healthy() {
+            return;
+        }
         let mut inner = self.inner();
         inner.consecutive_failures = 0;
         inner.open_until = None;
         inner.probing = false;
+        self.failing.store(false, Ordering::Relaxed);
     }
 
     pub(crate) fn failure(&self, now: u64) {
         let mut inner = self.inner();
         inner.consecutive_failures = inner.consecutive_failures.saturating_add(1);
         inner.probing = false;
+        self.failing.store(true, Ordering::Relaxed);
         if self.failures_to_open > 0
             && (inner.open_until.is_some() || inner.consecutive_failures >= self.failures_to_open)
         {
@@ -94,12 +116,18 @@ impl Breaker {
 
     /// How long until the store is tried again (zero when closed).
     pub(crate) fn wait(&self, now: u64) -> Duration {
+        if self.healthy() {
+            return Duration::ZERO;
+        }
         self.inner().open_until.map_or(Duration::ZERO, |until| {
             Duration::from_micros(until.saturating_sub(now))
         })
     }
 
     pub(crate) fn state(&self, now: u64) -> BreakerState {
+        if self.healthy() {
+            return BreakerState::Closed;
+        }
         let inner = self.inner();
         match inner.open_until {
             None => BreakerState::Closed,
