@@ -20,8 +20,8 @@
 //!
 //! Cost: a lookup is on the path of every check, so it hashes the check's limits where
 //! they lie (each rule's precomputed fingerprint and the key's bytes), locks one of
-//! [`SHARDS`] shards, and compares; nothing is allocated and no lock is shared by all
-//! checks. Only an insert copies the keys.
+//! [`SHARDS`] shards, and compares; no lock is shared by all checks, and nothing is
+//! allocated but the answer to a hit on several limits. Only an insert copies the keys.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
@@ -38,7 +38,7 @@ use crate::rule::Rule;
 use crate::store::{Check, Limit, Outcome};
 
 /// Independently locked parts of the cache: enough that concurrent checks rarely meet on
-/// one lock, and an empty shard costs a few words.
+/// one lock, few enough that empty shards cost little (a few cache lines each).
 const SHARDS: usize = 64;
 
 /// Checks of more limits than this are not cached: entries stay small and comparing one
