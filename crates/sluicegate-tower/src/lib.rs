@@ -8,6 +8,7 @@
 //! use sluicegate::{Algorithm, Limiter, Rule, RuleSpec};
 //! use sluicegate_tower::{KeyExtractor, RateLimitLayer};
 //!
+//! # #[cfg(feature = "axum")]
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let per_ip = Rule::new("per-ip", &RuleSpec::new(Algorithm::SlidingLog, 100, 60_000_000))?;
 //! let layer = RateLimitLayer::new(Arc::new(Limiter::in_memory()))
@@ -27,7 +28,14 @@
 //! shapes instead: the request waits its `delay` on the timer before reaching the inner
 //! service. A key that cannot be extracted answers the status its extractor documents
 //! ([`KeyExtractor`]); a store that cannot decide answers 503.
+//!
+//! The `axum` feature (on by default) adds the keys only axum records:
+//! `KeyExtractor::peer_ip` (with `trust_proxies`, and `IpNet` for the proxies'
+//! networks) and `KeyExtractor::route`. Without it the layer wraps any tower service (tonic,
+//! hyper) and pulls in no web framework.
 
 mod rate_limit;
 
-pub use rate_limit::{IpNet, KeyExtractor, MissingKey, RateLimit, RateLimitLayer};
+#[cfg(feature = "axum")]
+pub use rate_limit::IpNet;
+pub use rate_limit::{KeyExtractor, MissingKey, RateLimit, RateLimitLayer};

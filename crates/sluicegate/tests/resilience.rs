@@ -4,14 +4,15 @@
 
 #![cfg(feature = "redis")]
 
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use sluicegate::{
     Algorithm, BreakerState, Check, DecidedBy, FailurePolicy, Limit, Limiter, LimiterConfig,
-    RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
+    ManualClock, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
 };
 use sluicegate_test_support as support;
-use std::sync::atomic::Ordering;
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 
@@ -45,13 +46,17 @@ async fn check(
 async fn every_policy_answers_when_redis_dies_and_redis_decides_again_after_a_restart() {
     let server = support::RedisServer::start(&[]);
     let port = server.port;
+    let cool_down = Duration::from_millis(300);
     let config = |policy| LimiterConfig {
         on_store_error: policy,
         instances: 2,
         breaker_failures: 3,
-        breaker_cool_down: Duration::from_millis(300),
+        breaker_cool_down: cool_down,
         ..LimiterConfig::default()
     };
+    // The limiters' own timers (the breaker's cool-down) move only when this test says so;
+    // Redis keeps its own time.
+    let clock = ManualClock::new(1_700_000_000_000_000);
     let policies = [
         FailurePolicy::Error,
         FailurePolicy::Allow,
@@ -61,7 +66,11 @@ async fn every_policy_answers_when_redis_dies_and_redis_decides_again_after_a_re
     let mut limiters = Vec::new();
     for policy in policies {
         let store = store_on(&server, policy.name()).await;
-        limiters.push(Limiter::with_config(store, config(policy)));
+        limiters.push(Limiter::with_clock(
+            store,
+            config(policy),
+            Arc::new(clock.clone()),
+        ));
     }
     let rule = rule(4);
     for limiter in &limiters {
@@ -111,6 +120,8 @@ async fn every_policy_answers_when_redis_dies_and_redis_decides_again_after_a_re
     let back = Instant::now();
     for (limiter, policy) in limiters.iter().zip(policies) {
         loop {
+            // Past the cool-down, the breaker lets a probe through.
+            clock.advance(u64::try_from(cool_down.as_micros()).unwrap());
             let (outcome, _) = check(limiter, &rule, "k").await;
             if matches!(outcome, Ok(ref o) if o.decided_by == DecidedBy::Store) {
                 break;
@@ -119,6 +130,7 @@ async fn every_policy_answers_when_redis_dies_and_redis_decides_again_after_a_re
                 back.elapsed() < Duration::from_secs(2),
                 "{policy}: Redis not back in 2 s"
             );
+            // The probe failed: the restarted Redis is not accepting the connection yet.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(limiter.breaker_state(), BreakerState::Closed);

@@ -2,20 +2,18 @@
 
 use std::sync::Arc;
 
-use http::HeaderValue;
-use http::request::Parts;
 use sluicegate::{Limiter, MemoryStore, Rule, Store};
 use tower::Layer;
 
-use super::key::{KeyExtractor, MissingKey};
-use super::response::policy_header;
+use super::key::KeyExtractor;
 use super::service::RateLimit;
+use super::settings::Settings;
 
 /// Rate-limits every request of the service it wraps: each request takes one unit from
 /// every limit (rule and key) at once, all-or-nothing. Cheap to clone; every clone, and
 /// every service it makes, shares one [`Limiter`].
 pub struct RateLimitLayer<S = MemoryStore> {
-    pub(crate) settings: Arc<Settings<S>>,
+    settings: Arc<Settings<S>>,
 }
 
 impl<S> Clone for RateLimitLayer<S> {
@@ -26,42 +24,17 @@ impl<S> Clone for RateLimitLayer<S> {
     }
 }
 
-pub(crate) struct Settings<S> {
-    pub(crate) limiter: Arc<Limiter<S>>,
-    pub(crate) rules: Vec<Rule>,
-    pub(crate) keys: Vec<KeyExtractor>,
-    pub(crate) policy: Option<HeaderValue>,
-    pub(crate) legacy_headers: bool,
-}
-
-impl<S> Settings<S> {
-    /// Every limit's key for this request.
-    pub(crate) fn keys(&self, parts: &Parts) -> Result<Vec<String>, MissingKey> {
-        self.keys.iter().map(|k| k.extract(parts)).collect()
-    }
-}
-
 impl<S: Store> RateLimitLayer<S> {
     /// A layer with no limits yet, deciding with `limiter`.
     pub fn new(limiter: Arc<Limiter<S>>) -> Self {
         RateLimitLayer {
-            settings: Arc::new(Settings {
-                limiter,
-                rules: Vec::new(),
-                keys: Vec::new(),
-                policy: None,
-                legacy_headers: false,
-            }),
+            settings: Arc::new(Settings::new(limiter)),
         }
     }
 
     /// Adds a limit: `rule`, per key that `key` takes from the request.
     pub fn limit(self, rule: Rule, key: KeyExtractor) -> Self {
-        self.edit(|s| {
-            s.rules.push(rule);
-            s.keys.push(key);
-            s.policy = policy_header(&s.rules);
-        })
+        self.edit(|s| s.add_limit(rule, key))
     }
 
     /// Also sends `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
@@ -69,14 +42,9 @@ impl<S: Store> RateLimitLayer<S> {
         self.edit(|s| s.legacy_headers = on)
     }
 
+    /// A layer with changed settings; services made before keep the old ones.
     fn edit(self, change: impl FnOnce(&mut Settings<S>)) -> Self {
-        let mut settings = Settings {
-            limiter: Arc::clone(&self.settings.limiter),
-            rules: self.settings.rules.clone(),
-            keys: self.settings.keys.clone(),
-            policy: self.settings.policy.clone(),
-            legacy_headers: self.settings.legacy_headers,
-        };
+        let mut settings = Settings::clone(&self.settings);
         change(&mut settings);
         RateLimitLayer {
             settings: Arc::new(settings),
@@ -88,9 +56,6 @@ impl<S, Inner> Layer<Inner> for RateLimitLayer<S> {
     type Service = RateLimit<Inner, S>;
 
     fn layer(&self, inner: Inner) -> Self::Service {
-        RateLimit {
-            inner,
-            settings: Arc::clone(&self.settings),
-        }
+        RateLimit::new(inner, Arc::clone(&self.settings))
     }
 }

@@ -1,11 +1,21 @@
 //! The rate-limit middleware: [`RateLimitLayer`] (a small `Clone` settings value) and the
 //! [`RateLimit`] service it wraps around an inner service, tower's own shape.
+//!
+//! The modules, each using only those below it: `layer` (builds settings, makes
+//! services), `service` (decides and answers), `settings` (what both share), `response`
+//! (headers and refusals), `key` (where keys come from), `peer` (the client's address
+//! behind trusted proxies).
 
 mod key;
 mod layer;
+#[cfg(feature = "axum")]
+mod peer;
 mod response;
 mod service;
+mod settings;
 
-pub use key::{IpNet, KeyExtractor, MissingKey};
+pub use key::{KeyExtractor, MissingKey};
 pub use layer::RateLimitLayer;
+#[cfg(feature = "axum")]
+pub use peer::IpNet;
 pub use service::RateLimit;

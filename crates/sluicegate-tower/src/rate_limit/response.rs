@@ -2,7 +2,7 @@
 //! fields (draft-ietf-httpapi-ratelimit-headers, Structured Fields syntax), the legacy
 //! `X-RateLimit-*` trio, `Retry-After`, and an RFC 9457 problem body.
 
-use axum::body::Body;
+use axum_core::body::Body;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use sluicegate::headers;

@@ -6,18 +6,24 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum_core::body::Body;
 use http::{Request, Response, StatusCode};
 use sluicegate::{Check, Limit, Store};
 use tower::Service;
 
-use super::layer::Settings;
 use super::response::{add_headers, is_grpc, problem, rejection};
+use super::settings::Settings;
 
-/// The middleware around `Inner`; made by [`super::RateLimitLayer`].
+/// The middleware around `Inner`; made by [`RateLimitLayer`](crate::RateLimitLayer).
 pub struct RateLimit<Inner, S> {
-    pub(crate) inner: Inner,
-    pub(crate) settings: Arc<Settings<S>>,
+    inner: Inner,
+    settings: Arc<Settings<S>>,
+}
+
+impl<Inner, S> RateLimit<Inner, S> {
+    pub(crate) fn new(inner: Inner, settings: Arc<Settings<S>>) -> Self {
+        RateLimit { inner, settings }
+    }
 }
 
 impl<Inner: Clone, S> Clone for RateLimit<Inner, S> {
@@ -36,7 +42,7 @@ where
     Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     Inner::Future: Send,
     ReqBody: Send + 'static,
-    ResBody: http_body::Body<Data = axum::body::Bytes> + Send + 'static,
+    ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
     S: Store + 'static,
 {

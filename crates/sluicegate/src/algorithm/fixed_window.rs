@@ -79,6 +79,17 @@ impl FixedWindowState {
         }
     }
 
+    /// What a check of any cost gets after `admitted` left too little for it, with no other
+    /// traffic: refused until the window ends, `reset_after` away.
+    pub(crate) fn refusal_after(admitted: Decision) -> Decision {
+        Decision {
+            allowed: false,
+            retry_after: RetryAfter::Micros(admitted.reset_after),
+            delay: 0,
+            ..admitted
+        }
+    }
+
     pub(crate) fn expires_at(&self, rule: &Rule) -> u64 {
         if self.count == 0 {
             0

@@ -87,6 +87,22 @@ impl GcraState {
         }
     }
 
+    /// What a check of `units` gets after `admitted` left too little for it, with no other
+    /// traffic: with TAT − t = `reset_after`, `units` fit again once TAT + units·T − t' ≤ τ,
+    /// that is `reset_after + units·T − τ` away.
+    pub(crate) fn refusal_after(rule: &Rule, admitted: Decision, units: u64) -> Decision {
+        let interval = rule.emission_interval();
+        let tolerance = tolerance(rule);
+        let opens = (admitted.reset_after + units * interval).saturating_sub(tolerance);
+        Decision {
+            allowed: false,
+            remaining: tolerance.saturating_sub(admitted.reset_after) / interval,
+            retry_after: RetryAfter::Micros(opens),
+            delay: 0,
+            ..admitted
+        }
+    }
+
     pub(crate) fn expires_at(&self) -> u64 {
         self.tat
     }

@@ -243,6 +243,25 @@ impl RuleState {
     }
 }
 
+/// The next opening, for a cache of refusals: what a check of `units` under `rule` gets
+/// right after an admission (`admitted`) that left fewer than `units`, computed from the
+/// decision alone. That is the refusal with no other traffic; other traffic only takes
+/// units, so with it the opening is later still. `None` for the sliding log and counter,
+/// whose next opening depends on state the decision does not carry.
+pub(crate) fn refusal_after_admission(
+    rule: &Rule,
+    admitted: Decision,
+    units: u64,
+) -> Option<Decision> {
+    match rule.algorithm() {
+        Algorithm::FixedWindow => Some(FixedWindowState::refusal_after(admitted)),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            Some(GcraState::refusal_after(rule, admitted, units))
+        }
+        Algorithm::SlidingLog | Algorithm::SlidingCounter => None,
+    }
+}
+
 /// Evaluates one check against several rules (SPEC.md, "Several rules in one check"):
 /// `states[i]` belongs to `rules[i]`. Nothing is recorded; pass the evaluations to
 /// [`finish_all`], which records only if every rule allows.

@@ -1,8 +1,16 @@
 //! A circuit breaker for the store: after `failures` consecutive failures, stop calling it
 //! for `cool_down`, then let one check through as a probe; its success closes the circuit.
+//!
+//! Times are µs of the limiter's [`Clock`](crate::Clock), passed in by the caller, so
+//! tests move a manual clock past the cool-down instead of sleeping through it.
+//!
+//! Every check asks the breaker, so a healthy store must not make every check queue on
+//! one lock: while nothing has failed, asking and reporting success read one flag and take
+//! no lock. Only a failure, and everything while failures count, takes the lock.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 /// The breaker's state, as a metric reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,14 +26,20 @@ pub enum BreakerState {
 #[derive(Debug)]
 pub(crate) struct Breaker {
     failures_to_open: u32,
-    cool_down: Duration,
+    /// µs.
+    cool_down: u64,
+    /// Whether `state` is anything but closed with no failure counted. Written only under
+    /// the lock; read without it, as if the read came just before or after a concurrent
+    /// change (no other data is read on the strength of it, hence relaxed).
+    failing: AtomicBool,
     state: Mutex<Inner>,
 }
 
 #[derive(Debug)]
 struct Inner {
     consecutive_failures: u32,
-    open_until: Option<Instant>,
+    /// µs of the limiter's clock.
+    open_until: Option<u64>,
     probing: bool,
 }
 
@@ -42,7 +56,8 @@ impl Breaker {
     pub(crate) fn new(failures_to_open: u32, cool_down: Duration) -> Self {
         Breaker {
             failures_to_open,
-            cool_down,
+            cool_down: u64::try_from(cool_down.as_micros()).unwrap_or(u64::MAX),
+            failing: AtomicBool::new(false),
             state: Mutex::new(Inner {
                 consecutive_failures: 0,
                 open_until: None,
@@ -57,7 +72,14 @@ impl Breaker {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    pub(crate) fn permit(&self, now: Instant) -> Permit {
+    fn healthy(&self) -> bool {
+        !self.failing.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn permit(&self, now: u64) -> Permit {
+        if self.healthy() {
+            return Permit::Call;
+        }
         let mut inner = self.inner();
         match inner.open_until {
             None => Permit::Call,
@@ -70,31 +92,42 @@ impl Breaker {
     }
 
     pub(crate) fn success(&self) {
+        if self.healthy() {
+            return;
+        }
         let mut inner = self.inner();
         inner.consecutive_failures = 0;
         inner.open_until = None;
         inner.probing = false;
+        self.failing.store(false, Ordering::Relaxed);
     }
 
-    pub(crate) fn failure(&self, now: Instant) {
+    pub(crate) fn failure(&self, now: u64) {
         let mut inner = self.inner();
         inner.consecutive_failures = inner.consecutive_failures.saturating_add(1);
         inner.probing = false;
+        self.failing.store(true, Ordering::Relaxed);
         if self.failures_to_open > 0
             && (inner.open_until.is_some() || inner.consecutive_failures >= self.failures_to_open)
         {
-            inner.open_until = Some(now + self.cool_down);
+            inner.open_until = Some(now.saturating_add(self.cool_down));
         }
     }
 
     /// How long until the store is tried again (zero when closed).
-    pub(crate) fn wait(&self, now: Instant) -> Duration {
-        self.inner()
-            .open_until
-            .map_or(Duration::ZERO, |until| until.saturating_duration_since(now))
+    pub(crate) fn wait(&self, now: u64) -> Duration {
+        if self.healthy() {
+            return Duration::ZERO;
+        }
+        self.inner().open_until.map_or(Duration::ZERO, |until| {
+            Duration::from_micros(until.saturating_sub(now))
+        })
     }
 
-    pub(crate) fn state(&self, now: Instant) -> BreakerState {
+    pub(crate) fn state(&self, now: u64) -> BreakerState {
+        if self.healthy() {
+            return BreakerState::Closed;
+        }
         let inner = self.inner();
         match inner.open_until {
             None => BreakerState::Closed,
@@ -108,41 +141,42 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::{Clock, ManualClock};
 
     #[test]
     fn opens_after_consecutive_failures_and_probes_after_the_cool_down() {
         let breaker = Breaker::new(3, Duration::from_secs(1));
-        let t = Instant::now();
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let now = || clock.now_micros();
         for _ in 0..2 {
-            breaker.failure(t);
+            breaker.failure(now());
         }
-        assert_eq!(breaker.permit(t), Permit::Call);
+        assert_eq!(breaker.permit(now()), Permit::Call);
         breaker.success();
         for _ in 0..3 {
-            breaker.failure(t);
+            breaker.failure(now());
         }
-        assert_eq!(breaker.state(t), BreakerState::Open);
-        assert_eq!(
-            breaker.permit(t + Duration::from_millis(999)),
-            Permit::Refuse
-        );
-        let later = t + Duration::from_secs(1);
-        assert_eq!(breaker.permit(later), Permit::Probe);
+        assert_eq!(breaker.state(now()), BreakerState::Open);
+        clock.advance(999_000);
+        assert_eq!(breaker.permit(now()), Permit::Refuse);
+        assert_eq!(breaker.wait(now()), Duration::from_millis(1));
+        clock.advance(1_000);
+        assert_eq!(breaker.permit(now()), Permit::Probe);
         // One probe at a time.
-        assert_eq!(breaker.permit(later), Permit::Refuse);
-        breaker.failure(later);
-        assert_eq!(breaker.state(later), BreakerState::Open);
-        let after = later + Duration::from_secs(1);
-        assert_eq!(breaker.permit(after), Permit::Probe);
+        assert_eq!(breaker.permit(now()), Permit::Refuse);
+        breaker.failure(now());
+        assert_eq!(breaker.state(now()), BreakerState::Open);
+        clock.advance(1_000_000);
+        assert_eq!(breaker.permit(now()), Permit::Probe);
         breaker.success();
-        assert_eq!(breaker.state(after), BreakerState::Closed);
-        assert_eq!(breaker.permit(after), Permit::Call);
+        assert_eq!(breaker.state(now()), BreakerState::Closed);
+        assert_eq!(breaker.permit(now()), Permit::Call);
     }
 
     #[test]
     fn zero_failures_never_opens() {
         let breaker = Breaker::new(0, Duration::from_secs(1));
-        let t = Instant::now();
+        let t = ManualClock::new(1_700_000_000_000_000).now_micros();
         for _ in 0..100 {
             breaker.failure(t);
         }

@@ -8,22 +8,21 @@
 //! counts them.
 
 mod breaker;
-mod fallback;
 mod negative_cache;
 
 pub use breaker::BreakerState;
-pub use fallback::FailurePolicy;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use breaker::{Breaker, Permit};
 use negative_cache::NegativeCache;
 
-use crate::clock::SystemClock;
+use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, RetryAfter};
+use crate::policy::FailurePolicy;
 use crate::rule::Rule;
 use crate::store::{
     Check, DecidedBy, Limit, MemoryStore, MemoryStoreConfig, Outcome, Store, StoreError,
@@ -82,6 +81,8 @@ pub struct Limiter<S = MemoryStore> {
     local: MemoryStore,
     local_rules: Mutex<HashMap<String, Rule>>,
     stats: LimiterStats,
+    /// Times the breaker, the negative cache and the local fallback.
+    clock: Arc<dyn Clock>,
 }
 
 impl Default for Limiter<MemoryStore> {
@@ -103,17 +104,27 @@ impl<S: Store> Limiter<S> {
         Limiter::with_config(store, LimiterConfig::default())
     }
 
-    /// A limiter deciding with `store` as `config` says.
+    /// A limiter deciding with `store` as `config` says, on the system clock.
     pub fn with_config(store: S, config: LimiterConfig) -> Self {
+        Limiter::with_clock(store, config, Arc::new(SystemClock::new()))
+    }
+
+    /// A limiter deciding with `store` as `config` says, its own timers (the breaker's
+    /// cool-down, the negative cache's deadlines, the `local` fallback's windows) on
+    /// `clock`. The store keeps its own clock: Redis its `TIME`, a [`MemoryStore`] the one
+    /// it was made with (give both the same [`ManualClock`](crate::ManualClock) to move
+    /// all time by hand).
+    pub fn with_clock(store: S, config: LimiterConfig, clock: Arc<dyn Clock>) -> Self {
         Limiter {
             store,
             breaker: Breaker::new(config.breaker_failures, config.breaker_cool_down),
             negative: (config.negative_cache_entries > 0)
-                .then(|| NegativeCache::new(config.negative_cache_entries)),
-            local: MemoryStore::new(MemoryStoreConfig::default(), Arc::new(SystemClock::new())),
+                .then(|| NegativeCache::new(config.negative_cache_entries, Arc::clone(&clock))),
+            local: MemoryStore::new(MemoryStoreConfig::default(), Arc::clone(&clock)),
             local_rules: Mutex::new(HashMap::new()),
             config,
             stats: LimiterStats::default(),
+            clock,
         }
     }
 
@@ -129,7 +140,7 @@ impl<S: Store> Limiter<S> {
 
     /// The circuit breaker's state now.
     pub fn breaker_state(&self) -> BreakerState {
-        self.breaker.state(Instant::now())
+        self.breaker.state(self.clock.now_micros())
     }
 
     /// Takes `cost` units for `key` under `rule`.
@@ -144,12 +155,11 @@ impl<S: Store> Limiter<S> {
     /// caller's clock.
     pub async fn decide(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         check.validate()?;
-        let now = Instant::now();
-        if let Some(decisions) = self.negative.as_ref().and_then(|n| n.lookup(check, now)) {
+        let now = self.clock.now_micros();
+        if let Some(mut outcome) = self.negative.as_ref().and_then(|n| n.lookup(check, now)) {
             self.stats
                 .negative_cache_hits
                 .fetch_add(1, Ordering::Relaxed);
-            let mut outcome = Outcome::from_limits(decisions);
             outcome.decided_by = DecidedBy::NegativeCache;
             return Ok(outcome);
         }
@@ -177,7 +187,7 @@ impl<S: Store> Limiter<S> {
                 // Only an unreachable or silent store trips the breaker: a full in-memory
                 // store or a key of the wrong type says nothing about the next check.
                 Err(e @ (StoreError::Unavailable { .. } | StoreError::Timeout { .. })) => {
-                    self.breaker.failure(Instant::now());
+                    self.breaker.failure(self.clock.now_micros());
                     e
                 }
                 // The store answered, if only with an error: it is reachable.
@@ -213,7 +223,7 @@ impl<S: Store> Limiter<S> {
         let decisions: Vec<Decision> = match strictest {
             FailurePolicy::Error => return Err(error),
             FailurePolicy::Deny => {
-                let wait = u64::try_from(self.breaker.wait(Instant::now()).as_micros())
+                let wait = u64::try_from(self.breaker.wait(self.clock.now_micros()).as_micros())
                     .unwrap_or(u64::MAX)
                     .max(1);
                 check
@@ -317,3 +327,6 @@ impl<S: Store> Limiter<S> {
         local
     }
 }
+
+#[cfg(test)]
+mod tests;

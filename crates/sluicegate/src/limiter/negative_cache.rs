@@ -11,58 +11,101 @@
 //!   `remaining` is as the store last reported it.)
 //! - The wait is counted from when the check was *sent*, which is no later than when the
 //!   store decided it, so the local deadline never outlasts the store's refusal (on clocks
-//!   that tick at the same rate; the limiter's is monotonic).
+//!   that tick at the same rate; the limiter's [`Clock`] is monotonic).
 //! - Checks that carry a request id bypass it (the store may recognise a retried
 //!   admission and allow it), and so do checks that carry their own time.
 //!
 //! Memory: at most `capacity` entries; expired ones are dropped first, and when none has
 //! expired a new refusal is simply not cached (a miss only costs a round trip).
+//!
+//! Cost: a lookup is on the path of every check, so it hashes the check's limits where
+//! they lie (each rule's precomputed fingerprint and the key's bytes), locks one of
+//! [`SHARDS`] shards, and compares; no lock is shared by all checks, and nothing is
+//! allocated but the answer to a hit on several limits. Only an insert copies the keys.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+
+use crate::algorithm;
+use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
-use crate::rule::Algorithm;
-use crate::store::Check;
+use crate::rule::Rule;
+use crate::store::{Check, Limit, Outcome};
+
+/// Independently locked parts of the cache: enough that concurrent checks rarely meet on
+/// one lock, few enough that empty shards cost little (a few cache lines each).
+const SHARDS: usize = 64;
+
+/// Checks of more limits than this are not cached: entries stay small and comparing one
+/// stays short.
+const MAX_LIMITS: usize = 4;
 
 #[derive(Debug)]
 pub(crate) struct NegativeCache {
-    entries: Mutex<HashMap<String, Entry>>,
+    shards: Box<[Mutex<Shard>]>,
+    /// Seeded at random per cache, so a client cannot aim keys at one bucket.
+    hasher: RandomState,
+    /// Entries across all shards; at most `capacity`.
+    len: AtomicUsize,
     capacity: usize,
+    /// The limiter's clock, read to drop expired entries when the cache is full.
+    clock: Arc<dyn Clock>,
 }
 
-#[derive(Clone, Copy, Debug)]
+/// Aligned to two cache lines, with its lock, so threads in neighbouring shards never share
+/// a line.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard {
+    table: HashTable<Entry>,
+}
+
+#[derive(Debug)]
 struct Entry {
+    /// The hash of `limits`, kept so that the table can grow without rehashing keys.
+    hash: u64,
     cost: u64,
-    /// When the check was sent whose answer made this entry.
-    since: Instant,
-    until: Instant,
-    limits: usize,
-    decisions: [Option<Decision>; MAX_LIMITS],
+    /// When the check was sent whose answer made this entry (µs of the limiter's clock).
+    since: u64,
+    until: u64,
+    /// The check's limits, in its order, with the store's answer for each.
+    limits: Box<[CachedLimit]>,
 }
 
-/// Checks of more limits than this are not cached (the entry stays a fixed size).
-const MAX_LIMITS: usize = 4;
+#[derive(Debug)]
+struct CachedLimit {
+    /// A handle on the rule (a reference count, not a copy).
+    rule: Rule,
+    key: Box<str>,
+    decision: Decision,
+}
 
-/// What identifies the limits of a check: each rule's identity and key, length-prefixed.
-fn signature(check: &Check<'_>) -> String {
-    let mut out = String::new();
-    for limit in check.limits {
-        for part in [limit.rule.identity(), limit.key] {
-            out.push_str(&part.len().to_string());
-            out.push(':');
-            out.push_str(part);
-        }
+impl Entry {
+    /// Whether this entry is for exactly these limits: the same rules (by identity) and keys,
+    /// in the same order.
+    fn holds(&self, limits: &[Limit<'_>]) -> bool {
+        self.limits.len() == limits.len()
+            && self
+                .limits
+                .iter()
+                .zip(limits)
+                .all(|(cached, l)| *cached.key == *l.key && cached.rule.same_identity(l.rule))
     }
-    out
 }
 
 impl NegativeCache {
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
         NegativeCache {
-            entries: Mutex::new(HashMap::new()),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::default(),
+            len: AtomicUsize::new(0),
             capacity,
+            clock,
         }
     }
 
@@ -70,22 +113,36 @@ impl NegativeCache {
         check.request_id.is_none() && check.at.is_none() && check.limits.len() <= MAX_LIMITS
     }
 
+    /// Each limit's rule fingerprint and key, length-prefixed so that no two lists of
+    /// limits feed the hasher the same bytes.
+    fn hash(&self, limits: &[Limit<'_>]) -> u64 {
+        let mut hasher = self.hasher.build_hasher();
+        for limit in limits {
+            hasher.write_u64(limit.rule.fingerprint());
+            hasher.write_usize(limit.key.len());
+            hasher.write(limit.key.as_bytes());
+        }
+        hasher.finish()
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+        // The high bits: the table itself uses the low ones and the top seven.
+        &self.shards[(hash >> 32) as usize % SHARDS]
+    }
+
     /// The cached refusal of `check`, with its waits shortened by the time since.
-    pub(crate) fn lookup(&self, check: &Check<'_>, now: Instant) -> Option<Vec<Decision>> {
+    pub(crate) fn lookup(&self, check: &Check<'_>, now: u64) -> Option<Outcome> {
         if !Self::applies(check) {
             return None;
         }
-        let entries = self
-            .entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let entry = entries.get(&signature(check))?;
+        let hash = self.hash(check.limits);
+        let shard = self.shard(hash).lock();
+        let entry = shard.table.find(hash, |e| e.holds(check.limits))?;
         if now >= entry.until || check.cost.max(1) != entry.cost {
             return None;
         }
-        let left = u64::try_from((entry.until - now).as_micros()).unwrap_or(u64::MAX);
-        let elapsed = u64::try_from(now.saturating_duration_since(entry.since).as_micros())
-            .unwrap_or(u64::MAX);
+        let left = entry.until - now;
+        let elapsed = now.saturating_sub(entry.since);
         let shorten = |d: Decision| Decision {
             retry_after: match d.retry_after {
                 RetryAfter::Micros(us) if us > 0 => RetryAfter::Micros(us.min(left).max(1)),
@@ -94,19 +151,17 @@ impl NegativeCache {
             reset_after: d.reset_after.saturating_sub(elapsed),
             ..d
         };
-        Some(
-            entry.decisions[..entry.limits]
-                .iter()
-                .map(|d| shorten(d.expect("stored for every limit")))
-                .collect(),
-        )
+        Some(match &*entry.limits {
+            [one] => Outcome::single(shorten(one.decision)),
+            several => Outcome::from_limits(several.iter().map(|l| shorten(l.decision)).collect()),
+        })
     }
 
     /// Remembers a refusal the store gave to `check`, sent at `sent`.
     pub(crate) fn remember(
         &self,
         check: &Check<'_>,
-        sent: Instant,
+        sent: u64,
         combined: Decision,
         limits: &[Decision],
     ) {
@@ -116,22 +171,14 @@ impl NegativeCache {
         if combined.allowed || wait == 0 || !Self::applies(check) {
             return;
         }
-        let decisions: Vec<Option<Decision>> = limits.iter().copied().map(Some).collect();
-        self.insert(check, sent, wait, &decisions);
+        self.insert(check, sent, wait, limits);
     }
 
     /// Predicts a refusal from an admission of a one-limit check that left too little for
-    /// another of the same cost, where the algorithm makes the next opening computable
-    /// from the decision (the same argument as above: with other traffic, later still):
-    ///
-    /// - fixed-window: refused until the window ends, `reset_after` away;
-    /// - token- and leaky-bucket: with TAT − t = `reset_after`, a cost c fits again once
-    ///   TAT + c·T − t' ≤ τ, that is `reset_after + c·T − τ` away.
-    ///
-    /// The sliding log and counter need state the decision does not carry.
-    pub(crate) fn remember_admission(&self, check: &Check<'_>, sent: Instant, decision: Decision) {
+    /// another of the same cost, where the algorithm can tell the next opening from the
+    /// decision alone (the same argument as above: with other traffic, later still).
+    pub(crate) fn remember_admission(&self, check: &Check<'_>, sent: u64, decision: Decision) {
         let [limit] = check.limits else { return };
-        let rule = limit.rule;
         let units = check.cost.max(1);
         if !decision.allowed
             || check.cost == 0
@@ -140,55 +187,69 @@ impl NegativeCache {
         {
             return;
         }
-        let refused = match rule.algorithm() {
-            Algorithm::FixedWindow => Decision {
-                allowed: false,
-                retry_after: RetryAfter::Micros(decision.reset_after),
-                delay: 0,
-                ..decision
-            },
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                let interval = rule.emission_interval();
-                let tolerance = interval * rule.capacity();
-                let opens = (decision.reset_after + units * interval).saturating_sub(tolerance);
-                Decision {
-                    allowed: false,
-                    remaining: tolerance.saturating_sub(decision.reset_after) / interval,
-                    retry_after: RetryAfter::Micros(opens),
-                    delay: 0,
-                    ..decision
-                }
-            }
-            Algorithm::SlidingLog | Algorithm::SlidingCounter => return,
+        let Some(refused) = algorithm::refusal_after_admission(limit.rule, decision, units) else {
+            return;
         };
         if let RetryAfter::Micros(wait) = refused.retry_after
             && wait > 0
         {
-            self.insert(check, sent, wait, &[Some(refused)]);
+            self.insert(check, sent, wait, &[refused]);
         }
     }
 
-    fn insert(&self, check: &Check<'_>, sent: Instant, wait: u64, limits: &[Option<Decision>]) {
-        let mut decisions = [None; MAX_LIMITS];
-        decisions[..limits.len()].copy_from_slice(limits);
+    /// Caches `decisions` (one per limit) for `check` until `wait` µs after `sent`,
+    /// replacing what the same limits had cached, if the cache has room.
+    fn insert(&self, check: &Check<'_>, sent: u64, wait: u64, decisions: &[Decision]) {
+        if !self.reserve() {
+            return;
+        }
+        let hash = self.hash(check.limits);
         let entry = Entry {
+            hash,
             cost: check.cost.max(1),
             since: sent,
-            until: sent + Duration::from_micros(wait),
-            limits: limits.len(),
-            decisions,
+            until: sent.saturating_add(wait),
+            limits: check
+                .limits
+                .iter()
+                .zip(decisions)
+                .map(|(l, &decision)| CachedLimit {
+                    rule: l.rule.clone(),
+                    key: l.key.into(),
+                    decision,
+                })
+                .collect(),
         };
-        let mut entries = self
-            .entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if entries.len() >= self.capacity {
-            let now = Instant::now();
-            entries.retain(|_, e| e.until > now);
-            if entries.len() >= self.capacity {
-                return;
-            }
+        let mut shard = self.shard(hash).lock();
+        if let Ok(old) = shard.table.find_entry(hash, |e| e.holds(check.limits)) {
+            old.remove();
+            self.len.fetch_sub(1, Ordering::Relaxed);
         }
-        entries.insert(signature(check), entry);
+        shard.table.insert_unique(hash, entry, |e| e.hash);
+    }
+
+    /// Takes room for one entry; when the cache is full, drops every expired entry first.
+    /// Room is taken before an entry for the same limits is replaced, so a full cache of
+    /// live refusals keeps them as they are.
+    fn reserve(&self) -> bool {
+        let take = || {
+            self.len
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n < self.capacity).then_some(n + 1)
+                })
+                .is_ok()
+        };
+        if take() {
+            return true;
+        }
+        let now = self.clock.now_micros();
+        for shard in &*self.shards {
+            let mut shard = shard.lock();
+            let before = shard.table.len();
+            shard.table.retain(|e| e.until > now);
+            self.len
+                .fetch_sub(before - shard.table.len(), Ordering::Relaxed);
+        }
+        take()
     }
 }

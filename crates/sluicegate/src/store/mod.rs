@@ -18,6 +18,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::decision::Decision;
+use crate::policy::FailurePolicy;
 use crate::rule::{EXACT_LIMIT, MAX_TIME, Rule};
 
 /// The longest request id a check may carry, in bytes. Ids are kept for as long as their
@@ -127,13 +128,12 @@ pub enum DecidedBy {
     /// when it could pass; until then the limiter refuses without asking.
     NegativeCache,
     /// The store failed and this policy decided.
-    Fallback(crate::limiter::FailurePolicy),
+    Fallback(FailurePolicy),
 }
 
 impl DecidedBy {
     /// `store`, `negative-cache`, `fallback-allow`, `fallback-deny`, `fallback-local`.
     pub fn name(self) -> &'static str {
-        use crate::limiter::FailurePolicy;
         match self {
             DecidedBy::Store => "store",
             DecidedBy::NegativeCache => "negative-cache",

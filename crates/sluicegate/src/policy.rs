@@ -1,4 +1,6 @@
-//! What a check gets when the store cannot decide it.
+//! What a check gets when the store cannot decide it. Below the limiter, the rules and
+//! the stores: a rule carries its own policy and an outcome names the one that decided it,
+//! while only the limiter applies them.
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,0 +1,246 @@
+//! The breaker and the negative cache through the limiter, on a manual clock: time moves
+//! when a test says so, and no test sleeps.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::rule::{Algorithm, RuleSpec};
+
+const S: u64 = 1_000_000;
+
+/// An in-memory store that can be taken down: then every check fails as an unreachable
+/// Redis would.
+#[derive(Debug)]
+struct FlakyStore {
+    inner: MemoryStore,
+    down: AtomicBool,
+}
+
+impl Store for FlakyStore {
+    async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable {
+                server: "test".into(),
+                message: "down".into(),
+            });
+        }
+        self.inner.check_now(check)
+    }
+}
+
+/// A limiter and its store on one manual clock, at the start of a minute.
+fn limiter(config: LimiterConfig) -> (Limiter<FlakyStore>, ManualClock) {
+    let clock = ManualClock::new(1_700_000_040 * S);
+    let store = FlakyStore {
+        inner: MemoryStore::new(MemoryStoreConfig::default(), Arc::new(clock.clone())),
+        down: AtomicBool::new(false),
+    };
+    (
+        Limiter::with_clock(store, config, Arc::new(clock.clone())),
+        clock,
+    )
+}
+
+fn rule(algorithm: Algorithm, limit: u64, window: u64) -> Rule {
+    Rule::new(algorithm.name(), &RuleSpec::new(algorithm, limit, window)).unwrap()
+}
+
+async fn decide(limiter: &Limiter<FlakyStore>, rule: &Rule, key: &str) -> Outcome {
+    let limits = [Limit { rule, key }];
+    limiter.decide(&Check::new(&limits, 1)).await.unwrap()
+}
+
+#[tokio::test]
+async fn the_breaker_probes_once_the_clock_passes_its_cool_down() {
+    let (limiter, clock) = limiter(LimiterConfig {
+        on_store_error: FailurePolicy::Deny,
+        breaker_failures: 2,
+        breaker_cool_down: Duration::from_secs(1),
+        ..LimiterConfig::default()
+    });
+    let rule = rule(Algorithm::SlidingLog, 10, 60 * S);
+    limiter.store().down.store(true, Ordering::SeqCst);
+    for _ in 0..2 {
+        let outcome = decide(&limiter, &rule, "k").await;
+        assert_eq!(outcome.decided_by, DecidedBy::Fallback(FailurePolicy::Deny));
+    }
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    // Refused without calling the store, told to come back when the breaker probes.
+    clock.advance(400_000);
+    let refused = decide(&limiter, &rule, "k").await;
+    assert_eq!(refused.decision.retry_after, RetryAfter::Micros(600_000));
+    assert_eq!(limiter.stats().store_errors.load(Ordering::Relaxed), 3);
+
+    limiter.store().down.store(false, Ordering::SeqCst);
+    assert_eq!(
+        decide(&limiter, &rule, "k").await.decided_by,
+        DecidedBy::Fallback(FailurePolicy::Deny),
+        "the store is back, but the cool-down has not passed"
+    );
+    clock.advance(600_000);
+    assert_eq!(limiter.breaker_state(), BreakerState::HalfOpen);
+    assert_eq!(
+        decide(&limiter, &rule, "k").await.decided_by,
+        DecidedBy::Store
+    );
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+}
+
+#[tokio::test]
+async fn a_refusal_is_answered_locally_until_its_retry_after_passes() {
+    let (limiter, clock) = limiter(LimiterConfig {
+        negative_cache_entries: 10,
+        ..LimiterConfig::default()
+    });
+    let rule = rule(Algorithm::SlidingLog, 2, 10 * S);
+    for _ in 0..2 {
+        assert!(decide(&limiter, &rule, "k").await.decision.allowed);
+        clock.advance(S);
+    }
+    let refused = decide(&limiter, &rule, "k").await;
+    assert_eq!(refused.decided_by, DecidedBy::Store);
+    assert_eq!(refused.decision.retry_after, RetryAfter::Micros(8 * S));
+
+    clock.advance(3 * S);
+    let cached = decide(&limiter, &rule, "k").await;
+    assert_eq!(cached.decided_by, DecidedBy::NegativeCache);
+    assert!(!cached.decision.allowed);
+    // The waits shrink with the time since the store answered.
+    assert_eq!(cached.decision.retry_after, RetryAfter::Micros(5 * S));
+    assert_eq!(
+        cached.decision.reset_after,
+        refused.decision.reset_after - 3 * S
+    );
+    // Another key, or another cost, is not the refusal the store gave.
+    assert_eq!(
+        decide(&limiter, &rule, "other").await.decided_by,
+        DecidedBy::Store
+    );
+    let limits = [Limit {
+        rule: &rule,
+        key: "k",
+    }];
+    let costly = limiter.decide(&Check::new(&limits, 2)).await.unwrap();
+    assert_eq!(costly.decided_by, DecidedBy::Store);
+
+    clock.advance(5 * S);
+    let again = decide(&limiter, &rule, "k").await;
+    assert_eq!(again.decided_by, DecidedBy::Store);
+    assert!(again.decision.allowed);
+    assert_eq!(
+        limiter.stats().negative_cache_hits.load(Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test]
+async fn an_admission_that_empties_a_fixed_window_predicts_its_refusals() {
+    let (limiter, clock) = limiter(LimiterConfig {
+        negative_cache_entries: 10,
+        ..LimiterConfig::default()
+    });
+    let rule = rule(Algorithm::FixedWindow, 2, 60 * S);
+    clock.advance(20 * S);
+    assert!(decide(&limiter, &rule, "k").await.decision.allowed);
+    let last = decide(&limiter, &rule, "k").await;
+    assert_eq!((last.decision.allowed, last.decision.remaining), (true, 0));
+
+    clock.advance(10 * S);
+    let predicted = decide(&limiter, &rule, "k").await;
+    assert_eq!(predicted.decided_by, DecidedBy::NegativeCache);
+    assert_eq!(predicted.decision.retry_after, RetryAfter::Micros(30 * S));
+    let limits = [Limit {
+        rule: &rule,
+        key: "k",
+    }];
+    let peek = limiter
+        .store()
+        .inner
+        .check_now(&Check::new(&limits, 0))
+        .unwrap();
+    assert_eq!(peek.decision, predicted.decision);
+
+    clock.advance(30 * S);
+    let next_window = decide(&limiter, &rule, "k").await;
+    assert_eq!(next_window.decided_by, DecidedBy::Store);
+    assert!(next_window.decision.allowed);
+}
+
+#[tokio::test]
+async fn a_full_cache_drops_what_has_expired_and_otherwise_caches_nothing_new() {
+    let (limiter, clock) = limiter(LimiterConfig {
+        negative_cache_entries: 1,
+        ..LimiterConfig::default()
+    });
+    let short = rule(Algorithm::SlidingLog, 1, S);
+    let long = rule(Algorithm::SlidingLog, 1, 60 * S);
+    for rule in [&short, &long] {
+        assert!(decide(&limiter, rule, "k").await.decision.allowed);
+    }
+    assert_eq!(
+        decide(&limiter, &long, "k").await.decided_by,
+        DecidedBy::Store
+    );
+    // The long refusal holds the one entry: the short one is not cached.
+    assert_eq!(
+        decide(&limiter, &short, "k").await.decided_by,
+        DecidedBy::Store
+    );
+    assert_eq!(
+        decide(&limiter, &short, "k").await.decided_by,
+        DecidedBy::Store
+    );
+    assert_eq!(
+        decide(&limiter, &long, "k").await.decided_by,
+        DecidedBy::NegativeCache
+    );
+    // Once the long refusal has expired, it makes room.
+    clock.advance(60 * S);
+    for rule in [&short, &long] {
+        assert!(decide(&limiter, rule, "k").await.decision.allowed);
+    }
+    assert_eq!(
+        decide(&limiter, &short, "k").await.decided_by,
+        DecidedBy::Store
+    );
+    assert_eq!(
+        decide(&limiter, &short, "k").await.decided_by,
+        DecidedBy::NegativeCache
+    );
+}
+
+#[tokio::test]
+async fn a_check_of_several_limits_is_cached_whole_and_only_in_its_order() {
+    let (limiter, clock) = limiter(LimiterConfig {
+        negative_cache_entries: 10,
+        ..LimiterConfig::default()
+    });
+    let wide = rule(Algorithm::SlidingLog, 100, 60 * S);
+    let narrow = rule(Algorithm::SlidingCounter, 1, 60 * S);
+    let limits = [
+        Limit {
+            rule: &wide,
+            key: "k",
+        },
+        Limit {
+            rule: &narrow,
+            key: "k",
+        },
+    ];
+    let check = Check::new(&limits, 1);
+    assert!(limiter.decide(&check).await.unwrap().decision.allowed);
+    let refused = limiter.decide(&check).await.unwrap();
+    assert_eq!(refused.decided_by, DecidedBy::Store);
+    clock.advance(S);
+    let cached = limiter.decide(&check).await.unwrap();
+    assert_eq!(cached.decided_by, DecidedBy::NegativeCache);
+    assert_eq!(cached.limits().len(), 2);
+    assert!(cached.limits()[0].allowed && !cached.limits()[1].allowed);
+    assert_eq!(cached.limits()[0].limit, refused.limits()[0].limit);
+    let reversed = [limits[1], limits[0]];
+    let other_order = limiter.decide(&Check::new(&reversed, 1)).await.unwrap();
+    assert_eq!(other_order.decided_by, DecidedBy::Store);
+}
