@@ -1,7 +1,7 @@
 //! Fixed windows aligned to the epoch (seed 004): window `k = floor(t / W)` counts the
 //! units admitted in it.
 
-use super::RetryNeed;
+use super::retry::RetryNeed;
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::Rule;
 

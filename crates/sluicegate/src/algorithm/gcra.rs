@@ -2,7 +2,7 @@
 //! CL.THROTTLE) and `leaky-bucket` (B = Q + 1, and an allowed request waits `tat − t` so
 //! that what passes leaves at one unit per T). State: the theoretical arrival time.
 
-use super::RetryNeed;
+use super::retry::RetryNeed;
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::{Algorithm, Rule};
 

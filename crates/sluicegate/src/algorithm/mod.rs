@@ -8,27 +8,18 @@
 
 mod fixed_window;
 mod gcra;
+mod retry;
 mod sliding_counter;
 mod sliding_log;
 
 use fixed_window::{FixedPlan, FixedWindowState};
 use gcra::{GcraPlan, GcraState};
+use retry::RetryNeed;
 use sliding_counter::{CounterPlan, SlidingCounterState};
 use sliding_log::{LogPlan, SlidingLogState};
 
 use crate::decision::Decision;
 use crate::rule::{Algorithm, Rule};
-
-/// What a refused decision's `retry_after` must say.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RetryNeed {
-    /// This rule would have allowed (another rule refused the check): 0.
-    None,
-    /// The rule is over its limit for a check of this many units.
-    Units(u64),
-    /// The cost can never fit.
-    Never,
-}
 
 /// The state of one (rule, key).
 #[derive(Clone, Debug)]

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use super::RetryNeed;
+use super::retry::RetryNeed;
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::Rule;
 

@@ -3,13 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::check::{Check, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome, Store};
+use super::error::StoreError;
+use super::memory::{MemoryStore, MemoryStoreConfig};
 #[cfg(feature = "redis")]
 use super::redis::RedisStore;
 use super::url::{StoreUrl, Target};
-use super::{
-    Check, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, MemoryStore, MemoryStoreConfig, Outcome,
-    Store, StoreError,
-};
 use crate::clock::SystemClock;
 
 /// The in-memory store or a Redis one.

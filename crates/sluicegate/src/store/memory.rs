@@ -27,7 +27,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 
-use super::{Check, Outcome, Store, StoreError};
+use super::check::{Check, Outcome, Store};
+use super::error::StoreError;
 use crate::algorithm::{self, RuleState};
 use crate::clock::{Clock, SystemClock};
 use crate::rule::Rule;

@@ -4,7 +4,8 @@
 use super::keys::identity_slot;
 use super::script::{Mode, Row};
 use crate::decision::Decision;
-use crate::store::{Check, Limit, StoreError};
+use crate::store::check::{Check, Limit};
+use crate::store::error::StoreError;
 
 /// Runs the script for one check, in one mode: what a check across slots is made of.
 pub(super) trait RunScript: Sync {

@@ -12,7 +12,7 @@ use redis::{Script, TlsCertificates};
 use super::batcher::{Batcher, call_hold};
 use super::error::{CallError, bounded};
 use super::script::CallCounters;
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 use crate::store::url::{RedisUrl, Topology};
 
 /// What the store sends its commands and script calls on.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 
 /// A Redis call that did not answer with the script's rows.
 #[derive(Clone)]

@@ -26,10 +26,9 @@ use redis::Script;
 pub use keys::{KeyKind, hash_slot, identity_slot, key_pattern, redis_key};
 pub use script::ScriptCalls;
 
-use super::url::{RedisUrl, Target};
-use super::{
-    Check, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome, Store, StoreError, StoreUrl,
-};
+use super::check::{Check, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome, Store};
+use super::error::StoreError;
+use super::url::{RedisUrl, StoreUrl, Target};
 use crate::rule::Rule;
 use cluster::RunScript;
 use connect::Connection;

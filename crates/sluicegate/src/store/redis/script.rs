@@ -10,7 +10,7 @@ use super::error::CallError;
 use super::keys::{KeyKind, redis_key};
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::{Algorithm, LogLayout, Rule};
-use crate::store::Check;
+use crate::store::check::Check;
 
 /// The check script; see its header for the arguments.
 pub(super) const CHECK_SCRIPT: &str = include_str!("check.lua");

@@ -1,0 +1,174 @@
+//! What every store is asked and answers: a check of limits, its outcome, who decided
+//! it, and the `Store` trait itself.
+
+use std::future::Future;
+use std::time::Duration;
+
+use super::error::StoreError;
+use crate::decision::Decision;
+use crate::policy::FailurePolicy;
+use crate::rule::{EXACT_LIMIT, MAX_TIME, Rule};
+
+/// The longest request id a check may carry, in bytes. Ids are kept for as long as their
+/// admission counts, so their size is bounded like everything else a key holds.
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
+
+/// Prepended to every Redis key unless a prefix is configured.
+pub(crate) const DEFAULT_REDIS_PREFIX: &str = "sluicegate:";
+/// How long one Redis check may take unless configured.
+pub(crate) const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// One rule applied to one key.
+#[derive(Clone, Copy, Debug)]
+pub struct Limit<'a> {
+    /// The rule.
+    pub rule: &'a Rule,
+    /// The key: any UTF-8; distinct keys never share state.
+    pub key: &'a str,
+}
+
+/// One check: a cost under one or more limits, all-or-nothing.
+#[derive(Clone, Copy, Debug)]
+pub struct Check<'a> {
+    /// The limits that must all allow.
+    pub limits: &'a [Limit<'a>],
+    /// Units to take; 0 is a peek that answers as a cost of 1 and records nothing.
+    pub cost: u64,
+    /// A retried request with the same id is not counted twice while its admission counts.
+    pub request_id: Option<&'a str>,
+    /// The caller's clock (µs since the epoch), for replay, simulation and tests; `None`
+    /// uses the store's own clock.
+    pub at: Option<u64>,
+}
+
+impl<'a> Check<'a> {
+    /// A check of `cost` under `limits`, on the store's clock, without a request id.
+    pub fn new(limits: &'a [Limit<'a>], cost: u64) -> Self {
+        Check {
+            limits,
+            cost,
+            request_id: None,
+            at: None,
+        }
+    }
+
+    /// Rejects what no store can decide, before any state is touched.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        let invalid = |message: String| Err(StoreError::InvalidCheck(message));
+        if self.limits.is_empty() {
+            return invalid("a check needs at least one rule".into());
+        }
+        if self.cost >= EXACT_LIMIT {
+            return invalid(format!("cost {} is not below 2^53", self.cost));
+        }
+        if let Some(at) = self.at
+            && at >= MAX_TIME
+        {
+            return invalid(format!("time {at} µs is not below 2^52 µs (the year 2112)"));
+        }
+        if let Some(id) = self.request_id
+            && (id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES)
+        {
+            return invalid(format!(
+                "request id must be 1 to {MAX_REQUEST_ID_BYTES} bytes, got {}",
+                id.len()
+            ));
+        }
+        for (i, a) in self.limits.iter().enumerate() {
+            if self.limits[..i]
+                .iter()
+                .any(|b| a.key == b.key && a.rule.same_identity(b.rule))
+            {
+                return invalid(format!(
+                    "rule {:?} is named twice for key {:?} in one check",
+                    a.rule.name(),
+                    a.key
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a check decided: the combined decision, and each limit's own, in the check's order.
+///
+/// When the check is refused nothing is recorded anywhere; a limit that would have allowed
+/// then reports `allowed = true` with its state unchanged, so callers can tell which limits
+/// refused (Envoy's per-descriptor statuses).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The combined decision (SPEC.md, "Several rules in one check").
+    pub decision: Decision,
+    /// Each limit's decision when the check named several; empty for one, whose decision
+    /// is `decision` (a one-limit check, the common case, allocates nothing).
+    several: Vec<Decision>,
+    /// Who decided: the store, or the limiter without it.
+    pub decided_by: DecidedBy,
+}
+
+/// Who decided a check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DecidedBy {
+    /// The store.
+    Store,
+    /// The limiter's negative cache: the store refused the same check moments ago and said
+    /// when it could pass; until then the limiter refuses without asking.
+    NegativeCache,
+    /// The store failed and this policy decided.
+    Fallback(FailurePolicy),
+}
+
+impl DecidedBy {
+    /// `store`, `negative-cache`, `fallback-allow`, `fallback-deny`, `fallback-local`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecidedBy::Store => "store",
+            DecidedBy::NegativeCache => "negative-cache",
+            DecidedBy::Fallback(FailurePolicy::Allow) => "fallback-allow",
+            DecidedBy::Fallback(FailurePolicy::Deny) => "fallback-deny",
+            DecidedBy::Fallback(FailurePolicy::Local) => "fallback-local",
+            DecidedBy::Fallback(FailurePolicy::Error) => "store-error",
+        }
+    }
+}
+
+impl Outcome {
+    /// The outcome of a check of one limit.
+    pub fn single(decision: Decision) -> Self {
+        Outcome {
+            decision,
+            several: Vec::new(),
+            decided_by: DecidedBy::Store,
+        }
+    }
+
+    /// Combines the per-limit decisions of a check (at least one).
+    pub(crate) fn from_limits(limits: Vec<Decision>) -> Self {
+        let decision =
+            Decision::combine(&limits).expect("validated checks hold at least one limit");
+        if limits.len() == 1 {
+            return Outcome::single(decision);
+        }
+        Outcome {
+            decision,
+            several: limits,
+            decided_by: DecidedBy::Store,
+        }
+    }
+
+    /// Each limit's decision, in the check's order.
+    pub fn limits(&self) -> &[Decision] {
+        if self.several.is_empty() {
+            std::slice::from_ref(&self.decision)
+        } else {
+            &self.several
+        }
+    }
+}
+
+/// A store of rate-limit state.
+pub trait Store: Send + Sync {
+    /// Decides `check` atomically (SPEC.md). An error means nothing was decided.
+    fn check(&self, check: &Check<'_>) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
+}
