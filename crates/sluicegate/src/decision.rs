@@ -1,4 +1,4 @@
-//! The decision of SPEC.md and the combination of several rules' decisions into one.
+//! The decision of docs/SPEC.md and the combination of several rules' decisions into one.
 
 use std::fmt;
 
@@ -38,7 +38,7 @@ impl fmt::Display for RetryAfter {
     }
 }
 
-/// The answer to one check (SPEC.md, "The decision").
+/// The answer to one check (docs/SPEC.md, "The decision").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Decision {
     /// Whether the request may go on.
@@ -56,7 +56,7 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// Combines the decisions of every rule of one check (SPEC.md, "Several rules"): allowed
+    /// Combines the decisions of every rule of one check (docs/SPEC.md, "Several rules"): allowed
     /// iff all allowed; `limit` and `remaining` of the rule with the least remaining (then the
     /// smallest limit); the largest `retry_after` among the rejecting rules; the largest
     /// `reset_after` and `delay`. `None` for no decisions.

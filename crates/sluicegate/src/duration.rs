@@ -1,5 +1,5 @@
 //! Durations as configuration writes them (`500ms`, `1s`, `90s`, `1m`, `1h`, `1d`) and
-//! as integer microseconds, the unit of every time in SPEC.md.
+//! as integer microseconds, the unit of every time in docs/SPEC.md.
 
 use std::fmt;
 

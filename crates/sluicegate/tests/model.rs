@@ -1,7 +1,7 @@
-//! Property tests: the in-memory store against a brute-force model of SPEC.md.
+//! Property tests: the in-memory store against a brute-force model of docs/SPEC.md.
 //!
 //! The model keeps the whole history of admissions per (rule, key) and recomputes every
-//! decision field from it with SPEC.md's formulas, literally: sliding-log expands units
+//! decision field from it with docs/SPEC.md's formulas, literally: sliding-log expands units
 //! into timestamps, sliding-counter's `retry_after` is found by trying every µs, GCRA's
 //! TAT is refolded from the history. It shares no code with the store beyond the public
 //! types, so a disagreement is a bug in one of them.

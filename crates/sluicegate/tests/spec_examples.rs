@@ -1,4 +1,4 @@
-//! The worked examples of the seeds and SPEC.md, with every value derived by hand.
+//! The worked examples of the seeds and docs/SPEC.md, with every value derived by hand.
 
 use std::sync::Arc;
 

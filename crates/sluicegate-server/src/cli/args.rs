@@ -20,7 +20,7 @@ pub(crate) struct DurationArg {
 }
 
 impl DurationArg {
-    /// The duration in µs, the unit of every time in SPEC.md.
+    /// The duration in µs, the unit of every time in docs/SPEC.md.
     pub(crate) fn micros(&self) -> u64 {
         self.micros
     }

@@ -32,14 +32,14 @@ struct Cli {
 enum Command {
     /// Run the rate-limit service (HTTP JSON API), in memory by default.
     Serve(serve::ServeArgs),
-    /// Decide SPEC.md's replay CSV from stdin with the caller's timestamps; one decision
+    /// Decide docs/SPEC.md's replay CSV from stdin with the caller's timestamps; one decision
     /// line per input line on stdout.
     Replay(replay::ReplayArgs),
     /// Measure decisions per second and latency against a store.
     Bench(bench::BenchArgs),
     /// Replay a trace through every algorithm and compare each with the exact sliding log.
     Simulate(simulate::SimulateArgs),
-    /// Write a synthetic trace in SPEC.md's replay CSV.
+    /// Write a synthetic trace in docs/SPEC.md's replay CSV.
     Trace(trace::TraceArgs),
     /// The Redis memory each algorithm and layout needs for a workload.
     Plan(plan::PlanArgs),

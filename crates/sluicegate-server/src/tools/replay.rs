@@ -1,4 +1,4 @@
-//! `sluicegate replay`: SPEC.md's replay format through a store (in-memory by default),
+//! `sluicegate replay`: docs/SPEC.md's replay format through a store (in-memory by default),
 //! deciding with the caller's timestamps.
 //!
 //! Input lines are `time_us,key,cost[,request_id]`, ordered by time; blank lines and lines

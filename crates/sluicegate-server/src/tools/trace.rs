@@ -1,4 +1,4 @@
-//! `sluicegate trace`: synthetic traffic in SPEC.md's replay CSV (`time_us,key,cost`),
+//! `sluicegate trace`: synthetic traffic in docs/SPEC.md's replay CSV (`time_us,key,cost`),
 //! deterministic for a seed.
 
 use std::f64::consts::TAU;

@@ -1,4 +1,4 @@
-//! A trace on disk, read request by request: SPEC.md's replay CSV or access logs.
+//! A trace on disk, read request by request: docs/SPEC.md's replay CSV or access logs.
 
 use std::fs::File;
 use std::io::{self, BufRead, Read, Seek, SeekFrom};
@@ -12,7 +12,7 @@ use super::replay;
 /// The formats a trace file can be in.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum TraceFormat {
-    /// SPEC.md's replay CSV: time_us,key,cost[,request_id].
+    /// docs/SPEC.md's replay CSV: time_us,key,cost[,request_id].
     Csv,
     /// Common or Combined Log Format access logs.
     Clf,

@@ -1,4 +1,4 @@
-//! The Rust reference of SPEC.md: every algorithm as pure state transitions, no I/O and no
+//! The Rust reference of docs/SPEC.md: every algorithm as pure state transitions, no I/O and no
 //! clock reads. Stores only make them atomic (the in-memory store runs them under a lock;
 //! the Redis scripts re-implement them and are held to them by differential tests).
 //!
@@ -253,7 +253,7 @@ pub(crate) fn refusal_after_admission(
     }
 }
 
-/// Evaluates one check against several rules (SPEC.md, "Several rules in one check"):
+/// Evaluates one check against several rules (docs/SPEC.md, "Several rules in one check"):
 /// `states[i]` belongs to `rules[i]`. Nothing is recorded; pass the evaluations to
 /// [`finish_all`], which records only if every rule allows.
 pub(crate) fn evaluate_all(

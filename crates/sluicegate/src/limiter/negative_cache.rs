@@ -5,7 +5,7 @@
 //! only answer is a refusal, and it gives it only while the store would refuse too:
 //!
 //! - `retry_after` is the wait before a request *of the same cost, under the same limits*
-//!   could be allowed *with no other traffic* (SPEC.md). Other traffic only takes units,
+//!   could be allowed *with no other traffic* (docs/SPEC.md). Other traffic only takes units,
 //!   and a refused check takes none, so with any traffic the wait can only be longer. So
 //!   an entry answers only checks with the same limits and the same cost. (The answer's
 //!   `remaining` is as the store last reported it.)

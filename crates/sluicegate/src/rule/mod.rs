@@ -1,4 +1,4 @@
-//! Rules: an algorithm with its parameters, every bound of SPEC.md checked once, when the
+//! Rules: an algorithm with its parameters, every bound of docs/SPEC.md checked once, when the
 //! rule is built, so that no check can later meet arithmetic it cannot do exactly.
 
 mod spec;
@@ -28,7 +28,7 @@ pub const MAX_ZSET_LOG_LIMIT: u64 = 999_999_999;
 /// unit (and a 24-byte header) within Redis' 512 MiB.
 pub const MAX_COMPACT_LOG_LIMIT: u64 = (512 * 1024 * 1024 - 24) / 8;
 
-/// The sliding-counter default number of sub-buckets (SPEC.md).
+/// The sliding-counter default number of sub-buckets (docs/SPEC.md).
 pub const DEFAULT_BUCKETS: u64 = 10;
 
 /// A validated rule. Cheap to clone.
@@ -56,7 +56,7 @@ struct RuleInner {
 }
 
 impl Rule {
-    /// Validates `spec` against every bound of SPEC.md. `name` tells rules apart: two rules
+    /// Validates `spec` against every bound of docs/SPEC.md. `name` tells rules apart: two rules
     /// with different names never share state, even with the same parameters.
     pub fn new(name: &str, spec: &RuleSpec) -> Result<Rule, RuleError> {
         let RuleSpec {

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// The five algorithms of SPEC.md.
+/// The five algorithms of docs/SPEC.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// Exact sliding-window log: every admitted unit is remembered for one window.
@@ -20,7 +20,7 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    /// Every algorithm, in SPEC.md's order.
+    /// Every algorithm, in docs/SPEC.md's order.
     pub const ALL: [Algorithm; 5] = [
         Algorithm::SlidingLog,
         Algorithm::SlidingCounter,
@@ -29,7 +29,7 @@ impl Algorithm {
         Algorithm::LeakyBucket,
     ];
 
-    /// The name used in configuration, on the command line and in SPEC.md.
+    /// The name used in configuration, on the command line and in docs/SPEC.md.
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::SlidingLog => "sliding-log",
@@ -141,7 +141,7 @@ impl RuleSpec {
     }
 }
 
-/// A rule that breaks a bound of SPEC.md: names the field and says which bound.
+/// A rule that breaks a bound of docs/SPEC.md: names the field and says which bound.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleError {
     field: &'static str,

@@ -97,7 +97,7 @@ impl<'a> Check<'a> {
 /// refused (Envoy's per-descriptor statuses).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
-    /// The combined decision (SPEC.md, "Several rules in one check").
+    /// The combined decision (docs/SPEC.md, "Several rules in one check").
     pub decision: Decision,
     /// Each limit's decision when the check named several; empty for one, whose decision
     /// is `decision` (a one-limit check, the common case, allocates nothing).
@@ -169,6 +169,6 @@ impl Outcome {
 
 /// A store of rate-limit state.
 pub trait Store: Send + Sync {
-    /// Decides `check` atomically (SPEC.md). An error means nothing was decided.
+    /// Decides `check` atomically (docs/SPEC.md). An error means nothing was decided.
     fn check(&self, check: &Check<'_>) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
 }

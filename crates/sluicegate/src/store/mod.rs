@@ -1,5 +1,5 @@
 //! Stores keep the state of every (rule, key) and decide checks atomically. Every store
-//! gives the same decisions for the same checks (SPEC.md); tests hold them to it.
+//! gives the same decisions for the same checks (docs/SPEC.md); tests hold them to it.
 
 mod any;
 pub(crate) mod check;

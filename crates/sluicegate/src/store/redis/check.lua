@@ -1,4 +1,4 @@
--- sluicegate: checks of one or more rules each, every check atomic (SPEC.md).
+-- sluicegate: checks of one or more rules each, every check atomic (docs/SPEC.md).
 --
 -- The Rust algorithms (crates/sluicegate/src/algorithm/) are the reference; this script
 -- re-implements them and differential tests hold the two together. In each check every
@@ -160,7 +160,7 @@ local function rule_of(i, spec, q, keys_per_rule)
 end
 
 -- Give back an admission of `cost` made at `at` (a later rule in another hash slot refused
--- the check; SPEC.md, several rules). Units recorded at one instant are indistinguishable,
+-- the check; docs/SPEC.md, several rules). Units recorded at one instant are indistinguishable,
 -- so removing `cost` of them at that instant restores the state.
 local function give_back(r, at, cost, request_id)
   if r.algorithm == 1 and r.layout == 0 then

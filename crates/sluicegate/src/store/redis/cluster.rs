@@ -31,7 +31,7 @@ pub(super) fn slot_groups(check: &Check<'_>) -> Vec<Vec<usize>> {
 }
 
 /// A check whose limits live in several Redis Cluster hash slots cannot be one script.
-/// SPEC.md: apply the slots' groups in order, each atomic in itself; when a group
+/// docs/SPEC.md: apply the slots' groups in order, each atomic in itself; when a group
 /// refuses, give back what the earlier groups took, and answer every group as the
 /// refused check it became. Between a group's admission and its give-back, another
 /// client may see those units taken: the only departure from atomicity. If the give-back
