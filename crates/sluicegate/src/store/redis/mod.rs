@@ -1,4 +1,4 @@
-//! The Redis store: one Lua script decides each check (`check.lua`), Redis `TIME` as the
+//! The Redis store: one Lua script decides each check (`lua/`), Redis `TIME` as the
 //! clock, on a single server or a Redis Cluster. On a single server the checks in flight
 //! together share script calls (see `Batcher`); each is still decided alone and atomically.
 //!
@@ -28,8 +28,43 @@ use super::{Check, Limit, Outcome, Store, StoreError};
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::{Algorithm, LogLayout, Rule};
 
-/// The check script; see its header for the arguments.
-const CHECK_SCRIPT: &str = include_str!("check.lua");
+/// The check script, joined from its pieces in this order (each uses only the ones before
+/// it); see the header of `prelude.lua` for the arguments.
+const CHECK_SCRIPT: &str = concat!(
+    include_str!("lua/prelude.lua"),
+    include_str!("lua/sliding_log.lua"),
+    include_str!("lua/sliding_counter.lua"),
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/gcra.lua"),
+    include_str!("lua/main.lua"),
+);
+
+/// The codes of the script's arguments and reply: they must match the constants of the
+/// same names in `lua/prelude.lua` (which has no `DRY`: any mode other than `CHECK` and
+/// `UNDO` is a dry run there).
+mod code {
+    pub(super) const SLIDING_LOG: u64 = 1;
+    pub(super) const SLIDING_COUNTER: u64 = 2;
+    pub(super) const FIXED_WINDOW: u64 = 3;
+    pub(super) const TOKEN_BUCKET: u64 = 4;
+    pub(super) const LEAKY_BUCKET: u64 = 5;
+
+    /// A sliding log's layout.
+    pub(super) const ZSET: u64 = 0;
+    pub(super) const COMPACT: u64 = 1;
+
+    /// Modes.
+    pub(super) const CHECK: &str = "check";
+    pub(super) const DRY: &str = "dry";
+    pub(super) const UNDO: &str = "undo";
+
+    /// Bits of a rule's status.
+    pub(super) const ALLOWS: i64 = 1;
+    pub(super) const RECORDED: i64 = 2;
+
+    /// What an undo answers.
+    pub(super) const GIVEN_BACK: i64 = 1;
+}
 
 /// Settings of a [`RedisStore`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -519,7 +554,10 @@ fn rule_spec(rule: &Rule) -> RuleSpec {
         rule.buckets(),
         rule.capacity(),
         rule.emission_interval(),
-        u64::from(rule.layout() == LogLayout::Compact),
+        match rule.layout() {
+            LogLayout::Zset => code::ZSET,
+            LogLayout::Compact => code::COMPACT,
+        },
     ]
 }
 
@@ -574,7 +612,7 @@ fn invocation<'s>(script: &'s Script, checks: &[ScriptCheck]) -> redis::ScriptIn
                 .position(|known| known == spec)
                 .expect("every rule of every check was collected");
             invocation.arg(number);
-            if shape.mode == Mode::UNDO {
+            if shape.mode == code::UNDO {
                 match recorded_at {
                     Some(at) => invocation.arg(at),
                     None => invocation.arg(""),
@@ -622,8 +660,8 @@ fn split_answers(
             Some(redis::Value::BulkString(text)) => Err(CallError::Check(
                 String::from_utf8_lossy(&text).into_owned(),
             )),
-            Some(redis::Value::Int(1)) if check.mode == Mode::UNDO => Ok(Vec::new()),
-            Some(redis::Value::Int(first)) if check.mode != Mode::UNDO => {
+            Some(redis::Value::Int(code::GIVEN_BACK)) if check.mode == code::UNDO => Ok(Vec::new()),
+            Some(redis::Value::Int(first)) if check.mode != code::UNDO => {
                 let mut fields = vec![first];
                 while fields.len() < ROW_FIELDS * check.rules.len() {
                     match values.next() {
@@ -767,13 +805,11 @@ enum Mode<'a> {
 }
 
 impl Mode<'_> {
-    const UNDO: &'static str = "undo";
-
     fn name(self) -> &'static str {
         match self {
-            Mode::Check => "check",
-            Mode::Dry => "dry",
-            Mode::Undo(_) => Self::UNDO,
+            Mode::Check => code::CHECK,
+            Mode::Dry => code::DRY,
+            Mode::Undo(_) => code::UNDO,
         }
     }
 }
@@ -793,7 +829,7 @@ impl Row {
         let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
         Row {
             decision: Decision {
-                allowed: status & 1 == 1,
+                allowed: status & code::ALLOWS != 0,
                 limit,
                 remaining: unsigned(remaining),
                 retry_after: if retry < 0 {
@@ -804,18 +840,18 @@ impl Row {
                 reset_after: unsigned(reset),
                 delay: unsigned(delay),
             },
-            recorded_at: (status & 2 == 2).then(|| unsigned(at)),
+            recorded_at: (status & code::RECORDED != 0).then(|| unsigned(at)),
         }
     }
 }
 
 fn algorithm_code(algorithm: Algorithm) -> u64 {
     match algorithm {
-        Algorithm::SlidingLog => 1,
-        Algorithm::SlidingCounter => 2,
-        Algorithm::FixedWindow => 3,
-        Algorithm::TokenBucket => 4,
-        Algorithm::LeakyBucket => 5,
+        Algorithm::SlidingLog => code::SLIDING_LOG,
+        Algorithm::SlidingCounter => code::SLIDING_COUNTER,
+        Algorithm::FixedWindow => code::FIXED_WINDOW,
+        Algorithm::TokenBucket => code::TOKEN_BUCKET,
+        Algorithm::LeakyBucket => code::LEAKY_BUCKET,
     }
 }
 
