@@ -1,4 +1,4 @@
-//! The Redis store: one Lua script decides each check (`check.lua`), Redis `TIME` as the
+//! The Redis store: one Lua script decides each check (`lua/`), Redis `TIME` as the
 //! clock, on a single server or a Redis Cluster. On a single server the checks in flight
 //! together share script calls (see `batcher`); each is still decided alone and atomically.
 //!

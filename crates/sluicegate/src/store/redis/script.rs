@@ -12,8 +12,43 @@ use crate::decision::{Decision, RetryAfter};
 use crate::rule::{Algorithm, LogLayout, Rule};
 use crate::store::check::Check;
 
-/// The check script; see its header for the arguments.
-pub(super) const CHECK_SCRIPT: &str = include_str!("check.lua");
+/// The check script, joined from its pieces in this order (each uses only the ones before
+/// it); see the header of `lua/prelude.lua` for the arguments.
+pub(super) const CHECK_SCRIPT: &str = concat!(
+    include_str!("lua/prelude.lua"),
+    include_str!("lua/sliding_log.lua"),
+    include_str!("lua/sliding_counter.lua"),
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/gcra.lua"),
+    include_str!("lua/main.lua"),
+);
+
+/// The codes of the script's arguments and reply: they must match the constants of the
+/// same names in `lua/prelude.lua` (which has no `DRY`: any mode other than `CHECK` and
+/// `UNDO` is a dry run there).
+mod code {
+    pub(super) const SLIDING_LOG: u64 = 1;
+    pub(super) const SLIDING_COUNTER: u64 = 2;
+    pub(super) const FIXED_WINDOW: u64 = 3;
+    pub(super) const TOKEN_BUCKET: u64 = 4;
+    pub(super) const LEAKY_BUCKET: u64 = 5;
+
+    /// A sliding log's layout.
+    pub(super) const ZSET: u64 = 0;
+    pub(super) const COMPACT: u64 = 1;
+
+    /// Modes.
+    pub(super) const CHECK: &str = "check";
+    pub(super) const DRY: &str = "dry";
+    pub(super) const UNDO: &str = "undo";
+
+    /// Bits of a rule's status.
+    pub(super) const ALLOWS: i64 = 1;
+    pub(super) const RECORDED: i64 = 2;
+
+    /// What an undo answers.
+    pub(super) const GIVEN_BACK: i64 = 1;
+}
 
 /// What the script is asked to do (its ARGV[4]).
 #[derive(Clone, Copy)]
@@ -27,13 +62,11 @@ pub(super) enum Mode<'a> {
 }
 
 impl Mode<'_> {
-    const UNDO: &'static str = "undo";
-
     fn name(self) -> &'static str {
         match self {
-            Mode::Check => "check",
-            Mode::Dry => "dry",
-            Mode::Undo(_) => Self::UNDO,
+            Mode::Check => code::CHECK,
+            Mode::Dry => code::DRY,
+            Mode::Undo(_) => code::UNDO,
         }
     }
 }
@@ -53,7 +86,7 @@ impl Row {
         let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
         Row {
             decision: Decision {
-                allowed: status & 1 == 1,
+                allowed: status & code::ALLOWS != 0,
                 limit,
                 remaining: unsigned(remaining),
                 retry_after: if retry < 0 {
@@ -64,7 +97,7 @@ impl Row {
                 reset_after: unsigned(reset),
                 delay: unsigned(delay),
             },
-            recorded_at: (status & 2 == 2).then(|| unsigned(at)),
+            recorded_at: (status & code::RECORDED != 0).then(|| unsigned(at)),
         }
     }
 }
@@ -98,17 +131,20 @@ fn rule_spec(rule: &Rule) -> RuleSpec {
         rule.buckets(),
         rule.capacity(),
         rule.emission_interval(),
-        u64::from(rule.layout() == LogLayout::Compact),
+        match rule.layout() {
+            LogLayout::Zset => code::ZSET,
+            LogLayout::Compact => code::COMPACT,
+        },
     ]
 }
 
 fn algorithm_code(algorithm: Algorithm) -> u64 {
     match algorithm {
-        Algorithm::SlidingLog => 1,
-        Algorithm::SlidingCounter => 2,
-        Algorithm::FixedWindow => 3,
-        Algorithm::TokenBucket => 4,
-        Algorithm::LeakyBucket => 5,
+        Algorithm::SlidingLog => code::SLIDING_LOG,
+        Algorithm::SlidingCounter => code::SLIDING_COUNTER,
+        Algorithm::FixedWindow => code::FIXED_WINDOW,
+        Algorithm::TokenBucket => code::TOKEN_BUCKET,
+        Algorithm::LeakyBucket => code::LEAKY_BUCKET,
     }
 }
 
@@ -200,7 +236,7 @@ pub(super) fn invocation<'s>(
                 .position(|known| known == spec)
                 .expect("every rule of every check was collected");
             invocation.arg(number);
-            if shape.mode == Mode::UNDO {
+            if shape.mode == code::UNDO {
                 match recorded_at {
                     Some(at) => invocation.arg(at),
                     None => invocation.arg(""),
@@ -237,8 +273,8 @@ pub(super) fn split_answers(
             Some(redis::Value::BulkString(text)) => Err(CallError::Check(
                 String::from_utf8_lossy(&text).into_owned(),
             )),
-            Some(redis::Value::Int(1)) if check.mode == Mode::UNDO => Ok(Vec::new()),
-            Some(redis::Value::Int(first)) if check.mode != Mode::UNDO => {
+            Some(redis::Value::Int(code::GIVEN_BACK)) if check.mode == code::UNDO => Ok(Vec::new()),
+            Some(redis::Value::Int(first)) if check.mode != code::UNDO => {
                 let mut fields = vec![first];
                 while fields.len() < ROW_FIELDS * check.rules.len() {
                     match values.next() {

@@ -1,0 +1,241 @@
+-- The call: its arguments (see prelude.lua's header), its checks, in order, and the reply.
+
+-- The rules of the check being decided, by position, reused from check to check: a table
+-- built per check costs about as much as a Redis command. rule_of resets every field that
+-- evaluating a rule reads before it writes; the algorithms' other fields are always
+-- written first. A slot is built whole, once: fields added one by one would rehash it.
+local rule_slots = {}
+local function new_rule_slot()
+  return {
+    spec = false, algorithm = 0, limit = 0, window = 0, buckets = 0, capacity = 0,
+    interval = 0, key = false, ids = false, releases = false, now = 0, latest = false,
+    live = 0, expired = 0, cutoff = 0, head = 0, count = 0, new_key = false,
+    repeat_release = false, verdict = false,
+    evaluate = false, record = false, answer = false, give_back = false,
+  }
+end
+
+-- The steps of each rule of the call, by where its RULE_VALUES values start in ARGV (its
+-- spec), made once for each algorithm (and layout) the call's rules use (see prelude.lua):
+-- {evaluate, record, answer, give_back}. Decided here, in the chunk itself rather than in
+-- a function of it, the algorithms and their makers cost no upvalues.
+local spec_count = tonumber(argv[1])
+local steps_of_spec, made_steps = {}, {}
+for spec = 1, RULE_VALUES * spec_count, RULE_VALUES do
+  local algorithm, layout = tonumber(argv[spec + 1]), tonumber(argv[spec + 7])
+  local make
+  if algorithm == SLIDING_LOG and layout == ZSET then
+    make = zset_log_steps
+  elseif algorithm == SLIDING_LOG and layout == COMPACT then
+    make = compact_log_steps
+  elseif algorithm == SLIDING_COUNTER then
+    make = sliding_counter_steps
+  elseif algorithm == FIXED_WINDOW then
+    make = fixed_window_steps
+  elseif algorithm == TOKEN_BUCKET or algorithm == LEAKY_BUCKET then
+    make = gcra_steps
+  else
+    error(format('unknown algorithm %s (layout %s)', argv[spec + 1], argv[spec + 7]))
+  end
+  local steps = made_steps[make]
+  if not steps then
+    steps = {make()}
+    made_steps[make] = steps
+  end
+  steps_of_spec[spec] = steps
+end
+
+-- Rule `i` of a check: its spec, its keys, and room for what evaluating it finds. A slot
+-- takes up a rule's values, and its steps as methods, when it changes rule, so that no
+-- check branches on the algorithm.
+local function rule_of(i, spec, q, keys_per_rule)
+  local r = rule_slots[i]
+  if not r then
+    r = new_rule_slot()
+    rule_slots[i] = r
+  end
+  if r.spec ~= spec then
+    r.spec = spec
+    r.algorithm, r.limit = tonumber(argv[spec + 1]), tonumber(argv[spec + 2])
+    r.window, r.buckets = tonumber(argv[spec + 3]), tonumber(argv[spec + 4])
+    r.capacity, r.interval = tonumber(argv[spec + 5]), tonumber(argv[spec + 6])
+    local steps = steps_of_spec[spec]
+    r.evaluate, r.record, r.answer, r.give_back = steps[1], steps[2], steps[3], steps[4]
+  end
+  r.key = keys[q + 1]
+  r.now, r.latest, r.live, r.expired, r.cutoff = 0, false, 0, 0, 0
+  r.head, r.count, r.new_key, r.repeat_release = 0, 0, false, false
+  if keys_per_rule == 3 then
+    r.ids, r.releases = keys[q + 2], keys[q + 3]
+  end
+  return r
+end
+
+-- Give back an admission of `cost` made at the times `shape.undo_at` gives per rule (a
+-- later rule in another hash slot refused the check; docs/SPEC.md, several rules). Units
+-- recorded at one instant are indistinguishable, so removing `cost` of them at that
+-- instant restores the state.
+local function give_back_check(shape, k)
+  local cost, request_id, keys_per_rule = shape.cost, shape.request_id, shape.keys_per_rule
+  for i = 1, shape.rule_count do
+    local at = shape.undo_at[i]
+    -- No time: this rule recorded nothing (a retried request id), nothing to give back.
+    if at then
+      local r = rule_of(i, shape.specs[i], k + (i - 1) * keys_per_rule, keys_per_rule)
+      r:give_back(at, cost)
+      if request_id ~= '' then
+        call('ZREM', r.ids, request_id)
+        call('HDEL', r.releases, request_id)
+      end
+    end
+  end
+end
+
+-- Forget the request ids whose admissions no longer count, then remember this one: until
+-- its admission stops counting (`reset` from now), and when it waits, until when.
+local function remember_request(r, request_id, reset, delay, margin)
+  local now = r.now
+  local gone = call('ZRANGEBYSCORE', r.ids, '-inf', int(now))
+  for g = 1, #gone, 1000 do
+    local chunk = {unpack(gone, g, min(g + 999, #gone))}
+    call('ZREM', r.ids, unpack(chunk))
+    call('HDEL', r.releases, unpack(chunk))
+  end
+  call('ZADD', r.ids, int(now + reset), request_id)
+  call('PEXPIRE', r.ids, ttl_ms(reset, margin))
+  if delay > 0 then
+    call('HSET', r.releases, request_id, int(now + delay))
+    call('PEXPIRE', r.releases, ttl_ms(reset, margin))
+  end
+end
+
+local results, result_count = {}, 0
+
+-- One check of the given shape, its keys after KEYS index `k`; appends its numbers to
+-- `results`.
+local function run_check(shape, k)
+  if shape.undo then
+    give_back_check(shape, k)
+    result_count = result_count + 1
+    results[result_count] = GIVEN_BACK
+    return
+  end
+  local cost, request_id, rule_count, specs = shape.cost, shape.request_id, shape.rule_count,
+    shape.specs
+  local keys_per_rule, units = shape.keys_per_rule, max(cost, 1)
+  local t = shape.t or redis_time()
+
+  -- Phase 1: evaluate every rule, reading only.
+  local all_allow = not shape.dry
+  for i = 1, rule_count do
+    local r = rule_of(i, specs[i], k + (i - 1) * keys_per_rule, keys_per_rule)
+    local fits = r:evaluate(t, units)
+    if request_id ~= '' then
+      local expires = tonumber(call('ZSCORE', r.ids, request_id))
+      if expires and expires > r.now then
+        r.repeat_release = tonumber(call('HGET', r.releases, request_id)) or 0
+      end
+    end
+    if r.repeat_release then
+      r.verdict = 'repeat'
+    elseif units > r.capacity then
+      r.verdict = 'never'
+      all_allow = false
+    elseif fits then
+      r.verdict = 'fits'
+    else
+      r.verdict = 'over'
+      all_allow = false
+    end
+  end
+
+  -- Phase 2: record in every rule, or in none, and answer.
+  for i = 1, rule_count do
+    local r = rule_slots[i]
+    local now, verdict = r.now, r.verdict
+    local fits = all_allow and verdict == 'fits'
+    local recorded = fits and cost > 0
+    if recorded then
+      r:record(cost, shape.margin)
+    end
+    local remaining, retry, reset, delay = r:answer(fits, verdict == 'over', units)
+    local status = (verdict == 'fits' or verdict == 'repeat') and ALLOWS or 0
+    if verdict == 'never' then
+      retry = NEVER
+    elseif verdict == 'repeat' then
+      -- Admitted before and still counting: allowed again, nothing recorded.
+      retry = 0
+      delay = all_allow and max(r.repeat_release - now, 0) or 0
+    end
+    if recorded and request_id ~= '' then
+      remember_request(r, request_id, reset, delay, shape.margin)
+    end
+    local n = result_count
+    results[n + 1] = recorded and status + RECORDED or status
+    results[n + 2] = remaining
+    results[n + 3] = retry
+    results[n + 4] = reset
+    results[n + 5] = delay
+    results[n + 6] = now
+    result_count = n + 6
+  end
+end
+
+-- The shapes of the call's checks: what a check asks, but for its keys. Checks that ask the
+-- same (the same rules, cost, mode, no request id, Redis TIME: the common case under load)
+-- share a shape, so a check costs one argument, and none when a call has one shape.
+local shapes = {}
+local p = 2 + RULE_VALUES * spec_count
+local shape_count = tonumber(argv[p])
+for h = 1, shape_count do
+  local rule_count, undo = tonumber(argv[p + 5]), argv[p + 4] == UNDO
+  -- t: the client's time, or false for Redis TIME; margin: see ttl_ms. keys_per_rule: the
+  -- state, and with a request id, its request ids and release times (KEYS). dry: any mode
+  -- but CHECK and UNDO.
+  local shape = {
+    t = tonumber(argv[p + 1]) or false, margin = argv[p + 1] == '' and 0 or 60000,
+    cost = tonumber(argv[p + 2]), request_id = argv[p + 3],
+    undo = undo, dry = argv[p + 4] ~= CHECK, keys_per_rule = argv[p + 3] == '' and 1 or 3,
+    rule_count = rule_count, specs = {}, undo_at = undo and {},
+  }
+  for i = 1, rule_count do
+    if undo then
+      shape.specs[i] = 1 + RULE_VALUES * (tonumber(argv[p + 4 + 2 * i]) - 1)
+      shape.undo_at[i] = tonumber(argv[p + 5 + 2 * i])
+    else
+      shape.specs[i] = 1 + RULE_VALUES * (tonumber(argv[p + 5 + i]) - 1)
+    end
+  end
+  shapes[h] = shape
+  p = p + 5 + rule_count * (undo and 2 or 1)
+end
+
+-- The checks, in order, each its shape's number. One pcall covers a run of checks (a pcall
+-- per check costs more than the rest of a check's Lua): when a check fails, its numbers
+-- are dropped, its error takes their place, and the run goes on from the next check.
+local check_count = tonumber(argv[p + 1])
+local done, k = 0, 0
+-- Where the current check's keys and answer start, and where the next check's keys do.
+local next_k, answer_start = 0, 0
+local function run_checks()
+  while done < check_count do
+    local shape = shape_count == 1 and shapes[1] or shapes[tonumber(argv[p + 2 + done])]
+    next_k = k + shape.rule_count * shape.keys_per_rule
+    answer_start = result_count
+    run_check(shape, k)
+    k, done = next_k, done + 1
+  end
+end
+while done < check_count do
+  local ok, failure = pcall(run_checks)
+  if not ok then
+    -- A Redis error arrives as a table {err = text}; anything else is this script's bug.
+    for i = result_count, answer_start + 1, -1 do
+      results[i] = nil
+    end
+    result_count = answer_start + 1
+    results[result_count] = type(failure) == 'table' and failure.err or tostring(failure)
+    k, done = next_k, done + 1
+  end
+end
+return results

@@ -1,0 +1,119 @@
+-- sluicegate: checks of one or more rules each, every check atomic (docs/SPEC.md).
+--
+-- One script in pieces, which store/redis/mod.rs joins in this order: prelude.lua (shared
+-- helpers, the codes of the arguments), one piece per algorithm (sliding_log.lua,
+-- sliding_counter.lua, fixed_window.lua, gcra.lua), and main.lua (the arguments, the
+-- checks, the reply). A piece uses only what the pieces before it define. Joined, they
+-- are one chunk, so every name is one of its locals: a global lookup costs more.
+--
+-- An algorithm's piece is a function that makes its four steps, which a rule then calls as
+-- its methods: evaluate(r, t, units) reads the rule's state and says whether `units` fit;
+-- record(r, cost, margin) records an admission; answer(r, admitted, over, units) returns
+-- remaining, retry_after, reset_after and delay; give_back(r, at, cost) undoes an
+-- admission. Lua makes a script's functions anew on every call (and each of their
+-- upvalues): main.lua makes only the steps of the algorithms the call's rules use.
+--
+-- The Rust algorithms (crates/sluicegate/src/algorithm/) are the reference; this script
+-- re-implements them and differential tests hold the two together. In each check every
+-- rule is evaluated first (reads only); only if all allow does each record. A refused
+-- check writes nothing.
+--
+-- One call may carry several independent checks (the store batches checks that are in
+-- flight together): each is decided as if it were alone, in order, and one that fails
+-- (a key of the wrong type) fails alone.
+--
+-- Cost, not style, shapes this code: on Redis 7.0 each redis.call costs about 0.5 µs,
+-- each table built 0.3 µs, each number in the reply 0.1 µs, against a whole check of a
+-- few µs (measured; docs/BENCHMARKS.md). So a call describes its rules and its shapes of
+-- check once and checks refer to them, and tables are few. Times and TTLs are written with
+-- string.format('%d') (exact below 2^53 where Lua's integer format is 64-bit, checked
+-- below; tostring keeps only 14 digits), once per call: glibc writes a 16-digit number
+-- through '%.0f', or through the "%.17g" Redis uses for a Lua number argument, three times
+-- slower. Offsets go as Lua numbers; exclusive bounds are written `x + 1` (every time is a
+-- whole µs).
+--
+-- ARGV     the number of rules S, then RULE_VALUES (7) values per rule: algorithm
+--          (SLIDING_LOG … LEAKY_BUCKET, below), limit L, window W (µs), buckets N,
+--          capacity, emission interval T (µs), layout (ZSET or COMPACT; sliding-log only).
+--          Then the number of check shapes H, and per shape:
+--            client time in µs, or '' for Redis TIME (read once per call)
+--            cost (0 is a peek: answers as a cost of 1, records nothing)
+--            request id, or ''
+--            mode: CHECK; 'dry' (answer as if another rule had refused: record
+--              nothing); UNDO (give back an admission of `cost` made at the times
+--              given per rule)
+--            number of rules R, then per rule its number among the S rules (from 1) and,
+--              for UNDO only, the time the admission was recorded at ('' for none)
+--          Then the number of checks C, and when H > 1, per check the number of its shape
+--          (from 1).
+-- KEYS     per check and rule: the state; and when the check has a request id, its
+--          request ids (zset id -> expiry) and release times (hash) too.
+--
+-- Returns one flat array: per check, 6 numbers per rule {status (ALLOWS if the rule
+-- allows, plus RECORDED if this call recorded units), remaining, retry_after (NEVER if no
+-- wait will do), reset_after, delay, time decided at}; for an UNDO, the single number
+-- GIVEN_BACK; for a check that failed, in place of its numbers, the error's text. Every
+-- number stays below 2^53 (rules are validated for it).
+
+-- The codes of the arguments and the reply, by name. store/redis/mod.rs (`mod code`)
+-- names the same codes: the two must match.
+local SLIDING_LOG, SLIDING_COUNTER, FIXED_WINDOW, TOKEN_BUCKET, LEAKY_BUCKET = 1, 2, 3, 4, 5
+local ZSET, COMPACT = 0, 1
+-- The modes the script tells apart; 'dry' is evaluated as CHECK is, but never records.
+local CHECK, UNDO = 'check', 'undo'
+local ALLOWS, RECORDED = 1, 2
+local NEVER = -1
+local GIVEN_BACK = 1
+local RULE_VALUES = 7
+
+local call = redis.call
+local floor, max, min = math.floor, math.max, math.min
+local format, tonumber = string.format, tonumber
+local pack, unpack_struct = struct.pack, struct.unpack
+local argv, keys = ARGV, KEYS
+
+-- How a whole number is written: '%d' where Lua's integer format holds 2^53 exactly (a
+-- 64-bit long), '%.0f' otherwise.
+local INT = format('%d', 2 ^ 53) == '9007199254740992' and '%d' or '%.0f'
+
+-- Whole numbers as Redis arguments, each written once per call: a call's checks mostly
+-- share their times (Redis TIME is read once per call), so the same few come up again
+-- and again.
+local written = {}
+local function int(x)
+  local s = written[x]
+  if not s then
+    s = format(INT, x)
+    written[x] = s
+  end
+  return s
+end
+
+-- floor(x / y) for integers, exact even where the double quotient rounds to the next one.
+local function div(x, y)
+  local q = floor(x / y)
+  if q * y > x then
+    q = q - 1
+  elseif (q + 1) * y <= x then
+    q = q + 1
+  end
+  return q
+end
+
+local server_time
+local function redis_time()
+  if not server_time then
+    local now = call('TIME')
+    server_time = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  end
+  return server_time
+end
+
+-- Redis expires keys on its own clock. A check that carries its own time (replay, tests)
+-- may run that time far faster than Redis's, so such keys get a minute more (`margin`);
+-- with Redis TIME the TTL is exact. PEXPIRE takes ms: µs round up, so a key never expires
+-- before its state stops mattering. Written as a string (int): most checks of a call
+-- share their TTL.
+local function ttl_ms(micros, margin)
+  return int(max(1, floor((micros + 999) / 1000)) + margin)
+end

@@ -1,0 +1,251 @@
+-- sliding-log (algorithm/sliding_log.rs): the time of every admitted unit, for a window W;
+-- a check fits when its units and the live entries (those later than now - W) are at most
+-- L. Two layouts of the same log (rule.rs, LogLayout):
+--   ZSET     a sorted set, score = time, one member per unit (see its record); its
+--            newest entry is the key's latest admission.
+--   COMPACT  one string: a COMPACT_HEADER-byte header (head, count, latest time) and a
+--            ring of L 8-byte times, oldest at head.
+-- Evaluating leaves in the rule: now, cutoff (now - W: an entry at or before it has
+-- expired), count (entries stored), expired (how many of them have; false while the zset
+-- has not counted them), live (count - expired) and latest (the key's latest time; false
+-- while the zset has not read it).
+
+-- The answer of either layout; `entry(r, i)` is the time of entry i (from 0, oldest
+-- first; -1 the newest, which only a zset that has not read its latest time asks for).
+local function answer_log(r, admitted, over, units, entry)
+  local limit, live, window, now = r.limit, r.live, r.window, r.now
+  if admitted then
+    return limit - live - units, 0, window, 0
+  end
+  local retry = 0
+  if over then
+    -- The check fits once the k-th live entry has expired.
+    local k = live + units - limit
+    retry = entry(r, r.expired + k - 1) + window - now
+  end
+  local reset = 0
+  if live > 0 then
+    reset = (r.latest or entry(r, -1)) + window - now
+  end
+  return max(limit - live, 0), retry, reset, 0
+end
+
+-- The steps of the ZSET layout.
+local function zset_log_steps()
+  -- A member: "time:<digits of n><n>".
+  local MEMBER = INT .. ':%d' .. INT
+
+  -- Decimal digits of a whole number n >= 1.
+  local function digits(n)
+    local d = 1
+    while n >= 10 do
+      n = floor(n / 10)
+      d = d + 1
+    end
+    return d
+  end
+
+  local function entry(r, i)
+    return tonumber(call('ZRANGE', r.key, i, i, 'WITHSCORES')[2])
+  end
+
+  -- The live entries: all of them (r.count) less the expired ones, which are few and at the
+  -- front. (ZCOUNT of the live ones would walk them all, one by one in a small set's
+  -- listpack.)
+  local function count_live(r)
+    r.expired = call('ZCOUNT', r.key, '-inf', int(r.cutoff))
+    r.live = r.count - r.expired
+  end
+
+  local function evaluate(r, t, units)
+    local key = r.key
+    local total = call('ZCARD', key)
+    if total == 0 then
+      r.now = t
+      return units <= r.limit
+    end
+    -- Time clamps to the newest entry only when that is later than t (Redis' clock stepped
+    -- back, or a replay's time did): usually nothing is, and a count over the end of the set
+    -- says so without reading an entry.
+    if call('ZCOUNT', key, int(t + 1), '+inf') > 0 then
+      r.latest = entry(r, -1)
+    end
+    r.now = max(t, r.latest or 0)
+    r.cutoff = r.now - r.window
+    r.count = total
+    if total + units <= r.limit then
+      -- Fits whatever has expired; how much has is learnt when recording prunes it, or
+      -- counted if the check answers without recording.
+      r.expired = false
+      return true
+    end
+    count_live(r)
+    return r.live + units <= r.limit
+  end
+
+  local function record(r, cost, margin)
+    local key, now = r.key, r.now
+    if not r.expired then
+      r.expired = call('ZREMRANGEBYSCORE', key, '-inf', int(r.cutoff))
+      r.live = r.count - r.expired
+    elseif r.expired > 0 then
+      call('ZREMRANGEBYSCORE', key, '-inf', int(r.cutoff))
+    end
+    -- Member "time:n", n = live + u. After pruning the set holds exactly `live` entries, and
+    -- units at one instant are only added while it is the key's latest (time is clamped),
+    -- when nothing can be pruned: so the n of one instant run consecutively and never
+    -- repeat. n is written with its digit count first, so that members of one instant sort
+    -- by n (a give-back removes the highest).
+    if cost == 1 then
+      local n = r.live + 1
+      call('ZADD', key, int(now), format(MEMBER, now, digits(n), n))
+    else
+      local stamp = int(now)
+      local args = {}
+      for u = 1, cost do
+        local n = r.live + u
+        args[#args + 1] = stamp
+        args[#args + 1] = format(MEMBER, now, digits(n), n)
+        if #args >= 1000 then
+          call('ZADD', key, unpack(args))
+          args = {}
+        end
+      end
+      if #args > 0 then
+        call('ZADD', key, unpack(args))
+      end
+    end
+    call('PEXPIRE', key, ttl_ms(r.window, margin))
+  end
+
+  local function answer(r, admitted, over, units)
+    if not r.expired then
+      count_live(r)
+    end
+    return answer_log(r, admitted, over, units, entry)
+  end
+
+  -- Units recorded at one instant are indistinguishable: any `cost` members at `at` will do,
+  -- the highest n being the latest added.
+  local function give_back(r, at, cost)
+    local stamp = int(at)
+    local taken = call('ZREVRANGEBYSCORE', r.key, stamp, stamp, 'LIMIT', 0, cost)
+    if #taken > 0 then
+      call('ZREM', r.key, unpack(taken))
+    end
+  end
+
+  return evaluate, record, answer, give_back
+end
+
+-- The steps of the COMPACT layout.
+local function compact_log_steps()
+  local COMPACT_HEADER = 24
+  -- How many of the oldest entries evaluating reads at once (see evaluate).
+  local COMPACT_FRONT = 8
+
+  local function slot_offset(r, i)
+    return COMPACT_HEADER + 8 * ((r.head + i) % r.limit)
+  end
+
+  local function entry(r, i)
+    local o = slot_offset(r, i)
+    return (unpack_struct('<d', call('GETRANGE', r.key, o, o + 7)))
+  end
+
+  local function evaluate(r, t, units)
+    local header = call('GETRANGE', r.key, 0, COMPACT_HEADER - 1)
+    if #header == COMPACT_HEADER then
+      r.head, r.count, r.latest = unpack_struct('<ddd', header)
+    else
+      r.latest, r.new_key = 0, true
+    end
+    r.now = max(t, r.latest)
+    r.cutoff = r.now - r.window
+    -- Admissions drop what has expired, so what has expired since is usually a few of the
+    -- oldest entries: one read of up to COMPACT_FRONT of them finds where the live ones
+    -- start; only when all of those have expired does a binary search go on.
+    local front = r.count > 0 and min(r.count, COMPACT_FRONT, r.limit - r.head) or 0
+    if front > 0 then
+      local o = COMPACT_HEADER + 8 * r.head
+      local entries = call('GETRANGE', r.key, o, o + 8 * front - 1)
+      local expired = 0
+      while expired < front and unpack_struct('<d', entries, 8 * expired + 1) <= r.cutoff do
+        expired = expired + 1
+      end
+      r.expired = expired
+    end
+    if front > 0 and r.expired == front and front < r.count then
+      local low, high = front, r.count
+      while low < high do
+        local mid = floor((low + high) / 2)
+        if entry(r, mid) <= r.cutoff then
+          low = mid + 1
+        else
+          high = mid
+        end
+      end
+      r.expired = low
+    end
+    r.live = r.count - r.expired
+    return r.live + units <= r.limit
+  end
+
+  local function record(r, cost, margin)
+    local key, now, limit = r.key, r.now, r.limit
+    local run = string.rep(pack('<d', now), cost)
+    if r.new_key then
+      -- Allocated whole, once, with its TTL: growing by SETRANGE would let Redis
+      -- over-allocate.
+      call('SET', key, pack('<ddd', 0, cost, now) .. run
+        .. string.rep('\0', 8 * (limit - cost)), 'PX', ttl_ms(r.window, margin))
+      return
+    end
+    local head = (r.head + r.expired) % limit
+    local count = r.count - r.expired
+    -- The run may wrap around the end of the ring.
+    local first = (head + count) % limit
+    local fitting = min(cost, limit - first)
+    if fitting == cost then
+      call('SETRANGE', key, COMPACT_HEADER + 8 * first, run)
+    else
+      call('SETRANGE', key, COMPACT_HEADER + 8 * first, string.sub(run, 1, 8 * fitting))
+      call('SETRANGE', key, COMPACT_HEADER, string.sub(run, 8 * fitting + 1))
+    end
+    call('SETRANGE', key, 0, pack('<ddd', head, count + cost, now))
+    call('PEXPIRE', key, ttl_ms(r.window, margin))
+  end
+
+  local function answer(r, admitted, over, units)
+    return answer_log(r, admitted, over, units, entry)
+  end
+
+  local function give_back(r, at, cost)
+    local header = call('GETRANGE', r.key, 0, COMPACT_HEADER - 1)
+    if #header ~= COMPACT_HEADER then
+      return
+    end
+    r.head, r.count = unpack_struct('<dd', header)
+    -- The run of entries at `at` ends at the last index holding it; later ones shift back.
+    local last = r.count - 1
+    while last >= 0 and entry(r, last) > at do
+      last = last - 1
+    end
+    local first = last
+    while first > last - cost + 1 and first > 0 and entry(r, first - 1) == at do
+      first = first - 1
+    end
+    if last >= 0 and entry(r, last) == at then
+      local removed = last - first + 1
+      for j = last + 1, r.count - 1 do
+        call('SETRANGE', r.key, slot_offset(r, j - removed), pack('<d', entry(r, j)))
+      end
+      r.count = r.count - removed
+      -- The latest time is the newest entry left, as if the admission never was.
+      local latest = r.count > 0 and entry(r, r.count - 1) or 0
+      call('SETRANGE', r.key, 0, pack('<ddd', r.head, r.count, latest))
+    end
+  end
+
+  return evaluate, record, answer, give_back
+end
