@@ -1,39 +1,124 @@
 //! Envoy's rate-limit service, v3, over gRPC: `envoy.service.ratelimit.v3.RateLimitService/
 //! ShouldRateLimit`, answered by the one mapping of [`crate::envoy`].
+//!
+//! Served here rather than through envoy-types' generated server for one reason: that
+//! server decodes with tonic's prost codec, which answers a body that is no
+//! `RateLimitRequest` with INTERNAL, as if the fault were the server's. It is the
+//! client's, so it answers INVALID_ARGUMENT saying what was wrong, as all bad input does.
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::SERVICE_NAME;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
+use tonic::codegen::{Body, BoxFuture, StdError, http};
+use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Request, Response, Status};
+use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 use crate::envoy;
 use crate::service::{DecideError, Service};
 
-/// The RLS service over the shared service.
-struct Rls {
-    service: Arc<Service>,
-}
+/// The one method's path.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// The gRPC service as a router, to serve on its own or beside the HTTP API.
 pub(crate) fn router(service: Arc<Service>) -> axum::Router {
-    tonic::service::Routes::new(RateLimitServiceServer::new(Rls { service })).into_axum_router()
+    tonic::service::Routes::new(RlsServer { service }).into_axum_router()
 }
 
-#[tonic::async_trait]
-impl RateLimitService for Rls {
-    async fn should_rate_limit(
-        &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        envoy::should_rate_limit(&self.service, request.get_ref())
-            .await
-            .map(Response::new)
-            .map_err(|e| match e {
-                DecideError::Invalid(message) => Status::invalid_argument(message),
-                DecideError::Store(e) => Status::unavailable(e.to_string()),
-            })
+/// The RLS service over the shared service: routes `ShouldRateLimit`, refuses any other
+/// method as UNIMPLEMENTED.
+#[derive(Clone)]
+struct RlsServer {
+    service: Arc<Service>,
+}
+
+impl NamedService for RlsServer {
+    const NAME: &'static str = SERVICE_NAME;
+}
+
+impl<B> tonic::codegen::Service<http::Request<B>> for RlsServer
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() != SHOULD_RATE_LIMIT {
+            let method = request.uri().path().to_owned();
+            return Box::pin(async move {
+                Ok(Status::unimplemented(format!("no method {method}")).into_http())
+            });
+        }
+        let method = ShouldRateLimit(Arc::clone(&self.service));
+        Box::pin(async move { Ok(Grpc::new(RequestCodec).unary(method, request).await) })
+    }
+}
+
+/// `ShouldRateLimit` itself.
+struct ShouldRateLimit(Arc<Service>);
+
+impl UnaryService<RateLimitRequest> for ShouldRateLimit {
+    type Response = RateLimitResponse;
+    type Future = BoxFuture<Response<RateLimitResponse>, Status>;
+
+    fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
+        let service = Arc::clone(&self.0);
+        Box::pin(async move {
+            envoy::should_rate_limit(&service, request.get_ref())
+                .await
+                .map(Response::new)
+                .map_err(|e| match e {
+                    DecideError::Invalid(message) => Status::invalid_argument(message),
+                    DecideError::Store(e) => Status::unavailable(e.to_string()),
+                })
+        })
+    }
+}
+
+/// tonic's prost codec, with a body that does not decode answered as the client's error.
+#[derive(Clone, Copy)]
+struct RequestCodec;
+
+impl Codec for RequestCodec {
+    type Encode = RateLimitResponse;
+    type Decode = RateLimitRequest;
+    type Encoder = ProstEncoder<RateLimitResponse>;
+    type Decoder = RequestDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ProstCodec::<RateLimitResponse, RateLimitRequest>::default().encoder()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RequestDecoder(ProstCodec::<RateLimitResponse, RateLimitRequest>::default().decoder())
+    }
+}
+
+/// prost's decoder, its errors (INTERNAL) turned into INVALID_ARGUMENT.
+struct RequestDecoder(ProstDecoder<RateLimitRequest>);
+
+impl Decoder for RequestDecoder {
+    type Item = RateLimitRequest;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<RateLimitRequest>, Status> {
+        self.0.decode(buf).map_err(|e| {
+            Status::invalid_argument(format!("not a RateLimitRequest: {}", e.message()))
+        })
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        self.0.buffer_settings()
     }
 }

@@ -224,8 +224,8 @@ descriptors:
         assert_eq!(status, 200, "{body}");
         assert!(body.contains(r#""decided_by":"store""#), "{body}");
         // One check, alone: one script call.
-        assert_eq!(metric(server, "sluicegate_redis_script_calls_total"), 1);
-        assert_eq!(metric(server, "sluicegate_redis_script_checks_total"), 1);
+        assert_eq!(server.metric("sluicegate_redis_script_calls_total"), 1);
+        assert_eq!(server.metric("sluicegate_redis_script_checks_total"), 1);
     }
     redis.shutdown();
     for (policy, server) in &servers {
@@ -260,26 +260,6 @@ descriptors:
     }
     for (_, server) in servers {
         assert!(server.stop().success());
-    }
-}
-
-fn metric(server: &Server, name: &str) -> u64 {
-    let (_, text) = server.request("GET", "/metrics", "");
-    text.lines()
-        .find_map(|line| line.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} not in\n{text}"))
-}
-
-/// Waits (the server reloads on its own time) until `name` reaches `want`.
-fn wait_for_metric(server: &Server, name: &str, want: u64) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while metric(server, name) < want {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{name} never reached {want}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 
@@ -322,13 +302,13 @@ fn configuration_reloads_on_sighup_and_on_change_and_a_bad_one_keeps_the_old() {
     // A bad configuration is rejected, counted, and the old one keeps serving.
     std::fs::write(&path, user_config("-1")).unwrap();
     hangup(&server);
-    wait_for_metric(&server, "sluicegate_config_errors_total", 1);
+    server.wait_for_metric("sluicegate_config_errors_total", 1);
     assert!(!allowed(&server), "the old limit of 1 still holds");
 
     // A good one replaces it: a new limit is a new rule, with its own state.
     std::fs::write(&path, user_config("3")).unwrap();
     hangup(&server);
-    wait_for_metric(&server, "sluicegate_config_loads_total", 2);
+    server.wait_for_metric("sluicegate_config_loads_total", 2);
     assert!(allowed(&server));
     assert!(server.stop().success());
 
@@ -341,7 +321,7 @@ fn configuration_reloads_on_sighup_and_on_change_and_a_bad_one_keeps_the_old() {
     ]);
     // A different length too, so even a coarse modification time cannot hide the edit.
     std::fs::write(&path, user_config("17")).unwrap();
-    wait_for_metric(&watching, "sluicegate_config_loads_total", 2);
+    watching.wait_for_metric("sluicegate_config_loads_total", 2);
     let (_, rules) = watching.request("GET", "/v1/rules", "");
     assert!(rules.contains(r#""limit":17"#), "{rules}");
     assert!(watching.stop().success());

@@ -11,9 +11,10 @@ use std::process::Command;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt32Value;
 
 fn request(domain: &str, pairs: &[(&str, &str)]) -> RateLimitRequest {
     RateLimitRequest {
@@ -136,9 +137,10 @@ fn rls_from_python_grpcio() {
         .args([script, &server.address, "--garbage"])
         .output()
         .expect("python3");
+    // The client's fault, said so: not INTERNAL, which would blame the server.
     let status = String::from_utf8(garbage.stdout).unwrap();
     assert!(
-        ["INTERNAL", "INVALID_ARGUMENT"].contains(&status.trim()),
+        status.starts_with("INVALID_ARGUMENT\nnot a RateLimitRequest: "),
         "garbage got {status:?}: {}",
         String::from_utf8_lossy(&garbage.stderr)
     );
@@ -152,6 +154,59 @@ fn rls_from_python_grpcio() {
         answers[5].contains("RateLimit-Policy: \"example.user\";q=5;w=10"),
         "{}",
         answers[5]
+    );
+}
+
+/// Bytes that are no RateLimitRequest, and an empty one, are the client's error: each
+/// INVALID_ARGUMENT saying what was wrong; another method of the service is UNIMPLEMENTED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_and_empty_requests_are_invalid_arguments() {
+    let server = Server::start(&[]);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.address))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect over gRPC");
+    let grpc = tonic::client::Grpc::new(channel.clone());
+    // Field 1 as a varint, where a RateLimitRequest has its domain, a string: the bytes
+    // are well-framed gRPC but do not decode.
+    let call = |path: &'static str| {
+        let mut grpc = grpc.clone();
+        async move {
+            grpc.ready().await.unwrap();
+            grpc.unary::<UInt32Value, RateLimitResponse, _>(
+                tonic::Request::new(UInt32Value { value: 7 }),
+                tonic::codegen::http::uri::PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await
+            .unwrap_err()
+        }
+    };
+    let garbage = call("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit").await;
+    assert_eq!(garbage.code(), tonic::Code::InvalidArgument, "{garbage:?}");
+    assert!(
+        garbage.message().starts_with("not a RateLimitRequest: ")
+            && garbage.message().contains("wire type"),
+        "{}",
+        garbage.message()
+    );
+    let other = call("/envoy.service.ratelimit.v3.RateLimitService/Other").await;
+    assert_eq!(other.code(), tonic::Code::Unimplemented, "{other:?}");
+
+    // Zero bytes decode as a valid empty message: no domain, no descriptors.
+    let mut client = RateLimitServiceClient::new(channel);
+    let empty = client
+        .should_rate_limit(RateLimitRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(empty.code(), tonic::Code::InvalidArgument, "{empty:?}");
+    assert!(
+        empty
+            .message()
+            .contains("descriptors: at least one is required"),
+        "{}",
+        empty.message()
     );
 }
 

@@ -12,6 +12,7 @@ use sluicegate::{Algorithm, LimiterConfig};
 
 use super::args::{DurationArg, StoreArgs, parse_duration_arg};
 use super::runtime::runtime;
+use crate::config::DEFAULT_MAX_NODES;
 use crate::server::{self, Listeners, ServeOptions};
 use crate::service::{DEFAULT_MAX_ENTRY_BYTES, ServiceOptions};
 
@@ -66,6 +67,10 @@ pub struct ServeArgs {
     /// How often to look for edits of the --config files (SIGHUP reloads at once).
     #[arg(long, env = "SLUICEGATE_RELOAD_INTERVAL", default_value = "1s", value_parser = parse_duration_arg)]
     reload_interval: DurationArg,
+    /// The most YAML nodes (mappings, sequences, scalars) one configuration file may
+    /// hold; the default reads about 22,700 descriptors of one rule each.
+    #[arg(long, env = "SLUICEGATE_MAX_CONFIG_NODES", default_value_t = DEFAULT_MAX_NODES)]
+    max_config_nodes: usize,
 }
 
 impl ServeArgs {
@@ -75,6 +80,7 @@ impl ServeArgs {
         Ok(ServeOptions {
             config: self.config.clone(),
             default_algorithm: self.default_algorithm,
+            max_config_nodes: self.max_config_nodes,
             store: self.store.options("sluicegate:")?,
             limiter: LimiterConfig {
                 on_store_error: self.on_store_error,

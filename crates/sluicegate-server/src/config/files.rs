@@ -1,5 +1,6 @@
-//! The files a configuration path stands for, and how they looked when last read.
+//! The files a configuration path stands for, and what they held when last read.
 
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 
 /// The files a configuration path stands for, in a stable order.
@@ -21,19 +22,24 @@ pub(crate) fn files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// One configuration file as it was seen: path, modification time, length.
-pub(crate) type FileStamp = (PathBuf, Option<std::time::SystemTime>, u64);
-
-/// What a configuration path's files look like now, to notice edits.
-pub(crate) fn fingerprint(path: &Path) -> Vec<FileStamp> {
-    files(path)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|file| {
-            let meta = std::fs::metadata(&file).ok();
-            let modified = meta.as_ref().and_then(|m| m.modified().ok());
-            let len = meta.map_or(0, |m| m.len());
-            (file, modified, len)
-        })
-        .collect()
+/// What a configuration path's files hold now, to notice edits: a hash of the file list
+/// and of every file's bytes. Contents rather than sizes and modification times, which an
+/// edit can leave as they were (a same-length rewrite within the clock's resolution, a
+/// tool that restores times). A path or file that cannot be read hashes as its error, so
+/// it counts as a change once, not at every look.
+pub(crate) fn fingerprint(path: &Path) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    match files(path) {
+        Ok(files) => {
+            for file in files {
+                file.hash(&mut hasher);
+                match std::fs::read(&file) {
+                    Ok(bytes) => bytes.hash(&mut hasher),
+                    Err(e) => e.kind().hash(&mut hasher),
+                }
+            }
+        }
+        Err(e) => e.kind().hash(&mut hasher),
+    }
+    hasher.finish()
 }

@@ -18,12 +18,37 @@ use std::path::{Path, PathBuf};
 
 use sluicegate::Algorithm;
 
-pub(crate) use files::{FileStamp, fingerprint};
+pub(crate) use files::fingerprint;
 pub(crate) use limit::{ConfiguredLimit, Entry};
 #[cfg(test)]
 pub(crate) use raw::DEFAULT_ALGORITHM;
 use raw::RawFile;
 use tree::DescriptorTree;
+
+/// The YAML nodes (mappings, sequences and scalars) one configuration file may hold by
+/// default: the YAML reader's own budget, about 22,700 descriptors of one rule each.
+pub(crate) const DEFAULT_MAX_NODES: usize = 250_000;
+
+/// How configuration files are read.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LoadOptions {
+    /// The algorithm of a `rate_limit` that names none.
+    pub(crate) default_algorithm: Algorithm,
+    /// The most YAML nodes one file may hold: a bound on the memory and time a file
+    /// costs to read, whoever wrote it.
+    pub(crate) max_nodes: usize,
+}
+
+#[cfg(test)]
+impl LoadOptions {
+    /// The default node budget, with `default_algorithm` for rules that name none.
+    pub(crate) fn new(default_algorithm: Algorithm) -> Self {
+        LoadOptions {
+            default_algorithm,
+            max_nodes: DEFAULT_MAX_NODES,
+        }
+    }
+}
 
 /// A loaded configuration: one descriptor tree per domain.
 #[derive(Debug, Default)]
@@ -33,19 +58,26 @@ pub struct Config {
 
 impl Config {
     /// Reads one YAML file, or every `.yaml` and `.yml` file of a directory (one domain
-    /// each, as envoyproxy/ratelimit reads its runtime directory).
-    pub(crate) fn load(path: &Path, default: Algorithm) -> Result<Config, ConfigError> {
+    /// each, as envoyproxy/ratelimit reads its runtime directory). A directory without
+    /// any is an error: it would answer every check with an unknown domain.
+    pub(crate) fn load(path: &Path, options: LoadOptions) -> Result<Config, ConfigError> {
         let error = |path: &Path, message: String| ConfigError {
             path: path.to_owned(),
             message,
         };
         let files = files::files(path).map_err(|e| error(path, format!("cannot read: {e}")))?;
+        if files.is_empty() {
+            return Err(error(
+                path,
+                "the directory holds no configuration (no .yaml or .yml file)".into(),
+            ));
+        }
         let mut config = Config::default();
         let mut origin: HashMap<String, PathBuf> = HashMap::new();
         for file in files {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| error(&file, format!("cannot read: {e}")))?;
-            for (domain, tree) in Config::parse(&file, &text, default)?.domains {
+            for (domain, tree) in Config::parse(&file, &text, options)?.domains {
                 if let Some(first) = origin.get(&domain) {
                     return Err(error(
                         &file,
@@ -62,29 +94,24 @@ impl Config {
         Ok(config)
     }
 
-    /// Parses the YAML `text` of the file at `path` (the path only names it in errors);
-    /// a `rate_limit` without an `algorithm` gets `default`.
+    /// Parses the YAML `text` of the file at `path` (the path only names it in errors).
     pub(crate) fn parse(
         path: &Path,
         text: &str,
-        default: Algorithm,
+        options: LoadOptions,
     ) -> Result<Config, ConfigError> {
         let error = |message: String| ConfigError {
             path: path.to_owned(),
             message,
         };
-        let file: RawFile = serde_saphyr::from_str(text).map_err(|e| {
-            // The snippet's header names the file, not the reader's "<input>".
-            let name = path.display().to_string();
-            error(e.render_with_options(serde_saphyr::render_options! {
-                source_name: Some(&name),
-            }))
-        })?;
+        let file: RawFile = serde_saphyr::from_str_with_options(text, reader_options(options))
+            .map_err(|e| error(yaml_error(path, options, &e)))?;
         if file.domain.is_empty() {
             return Err(error("domain: must not be empty".into()));
         }
         let mut config = Config::default();
-        let tree = tree::build(&file.domain, file.descriptors.0, default).map_err(error)?;
+        let tree = tree::build(&file.domain, file.descriptors.0, options.default_algorithm)
+            .map_err(error)?;
         config.domains.insert(file.domain, tree);
         Ok(config)
     }
@@ -110,6 +137,41 @@ impl Config {
         out.sort_by(|a, b| a.path.cmp(&b.path));
         out
     }
+}
+
+/// The YAML reader's options: its default budget, with `options.max_nodes` nodes.
+fn reader_options(options: LoadOptions) -> serde_saphyr::Options {
+    let defaults = serde_saphyr::Budget::default();
+    // A node is one parser event, a mapping or sequence two (it also ends): with four
+    // events allowed per node, the node budget is the one that binds.
+    let max_events = defaults.max_events.max(options.max_nodes.saturating_mul(4));
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_nodes: options.max_nodes,
+            max_events: max_events,
+        },
+    }
+}
+
+/// A YAML reader's error as the message of a [`ConfigError`]: the snippet, headed by the
+/// file's name rather than the reader's "<input>"; a file over the node budget says which
+/// flag raises it.
+fn yaml_error(path: &Path, options: LoadOptions, e: &serde_saphyr::Error) -> String {
+    if let serde_saphyr::Error::Budget {
+        breach: serde_saphyr::budget::BudgetBreach::Nodes { .. },
+        ..
+    } = e.without_snippet()
+    {
+        return format!(
+            "more than {} YAML nodes; raise --max-config-nodes \
+             (SLUICEGATE_MAX_CONFIG_NODES) to read a file this large",
+            options.max_nodes
+        );
+    }
+    let name = path.display().to_string();
+    e.render_with_options(serde_saphyr::render_options! {
+        source_name: Some(&name),
+    })
 }
 
 /// The request named a domain no configuration file declares.

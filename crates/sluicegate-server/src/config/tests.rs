@@ -3,7 +3,11 @@
 use super::*;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
-    Config::parse(Path::new("limits.yaml"), text, DEFAULT_ALGORITHM)
+    Config::parse(
+        Path::new("limits.yaml"),
+        text,
+        LoadOptions::new(DEFAULT_ALGORITHM),
+    )
 }
 
 fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
@@ -123,7 +127,7 @@ fn a_directory_holds_one_domain_per_file() {
     std::fs::write(dir.join("one.yaml"), format!("domain: one\n{rule}")).unwrap();
     std::fs::write(dir.join("two.yml"), format!("domain: two\n{rule}")).unwrap();
     std::fs::write(dir.join("notes.txt"), "not a config").unwrap();
-    let config = Config::load(&dir, DEFAULT_ALGORITHM).unwrap();
+    let config = Config::load(&dir, LoadOptions::new(DEFAULT_ALGORITHM)).unwrap();
     assert!(
         config
             .find("one", &entries(&[("a", "x")]))
@@ -137,7 +141,7 @@ fn a_directory_holds_one_domain_per_file() {
             .is_some()
     );
     std::fs::write(dir.join("three.yaml"), format!("domain: one\n{rule}")).unwrap();
-    let err = Config::load(&dir, DEFAULT_ALGORITHM)
+    let err = Config::load(&dir, LoadOptions::new(DEFAULT_ALGORITHM))
         .unwrap_err()
         .to_string();
     assert!(
@@ -151,7 +155,12 @@ fn a_directory_holds_one_domain_per_file() {
 #[test]
 fn envoyproxy_ratelimit_examples_match_as_documented() {
     let load = |text: &str| {
-        Config::parse(Path::new("example.yaml"), text, Algorithm::FixedWindow).unwrap()
+        Config::parse(
+            Path::new("example.yaml"),
+            text,
+            LoadOptions::new(Algorithm::FixedWindow),
+        )
+        .unwrap()
     };
     let path = |config: &Config, domain: &str, pairs: &[(&str, &str)]| {
         config
@@ -291,4 +300,37 @@ fn unlimited_matches_without_a_rule() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("rate_limit.unit"), "{err}");
+}
+
+/// A file over the node budget is an error naming the file and the flag that raises it;
+/// the same file loads under the default budget.
+#[test]
+fn the_node_budget_bounds_a_file() {
+    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let tight = LoadOptions {
+        max_nodes: 20,
+        ..LoadOptions::new(DEFAULT_ALGORITHM)
+    };
+    let err = Config::parse(Path::new("big.yaml"), text, tight)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("big.yaml: more than 20 YAML nodes") && err.contains("--max-config-nodes"),
+        "{err}"
+    );
+    assert!(parse(text).is_ok());
+}
+
+#[test]
+fn an_empty_directory_or_file_is_an_error() {
+    let dir = std::env::temp_dir().join(format!("sluicegate-config-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let err = Config::load(&dir, LoadOptions::new(DEFAULT_ALGORITHM))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("holds no configuration"), "{err}");
+    for empty in ["", "\n", "# nothing\n"] {
+        let err = parse(empty).unwrap_err().to_string();
+        assert!(err.starts_with("limits.yaml: "), "{empty:?}: {err}");
+    }
 }

@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use sluicegate::Rule;
 
+use super::body::Body;
 use super::check::CheckRequest;
 use super::error::ApiError;
 use crate::service::Service;
@@ -19,7 +19,7 @@ use crate::service::Service;
 pub(super) async fn reset(
     State(service): State<Arc<Service>>,
     headers: HeaderMap,
-    body: Bytes,
+    Body(body): Body,
 ) -> Result<Response, ApiError> {
     let Some(token) = service.options().admin_token.as_deref() else {
         return Err(ApiError::new(

@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use sluicegate::Decision;
 
+use super::body::Body;
 use super::error::ApiError;
 use crate::config::Entry;
 use crate::service::Service;
@@ -88,7 +88,7 @@ struct CheckResponse {
 
 pub(super) async fn check(
     State(service): State<Arc<Service>>,
-    body: Bytes,
+    Body(body): Body,
 ) -> Result<Response, ApiError> {
     let request: CheckRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid check request: {e}")))?;

@@ -3,19 +3,19 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
+use super::body::Body;
 use super::error::ApiError;
 use crate::envoy;
 use crate::service::Service;
 
 pub(super) async fn envoy_json(
     State(service): State<Arc<Service>>,
-    body: Bytes,
+    Body(body): Body,
 ) -> Result<Response, ApiError> {
     let request = envoy::json::request(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;

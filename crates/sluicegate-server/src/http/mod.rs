@@ -3,6 +3,7 @@
 //! it on the same port.
 
 mod admin;
+mod body;
 mod check;
 mod envoy_json;
 mod error;
@@ -14,9 +15,6 @@ use axum::Router;
 use axum::routing::{get, post};
 
 use crate::service::Service;
-
-/// The largest request body the HTTP API reads.
-const MAX_BODY_BYTES: usize = 256 * 1024;
 
 /// The service's routes: the HTTP API, and Envoy's gRPC rate-limit service on the same
 /// port (gRPC needs HTTP/2, which the server speaks alongside HTTP/1.1).
@@ -31,8 +29,7 @@ pub(crate) fn app(service: Arc<Service>) -> Router {
         .route("/readyz", get(probes::readyz))
         .route("/metrics", get(probes::metrics))
         .with_state(service)
-        // A check is a few hundred bytes; refuse a flood before parsing it.
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::extract::DefaultBodyLimit::max(body::MAX_BODY_BYTES))
         .merge(grpc)
 }
 

@@ -202,7 +202,7 @@ fn app_with(config: &str, admin_token: Option<&str>) -> Router {
     let config = Config::parse(
         Path::new("test.yaml"),
         config,
-        crate::config::DEFAULT_ALGORITHM,
+        crate::config::LoadOptions::new(crate::config::DEFAULT_ALGORITHM),
     )
     .unwrap();
     let limiter = Arc::new(Limiter::new(AnyStore::Memory(Default::default())));

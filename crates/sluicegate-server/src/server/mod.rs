@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use sluicegate::{Algorithm, AnyStore, Limiter, LimiterConfig, MemoryStore, StoreOptions};
 use tokio::net::TcpListener;
 
-use crate::config::{self, Config};
+use crate::config::{self, Config, LoadOptions};
 use crate::http;
 use crate::service::{Service, ServiceOptions};
 
@@ -29,6 +29,8 @@ pub struct ServeOptions {
     pub config: Option<PathBuf>,
     /// The algorithm of rules that name none.
     pub default_algorithm: Algorithm,
+    /// The most YAML nodes one configuration file may hold (`--max-config-nodes`).
+    pub max_config_nodes: usize,
     /// Where state lives.
     pub store: StoreOptions,
     /// Timeouts, failure policy, breaker and negative cache.
@@ -61,7 +63,11 @@ pub struct Prepared {
 pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
     // The files as they were before loading, so an edit made meanwhile is reloaded too.
     let loaded_files = options.config.as_deref().map(config::fingerprint);
-    let config = load_config(options.config.as_deref(), options.default_algorithm)?;
+    let load = LoadOptions {
+        default_algorithm: options.default_algorithm,
+        max_nodes: options.max_config_nodes,
+    };
+    let config = load_config(options.config.as_deref(), load)?;
     let store = AnyStore::open(options.store.clone()).await?;
     let limiter = Arc::new(Limiter::with_config(store, options.limiter.clone()));
     if limiter.store().memory().is_some() {
@@ -84,7 +90,7 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
             reload::Watch {
                 path,
                 seen: loaded_files.unwrap_or_default(),
-                default_algorithm: options.default_algorithm,
+                load,
                 interval: options.reload_interval.max(Duration::from_millis(1)),
             },
             Arc::clone(&service),
@@ -161,9 +167,9 @@ impl Prepared {
 }
 
 /// The configuration at `path`, or the example rules without one.
-fn load_config(path: Option<&Path>, default: Algorithm) -> anyhow::Result<Config> {
+fn load_config(path: Option<&Path>, options: LoadOptions) -> anyhow::Result<Config> {
     Ok(match path {
-        Some(path) => Config::load(path, default)?,
-        None => Config::parse(Path::new(EXAMPLE_CONFIG_NAME), EXAMPLE_CONFIG, default)?,
+        Some(path) => Config::load(path, options)?,
+        None => Config::parse(Path::new(EXAMPLE_CONFIG_NAME), EXAMPLE_CONFIG, options)?,
     })
 }

@@ -5,16 +5,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluicegate::Algorithm;
-
-use crate::config::{self, Config};
+use crate::config::{self, Config, LoadOptions};
 use crate::service::Service;
 
-/// What to watch, and how it looked when it was last loaded.
+/// What to watch, and what it held when it was last loaded.
 pub(super) struct Watch {
     pub(super) path: PathBuf,
-    pub(super) seen: Vec<config::FileStamp>,
-    pub(super) default_algorithm: Algorithm,
+    /// [`config::fingerprint`] of the files as last loaded.
+    pub(super) seen: u64,
+    pub(super) load: LoadOptions,
     pub(super) interval: Duration,
 }
 
@@ -58,7 +57,7 @@ pub(super) async fn reload_on_change(mut watch: Watch, service: Arc<Service>, mu
             continue;
         }
         watch.seen = now;
-        match Config::load(&watch.path, watch.default_algorithm) {
+        match Config::load(&watch.path, watch.load) {
             Ok(config) => {
                 service.replace_config(config);
                 service.metrics().config_loaded();

@@ -3,7 +3,7 @@ RLS v3 protos (PyPI's xds-protos).
 
 Usage: rls_check.py HOST:PORT DOMAIN KEY VALUE, or rls_check.py HOST:PORT --garbage
 Prints the response's overall_code (1 OK, 2 OVER_LIMIT) and its headers to add, or the
-gRPC status code name of a failed call.
+gRPC status code name of a failed call and its message on the next line.
 """
 import sys
 
@@ -47,6 +47,7 @@ def main():
                 response = should_rate_limit(channel, domain, key, value)
         except grpc.RpcError as error:
             print(error.code().name)
+            print(error.details())
             return
     print(response.overall_code)
     for header in response.response_headers_to_add:

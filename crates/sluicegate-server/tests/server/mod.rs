@@ -162,6 +162,28 @@ impl Server {
         })
     }
 
+    /// The value of a counter or gauge of `GET /metrics`.
+    pub fn metric(&self, name: &str) -> u64 {
+        let (_, text) = self.request("GET", "/metrics", "");
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in\n{text}"))
+    }
+
+    /// Waits, 10 s at most (the server reloads on its own time), until the metric `name`
+    /// reaches `want`.
+    pub fn wait_for_metric(&self, name: &str, want: u64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.metric(name) < want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} never reached {want}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Stops the server — SIGTERM for the binary, the shutdown future for an in-process
     /// one — and says how it ended.
     pub fn stop(mut self) -> Stopped {
