@@ -30,12 +30,13 @@
 //! ([`KeyExtractor`]); a store that cannot decide answers 503.
 //!
 //! The `axum` feature (on by default) adds the keys only axum records:
-//! `KeyExtractor::peer_ip` (with `trust_proxies`, and `IpNet` for the proxies'
-//! networks) and `KeyExtractor::route`. Without it the layer wraps any tower service (tonic,
+//! `KeyExtractor::peer_ip` (with `trust_proxies`, `trusted_hops` and `forwarded_header`,
+//! `IpNet` for the proxies' networks, `ForwardedHeader` for the header they write) and
+//! `KeyExtractor::route`. Without it the layer wraps any tower service (tonic,
 //! hyper) and pulls in no web framework.
 
 mod rate_limit;
 
 #[cfg(feature = "axum")]
-pub use rate_limit::IpNet;
+pub use rate_limit::{ForwardedHeader, IpNet};
 pub use rate_limit::{KeyExtractor, MissingKey, RateLimit, RateLimitLayer};

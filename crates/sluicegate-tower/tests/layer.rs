@@ -313,6 +313,48 @@ async fn a_real_server_limits_a_real_client() {
     assert_eq!(statuses, ["200", "200", "429"]);
 }
 
+/// A client behind a proxy that appends `X-Forwarded-For` (as nginx and AWS ALB do) sends
+/// a fresh `Forwarded: for=…` and a forged `X-Forwarded-For` entry with every request,
+/// over real sockets: it is still one client, allowed its 3 and refused the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_behind_an_appending_proxy_cannot_pick_its_address() {
+    let per_ip = rule("per-ip", RuleSpec::new(Algorithm::FixedWindow, 3, 3600 * S));
+    // The test's own socket plays the proxy, on loopback.
+    let extractor = KeyExtractor::peer_ip().trust_proxies(["127.0.0.1".parse().unwrap()]);
+    let layer = RateLimitLayer::new(limiter(MemoryStoreConfig::default())).limit(per_ip, extractor);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let service = app(layer).into_make_service_with_connect_info::<SocketAddr>();
+    tokio::spawn(async move { axum::serve(listener, service).await });
+    let statuses = tokio::task::spawn_blocking(move || {
+        (0..10u32)
+            .map(|i| {
+                // What the client made up this time, different on every request.
+                let made_up = {
+                    let n = i.wrapping_mul(2_654_435_761) ^ 0x5bd1_e995;
+                    std::net::Ipv4Addr::from(n)
+                };
+                let mut stream = std::net::TcpStream::connect(address).unwrap();
+                write!(
+                    stream,
+                    "GET /users/1 HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
+                     Forwarded: for={made_up}\r\n\
+                     X-Forwarded-For: {made_up}, 198.51.100.7\r\n\r\n"
+                )
+                .unwrap();
+                let mut response = String::new();
+                stream.read_to_string(&mut response).unwrap();
+                response[9..12].to_owned()
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    let allowed = statuses.iter().filter(|s| *s == "200").count();
+    assert_eq!(allowed, 3, "{statuses:?}");
+    assert!(statuses[3..].iter().all(|s| s == "429"), "{statuses:?}");
+}
+
 /// A real tonic client calling a real tonic service (gRPC health) through the layer,
 /// over HTTP/2 on a loopback socket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

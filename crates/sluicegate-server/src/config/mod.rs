@@ -110,8 +110,13 @@ impl Config {
             return Err(error("domain: must not be empty".into()));
         }
         let mut config = Config::default();
-        let tree = tree::build(&file.domain, file.descriptors.0, options.default_algorithm)
-            .map_err(error)?;
+        let tree = tree::build(
+            &file.domain,
+            &file.domain,
+            file.descriptors.0,
+            options.default_algorithm,
+        )
+        .map_err(error)?;
         config.domains.insert(file.domain, tree);
         Ok(config)
     }

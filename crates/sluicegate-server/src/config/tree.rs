@@ -24,8 +24,10 @@ pub(super) struct Node {
     children: DescriptorTree,
 }
 
-/// The tree of `descriptors` under `prefix` (the domain, or the path of the parent).
+/// The tree of `descriptors` of `domain` under `prefix` (the domain, or the path of the
+/// parent).
 pub(super) fn build(
+    domain: &str,
     prefix: &str,
     descriptors: Vec<RawDescriptor>,
     default: Algorithm,
@@ -51,8 +53,11 @@ pub(super) fn build(
                         if !algorithm_given {
                             spec.algorithm = default;
                         }
+                        // Named within its domain: another domain's rule of the same name
+                        // keeps its own counters; the name is still reported as written.
                         Rule::new(name.as_deref().unwrap_or(&path), &spec)
                             .map_err(|e| format!("{path}: rate_limit.{e}"))
+                            .map(|rule| rule.in_scope(domain))
                             .map(|rule| match on_store_error {
                                 Some(policy) => rule.with_failure_policy(policy),
                                 None => rule,
@@ -72,7 +77,7 @@ pub(super) fn build(
         };
         let node = Node {
             limit,
-            children: build(&path, raw.descriptors.0, default)?,
+            children: build(domain, &path, raw.descriptors.0, default)?,
         };
         let duplicate = match raw.value {
             Some(value) if value.ends_with('*') => {

@@ -10,7 +10,7 @@ use http::request::Parts;
 use http::{HeaderName, StatusCode};
 
 #[cfg(feature = "axum")]
-use super::peer::{IpNet, client_ip};
+use super::peer::{ForwardedHeader, IpNet, TrustedProxies};
 
 type KeyFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
@@ -23,9 +23,7 @@ pub struct KeyExtractor {
 #[derive(Clone)]
 enum Source {
     #[cfg(feature = "axum")]
-    PeerIp {
-        trusted: Arc<[IpNet]>,
-    },
+    PeerIp(TrustedProxies),
     Header(HeaderName),
     Path,
     #[cfg(feature = "axum")]
@@ -56,32 +54,56 @@ pub struct MissingKey {
 }
 
 impl KeyExtractor {
-    /// The client's address: the TCP peer, unless the peer is one of the trusted proxies
-    /// given with [`KeyExtractor::trust_proxies`], in which case `Forwarded` (or else
-    /// `X-Forwarded-For`) is followed right to left past trusted proxies to the first
-    /// address that is not one. By default no proxy is trusted, so a client cannot spoof
-    /// its address with those headers. Needs the server to record peers
+    /// The client's address: the TCP peer, unless the peer is a trusted proxy. By default
+    /// no proxy is trusted and no forwarding header is read, so a client cannot choose its
+    /// address. Needs the server to record peers
     /// (`into_make_service_with_connect_info::<SocketAddr>()`).
+    ///
+    /// Behind proxies, say which ones ([`KeyExtractor::trust_proxies`],
+    /// [`KeyExtractor::trusted_hops`]) and, unless it is `X-Forwarded-For`, the header they
+    /// write ([`KeyExtractor::forwarded_header`]): that header is read from the right,
+    /// past the trusted hops, and the first address that is not a trusted proxy is the
+    /// client. A missing, short or unreadable header gives the peer's address.
     #[cfg(feature = "axum")]
     pub fn peer_ip() -> Self {
         KeyExtractor {
-            source: Source::PeerIp {
-                trusted: Arc::from([]),
-            },
+            source: Source::PeerIp(TrustedProxies::default()),
         }
     }
 
-    /// Trusts these proxies' forwarding headers (peer IP only).
+    /// Trusts proxies at these addresses (peer IP only): the forwarding header is read only
+    /// when the peer is one of them, and entries inside them are skipped as further
+    /// proxies. With [`KeyExtractor::trusted_hops`] too, the peer must be one of them and
+    /// the count says where the client is.
     #[cfg(feature = "axum")]
     pub fn trust_proxies(self, proxies: impl IntoIterator<Item = IpNet>) -> Self {
-        match self.source {
-            Source::PeerIp { .. } => KeyExtractor {
-                source: Source::PeerIp {
-                    trusted: proxies.into_iter().collect(),
-                },
-            },
-            other => KeyExtractor { source: other },
+        self.with_proxies(|trusted| trusted.networks = proxies.into_iter().collect())
+    }
+
+    /// How many trusted proxies stand in front of the service, each appending to the
+    /// forwarding header (peer IP only): the client is the `hops`-th entry from the right
+    /// (1: the one the peer appended), then further left past any address of
+    /// [`KeyExtractor::trust_proxies`]. Without `trust_proxies`, every peer is taken for
+    /// the nearest proxy: use that only where clients cannot reach the service but
+    /// through the proxies. 0 (the default): as many as `trust_proxies` says.
+    #[cfg(feature = "axum")]
+    pub fn trusted_hops(self, hops: usize) -> Self {
+        self.with_proxies(|trusted| trusted.hops = hops)
+    }
+
+    /// The one header the trusted proxies write the client in (peer IP only); default
+    /// [`ForwardedHeader::XForwardedFor`]. Every other forwarding header is ignored.
+    #[cfg(feature = "axum")]
+    pub fn forwarded_header(self, header: ForwardedHeader) -> Self {
+        self.with_proxies(|trusted| trusted.header = header)
+    }
+
+    #[cfg(feature = "axum")]
+    fn with_proxies(mut self, change: impl FnOnce(&mut TrustedProxies)) -> Self {
+        if let Source::PeerIp(trusted) = &mut self.source {
+            change(trusted);
         }
+        self
     }
 
     /// A request header's value (e.g. an API key). Missing: 400.
@@ -147,7 +169,7 @@ impl KeyExtractor {
     fn describe(&self) -> String {
         match &self.source {
             #[cfg(feature = "axum")]
-            Source::PeerIp { .. } => "the peer address".into(),
+            Source::PeerIp(_) => "the peer address".into(),
             Source::Header(name) => format!("header {name}"),
             Source::Path => "the path".into(),
             #[cfg(feature = "axum")]
@@ -162,7 +184,7 @@ impl KeyExtractor {
         let missing = |status, detail: String| Err(MissingKey { status, detail });
         match &self.source {
             #[cfg(feature = "axum")]
-            Source::PeerIp { trusted } => match client_ip(parts, trusted) {
+            Source::PeerIp(trusted) => match trusted.client_ip(parts) {
                 Some(ip) => Ok(ip.to_string()),
                 None => missing(
                     StatusCode::INTERNAL_SERVER_ERROR,

@@ -17,5 +17,5 @@ mod settings;
 pub use key::{KeyExtractor, MissingKey};
 pub use layer::RateLimitLayer;
 #[cfg(feature = "axum")]
-pub use peer::IpNet;
+pub use peer::{ForwardedHeader, IpNet};
 pub use service::RateLimit;

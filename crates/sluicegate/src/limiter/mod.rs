@@ -321,8 +321,13 @@ impl<S: Store> Limiter<S> {
         spec.queue = spec.queue.map(|q| q.div_ceil(instances));
         // Scaling down only shrinks every product, so the original's bounds still hold;
         // should one not, the rule itself decides locally.
-        let local =
-            Rule::new(&format!("{}@local", rule.name()), &spec).unwrap_or_else(|_| rule.clone());
+        // In the original's scope: two domains' rules of one name fall back apart too.
+        let local = Rule::new(&format!("{}@local", rule.name()), &spec)
+            .map(|local| match rule.scope() {
+                Some(scope) => local.in_scope(scope),
+                None => local,
+            })
+            .unwrap_or_else(|_| rule.clone());
         cache.insert(rule.identity().to_owned(), local.clone());
         local
     }

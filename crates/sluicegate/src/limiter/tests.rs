@@ -244,3 +244,27 @@ async fn a_check_of_several_limits_is_cached_whole_and_only_in_its_order() {
     let other_order = limiter.decide(&Check::new(&reversed, 1)).await.unwrap();
     assert_eq!(other_order.decided_by, DecidedBy::Store);
 }
+
+#[tokio::test]
+async fn the_local_fallback_keeps_scopes_apart() {
+    let (limiter, _clock) = limiter(LimiterConfig {
+        on_store_error: FailurePolicy::Local,
+        breaker_failures: 0,
+        ..LimiterConfig::default()
+    });
+    let per_user = rule(Algorithm::SlidingLog, 2, 60 * S);
+    let (team_a, team_b) = (per_user.in_scope("team_a"), per_user.in_scope("team_b"));
+    limiter.store().down.store(true, Ordering::SeqCst);
+    let allowed = |outcome: Outcome| {
+        assert_eq!(
+            outcome.decided_by,
+            DecidedBy::Fallback(FailurePolicy::Local)
+        );
+        outcome.decision.allowed
+    };
+    for _ in 0..2 {
+        assert!(allowed(decide(&limiter, &team_a, "alice").await));
+    }
+    assert!(!allowed(decide(&limiter, &team_a, "alice").await));
+    assert!(allowed(decide(&limiter, &team_b, "alice").await));
+}

@@ -40,6 +40,9 @@ pub struct Rule {
 #[derive(Debug, PartialEq, Eq)]
 struct RuleInner {
     name: Box<str>,
+    /// What the name is unique within, when rules of several owners share a store (the
+    /// service's domains); part of the identity, not of the name.
+    scope: Option<Box<str>>,
     identity: Box<str>,
     /// A hash of `identity`, so stores need not hash the whole string on every check.
     fingerprint: u64,
@@ -201,30 +204,46 @@ impl Rule {
                 }
             }
         }
-        let identity = format!(
-            "{name}|{algorithm}|{limit}|{window}|{bucket_count}|{capacity}|{layout}",
-            layout = layout.name(),
-            name = name.len().to_string() + ":" + name
-        );
+        let mut inner = RuleInner {
+            name: name.into(),
+            scope: None,
+            identity: Box::default(),
+            fingerprint: 0,
+            algorithm,
+            limit,
+            window,
+            buckets: bucket_count,
+            capacity,
+            emission_interval,
+            layout,
+            on_store_error: None,
+        };
+        inner.identify();
         Ok(Rule {
-            inner: Arc::new(RuleInner {
-                name: name.into(),
-                fingerprint: {
-                    let mut hasher = std::hash::DefaultHasher::new();
-                    identity.hash(&mut hasher);
-                    hasher.finish()
-                },
-                identity: identity.into_boxed_str(),
-                algorithm,
-                limit,
-                window,
-                buckets: bucket_count,
-                capacity,
-                emission_interval,
-                layout,
-                on_store_error: None,
-            }),
+            inner: Arc::new(inner),
         })
+    }
+
+    /// This rule within `scope`: the same name and parameters, but state of its own, apart
+    /// from the same rule in any other scope or in none. The service scopes each rule by
+    /// its domain, so that two domains' `per_user` never share a counter.
+    pub fn in_scope(&self, scope: &str) -> Rule {
+        let r = &self.inner;
+        let mut inner = RuleInner {
+            name: r.name.clone(),
+            scope: Some(scope.into()),
+            identity: Box::default(),
+            ..**r
+        };
+        inner.identify();
+        Rule {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The scope given with [`Rule::in_scope`], if any.
+    pub fn scope(&self) -> Option<&str> {
+        self.inner.scope.as_deref()
     }
 
     /// The rule's name, as given.
@@ -232,8 +251,9 @@ impl Rule {
         &self.inner.name
     }
 
-    /// A string that identifies this rule's state: its name and every parameter, so that a
-    /// rule whose parameters change starts afresh instead of misreading old state.
+    /// A string that identifies this rule's state: its scope, its name and every
+    /// parameter, so that a rule whose parameters change starts afresh instead of
+    /// misreading old state.
     pub fn identity(&self) -> &str {
         &self.inner.identity
     }
@@ -242,7 +262,7 @@ impl Rule {
         self.inner.fingerprint
     }
 
-    /// Whether two rules share state: the same name and parameters.
+    /// Whether two rules share state: the same scope, name and parameters.
     pub fn same_identity(&self, other: &Rule) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner) || self.identity() == other.identity()
     }
@@ -284,6 +304,7 @@ impl Rule {
         Rule {
             inner: Arc::new(RuleInner {
                 name: r.name.clone(),
+                scope: r.scope.clone(),
                 identity: r.identity.clone(),
                 fingerprint: r.fingerprint,
                 on_store_error: Some(policy),
@@ -314,6 +335,33 @@ impl Rule {
             Algorithm::FixedWindow => {}
         }
         spec
+    }
+}
+
+impl RuleInner {
+    /// Sets `identity` and its fingerprint from the scope, the name and the parameters.
+    /// Lengths prefix the scope and the name, so no choice of either can spell another
+    /// rule's identity: `{len}:{name}|…`, or `{len}:{scope}/{len}:{name}|…` in a scope.
+    fn identify(&mut self) {
+        let mut identity = String::new();
+        if let Some(scope) = &self.scope {
+            identity = format!("{}:{scope}/", scope.len());
+        }
+        identity += &format!(
+            "{}:{}|{}|{}|{}|{}|{}|{}",
+            self.name.len(),
+            self.name,
+            self.algorithm,
+            self.limit,
+            self.window,
+            self.buckets,
+            self.capacity,
+            self.layout.name()
+        );
+        let mut hasher = std::hash::DefaultHasher::new();
+        identity.hash(&mut hasher);
+        self.fingerprint = hasher.finish();
+        self.identity = identity.into_boxed_str();
     }
 }
 
@@ -449,6 +497,41 @@ mod tests {
         let c = Rule::new("a", &RuleSpec::new(Algorithm::SlidingLog, 6, 1_000_000)).unwrap();
         assert_ne!(a.identity(), b.identity());
         assert_ne!(b.identity(), c.identity());
+    }
+
+    #[test]
+    fn scopes_separate_rules_of_one_name_and_keep_the_name() {
+        let spec = RuleSpec::new(Algorithm::SlidingLog, 5, 1_000_000);
+        let plain = Rule::new("per_user", &spec).unwrap();
+        let team_a = plain.in_scope("team_a");
+        let team_b = plain.in_scope("team_b");
+        assert_eq!(
+            (team_a.name(), team_a.scope()),
+            ("per_user", Some("team_a"))
+        );
+        assert_eq!(plain.scope(), None);
+        assert!(!team_a.same_identity(&team_b));
+        assert!(!team_a.same_identity(&plain));
+        assert_ne!(team_a.fingerprint(), team_b.fingerprint());
+        assert!(team_a.same_identity(&plain.in_scope("team_a")));
+        // A policy changes no state: the scope stays.
+        let policed = team_a.with_failure_policy(FailurePolicy::Allow);
+        assert!(policed.same_identity(&team_a));
+        // Neither a scope nor a name can be chosen to spell another rule's identity.
+        let identities = [
+            Rule::new("b", &spec).unwrap().in_scope("a"),
+            Rule::new("1:b", &spec).unwrap().in_scope(""),
+            Rule::new("a/1:b", &spec).unwrap(),
+            Rule::new("1:a/1:b", &spec).unwrap(),
+            Rule::new("b", &spec).unwrap().in_scope("a/1:"),
+            Rule::new("", &spec).unwrap().in_scope("a/1:b"),
+        ]
+        .map(|rule| rule.identity().to_owned());
+        for (i, a) in identities.iter().enumerate() {
+            for b in &identities[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
     }
 
     #[test]
