@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use sluicegate::{
-    Algorithm, BreakerState, Check, DecidedBy, FailurePolicy, Limit, Limiter, LimiterConfig,
-    ManualClock, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
+    Algorithm, BreakerConfig, BreakerState, Check, DecidedBy, FailurePolicy, Limit, Limiter,
+    LimiterConfig, ManualClock, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
 };
 use sluicegate_test_support as support;
 
@@ -50,8 +50,11 @@ async fn every_policy_answers_when_redis_dies_and_redis_decides_again_after_a_re
     let config = |policy| LimiterConfig {
         on_store_error: policy,
         instances: 2,
-        breaker_failures: 3,
-        breaker_cool_down: cool_down,
+        breaker: BreakerConfig {
+            min_calls: 3,
+            cool_down,
+            ..BreakerConfig::default()
+        },
         ..LimiterConfig::default()
     };
     // The limiters' own timers (the breaker's cool-down) move only when this test says so;
@@ -264,7 +267,10 @@ async fn a_cluster_fails_over_under_load_and_decisions_come_back() {
             .expect("connect to the cluster"),
         LimiterConfig {
             on_store_error: FailurePolicy::Local,
-            breaker_failures: 0,
+            breaker: BreakerConfig {
+                min_calls: 0,
+                ..BreakerConfig::default()
+            },
             ..LimiterConfig::default()
         },
     );

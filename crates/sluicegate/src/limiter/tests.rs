@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::*;
 use crate::clock::ManualClock;
 use crate::rule::{Algorithm, RuleSpec};
+use crate::store::MemoryStoreConfig;
 
 const S: u64 = 1_000_000;
 
@@ -57,8 +58,11 @@ async fn decide(limiter: &Limiter<FlakyStore>, rule: &Rule, key: &str) -> Outcom
 async fn the_breaker_probes_once_the_clock_passes_its_cool_down() {
     let (limiter, clock) = limiter(LimiterConfig {
         on_store_error: FailurePolicy::Deny,
-        breaker_failures: 2,
-        breaker_cool_down: Duration::from_secs(1),
+        breaker: BreakerConfig {
+            min_calls: 2,
+            cool_down: Duration::from_secs(1),
+            ..BreakerConfig::default()
+        },
         ..LimiterConfig::default()
     });
     let rule = rule(Algorithm::SlidingLog, 10, 60 * S);

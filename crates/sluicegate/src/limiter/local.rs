@@ -1,0 +1,102 @@
+//! The `local` fallback: while the store fails, `local` rules decide on an in-memory
+//! store with their limit divided by the number of instances sharing the store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::clock::Clock;
+use crate::decision::{Decision, RetryAfter};
+use crate::policy::FailurePolicy;
+use crate::rule::Rule;
+use crate::store::{Check, Limit, MemoryStore, MemoryStoreConfig, StoreError};
+
+#[derive(Debug)]
+pub(crate) struct LocalFallback {
+    instances: u64,
+    store: MemoryStore,
+    /// The scaled-down rules, by rule identity.
+    rules: Mutex<HashMap<String, Rule>>,
+}
+
+impl LocalFallback {
+    /// `instances` share the store.
+    pub(crate) fn new(instances: u32, clock: &Arc<dyn Clock>) -> Self {
+        LocalFallback {
+            instances: u64::from(instances.max(1)),
+            store: MemoryStore::new(MemoryStoreConfig::default(), Arc::clone(clock)),
+            rules: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `local` rules decide on the in-memory store; `allow` rules allow. All-or-nothing,
+    /// as ever.
+    pub(crate) fn decide(
+        &self,
+        check: &Check<'_>,
+        policies: &[FailurePolicy],
+    ) -> Result<Vec<Decision>, StoreError> {
+        let local_rules: Vec<Option<Rule>> = check
+            .limits
+            .iter()
+            .zip(policies)
+            .map(|(l, p)| (*p == FailurePolicy::Local).then(|| self.rule(l.rule)))
+            .collect();
+        let limits: Vec<Limit<'_>> = check
+            .limits
+            .iter()
+            .zip(&local_rules)
+            .filter_map(|(l, rule)| rule.as_ref().map(|rule| Limit { rule, key: l.key }))
+            .collect();
+        let mut local = if limits.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            let local_check = Check {
+                limits: &limits,
+                ..*check
+            };
+            self.store
+                .check_now(&local_check)?
+                .limits()
+                .to_vec()
+                .into_iter()
+        };
+        Ok(check
+            .limits
+            .iter()
+            .zip(&local_rules)
+            .map(|(l, rule)| match rule {
+                Some(_) => local.next().expect("one local decision per local rule"),
+                None => Decision {
+                    allowed: true,
+                    limit: l.rule.capacity(),
+                    remaining: l.rule.capacity().saturating_sub(check.cost.max(1)),
+                    retry_after: RetryAfter::Micros(0),
+                    reset_after: 0,
+                    delay: 0,
+                },
+            })
+            .collect())
+    }
+
+    /// `rule` with its limit (and burst or queue) divided by the number of instances.
+    fn rule(&self, rule: &Rule) -> Rule {
+        let mut cache = self
+            .rules
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(local) = cache.get(rule.identity()) {
+            return local.clone();
+        }
+        let share = |n: u64| n.div_ceil(self.instances).max(1);
+        let mut spec = rule.spec();
+        spec.limit = share(spec.limit);
+        spec.burst = spec.burst.map(share);
+        spec.queue = spec.queue.map(|q| q.div_ceil(self.instances));
+        // Scaling down only shrinks every product, so the original's bounds still hold;
+        // should one not, the rule itself decides locally.
+        let local =
+            Rule::new(&format!("{}@local", rule.name()), &spec).unwrap_or_else(|_| rule.clone());
+        cache.insert(rule.identity().to_owned(), local.clone());
+        local
+    }
+}
