@@ -110,6 +110,7 @@ impl ServeArgs {
                 } else {
                     0
                 },
+                ..LimiterConfig::default()
             },
             service: ServiceOptions {
                 max_entry_bytes: self.max_entry_bytes,

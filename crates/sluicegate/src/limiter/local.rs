@@ -1,9 +1,16 @@
 //! The `local` fallback: while the store fails, `local` rules decide on an in-memory
-//! store with their limit divided by the number of instances sharing the store.
+//! store with their limit divided by the number of instances sharing the store, each key
+//! starting from what the store last said about it ([`Seeds`]).
+//!
+//! What that bounds, for a key the store last reported with R of L remaining: one
+//! instance admits at most min(L / instances, R) more in that window, so an instance alone
+//! never goes past L; n instances together admit at most L − R + n · min(L / n, R), which
+//! exceeds L by at most (n − 1) · R.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::seeds::Seeds;
 use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
 use crate::policy::FailurePolicy;
@@ -16,15 +23,35 @@ pub(crate) struct LocalFallback {
     store: MemoryStore,
     /// The scaled-down rules, by rule identity.
     rules: Mutex<HashMap<String, Rule>>,
+    seeds: Seeds,
 }
 
 impl LocalFallback {
-    /// `instances` share the store.
-    pub(crate) fn new(instances: u32, clock: &Arc<dyn Clock>) -> Self {
+    /// `instances` share the store; `seeds` keys at most are remembered.
+    pub(crate) fn new(instances: u32, seeds: usize, clock: &Arc<dyn Clock>) -> Self {
         LocalFallback {
             instances: u64::from(instances.max(1)),
             store: MemoryStore::new(MemoryStoreConfig::default(), Arc::clone(clock)),
             rules: Mutex::new(HashMap::new()),
+            seeds: Seeds::new(seeds, Arc::clone(clock)),
+        }
+    }
+
+    /// Remembers what the store decided for the limits of `check`, sent at `sent`, that
+    /// fall back locally (`policies`, one per limit).
+    pub(crate) fn remember(
+        &self,
+        check: &Check<'_>,
+        policies: impl Iterator<Item = FailurePolicy>,
+        sent: u64,
+        decisions: &[Decision],
+    ) {
+        for ((limit, policy), decision) in check.limits.iter().zip(policies).zip(decisions) {
+            if policy == FailurePolicy::Local {
+                let used = decision.limit.saturating_sub(decision.remaining);
+                self.seeds
+                    .remember(limit.rule, limit.key, sent, used, decision.reset_after);
+            }
         }
     }
 
@@ -34,6 +61,7 @@ impl LocalFallback {
         &self,
         check: &Check<'_>,
         policies: &[FailurePolicy],
+        now: u64,
     ) -> Result<Vec<Decision>, StoreError> {
         let local_rules: Vec<Option<Rule>> = check
             .limits
@@ -45,7 +73,14 @@ impl LocalFallback {
             .limits
             .iter()
             .zip(&local_rules)
-            .filter_map(|(l, rule)| rule.as_ref().map(|rule| Limit { rule, key: l.key }))
+            .filter_map(|(l, rule)| rule.as_ref().map(|local| (l, local)))
+            .map(|(l, local)| {
+                self.seed(l, local, now);
+                Limit {
+                    rule: local,
+                    key: l.key,
+                }
+            })
             .collect();
         let mut local = if limits.is_empty() {
             Vec::new().into_iter()
@@ -76,6 +111,25 @@ impl LocalFallback {
                 },
             })
             .collect())
+    }
+
+    /// Starts `limit`'s key under its `local` rule from what the store last said, if it
+    /// said anything that still counts: the units it counted take the local share first.
+    fn seed(&self, limit: &Limit<'_>, local: &Rule, now: u64) {
+        self.seeds.take(limit.rule, limit.key, now, |used| {
+            let remaining = limit.rule.capacity().saturating_sub(used);
+            let taken = local.capacity().saturating_sub(remaining);
+            self.store.forget(local, limit.key);
+            if taken > 0 {
+                let limits = [Limit {
+                    rule: local,
+                    key: limit.key,
+                }];
+                // From empty, a cost within the rule's capacity is always admitted; were
+                // it not, the key would simply start empty.
+                let _ = self.store.check_now(&Check::new(&limits, taken));
+            }
+        });
     }
 
     /// `rule` with its limit (and burst or queue) divided by the number of instances.

@@ -10,6 +10,8 @@
 mod breaker;
 mod local;
 mod negative_cache;
+mod room;
+mod seeds;
 
 pub use breaker::{BreakerConfig, BreakerState, BreakerTransitions};
 
@@ -39,6 +41,9 @@ pub struct LimiterConfig {
     /// a remote store, where it saves round trips; pointless in front of the in-memory
     /// store, which answers as fast.
     pub negative_cache_entries: usize,
+    /// Keys of `local` rules whose last store answer is remembered to start the `local`
+    /// fallback from; past it, a new key starts the fallback empty.
+    pub local_seed_entries: usize,
 }
 
 impl Default for LimiterConfig {
@@ -48,6 +53,7 @@ impl Default for LimiterConfig {
             instances: 1,
             breaker: BreakerConfig::default(),
             negative_cache_entries: 0,
+            local_seed_entries: 100_000,
         }
     }
 }
@@ -113,7 +119,7 @@ impl<S: Store> Limiter<S> {
             breaker: Breaker::new(config.breaker),
             negative: (config.negative_cache_entries > 0)
                 .then(|| NegativeCache::new(config.negative_cache_entries, Arc::clone(&clock))),
-            local: LocalFallback::new(config.instances, &clock),
+            local: LocalFallback::new(config.instances, config.local_seed_entries, &clock),
             config,
             stats: LimiterStats::default(),
             clock,
@@ -176,6 +182,8 @@ impl<S: Store> Limiter<S> {
                         negative.remember(check, now, outcome.decision, outcome.limits());
                         negative.remember_admission(check, now, outcome.decision);
                     }
+                    self.local
+                        .remember(check, self.policies(check), now, outcome.limits());
                     return Ok(outcome);
                 }
                 // A malformed check is the caller's fault, not the store's: drop the ticket
@@ -244,7 +252,9 @@ impl<S: Store> Limiter<S> {
                     })
                     .collect()
             }
-            FailurePolicy::Local | FailurePolicy::Allow => self.local.decide(check, &policies)?,
+            FailurePolicy::Local | FailurePolicy::Allow => {
+                self.local.decide(check, &policies, now)?
+            }
         };
         self.stats
             .fallback_decisions
