@@ -258,6 +258,16 @@ mod tests {
     }
 
     #[test]
+    fn the_default_store_timeout_is_the_librarys() {
+        let args = Serve::try_parse_from(["serve", "--store", "redis://127.0.0.1:6379"]).unwrap();
+        let options = args.args.options().unwrap();
+        assert_eq!(
+            options.store.timeout,
+            sluicegate::StoreOptions::new("redis://127.0.0.1:6379").timeout
+        );
+    }
+
+    #[test]
     fn a_failure_rate_outside_zero_to_one_or_an_empty_window_is_refused() {
         for rate in ["0", "1.5", "-0.1", "half", "NaN"] {
             let error = breaker(&[&format!("--breaker-failure-rate={rate}")]).unwrap_err();
