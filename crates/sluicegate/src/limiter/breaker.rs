@@ -20,8 +20,8 @@
 //! move a manual clock instead of sleeping.
 //!
 //! Cost: every check asks the breaker. While closed, asking reads one atomic, and a result
-//! updates one counter of the window with a compare-and-swap; no lock is taken. Only state
-//! changes, and asking while open, take the lock.
+//! updates one counter of the window with a compare-and-swap; while open, asking reads two.
+//! Only state changes take the lock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -127,11 +127,13 @@ pub(crate) struct Breaker {
     /// µs.
     cool_down: u64,
     /// The generation in the high bits, the state in the low two. Written only under
-    /// `open_until`'s lock, so the lock orders every change; read without it on the way
-    /// of every check.
+    /// `changing`, so the lock orders every change; read without it on the way of every
+    /// check.
     phase: AtomicU64,
-    /// While open: when the probe may go (µs of the limiter's clock).
-    open_until: Mutex<u64>,
+    /// While open: when the probe may go (µs of the limiter's clock). Written under
+    /// `changing` before `phase`, so a check that sees the open phase sees its deadline.
+    open_until: AtomicU64,
+    changing: Mutex<()>,
     window: Window,
     transitions: BreakerTransitions,
 }
@@ -184,7 +186,8 @@ impl Breaker {
             min_calls: u64::from(config.min_calls),
             cool_down: micros(config.cool_down),
             phase: AtomicU64::new(BreakerState::Closed.bits()),
-            open_until: Mutex::new(0),
+            open_until: AtomicU64::new(0),
+            changing: Mutex::new(()),
             window: Window::new(micros(config.window)),
             transitions: BreakerTransitions::default(),
         }
@@ -199,11 +202,17 @@ impl Breaker {
         if BreakerState::from_bits(phase) == BreakerState::Closed {
             return self.ticket(phase);
         }
-        let open_until = self.open_until.lock();
+        // Refused without the lock until the cool-down is over.
+        if BreakerState::from_bits(phase) == BreakerState::HalfOpen
+            || now < self.open_until.load(Ordering::Acquire)
+        {
+            return Permit::Refuse;
+        }
+        let _changing = self.changing.lock();
         let phase = self.phase.load(Ordering::Acquire);
         match BreakerState::from_bits(phase) {
             BreakerState::Closed => self.ticket(phase),
-            BreakerState::Open if now >= *open_until => {
+            BreakerState::Open if now >= self.open_until.load(Ordering::Acquire) => {
                 let probing = self.change(phase, BreakerState::HalfOpen, "the cool-down passed");
                 self.ticket(probing)
             }
@@ -232,9 +241,10 @@ impl Breaker {
                 let (calls, failures) = self.window.totals(now);
                 let rate = failures as f64 / calls.max(1) as f64;
                 if calls >= self.min_calls && rate >= self.failure_rate {
-                    let mut open_until = self.open_until.lock();
+                    let _changing = self.changing.lock();
                     if self.phase.load(Ordering::Acquire) == phase {
-                        *open_until = now.saturating_add(self.cool_down);
+                        self.open_until
+                            .store(now.saturating_add(self.cool_down), Ordering::Release);
                         self.change(
                             phase,
                             BreakerState::Open,
@@ -244,7 +254,7 @@ impl Breaker {
                 }
             }
             BreakerState::HalfOpen => {
-                let mut open_until = self.open_until.lock();
+                let _changing = self.changing.lock();
                 if self.phase.load(Ordering::Acquire) != phase {
                     return;
                 }
@@ -252,7 +262,8 @@ impl Breaker {
                     self.window.clear();
                     self.change(phase, BreakerState::Closed, "the probe succeeded");
                 } else {
-                    *open_until = now.saturating_add(self.cool_down);
+                    self.open_until
+                        .store(now.saturating_add(self.cool_down), Ordering::Release);
                     self.change(phase, BreakerState::Open, "the probe failed");
                 }
             }
@@ -263,9 +274,9 @@ impl Breaker {
 
     /// The probe of `phase` will not report: open again with the cool-down already over.
     fn abandon(&self, phase: u64) {
-        let mut open_until = self.open_until.lock();
+        let _changing = self.changing.lock();
         if self.phase.load(Ordering::Acquire) == phase {
-            *open_until = 0;
+            self.open_until.store(0, Ordering::Release);
             self.change(phase, BreakerState::Open, "the probe was abandoned");
         }
     }
@@ -290,7 +301,7 @@ impl Breaker {
         if self.state_bits() == BreakerState::Closed {
             return Duration::ZERO;
         }
-        Duration::from_micros(self.open_until.lock().saturating_sub(now))
+        Duration::from_micros(self.open_until.load(Ordering::Acquire).saturating_sub(now))
     }
 
     fn state_bits(&self) -> BreakerState {
@@ -300,7 +311,9 @@ impl Breaker {
     /// The state now: open past its cool-down reads as half-open, the next check probing.
     pub(crate) fn state(&self, now: u64) -> BreakerState {
         match self.state_bits() {
-            BreakerState::Open if now >= *self.open_until.lock() => BreakerState::HalfOpen,
+            BreakerState::Open if now >= self.open_until.load(Ordering::Acquire) => {
+                BreakerState::HalfOpen
+            }
             state => state,
         }
     }
