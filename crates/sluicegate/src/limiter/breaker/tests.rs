@@ -146,3 +146,49 @@ fn zero_min_calls_never_opens() {
     calls(&breaker, clock.now_micros(), 1_000, 1_000);
     assert_eq!(breaker.state(clock.now_micros()), BreakerState::Closed);
 }
+
+/// Log lines, as a subscriber formats them, kept for the test to read.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn every_change_is_logged_at_warn_with_its_reason() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let (breaker, clock) = breaker(0.5, 20);
+        calls(&breaker, clock.now_micros(), 20, 20);
+        clock.advance(1_000 * MS);
+        call(&breaker, clock.now_micros()).finish(false, clock.now_micros());
+        clock.advance(1_000 * MS);
+        call(&breaker, clock.now_micros()).finish(true, clock.now_micros());
+    });
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let expected = [
+        "store circuit breaker open: 20 of the last 20 store calls failed",
+        "store circuit breaker half_open: the cool-down passed",
+        "store circuit breaker open: the probe failed",
+        "store circuit breaker half_open: the cool-down passed",
+        "store circuit breaker closed: the probe succeeded",
+    ];
+    assert_eq!(lines.len(), expected.len(), "{text}");
+    for (line, message) in lines.iter().zip(expected) {
+        assert!(line.contains(" WARN ") && line.contains(message), "{line}");
+    }
+}
