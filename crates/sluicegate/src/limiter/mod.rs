@@ -2,8 +2,9 @@
 //! decision out. Front ends never see which store decides.
 //!
 //! Around the store it keeps deciding when the store cannot (seed 001 §5.2, seed 002
-//! §4.6): a per-rule or server-wide [`FailurePolicy`], a circuit breaker that stops
-//! calling a failing store, and a negative cache that answers repeated refusals without a
+//! §4.6): a per-rule or server-wide [`FailurePolicy`] (`local` continuing each key from
+//! the store's last count), a circuit breaker that stops calling a store that fails too
+//! large a share of calls, and a negative cache that answers repeated refusals without a
 //! round trip. Every decision says who made it ([`DecidedBy`]) and [`LimiterStats`]
 //! counts them.
 
