@@ -49,6 +49,11 @@ struct RuleLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BreakerLabels {
+    to: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecidedByLabels {
     decided_by: &'static str,
 }
@@ -255,6 +260,17 @@ fn limiter_registry(limiter: &Limiter<AnyStore>) -> Registry {
         "Circuit breaker: 0 closed, 1 open, 2 half-open",
         ConstGauge::new(breaker),
     );
+    let transitions = Family::<BreakerLabels, Counter>::default();
+    for (to, changes) in limiter.breaker_transitions().all() {
+        transitions
+            .get_or_create(&BreakerLabels { to: to.name() })
+            .inc_by(changes);
+    }
+    registry.register(
+        "sluicegate_breaker_transitions",
+        "Circuit breaker state changes, by the state entered",
+        transitions,
+    );
     registry
 }
 
@@ -297,6 +313,9 @@ mod tests {
             "sluicegate_check_duration_seconds_bucket{le=\"0.0005\"} 1",
             "sluicegate_check_duration_seconds_count 1",
             "sluicegate_breaker_state 0",
+            "sluicegate_breaker_transitions_total{to=\"open\"} 0",
+            "sluicegate_breaker_transitions_total{to=\"half_open\"} 0",
+            "sluicegate_breaker_transitions_total{to=\"closed\"} 0",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

@@ -250,6 +250,10 @@ descriptors:
                 assert!(answers.iter().all(|(_, b)| b.contains("fallback-local")));
             }
         }
+        // The failures opened the breaker (the deprecated --breaker-failures 3 is read as
+        // --breaker-min-calls 3), and the change is counted.
+        let opened = server.metric(r#"sluicegate_breaker_transitions_total{to="open"}"#);
+        assert!(opened >= 1, "{policy}: the breaker opened {opened} times");
         // A rule's own policy beats the server's.
         let (status, body) = server.request("POST", "/v1/check", &check("vip"));
         assert_eq!(status, 200, "{policy}: {body}");

@@ -14,7 +14,9 @@ pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, RetryAfter};
-pub use limiter::{BreakerState, Limiter, LimiterConfig, LimiterStats};
+pub use limiter::{
+    BreakerConfig, BreakerState, BreakerTransitions, Limiter, LimiterConfig, LimiterStats,
+};
 pub use policy::FailurePolicy;
 pub use rule::{
     Algorithm, DEFAULT_BUCKETS, EXACT_LIMIT, LogLayout, MAX_COMPACT_LOG_LIMIT, MAX_SPAN, MAX_TIME,

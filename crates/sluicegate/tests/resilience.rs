@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use sluicegate::{
-    Algorithm, BreakerState, Check, DecidedBy, FailurePolicy, Limit, Limiter, LimiterConfig,
-    ManualClock, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
+    Algorithm, BreakerConfig, BreakerState, Check, DecidedBy, FailurePolicy, Limit, Limiter,
+    LimiterConfig, ManualClock, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
 };
 use sluicegate_test_support as support;
 
@@ -50,8 +50,11 @@ async fn every_policy_answers_when_redis_dies_and_redis_decides_again_after_a_re
     let config = |policy| LimiterConfig {
         on_store_error: policy,
         instances: 2,
-        breaker_failures: 3,
-        breaker_cool_down: cool_down,
+        breaker: BreakerConfig {
+            min_calls: 3,
+            cool_down,
+            ..BreakerConfig::default()
+        },
         ..LimiterConfig::default()
     };
     // The limiters' own timers (the breaker's cool-down) move only when this test says so;
@@ -136,6 +139,48 @@ async fn every_policy_answers_when_redis_dies_and_redis_decides_again_after_a_re
         assert_eq!(limiter.breaker_state(), BreakerState::Closed);
     }
     drop(restarted);
+}
+
+/// Redis counted 40 of 50 when it died: the local fallback starts the key there, so the
+/// window admits 10 more, not 50 (with 2 instances each may take min(25, 10)).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_fallback_starts_from_what_redis_counted() {
+    let server = support::RedisServer::start(&[]);
+    let mut limiters = Vec::new();
+    for instances in [1, 2] {
+        let limiter = Limiter::with_config(
+            store_on(&server, &format!("seeded-{instances}")).await,
+            LimiterConfig {
+                on_store_error: FailurePolicy::Local,
+                instances,
+                ..LimiterConfig::default()
+            },
+        );
+        limiters.push(limiter);
+    }
+    let rule = rule(50);
+    for limiter in &limiters {
+        for _ in 0..40 {
+            let (outcome, _) = check(limiter, &rule, "k").await;
+            let outcome = outcome.unwrap();
+            assert_eq!(outcome.decided_by, DecidedBy::Store);
+            assert!(outcome.decision.allowed);
+        }
+    }
+    server.shutdown();
+    for limiter in &limiters {
+        let mut allowed = 0;
+        for _ in 0..60 {
+            let (outcome, _) = check(limiter, &rule, "k").await;
+            let outcome = outcome.unwrap();
+            assert_eq!(
+                outcome.decided_by,
+                DecidedBy::Fallback(FailurePolicy::Local)
+            );
+            allowed += u32::from(outcome.decision.allowed);
+        }
+        assert_eq!(allowed, 10);
+    }
 }
 
 /// The negative cache refuses only what Redis refuses, and spares Redis most refusals of
@@ -264,7 +309,10 @@ async fn a_cluster_fails_over_under_load_and_decisions_come_back() {
             .expect("connect to the cluster"),
         LimiterConfig {
             on_store_error: FailurePolicy::Local,
-            breaker_failures: 0,
+            breaker: BreakerConfig {
+                min_calls: 0,
+                ..BreakerConfig::default()
+            },
             ..LimiterConfig::default()
         },
     );

@@ -55,8 +55,8 @@ pub(crate) struct StoreArgs {
     /// Prefix of every Redis key.
     #[arg(long, env = "SLUICEGATE_PREFIX")]
     prefix: Option<String>,
-    /// Per-call Redis timeout, e.g. 50ms.
-    #[arg(long, env = "SLUICEGATE_STORE_TIMEOUT", default_value = "50ms", value_parser = parse_duration_arg)]
+    /// Per-call Redis timeout. The default is the library's (a test holds them equal).
+    #[arg(long, env = "SLUICEGATE_STORE_TIMEOUT", default_value = "250ms", value_parser = parse_duration_arg)]
     store_timeout: DurationArg,
     /// PEM file of the authority that signed a TLS Redis server's certificate, when it is
     /// not in the system's trust store.

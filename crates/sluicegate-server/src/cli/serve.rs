@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Args;
-use sluicegate::{Algorithm, LimiterConfig};
+use sluicegate::{Algorithm, BreakerConfig, LimiterConfig};
 
 use super::args::{DurationArg, StoreArgs, parse_duration_arg};
 use super::runtime::runtime;
@@ -35,9 +35,25 @@ pub struct ServeArgs {
     /// How many instances share the store (for the local fallback).
     #[arg(long, env = "SLUICEGATE_INSTANCES", default_value_t = 1)]
     instances: u32,
-    /// Consecutive store failures that open the circuit breaker (0: never).
-    #[arg(long, env = "SLUICEGATE_BREAKER_FAILURES", default_value_t = 5)]
-    breaker_failures: u32,
+    /// The share of store calls (0 to 1, above 0) that, failing within --breaker-window,
+    /// open the circuit breaker.
+    #[arg(long, env = "SLUICEGATE_BREAKER_FAILURE_RATE", default_value_t = 0.5, value_parser = parse_failure_rate)]
+    breaker_failure_rate: f64,
+    /// How far back the circuit breaker counts store calls.
+    #[arg(long, env = "SLUICEGATE_BREAKER_WINDOW", default_value = "1s", value_parser = parse_duration_arg)]
+    breaker_window: DurationArg,
+    /// Fewer store calls than this within --breaker-window never open the circuit breaker
+    /// (0: it never opens).
+    #[arg(long, env = "SLUICEGATE_BREAKER_MIN_CALLS", default_value_t = 20)]
+    breaker_min_calls: u32,
+    /// Deprecated: the breaker opens on a failure rate now. Read as --breaker-min-calls.
+    #[arg(
+        long,
+        env = "SLUICEGATE_BREAKER_FAILURES",
+        hide = true,
+        conflicts_with = "breaker_min_calls"
+    )]
+    breaker_failures: Option<u32>,
     /// How long an open breaker waits before probing the store again.
     #[arg(long, env = "SLUICEGATE_BREAKER_COOL_DOWN", default_value = "1s", value_parser = parse_duration_arg)]
     breaker_cool_down: DurationArg,
@@ -77,6 +93,10 @@ impl ServeArgs {
     /// The service these flags describe.
     pub fn options(&self) -> anyhow::Result<ServeOptions> {
         let remote = !self.store.is_memory();
+        anyhow::ensure!(
+            !self.breaker_window.duration().is_zero(),
+            "--breaker-window must be longer than zero"
+        );
         Ok(ServeOptions {
             config: self.config.clone(),
             default_algorithm: self.default_algorithm,
@@ -85,13 +105,18 @@ impl ServeArgs {
             limiter: LimiterConfig {
                 on_store_error: self.on_store_error,
                 instances: self.instances.max(1),
-                breaker_failures: self.breaker_failures,
-                breaker_cool_down: self.breaker_cool_down.duration(),
+                breaker: BreakerConfig {
+                    failure_rate: self.breaker_failure_rate,
+                    window: self.breaker_window.duration(),
+                    min_calls: self.breaker_min_calls(),
+                    cool_down: self.breaker_cool_down.duration(),
+                },
                 negative_cache_entries: if remote && !self.no_negative_cache {
                     100_000
                 } else {
                     0
                 },
+                ..LimiterConfig::default()
             },
             service: ServiceOptions {
                 max_entry_bytes: self.max_entry_bytes,
@@ -100,6 +125,20 @@ impl ServeArgs {
             },
             reload_interval: self.reload_interval.duration(),
         })
+    }
+
+    /// --breaker-min-calls, or the deprecated --breaker-failures standing in for it.
+    fn breaker_min_calls(&self) -> u32 {
+        match self.breaker_failures {
+            Some(failures) => {
+                tracing::warn!(
+                    "--breaker-failures is deprecated: the breaker opens on a failure rate \
+                     (--breaker-failure-rate, --breaker-window); read as --breaker-min-calls {failures}"
+                );
+                failures
+            }
+            None => self.breaker_min_calls,
+        }
     }
 
     /// Binds the addresses these flags name.
@@ -117,6 +156,16 @@ impl ServeArgs {
             main: bind(self.listen).await?,
             grpc_only,
         })
+    }
+}
+
+/// clap's value parser for --breaker-failure-rate: a share in (0, 1].
+fn parse_failure_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate > 0.0 && rate <= 1.0 => Ok(rate),
+        _ => Err(format!(
+            "{text:?} is not a share of calls above 0 and at most 1, such as 0.5"
+        )),
     }
 }
 
@@ -160,4 +209,77 @@ async fn shutdown_signal() {
         () = terminate => {},
     }
     tracing::info!("shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    /// The breaker these flags configure, or the error they get.
+    fn breaker(flags: &[&str]) -> Result<BreakerConfig, String> {
+        let args = Serve::try_parse_from(std::iter::once("serve").chain(flags.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        args.args
+            .options()
+            .map(|o| o.limiter.breaker)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_breaker_flags_and_their_defaults() {
+        let defaults = breaker(&[]).unwrap();
+        assert_eq!(defaults, BreakerConfig::default());
+        let set = breaker(&[
+            "--breaker-failure-rate",
+            "0.25",
+            "--breaker-window",
+            "10s",
+            "--breaker-min-calls",
+            "100",
+            "--breaker-cool-down",
+            "500ms",
+        ])
+        .unwrap();
+        assert_eq!(
+            set,
+            BreakerConfig {
+                failure_rate: 0.25,
+                window: std::time::Duration::from_secs(10),
+                min_calls: 100,
+                cool_down: std::time::Duration::from_millis(500),
+            }
+        );
+        // The deprecated flag stands in for the minimum of calls, and not beside it.
+        let old = breaker(&["--breaker-failures", "3"]).unwrap();
+        assert_eq!(old.min_calls, 3);
+        assert!(breaker(&["--breaker-failures", "3", "--breaker-min-calls", "5"]).is_err());
+    }
+
+    #[test]
+    fn the_default_store_timeout_is_the_librarys() {
+        let args = Serve::try_parse_from(["serve", "--store", "redis://127.0.0.1:6379"]).unwrap();
+        let options = args.args.options().unwrap();
+        assert_eq!(
+            options.store.timeout,
+            sluicegate::StoreOptions::new("redis://127.0.0.1:6379").timeout
+        );
+    }
+
+    #[test]
+    fn a_failure_rate_outside_zero_to_one_or_an_empty_window_is_refused() {
+        for rate in ["0", "1.5", "-0.1", "half", "NaN"] {
+            let error = breaker(&[&format!("--breaker-failure-rate={rate}")]).unwrap_err();
+            assert!(error.contains("--breaker-failure-rate"), "{rate}: {error}");
+        }
+        let error = breaker(&["--breaker-window", "0s"]).unwrap_err();
+        assert!(error.contains("--breaker-window"), "{error}");
+    }
 }

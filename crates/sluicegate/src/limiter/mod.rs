@@ -2,47 +2,49 @@
 //! decision out. Front ends never see which store decides.
 //!
 //! Around the store it keeps deciding when the store cannot (seed 001 §5.2, seed 002
-//! §4.6): a per-rule or server-wide [`FailurePolicy`], a circuit breaker that stops
-//! calling a failing store, and a negative cache that answers repeated refusals without a
+//! §4.6): a per-rule or server-wide [`FailurePolicy`] (`local` continuing each key from
+//! the store's last count), a circuit breaker that stops calling a store that fails too
+//! large a share of calls, and a negative cache that answers repeated refusals without a
 //! round trip. Every decision says who made it ([`DecidedBy`]) and [`LimiterStats`]
 //! counts them.
 
 mod breaker;
+mod local;
 mod negative_cache;
+mod room;
+mod seeds;
 
-pub use breaker::BreakerState;
+pub use breaker::{BreakerConfig, BreakerState, BreakerTransitions};
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use breaker::{Breaker, Permit};
+use local::LocalFallback;
 use negative_cache::NegativeCache;
 
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, RetryAfter};
 use crate::policy::FailurePolicy;
 use crate::rule::Rule;
-use crate::store::{
-    Check, DecidedBy, Limit, MemoryStore, MemoryStoreConfig, Outcome, Store, StoreError,
-};
+use crate::store::{Check, DecidedBy, Limit, MemoryStore, Outcome, Store, StoreError};
 
 /// How a [`Limiter`] copes with its store.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LimiterConfig {
     /// What rules without a policy of their own do when the store fails.
     pub on_store_error: FailurePolicy,
     /// Instances sharing the store: a `local` fallback allows L / instances (rounded up).
     pub instances: u32,
-    /// Consecutive store failures that open the circuit breaker; 0 never opens it.
-    pub breaker_failures: u32,
-    /// How long an open breaker waits before a probe.
-    pub breaker_cool_down: Duration,
+    /// When the circuit breaker opens, and for how long.
+    pub breaker: BreakerConfig,
     /// Entries of the negative cache; 0 (the default) turns it off. Worth it in front of
     /// a remote store, where it saves round trips; pointless in front of the in-memory
     /// store, which answers as fast.
     pub negative_cache_entries: usize,
+    /// Keys of `local` rules whose last store answer is remembered to start the `local`
+    /// fallback from; past it, a new key starts the fallback empty.
+    pub local_seed_entries: usize,
 }
 
 impl Default for LimiterConfig {
@@ -50,9 +52,9 @@ impl Default for LimiterConfig {
         LimiterConfig {
             on_store_error: FailurePolicy::Error,
             instances: 1,
-            breaker_failures: 5,
-            breaker_cool_down: Duration::from_secs(1),
+            breaker: BreakerConfig::default(),
             negative_cache_entries: 0,
+            local_seed_entries: 100_000,
         }
     }
 }
@@ -77,9 +79,7 @@ pub struct Limiter<S = MemoryStore> {
     config: LimiterConfig,
     breaker: Breaker,
     negative: Option<NegativeCache>,
-    /// The `local` fallback's own store and its scaled-down rules, by rule identity.
-    local: MemoryStore,
-    local_rules: Mutex<HashMap<String, Rule>>,
+    local: LocalFallback,
     stats: LimiterStats,
     /// Times the breaker, the negative cache and the local fallback.
     clock: Arc<dyn Clock>,
@@ -117,11 +117,10 @@ impl<S: Store> Limiter<S> {
     pub fn with_clock(store: S, config: LimiterConfig, clock: Arc<dyn Clock>) -> Self {
         Limiter {
             store,
-            breaker: Breaker::new(config.breaker_failures, config.breaker_cool_down),
+            breaker: Breaker::new(config.breaker),
             negative: (config.negative_cache_entries > 0)
                 .then(|| NegativeCache::new(config.negative_cache_entries, Arc::clone(&clock))),
-            local: MemoryStore::new(MemoryStoreConfig::default(), Arc::clone(&clock)),
-            local_rules: Mutex::new(HashMap::new()),
+            local: LocalFallback::new(config.instances, config.local_seed_entries, &clock),
             config,
             stats: LimiterStats::default(),
             clock,
@@ -141,6 +140,11 @@ impl<S: Store> Limiter<S> {
     /// The circuit breaker's state now.
     pub fn breaker_state(&self) -> BreakerState {
         self.breaker.state(self.clock.now_micros())
+    }
+
+    /// How many times the circuit breaker entered each state.
+    pub fn breaker_transitions(&self) -> &BreakerTransitions {
+        self.breaker.transitions()
     }
 
     /// Takes `cost` units for `key` under `rule`.
@@ -167,32 +171,35 @@ impl<S: Store> Limiter<S> {
             Permit::Refuse => StoreError::Unavailable {
                 server: "(circuit breaker open)".into(),
                 message: format!(
-                    "the store failed {} times in a row; next try in {:?}",
-                    self.config.breaker_failures,
+                    "the store failed too often; next try in {:?}",
                     self.breaker.wait(now)
                 ),
             },
-            Permit::Call | Permit::Probe => match self.store.check(check).await {
+            Permit::Call(ticket) => match self.store.check(check).await {
                 Ok(outcome) => {
-                    self.breaker.success();
+                    ticket.finish(true, self.clock.now_micros());
                     self.stats.store_decisions.fetch_add(1, Ordering::Relaxed);
                     if let Some(negative) = &self.negative {
                         negative.remember(check, now, outcome.decision, outcome.limits());
                         negative.remember_admission(check, now, outcome.decision);
                     }
+                    self.local
+                        .remember(check, self.policies(check), now, outcome.limits());
                     return Ok(outcome);
                 }
-                // A malformed check is the caller's fault, not the store's.
+                // A malformed check is the caller's fault, not the store's: drop the ticket
+                // unreported.
                 Err(e @ StoreError::InvalidCheck(_)) => return Err(e),
-                // Only an unreachable or silent store trips the breaker: a full in-memory
-                // store or a key of the wrong type says nothing about the next check.
+                // Only an unreachable or silent store counts against the breaker: a full
+                // in-memory store or a key of the wrong type says nothing about the next
+                // check.
                 Err(e @ (StoreError::Unavailable { .. } | StoreError::Timeout { .. })) => {
-                    self.breaker.failure(self.clock.now_micros());
+                    ticket.finish(false, self.clock.now_micros());
                     e
                 }
                 // The store answered, if only with an error: it is reachable.
                 Err(e) => {
-                    self.breaker.success();
+                    ticket.finish(true, self.clock.now_micros());
                     e
                 }
             },
@@ -201,29 +208,31 @@ impl<S: Store> Limiter<S> {
         self.fall_back(check, error)
     }
 
+    /// Each limit's failure policy: its rule's own, or the limiter's.
+    fn policies<'c>(&self, check: &'c Check<'_>) -> impl Iterator<Item = FailurePolicy> + 'c {
+        let default = self.config.on_store_error;
+        check
+            .limits
+            .iter()
+            .map(move |l| l.rule.failure_policy().unwrap_or(default))
+    }
+
     /// Decides `check` by the policies of its rules, the store having failed with `error`.
     /// The strictest policy among the rules settles it: any `error` rule surfaces the
     /// error; any `deny` rule refuses; otherwise `local` rules decide in memory, and
     /// `allow` rules allow.
     fn fall_back(&self, check: &Check<'_>, error: StoreError) -> Result<Outcome, StoreError> {
-        let policies: Vec<FailurePolicy> = check
-            .limits
-            .iter()
-            .map(|l| {
-                l.rule
-                    .failure_policy()
-                    .unwrap_or(self.config.on_store_error)
-            })
-            .collect();
+        let policies: Vec<FailurePolicy> = self.policies(check).collect();
         let strictest = policies
             .iter()
             .copied()
             .max_by_key(|p| p.strictness())
             .unwrap_or_default();
+        let now = self.clock.now_micros();
         let decisions: Vec<Decision> = match strictest {
             FailurePolicy::Error => return Err(error),
             FailurePolicy::Deny => {
-                let wait = u64::try_from(self.breaker.wait(self.clock.now_micros()).as_micros())
+                let wait = u64::try_from(self.breaker.wait(now).as_micros())
                     .unwrap_or(u64::MAX)
                     .max(1);
                 check
@@ -244,7 +253,9 @@ impl<S: Store> Limiter<S> {
                     })
                     .collect()
             }
-            FailurePolicy::Local | FailurePolicy::Allow => self.decide_locally(check, &policies)?,
+            FailurePolicy::Local | FailurePolicy::Allow => {
+                self.local.decide(check, &policies, now)?
+            }
         };
         self.stats
             .fallback_decisions
@@ -252,84 +263,6 @@ impl<S: Store> Limiter<S> {
         let mut outcome = Outcome::from_limits(decisions);
         outcome.decided_by = DecidedBy::Fallback(strictest);
         Ok(outcome)
-    }
-
-    /// `local` rules decide on the in-memory store with their limit divided by the number
-    /// of instances; `allow` rules allow. All-or-nothing, as ever.
-    fn decide_locally(
-        &self,
-        check: &Check<'_>,
-        policies: &[FailurePolicy],
-    ) -> Result<Vec<Decision>, StoreError> {
-        let local_rules: Vec<Option<Rule>> = check
-            .limits
-            .iter()
-            .zip(policies)
-            .map(|(l, p)| (*p == FailurePolicy::Local).then(|| self.local_rule(l.rule)))
-            .collect();
-        let limits: Vec<Limit<'_>> = check
-            .limits
-            .iter()
-            .zip(&local_rules)
-            .filter_map(|(l, rule)| rule.as_ref().map(|rule| Limit { rule, key: l.key }))
-            .collect();
-        let mut local = if limits.is_empty() {
-            Vec::new().into_iter()
-        } else {
-            let local_check = Check {
-                limits: &limits,
-                ..*check
-            };
-            self.local
-                .check_now(&local_check)?
-                .limits()
-                .to_vec()
-                .into_iter()
-        };
-        Ok(check
-            .limits
-            .iter()
-            .zip(&local_rules)
-            .map(|(l, rule)| match rule {
-                Some(_) => local.next().expect("one local decision per local rule"),
-                None => Decision {
-                    allowed: true,
-                    limit: l.rule.capacity(),
-                    remaining: l.rule.capacity().saturating_sub(check.cost.max(1)),
-                    retry_after: RetryAfter::Micros(0),
-                    reset_after: 0,
-                    delay: 0,
-                },
-            })
-            .collect())
-    }
-
-    /// `rule` with its limit (and burst or queue) divided by the number of instances.
-    fn local_rule(&self, rule: &Rule) -> Rule {
-        let mut cache = self
-            .local_rules
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(local) = cache.get(rule.identity()) {
-            return local.clone();
-        }
-        let instances = u64::from(self.config.instances.max(1));
-        let share = |n: u64| n.div_ceil(instances).max(1);
-        let mut spec = rule.spec();
-        spec.limit = share(spec.limit);
-        spec.burst = spec.burst.map(share);
-        spec.queue = spec.queue.map(|q| q.div_ceil(instances));
-        // Scaling down only shrinks every product, so the original's bounds still hold;
-        // should one not, the rule itself decides locally.
-        // In the original's scope: two domains' rules of one name fall back apart too.
-        let local = Rule::new(&format!("{}@local", rule.name()), &spec)
-            .map(|local| match rule.scope() {
-                Some(scope) => local.in_scope(scope),
-                None => local,
-            })
-            .unwrap_or_else(|_| rule.clone());
-        cache.insert(rule.identity().to_owned(), local.clone());
-        local
     }
 }
 

@@ -25,12 +25,12 @@
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 
+use super::room::Room;
 use crate::algorithm;
 use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
@@ -50,9 +50,8 @@ pub(crate) struct NegativeCache {
     shards: Box<[Mutex<Shard>]>,
     /// Seeded at random per cache, so a client cannot aim keys at one bucket.
     hasher: RandomState,
-    /// Entries across all shards; at most `capacity`.
-    len: AtomicUsize,
-    capacity: usize,
+    /// Entries across all shards.
+    room: Room,
     /// The limiter's clock, read to drop expired entries when the cache is full.
     clock: Arc<dyn Clock>,
 }
@@ -103,8 +102,7 @@ impl NegativeCache {
         NegativeCache {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::default(),
-            len: AtomicUsize::new(0),
-            capacity,
+            room: Room::new(capacity),
             clock,
         }
     }
@@ -223,7 +221,7 @@ impl NegativeCache {
         let mut shard = self.shard(hash).lock();
         if let Ok(old) = shard.table.find_entry(hash, |e| e.holds(check.limits)) {
             old.remove();
-            self.len.fetch_sub(1, Ordering::Relaxed);
+            self.room.give_back(1);
         }
         shard.table.insert_unique(hash, entry, |e| e.hash);
     }
@@ -232,24 +230,16 @@ impl NegativeCache {
     /// Room is taken before an entry for the same limits is replaced, so a full cache of
     /// live refusals keeps them as they are.
     fn reserve(&self) -> bool {
-        let take = || {
-            self.len
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                    (n < self.capacity).then_some(n + 1)
-                })
-                .is_ok()
-        };
-        if take() {
-            return true;
-        }
-        let now = self.clock.now_micros();
-        for shard in &*self.shards {
-            let mut shard = shard.lock();
-            let before = shard.table.len();
-            shard.table.retain(|e| e.until > now);
-            self.len
-                .fetch_sub(before - shard.table.len(), Ordering::Relaxed);
-        }
-        take()
+        self.room.take(|| {
+            let now = self.clock.now_micros();
+            let mut dropped = 0;
+            for shard in &*self.shards {
+                let mut shard = shard.lock();
+                let before = shard.table.len();
+                shard.table.retain(|e| e.until > now);
+                dropped += before - shard.table.len();
+            }
+            dropped
+        })
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::*;
 use crate::clock::ManualClock;
 use crate::rule::{Algorithm, RuleSpec};
+use crate::store::MemoryStoreConfig;
 
 const S: u64 = 1_000_000;
 
@@ -57,8 +58,11 @@ async fn decide(limiter: &Limiter<FlakyStore>, rule: &Rule, key: &str) -> Outcom
 async fn the_breaker_probes_once_the_clock_passes_its_cool_down() {
     let (limiter, clock) = limiter(LimiterConfig {
         on_store_error: FailurePolicy::Deny,
-        breaker_failures: 2,
-        breaker_cool_down: Duration::from_secs(1),
+        breaker: BreakerConfig {
+            min_calls: 2,
+            cool_down: Duration::from_secs(1),
+            ..BreakerConfig::default()
+        },
         ..LimiterConfig::default()
     });
     let rule = rule(Algorithm::SlidingLog, 10, 60 * S);
@@ -245,11 +249,74 @@ async fn a_check_of_several_limits_is_cached_whole_and_only_in_its_order() {
     assert_eq!(other_order.decided_by, DecidedBy::Store);
 }
 
+/// Takes `n` units one by one and returns how many were allowed.
+async fn admitted(limiter: &Limiter<FlakyStore>, rule: &Rule, key: &str, n: u32) -> u32 {
+    let mut allowed = 0;
+    for _ in 0..n {
+        allowed += u32::from(decide(limiter, rule, key).await.decision.allowed);
+    }
+    allowed
+}
+
+#[tokio::test]
+async fn the_local_fallback_starts_each_key_from_what_the_store_last_said() {
+    for (instances, after_the_store) in [(1, 10), (2, 10), (5, 10), (10, 5)] {
+        let (limiter, clock) = limiter(LimiterConfig {
+            on_store_error: FailurePolicy::Local,
+            instances,
+            ..LimiterConfig::default()
+        });
+        let rule = rule(Algorithm::SlidingLog, 50, 60 * S);
+        assert_eq!(admitted(&limiter, &rule, "k", 40).await, 40);
+        // A key the store never saw starts empty, at L / instances.
+        limiter.store().down.store(true, Ordering::SeqCst);
+        clock.advance(S);
+        assert_eq!(
+            admitted(&limiter, &rule, "k", 60).await,
+            after_the_store,
+            "{instances} instances"
+        );
+        assert_eq!(
+            admitted(&limiter, &rule, "fresh", 60).await,
+            50_u32.div_ceil(instances),
+            "{instances} instances"
+        );
+    }
+}
+
+#[tokio::test]
+async fn what_the_store_said_stops_counting_once_the_key_is_back_to_empty() {
+    let (limiter, clock) = limiter(LimiterConfig {
+        on_store_error: FailurePolicy::Local,
+        ..LimiterConfig::default()
+    });
+    let rule = rule(Algorithm::FixedWindow, 50, 60 * S);
+    assert_eq!(admitted(&limiter, &rule, "k", 50).await, 50);
+    // The fixed window the store counted in is over: the whole limit again.
+    clock.advance(60 * S);
+    limiter.store().down.store(true, Ordering::SeqCst);
+    assert_eq!(admitted(&limiter, &rule, "k", 60).await, 50);
+}
+
+#[tokio::test]
+async fn past_its_bound_a_new_key_starts_the_fallback_empty() {
+    let (limiter, _clock) = limiter(LimiterConfig {
+        on_store_error: FailurePolicy::Local,
+        local_seed_entries: 1,
+        ..LimiterConfig::default()
+    });
+    let rule = rule(Algorithm::SlidingLog, 50, 60 * S);
+    assert_eq!(admitted(&limiter, &rule, "first", 40).await, 40);
+    assert_eq!(admitted(&limiter, &rule, "second", 40).await, 40);
+    limiter.store().down.store(true, Ordering::SeqCst);
+    assert_eq!(admitted(&limiter, &rule, "first", 60).await, 10);
+    assert_eq!(admitted(&limiter, &rule, "second", 60).await, 50);
+}
+
 #[tokio::test]
 async fn the_local_fallback_keeps_scopes_apart() {
     let (limiter, _clock) = limiter(LimiterConfig {
         on_store_error: FailurePolicy::Local,
-        breaker_failures: 0,
         ..LimiterConfig::default()
     });
     let per_user = rule(Algorithm::SlidingLog, 2, 60 * S);

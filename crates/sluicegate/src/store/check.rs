@@ -15,8 +15,11 @@ pub const MAX_REQUEST_ID_BYTES: usize = 256;
 
 /// Prepended to every Redis key unless a prefix is configured.
 pub(crate) const DEFAULT_REDIS_PREFIX: &str = "sluicegate:";
-/// How long one Redis check may take unless configured.
-pub(crate) const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(50);
+/// How long one Redis check may take unless configured. Measured on a loaded 2-core
+/// machine (`sluicegate bench`, 32 and 256 checks in flight, 12 runs of 10 s): the 99.9th
+/// percentile of round trips ranged from 6 ms to 226 ms; at the old 50 ms, CPU contention
+/// alone timed out checks, so 250 ms.
+pub(crate) const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// One rule applied to one key.
 #[derive(Clone, Copy, Debug)]

@@ -52,7 +52,7 @@ pub struct RedisStoreConfig {
 }
 
 impl RedisStoreConfig {
-    /// Defaults for `url`: prefix `sluicegate:`, a 50 ms timeout.
+    /// Defaults for `url`: prefix `sluicegate:`, a 250 ms timeout.
     pub fn new(url: &str) -> Self {
         RedisStoreConfig {
             url: url.to_owned(),

@@ -1,0 +1,161 @@
+//! The `local` fallback: while the store fails, `local` rules decide on an in-memory
+//! store with their limit divided by the number of instances sharing the store, each key
+//! starting from what the store last said about it ([`Seeds`]).
+//!
+//! What that bounds, for a key the store last reported with R of L remaining: one
+//! instance admits at most min(L / instances, R) more in that window, so an instance alone
+//! never goes past L; n instances together admit at most L − R + n · min(L / n, R), which
+//! exceeds L by at most (n − 1) · R.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::seeds::Seeds;
+use crate::clock::Clock;
+use crate::decision::{Decision, RetryAfter};
+use crate::policy::FailurePolicy;
+use crate::rule::Rule;
+use crate::store::{Check, Limit, MemoryStore, MemoryStoreConfig, StoreError};
+
+#[derive(Debug)]
+pub(crate) struct LocalFallback {
+    instances: u64,
+    store: MemoryStore,
+    /// The scaled-down rules, by rule identity.
+    rules: Mutex<HashMap<String, Rule>>,
+    seeds: Seeds,
+}
+
+impl LocalFallback {
+    /// `instances` share the store; `seeds` keys at most are remembered.
+    pub(crate) fn new(instances: u32, seeds: usize, clock: &Arc<dyn Clock>) -> Self {
+        LocalFallback {
+            instances: u64::from(instances.max(1)),
+            store: MemoryStore::new(MemoryStoreConfig::default(), Arc::clone(clock)),
+            rules: Mutex::new(HashMap::new()),
+            seeds: Seeds::new(seeds, Arc::clone(clock)),
+        }
+    }
+
+    /// Remembers what the store decided for the limits of `check`, sent at `sent`, that
+    /// fall back locally (`policies`, one per limit).
+    pub(crate) fn remember(
+        &self,
+        check: &Check<'_>,
+        policies: impl Iterator<Item = FailurePolicy>,
+        sent: u64,
+        decisions: &[Decision],
+    ) {
+        for ((limit, policy), decision) in check.limits.iter().zip(policies).zip(decisions) {
+            if policy == FailurePolicy::Local {
+                let used = decision.limit.saturating_sub(decision.remaining);
+                self.seeds
+                    .remember(limit.rule, limit.key, sent, used, decision.reset_after);
+            }
+        }
+    }
+
+    /// `local` rules decide on the in-memory store; `allow` rules allow. All-or-nothing,
+    /// as ever.
+    pub(crate) fn decide(
+        &self,
+        check: &Check<'_>,
+        policies: &[FailurePolicy],
+        now: u64,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let local_rules: Vec<Option<Rule>> = check
+            .limits
+            .iter()
+            .zip(policies)
+            .map(|(l, p)| (*p == FailurePolicy::Local).then(|| self.rule(l.rule)))
+            .collect();
+        let limits: Vec<Limit<'_>> = check
+            .limits
+            .iter()
+            .zip(&local_rules)
+            .filter_map(|(l, rule)| rule.as_ref().map(|local| (l, local)))
+            .map(|(l, local)| {
+                self.seed(l, local, now);
+                Limit {
+                    rule: local,
+                    key: l.key,
+                }
+            })
+            .collect();
+        let mut local = if limits.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            let local_check = Check {
+                limits: &limits,
+                ..*check
+            };
+            self.store
+                .check_now(&local_check)?
+                .limits()
+                .to_vec()
+                .into_iter()
+        };
+        Ok(check
+            .limits
+            .iter()
+            .zip(&local_rules)
+            .map(|(l, rule)| match rule {
+                Some(_) => local.next().expect("one local decision per local rule"),
+                None => Decision {
+                    allowed: true,
+                    limit: l.rule.capacity(),
+                    remaining: l.rule.capacity().saturating_sub(check.cost.max(1)),
+                    retry_after: RetryAfter::Micros(0),
+                    reset_after: 0,
+                    delay: 0,
+                },
+            })
+            .collect())
+    }
+
+    /// Starts `limit`'s key under its `local` rule from what the store last said, if it
+    /// said anything that still counts: the units it counted take the local share first.
+    fn seed(&self, limit: &Limit<'_>, local: &Rule, now: u64) {
+        self.seeds.take(limit.rule, limit.key, now, |used| {
+            let remaining = limit.rule.capacity().saturating_sub(used);
+            let taken = local.capacity().saturating_sub(remaining);
+            self.store.forget(local, limit.key);
+            if taken > 0 {
+                let limits = [Limit {
+                    rule: local,
+                    key: limit.key,
+                }];
+                // From empty, a cost within the rule's capacity is always admitted; were
+                // it not, the key would simply start empty.
+                let _ = self.store.check_now(&Check::new(&limits, taken));
+            }
+        });
+    }
+
+    /// `rule` with its limit (and burst or queue) divided by the number of instances.
+    fn rule(&self, rule: &Rule) -> Rule {
+        let mut cache = self
+            .rules
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(local) = cache.get(rule.identity()) {
+            return local.clone();
+        }
+        let share = |n: u64| n.div_ceil(self.instances).max(1);
+        let mut spec = rule.spec();
+        spec.limit = share(spec.limit);
+        spec.burst = spec.burst.map(share);
+        spec.queue = spec.queue.map(|q| q.div_ceil(self.instances));
+        // Scaling down only shrinks every product, so the original's bounds still hold;
+        // should one not, the rule itself decides locally.
+        // In the original's scope: two domains' rules of one name fall back apart too.
+        let local = Rule::new(&format!("{}@local", rule.name()), &spec)
+            .map(|local| match rule.scope() {
+                Some(scope) => local.in_scope(scope),
+                None => local,
+            })
+            .unwrap_or_else(|_| rule.clone());
+        cache.insert(rule.identity().to_owned(), local.clone());
+        local
+    }
+}

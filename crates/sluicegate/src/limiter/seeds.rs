@@ -1,0 +1,147 @@
+//! What the store last said about each key of a `local`-policy rule: how many units it
+//! counted, and until when. When the store fails, the local fallback starts each key from
+//! that, not from empty; otherwise a client at 40 of 50 when Redis died could take 50 more
+//! locally within the same window.
+//!
+//! An entry lasts until the store said the key would be back to empty (`reset_after` from
+//! when the check was sent): after that, nothing it counted still counts.
+//!
+//! Memory: at most `capacity` entries. When full, expired entries are dropped first; when
+//! none has expired, a key not yet remembered is not remembered, and if the store fails it
+//! starts empty in the fallback, as if the store had never seen it (L / instances).
+//!
+//! Cost: on the way of every store decision of a `local` rule, so like the negative cache
+//! it hashes the rule's fingerprint and the key where they lie, locks one of [`SHARDS`]
+//! shards, and updates in place; only a new key copies its bytes.
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+
+use super::room::Room;
+use crate::clock::Clock;
+use crate::rule::Rule;
+
+/// Independently locked parts of the table.
+const SHARDS: usize = 64;
+
+#[derive(Debug)]
+pub(crate) struct Seeds {
+    shards: Box<[Mutex<HashTable<Seed>>]>,
+    /// Seeded at random per table, so a client cannot aim keys at one bucket.
+    hasher: RandomState,
+    /// Entries across all shards.
+    room: Room,
+    /// The limiter's clock, read to drop expired entries when the table is full.
+    clock: Arc<dyn Clock>,
+}
+
+#[derive(Debug)]
+struct Seed {
+    hash: u64,
+    rule: Rule,
+    key: Box<str>,
+    /// Units the store counted for the key, of the rule's capacity.
+    used: u64,
+    /// When they have all freed (µs of the limiter's clock).
+    until: u64,
+}
+
+impl Seeds {
+    pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
+        Seeds {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::default(),
+            room: Room::new(capacity),
+            clock,
+        }
+    }
+
+    fn hash(&self, rule: &Rule, key: &str) -> u64 {
+        let mut hasher = self.hasher.build_hasher();
+        hasher.write_u64(rule.fingerprint());
+        hasher.write(key.as_bytes());
+        hasher.finish()
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<HashTable<Seed>> {
+        &self.shards[(hash >> 32) as usize % SHARDS]
+    }
+
+    /// Remembers that the store, asked at `sent`, counted `used` units of `rule` for `key`,
+    /// all free `reset_after` µs later.
+    pub(crate) fn remember(&self, rule: &Rule, key: &str, sent: u64, used: u64, reset_after: u64) {
+        let hash = self.hash(rule, key);
+        let until = sent.saturating_add(reset_after);
+        let mut shard = self.shard(hash).lock();
+        let found = shard.find_entry(hash, |s| *s.key == *key && s.rule.same_identity(rule));
+        match found {
+            Ok(mut seed) if used > 0 => {
+                let seed = seed.get_mut();
+                (seed.used, seed.until) = (used, until);
+            }
+            Ok(seed) => {
+                seed.remove();
+                self.room.give_back(1);
+            }
+            Err(_) if used == 0 => {}
+            Err(_) => {
+                drop(shard);
+                if !self.reserve() {
+                    return;
+                }
+                let seed = Seed {
+                    hash,
+                    rule: rule.clone(),
+                    key: key.into(),
+                    used,
+                    until,
+                };
+                let mut shard = self.shard(hash).lock();
+                if let Ok(old) =
+                    shard.find_entry(hash, |s| *s.key == *key && s.rule.same_identity(rule))
+                {
+                    // Another check remembered the key meanwhile; the room taken is not needed.
+                    old.remove();
+                    self.room.give_back(1);
+                }
+                shard.insert_unique(hash, seed, |s| s.hash);
+            }
+        }
+    }
+
+    /// Takes what the store last said about `key` under `rule`, if it still counts at
+    /// `now`, and hands the units still counted to `seed` under the entry's lock: a
+    /// concurrent check of the same key waits until the seeding is done.
+    pub(crate) fn take(&self, rule: &Rule, key: &str, now: u64, seed: impl FnOnce(u64)) {
+        let hash = self.hash(rule, key);
+        let mut shard = self.shard(hash).lock();
+        let Ok(found) = shard.find_entry(hash, |s| *s.key == *key && s.rule.same_identity(rule))
+        else {
+            return;
+        };
+        let (entry, _) = found.remove();
+        self.room.give_back(1);
+        if now < entry.until {
+            seed(entry.used);
+        }
+    }
+
+    /// Takes room for one entry; when the table is full, drops every expired entry first.
+    fn reserve(&self) -> bool {
+        self.room.take(|| {
+            let now = self.clock.now_micros();
+            let mut dropped = 0;
+            for shard in &*self.shards {
+                let mut shard = shard.lock();
+                let before = shard.len();
+                shard.retain(|s| s.until > now);
+                dropped += before - shard.len();
+            }
+            dropped
+        })
+    }
+}
