@@ -164,14 +164,11 @@ impl<S: Store> Limiter<S> {
             return Ok(outcome);
         }
         let error = match self.breaker.permit(now) {
-            Permit::Refuse => StoreError::Unavailable {
-                server: "(circuit breaker open)".into(),
-                message: format!(
-                    "the store failed {} times in a row; next try in {:?}",
-                    self.config.breaker_failures,
-                    self.breaker.wait(now)
-                ),
-            },
+            Permit::Refuse => StoreError::breaker_open(format!(
+                "the store failed {} times in a row; next try in {:?}",
+                self.config.breaker_failures,
+                self.breaker.wait(now)
+            )),
             Permit::Call | Permit::Probe => match self.store.check(check).await {
                 Ok(outcome) => {
                     self.breaker.success();
