@@ -17,6 +17,8 @@ pub const MAX_REQUEST_ID_BYTES: usize = 256;
 pub(crate) const DEFAULT_REDIS_PREFIX: &str = "sluicegate:";
 /// How long one Redis check may take unless configured.
 pub(crate) const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(50);
+/// How often Redis' `maxmemory-policy` is read again unless configured.
+pub(crate) const DEFAULT_EVICTION_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 
 /// One rule applied to one key.
 #[derive(Clone, Copy, Debug)]
