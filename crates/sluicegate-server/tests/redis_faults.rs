@@ -247,3 +247,26 @@ fn dropped_reset_half_closed_and_slow_connections_are_survived_within_l() {
     assert!(store_admitted <= L, "{store_admitted} > {L}");
     assert!(store_admitted + 4 >= L, "{store_admitted}");
 }
+
+/// A connection gone silent for good — no FIN, no RST: a middlebox that forgot the flow —
+/// fails each check in time, and once Redis has been silent on it for a script call's
+/// hold (10 store timeouts, at least 1 s) the store moves to a new connection.
+#[test]
+fn a_blackholed_connection_is_replaced() {
+    let Setup { server, proxy, .. } = setup("error", "blackhole");
+    assert!(check(&server).by_store());
+    proxy.blackhole();
+    let started = Instant::now();
+    let answers = until_the_store_decides(&server);
+    let recovered_after = started.elapsed();
+    assert_answered_in_time(&answers, "blackhole");
+    eprintln!(
+        "blackhole: {} failed checks, store decided again after {recovered_after:?}",
+        answers.len() - 1
+    );
+    // The hold, a breaker cool-down, a reconnection and a loaded machine.
+    assert!(
+        recovered_after < Duration::from_secs(3),
+        "{recovered_after:?}"
+    );
+}
