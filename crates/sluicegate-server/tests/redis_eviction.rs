@@ -159,3 +159,38 @@ fn on_a_cluster_each_master_is_read() {
     );
     set(evicting, "noeviction");
 }
+
+/// The binary says so in its log at start, naming the risk.
+#[test]
+fn the_risk_is_logged_at_start() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let redis = RedisServer::start(&["--maxmemory-policy", "allkeys-lru"]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", &redis.url()])
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    // The warning comes before the server says it listens.
+    let logged: Vec<String> = lines
+        .map_while(Result::ok)
+        .take_while(|line| !line.contains("sluicegate listening"))
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    let warning = logged
+        .iter()
+        .find(|line| line.contains("WARN"))
+        .unwrap_or_else(|| panic!("no warning in {logged:?}"));
+    assert!(
+        warning.contains("limits at risk of silent reset"),
+        "{warning}"
+    );
+    assert!(
+        warning.contains("has maxmemory-policy allkeys-lru"),
+        "{warning}"
+    );
+}
