@@ -14,7 +14,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use sluicegate::{AnyStore, BreakerState, DecidedBy, Decision, FailurePolicy, Limiter};
@@ -51,6 +51,11 @@ struct RuleLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BreakerLabels {
     to: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabels {
+    policy: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -248,6 +253,19 @@ fn limiter_registry(limiter: &Limiter<AnyStore>) -> Registry {
             "sluicegate_redis_script_checks",
             "Checks those calls carried: under load several share a call",
             sent.checks,
+        );
+        let evicting = Family::<PolicyLabels, Gauge>::default();
+        for node in redis.eviction().nodes {
+            let policy = node.policy.clone().unwrap_or_else(|_| "unknown".to_owned());
+            evicting
+                .get_or_create(&PolicyLabels { policy })
+                .set(i64::from(node.at_risk()));
+        }
+        registry.register(
+            "sluicegate_redis_evicting",
+            "Redis servers by maxmemory-policy: 1 where it may evict keys and reset limits \
+             (any policy but noeviction, or unknown: it could not be read)",
+            evicting,
         );
     }
     let breaker: i64 = match limiter.breaker_state() {

@@ -21,6 +21,9 @@ pub struct ServiceOptions {
     pub legacy_headers: bool,
     /// The bearer token `/v1/reset` needs; `None` turns it off.
     pub admin_token: Option<Arc<str>>,
+    /// Not ready (`/readyz` 503) while a Redis server's `maxmemory-policy` may evict keys,
+    /// or cannot be read.
+    pub require_noeviction: bool,
 }
 
 impl Default for ServiceOptions {
@@ -29,6 +32,7 @@ impl Default for ServiceOptions {
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
             legacy_headers: false,
             admin_token: None,
+            require_noeviction: false,
         }
     }
 }

@@ -51,7 +51,7 @@ fn hammer(prefix: &str, rule: &[&str]) -> (u64, f64) {
             String::from_utf8_lossy(&out.stderr)
         );
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(report["errors"], 0, "{report}");
+        assert_eq!(report["errors"], serde_json::json!({}), "{report}");
         assert!(report["decisions"].as_u64().unwrap() > 1000, "{report}");
         report["allowed"].as_u64().unwrap()
     };

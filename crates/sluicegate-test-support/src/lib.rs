@@ -1,5 +1,7 @@
 //! Real Redis for sluicegate's tests: standalone servers, a Redis Cluster and a Sentinel
-//! deployment, started by the tests themselves on free loopback ports.
+//! deployment, started by the tests themselves on free loopback ports; and a
+//! [`FaultProxy`] to put latency, stalls, dropped, reset and half-closed connections
+//! between a client and them.
 //!
 //! Every process runs under a small shell that kills it when its [`RedisServer`] is dropped
 //! or the test process exits (the shell waits on a pipe from the test process; either way
@@ -18,12 +20,14 @@
 
 mod cluster;
 mod poll;
+mod proxy;
 mod sentinel;
 mod server;
 
 use std::sync::OnceLock;
 
 pub use cluster::RedisCluster;
+pub use proxy::{Direction, FaultProxy};
 pub use redis::{Cmd, cmd};
 pub use sentinel::RedisSentinel;
 pub use server::RedisServer;

@@ -117,12 +117,44 @@ impl RedisServer {
         assert!(stopped, "redis-server on {} did not stop", self.port);
     }
 
+    /// Stops the server's process (SIGSTOP) for `pause`, then lets it go on (SIGCONT):
+    /// a stall as a stop-the-world pause, a swapped-out host or a frozen VM makes it. It
+    /// keeps its connections and answers what it was sent once it resumes. Blocks the
+    /// calling thread for `pause`.
+    pub fn freeze(&self, pause: Duration) {
+        let pid = self.pid();
+        signal(pid, "STOP");
+        std::thread::sleep(pause);
+        signal(pid, "CONT");
+    }
+
+    /// The server's process id, as it reports it (`INFO server`).
+    pub fn pid(&self) -> u32 {
+        let info: String = self
+            .query(cmd("INFO").arg("server"))
+            .expect("INFO server answers");
+        info.lines()
+            .find_map(|line| line.strip_prefix("process_id:"))
+            .and_then(|pid| pid.trim().parse().ok())
+            .expect("INFO server names the process_id")
+    }
+
     /// Whether it is a master now (`ROLE`), as opposed to a replica.
     pub fn is_master(&self) -> bool {
         self.query::<Vec<Value>>(&cmd("ROLE")).is_ok_and(
             |role| matches!(role.first(), Some(Value::BulkString(name)) if name == b"master"),
         )
     }
+}
+
+/// Sends `SIG{name}` to `pid` with kill(1).
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill(1)");
+    assert!(status.success(), "kill -{name} {pid} failed");
 }
 
 fn free_port() -> u16 {

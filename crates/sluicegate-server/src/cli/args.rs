@@ -62,6 +62,10 @@ pub(crate) struct StoreArgs {
     /// not in the system's trust store.
     #[arg(long, env = "SLUICEGATE_STORE_TLS_CA")]
     store_tls_ca: Option<PathBuf>,
+    /// How often Redis' maxmemory-policy is read again after connecting (0s: at connect
+    /// only); any policy but noeviction is warned about.
+    #[arg(long, env = "SLUICEGATE_EVICTION_CHECK_INTERVAL", default_value = "60s", value_parser = parse_duration_arg)]
+    eviction_check_interval: DurationArg,
 }
 
 /// A store URL as written, checked by [`StoreUrl`] when the flags are read (kept as text:
@@ -85,6 +89,7 @@ impl StoreArgs {
             .clone()
             .unwrap_or_else(|| default_prefix.to_owned());
         options.timeout = self.store_timeout.duration();
+        options.eviction_check_interval = self.eviction_check_interval.duration();
         options.tls_ca = self
             .store_tls_ca
             .as_ref()

@@ -38,6 +38,8 @@ pub(super) fn run(args: &BenchArgs) -> Result<()> {
             drive,
             negative_cache: args.negative_cache,
         };
-        bench::run(store, rule, plan).await.print(args.pace.json)
+        let report = bench::run(store, rule, plan).await;
+        report.print(args.pace.json)?;
+        report.verdict()
     })
 }

@@ -38,7 +38,7 @@ pub(super) fn run(args: LoadArgs) -> Result<()> {
         domain: args.domain,
         key: args.key,
     };
-    runtime()?
-        .block_on(load::run(target, drive))?
-        .print(args.pace.json)
+    let report = runtime()?.block_on(load::run(target, drive))?;
+    report.print(args.pace.json)?;
+    report.verdict()
 }

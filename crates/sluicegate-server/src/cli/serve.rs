@@ -80,6 +80,10 @@ pub struct ServeArgs {
     /// Enables POST /v1/reset for requests bearing this token.
     #[arg(long, env = "SLUICEGATE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// Not ready (/readyz answers 503) while Redis may evict keys: a maxmemory-policy
+    /// other than noeviction on any server, or one that cannot be read.
+    #[arg(long, env = "SLUICEGATE_REQUIRE_NOEVICTION")]
+    require_noeviction: bool,
     /// How often to look for edits of the --config files (SIGHUP reloads at once).
     #[arg(long, env = "SLUICEGATE_RELOAD_INTERVAL", default_value = "1s", value_parser = parse_duration_arg)]
     reload_interval: DurationArg,
@@ -122,6 +126,7 @@ impl ServeArgs {
                 max_entry_bytes: self.max_entry_bytes,
                 legacy_headers: self.legacy_headers,
                 admin_token: self.admin_token.as_deref().map(Arc::from),
+                require_noeviction: self.require_noeviction,
             },
             reload_interval: self.reload_interval.duration(),
         })

@@ -5,11 +5,18 @@
 //! own schedule). Latency is measured from when a check is sent to when its answer is
 //! back; tokio's timers are only millisecond-accurate, so measuring from when a paced
 //! check was due would mostly measure the timer.
+//!
+//! A check that fails is no decision: failures are counted by kind, apart, and neither
+//! their number nor their latency enters the decisions or the percentiles. A failing
+//! task backs off before its next check and an answered one yields to the others, so no
+//! task spins on an instant error (an open breaker's) or an instant answer and starves
+//! the connection driver and the timers sharing its worker.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use serde::Serialize;
 use sluicegate::{AnyStore, Check, Limit, Limiter, LimiterConfig, Rule};
 
@@ -23,14 +30,19 @@ pub(crate) struct BenchReport {
     pub(crate) keys: usize,
     pub(crate) concurrency: usize,
     pub(crate) seconds: f64,
+    /// Checks answered with a decision.
     pub(crate) decisions: u64,
+    /// Of answered checks only.
     pub(crate) decisions_per_second: f64,
     pub(crate) allowed: u64,
-    pub(crate) errors: u64,
+    /// Checks that got no decision, by kind of failure: a store error's
+    /// [`kind`](sluicegate::StoreError::kind), or the service's HTTP status or gRPC code.
+    pub(crate) errors: BTreeMap<String, u64>,
     /// Checks that reached the store (the rest the negative cache answered); `None` when
     /// driving a service, whose store calls are its own.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) store_calls: Option<u64>,
+    /// Latencies of answered checks only.
     pub(crate) p50_us: u64,
     pub(crate) p99_us: u64,
     pub(crate) p999_us: u64,
@@ -45,11 +57,14 @@ pub(crate) struct BenchPlan {
     pub(crate) negative_cache: bool,
 }
 
-struct TaskResult {
-    latencies: Vec<u32>,
-    allowed: u64,
-    errors: u64,
-}
+/// Why a call got no decision, as counted: a store error's kind, an HTTP status, a gRPC
+/// code.
+pub(crate) type FailureKind = std::borrow::Cow<'static, str>;
+
+/// How long a task waits after its first failure in a row; each further one doubles it,
+/// up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(1);
+const MAX_BACKOFF: Duration = Duration::from_millis(64);
 
 /// How to drive load.
 pub(crate) struct Drive {
@@ -60,12 +75,13 @@ pub(crate) struct Drive {
     pub(crate) rate: Option<f64>,
 }
 
-/// What driving load measured.
+/// What driving load measured: one task's, or all of them together.
+#[derive(Default)]
 pub(crate) struct Driven {
-    /// Sorted.
+    /// Of answered calls; sorted once every task's are in.
     latencies: Vec<u32>,
     allowed: u64,
-    errors: u64,
+    errors: BTreeMap<String, u64>,
     seconds: f64,
 }
 
@@ -97,7 +113,7 @@ impl Driven {
             decisions,
             decisions_per_second: decisions as f64 / self.seconds,
             allowed: self.allowed,
-            errors: self.errors,
+            errors: self.errors.clone(),
             store_calls,
             p50_us: self.percentile(0.50),
             p99_us: self.percentile(0.99),
@@ -109,11 +125,11 @@ impl Driven {
 
 /// Runs `concurrency` tasks for `duration`, each calling `call` with keys picked at random
 /// (as fast as answers come, or paced to `rate` in total); `call` answers whether the
-/// request was allowed, or failed.
+/// request was allowed, or why it failed.
 pub(crate) async fn drive<C, F>(drive: &Drive, call: C) -> Driven
 where
     C: Fn(usize) -> F + Clone + Send + 'static,
-    F: std::future::Future<Output = Result<bool, ()>> + Send,
+    F: std::future::Future<Output = Result<bool, FailureKind>> + Send,
 {
     let started = Instant::now();
     let deadline = started + drive.duration;
@@ -126,11 +142,8 @@ where
             let call = call.clone();
             tokio::spawn(async move {
                 let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (task as u64 + 1);
-                let mut result = TaskResult {
-                    latencies: Vec::new(),
-                    allowed: 0,
-                    errors: 0,
-                };
+                let mut result = Driven::default();
+                let mut backoff = FIRST_BACKOFF;
                 // Spread the tasks' schedules over one period so they do not fire together.
                 let mut due = period.map(|p| started + p.mul_f64(task as f64 / 32.0));
                 loop {
@@ -145,13 +158,23 @@ where
                     x ^= x >> 7;
                     x ^= x << 17;
                     match call((x % keys) as usize).await {
-                        Ok(allowed) => result.allowed += u64::from(allowed),
-                        Err(()) => result.errors += 1,
+                        Ok(allowed) => {
+                            let micros = begin.elapsed().as_micros();
+                            result
+                                .latencies
+                                .push(u32::try_from(micros).unwrap_or(u32::MAX));
+                            result.allowed += u64::from(allowed);
+                            backoff = FIRST_BACKOFF;
+                            // An answer can come without the call ever waiting (the
+                            // negative cache, the memory store): let the others run.
+                            tokio::task::yield_now().await;
+                        }
+                        Err(kind) => {
+                            *result.errors.entry(kind.into_owned()).or_default() += 1;
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(MAX_BACKOFF);
+                        }
                     }
-                    let micros = begin.elapsed().as_micros();
-                    result
-                        .latencies
-                        .push(u32::try_from(micros).unwrap_or(u32::MAX));
                     if let (Some(at), Some(p)) = (due.as_mut(), period) {
                         *at += p;
                     }
@@ -160,17 +183,14 @@ where
             })
         })
         .collect();
-    let mut driven = Driven {
-        latencies: Vec::new(),
-        allowed: 0,
-        errors: 0,
-        seconds: 0.0,
-    };
+    let mut driven = Driven::default();
     for task in tasks {
         if let Ok(result) = task.await {
             driven.latencies.extend(result.latencies);
             driven.allowed += result.allowed;
-            driven.errors += result.errors;
+            for (kind, n) in result.errors {
+                *driven.errors.entry(kind).or_default() += n;
+            }
         }
     }
     driven.seconds = started.elapsed().as_secs_f64();
@@ -202,7 +222,7 @@ pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchRe
                     .decide(&Check::new(&limits, 1))
                     .await
                     .map(|o| o.decision.allowed)
-                    .map_err(drop)
+                    .map_err(|e| FailureKind::Borrowed(e.kind()))
             }
         }
     };
@@ -230,11 +250,42 @@ impl BenchReport {
         Ok(())
     }
 
+    /// Checks that got no decision.
+    fn failed_checks(&self) -> u64 {
+        self.errors.values().sum()
+    }
+
+    /// The failures by kind, `timeout 12, breaker_open 3`.
+    fn errors_text(&self) -> String {
+        let kinds: Vec<String> = self
+            .errors
+            .iter()
+            .map(|(kind, n)| format!("{kind} {n}"))
+            .collect();
+        kinds.join(", ")
+    }
+
+    /// An error when any check failed: a run with failures is not a clean measurement.
+    pub(crate) fn verdict(&self) -> Result<()> {
+        let failed = self.failed_checks();
+        if failed > 0 {
+            bail!(
+                "the run failed: {failed} checks got no decision ({})",
+                self.errors_text()
+            );
+        }
+        Ok(())
+    }
+
     pub(crate) fn text(&self) -> String {
+        let errors = match self.failed_checks() {
+            0 => "no errors".to_owned(),
+            n => format!("{n} errors: {}", self.errors_text()),
+        };
         format!(
             "{} · {} · {} keys · concurrency {}\n\
-             {} decisions in {:.2} s: {:.0} decisions/s ({} allowed, {} errors{})\n\
-             latency µs: p50 {}  p99 {}  p999 {}  max {}",
+             {} decisions in {:.2} s: {:.0} decisions/s ({} allowed; {}{})\n\
+             latency µs (answered checks): p50 {}  p99 {}  p999 {}  max {}",
             self.target,
             self.workload,
             self.keys,
@@ -243,7 +294,7 @@ impl BenchReport {
             self.seconds,
             self.decisions_per_second,
             self.allowed,
-            self.errors,
+            errors,
             self.store_calls
                 .map_or(String::new(), |n| format!(", {n} store calls")),
             self.p50_us,

@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::bench::{BenchReport, Drive, drive};
+use super::bench::{BenchReport, Drive, FailureKind, drive};
 
 /// HTTP/2 connections the gRPC load opens (at most one per task).
 const GRPC_CONNECTIONS: usize = 8;
@@ -59,16 +59,20 @@ pub(crate) async fn run(target: Target, load: Drive) -> Result<BenchReport> {
                     let request = axum::http::Request::post(url)
                         .header("content-type", "application/json")
                         .body(Full::new(bodies[i].clone()))
-                        .map_err(drop)?;
-                    let response = client.request(request).await.map_err(drop)?;
-                    if !response.status().is_success() {
-                        return Err(());
+                        .map_err(|_| FailureKind::Borrowed("http_request"))?;
+                    let response = client
+                        .request(request)
+                        .await
+                        .map_err(|_| FailureKind::Borrowed("http_connection"))?;
+                    let status = response.status();
+                    if !status.is_success() {
+                        return Err(FailureKind::Owned(format!("http_{}", status.as_u16())));
                     }
                     let body = response
                         .into_body()
                         .collect()
                         .await
-                        .map_err(drop)?
+                        .map_err(|_| FailureKind::Borrowed("http_body"))?
                         .to_bytes();
                     Ok(body.starts_with(br#"{"allowed":true"#))
                 }
@@ -110,7 +114,9 @@ pub(crate) async fn run(target: Target, load: Drive) -> Result<BenchReport> {
                     let response = client
                         .should_rate_limit(requests[i].clone())
                         .await
-                        .map_err(drop)?;
+                        .map_err(|status| {
+                            FailureKind::Owned(format!("grpc_{:?}", status.code()))
+                        })?;
                     Ok(response.into_inner().overall_code == i32::from(Code::Ok))
                 }
             };

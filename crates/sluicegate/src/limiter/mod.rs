@@ -168,13 +168,10 @@ impl<S: Store> Limiter<S> {
             return Ok(outcome);
         }
         let error = match self.breaker.permit(now) {
-            Permit::Refuse => StoreError::Unavailable {
-                server: "(circuit breaker open)".into(),
-                message: format!(
-                    "the store failed too often; next try in {:?}",
-                    self.breaker.wait(now)
-                ),
-            },
+            Permit::Refuse => StoreError::breaker_open(format!(
+                "the store failed too often; next try in {:?}",
+                self.breaker.wait(now)
+            )),
             Permit::Call(ticket) => match self.store.check(check).await {
                 Ok(outcome) => {
                     ticket.finish(true, self.clock.now_micros());

@@ -3,7 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::check::{Check, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome, Store};
+use super::check::{
+    Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome,
+    Store,
+};
 use super::error::StoreError;
 use super::memory::{MemoryStore, MemoryStoreConfig};
 #[cfg(feature = "redis")]
@@ -35,6 +38,9 @@ pub struct StoreOptions {
     pub timeout: Duration,
     /// PEM certificate(s) of the authority behind a TLS server's certificate.
     pub tls_ca: Option<Vec<u8>>,
+    /// How often Redis' `maxmemory-policy` is read again after connecting; zero: at
+    /// connect only.
+    pub eviction_check_interval: Duration,
     /// The in-memory store's settings.
     pub memory: MemoryStoreConfig,
 }
@@ -47,6 +53,7 @@ impl StoreOptions {
             prefix: DEFAULT_REDIS_PREFIX.to_owned(),
             timeout: DEFAULT_REDIS_TIMEOUT,
             tls_ca: None,
+            eviction_check_interval: DEFAULT_EVICTION_CHECK_INTERVAL,
             memory: MemoryStoreConfig::default(),
         }
     }
@@ -63,11 +70,15 @@ impl AnyStore {
                 Arc::new(SystemClock::new()),
             ))),
             #[cfg(feature = "redis")]
-            Target::Redis(redis) => {
-                RedisStore::open(redis, options.prefix, options.timeout, options.tls_ca)
-                    .await
-                    .map(AnyStore::Redis)
-            }
+            Target::Redis(redis) => RedisStore::open(
+                redis,
+                options.prefix,
+                options.timeout,
+                options.tls_ca,
+                options.eviction_check_interval,
+            )
+            .await
+            .map(AnyStore::Redis),
         }
     }
 

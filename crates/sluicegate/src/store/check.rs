@@ -20,6 +20,8 @@ pub(crate) const DEFAULT_REDIS_PREFIX: &str = "sluicegate:";
 /// percentile of round trips ranged from 6 ms to 226 ms; at the old 50 ms, CPU contention
 /// alone timed out checks, so 250 ms.
 pub(crate) const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(250);
+/// How often Redis' `maxmemory-policy` is read again unless configured.
+pub(crate) const DEFAULT_EVICTION_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 
 /// One rule applied to one key.
 #[derive(Clone, Copy, Debug)]

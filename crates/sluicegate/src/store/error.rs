@@ -48,6 +48,36 @@ pub enum StoreError {
     },
 }
 
+/// The server an open circuit breaker's errors name: it refused to call the store at all.
+const BREAKER_OPEN: &str = "(circuit breaker open)";
+
+impl StoreError {
+    /// The error an open circuit breaker answers with instead of calling the store:
+    /// [`StoreError::Unavailable`], saying why in `message`.
+    pub(crate) fn breaker_open(message: String) -> StoreError {
+        StoreError::Unavailable {
+            server: BREAKER_OPEN.to_owned(),
+            message,
+        }
+    }
+
+    /// What kind of failure this is, in snake case, for counting failures by kind:
+    /// `timeout`, `breaker_open`, `unavailable`, `script`, `wrong_type`, `key_capacity`,
+    /// `invalid_check`. An open breaker's error is an [`StoreError::Unavailable`] to its
+    /// callers, but a kind of its own here: no call was made.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::InvalidCheck(_) => "invalid_check",
+            StoreError::KeyCapacity { .. } => "key_capacity",
+            StoreError::Unavailable { server, .. } if server == BREAKER_OPEN => "breaker_open",
+            StoreError::Unavailable { .. } => "unavailable",
+            StoreError::Timeout { .. } => "timeout",
+            StoreError::WrongType { .. } => "wrong_type",
+            StoreError::Script { .. } => "script",
+        }
+    }
+}
+
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -86,3 +116,28 @@ impl fmt::Display for StoreError {
 }
 
 impl std::error::Error for StoreError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An open breaker's error is `Unavailable` to callers but a kind of its own when
+    /// counted: no call was made.
+    #[test]
+    fn an_open_breaker_is_a_kind_apart_from_an_unavailable_server() {
+        let open = StoreError::breaker_open("next try in 1s".to_owned());
+        assert!(matches!(open, StoreError::Unavailable { .. }));
+        assert_eq!(open.kind(), "breaker_open");
+        let down = StoreError::Unavailable {
+            server: "redis://127.0.0.1:6379".to_owned(),
+            message: "connection refused".to_owned(),
+        };
+        assert_eq!(down.kind(), "unavailable");
+        let timeout = StoreError::Timeout {
+            server: "redis://127.0.0.1:6379".to_owned(),
+            key: None,
+            after: std::time::Duration::from_millis(50),
+        };
+        assert_eq!(timeout.kind(), "timeout");
+    }
+}

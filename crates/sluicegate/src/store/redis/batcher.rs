@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Script;
-use redis::aio::ConnectionManager;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use super::connect::Replaceable;
 use super::error::{CallError, bounded};
 use super::script::{CallCounters, ScriptCheck, ScriptRow, invocation, split_answers};
 
@@ -25,7 +25,8 @@ pub(super) struct Batcher {
 /// Longer than a check's own timeout on purpose: while Redis is stalled, the calls in flight
 /// keep their places, so the checks queued behind them time out in the queue and are never
 /// sent (their callers were told the store failed; sent later, they could still take units).
-/// Bounded, so that a call lost with its connection frees its place.
+/// Bounded, so that a call lost with its connection frees its place; a call that reaches
+/// it has heard nothing from Redis for that long, and the connection is replaced.
 pub(super) fn call_hold(check_timeout: Duration) -> Duration {
     (check_timeout * 10).max(Duration::from_secs(1))
 }
@@ -44,7 +45,7 @@ impl Batcher {
     /// Starts the task that sends queued checks; it ends when every store clone is gone.
     /// A call that has no answer within `hold` gives its place up (see [`call_hold`]).
     pub(super) fn start(
-        connection: ConnectionManager,
+        connection: Replaceable,
         script: Arc<Script>,
         counters: Arc<CallCounters>,
         hold: Duration,
@@ -68,14 +69,23 @@ impl Batcher {
                     continue;
                 }
                 counters.count(batch.len());
-                let (mut connection, script) = (connection.clone(), Arc::clone(&script));
+                let (connection, script) = (connection.clone(), Arc::clone(&script));
                 tokio::spawn(async move {
                     let (calls, answers): (Vec<ScriptCheck>, Vec<_>) =
                         batch.into_iter().map(|q| (q.call, q.answer)).unzip();
                     let invocation = invocation(&script, &calls);
-                    let replies = bounded(hold, invocation.invoke_async(&mut connection))
-                        .await
-                        .and_then(|reply| split_answers(reply, &calls));
+                    let replies =
+                        bounded(hold, invocation.invoke_async(&mut connection.current())).await;
+                    // Our bound or the manager's own response timeout, both the hold.
+                    let silent = match &replies {
+                        Err(CallError::Timeout) => true,
+                        Err(CallError::Redis(e)) => e.is_timeout(),
+                        _ => false,
+                    };
+                    if silent {
+                        connection.replace_silent();
+                    }
+                    let replies = replies.and_then(|reply| split_answers(reply, &calls));
                     drop(permit);
                     match replies {
                         Ok(replies) => {

@@ -2,7 +2,10 @@
 //! Redis Cluster through the cluster client; TLS with rustls.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
@@ -19,7 +22,7 @@ use crate::store::url::{RedisUrl, Topology};
 #[derive(Clone)]
 pub(super) enum Connection {
     Single {
-        manager: ConnectionManager,
+        manager: Replaceable,
         batcher: Batcher,
     },
     Cluster(ClusterConnection),
@@ -78,13 +81,9 @@ impl Connection {
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(call_hold(timeout)))
             .set_number_of_retries(1);
-        let manager = tokio::time::timeout(
-            connect_timeout,
-            client.get_connection_manager_with_config(manager_config),
-        )
-        .await
-        .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
-        .map_err(|e| unavailable(e.to_string()))?;
+        let manager = Replaceable::connect(client, manager_config, connect_timeout)
+            .await
+            .map_err(unavailable)?;
         Ok(Connection::Single {
             batcher: Batcher::start(
                 manager.clone(),
@@ -104,10 +103,91 @@ impl Connection {
     ) -> Result<T, CallError> {
         match self {
             Connection::Single { manager, .. } => {
-                bounded(timeout, command.query_async(&mut manager.clone())).await
+                bounded(timeout, command.query_async(&mut manager.current())).await
             }
             Connection::Cluster(c) => bounded(timeout, command.query_async(&mut c.clone())).await,
         }
+    }
+}
+
+/// A single server's connection manager, replaced by a new connection when Redis stays
+/// silent on it for a script call's whole hold. The manager reconnects by itself when its
+/// connection breaks (a reset, a close), but not when it merely goes quiet: a peer gone
+/// without a FIN or RST, or a middlebox that forgot the flow, would otherwise fail every
+/// check for as long as TCP takes to notice (hours). Only the batcher's task and the
+/// occasional command take the lock, each to clone the manager.
+#[derive(Clone)]
+pub(super) struct Replaceable(Arc<ReplaceableInner>);
+
+struct ReplaceableInner {
+    current: Mutex<ConnectionManager>,
+    /// What a new connection is made from.
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    connect_timeout: Duration,
+    /// A new connection is being made.
+    replacing: AtomicBool,
+}
+
+impl Replaceable {
+    async fn connect(
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+        connect_timeout: Duration,
+    ) -> Result<Replaceable, String> {
+        let manager = Replaceable::new_manager(&client, &config, connect_timeout).await?;
+        Ok(Replaceable(Arc::new(ReplaceableInner {
+            current: Mutex::new(manager),
+            client,
+            config,
+            connect_timeout,
+            replacing: AtomicBool::new(false),
+        })))
+    }
+
+    async fn new_manager(
+        client: &redis::Client,
+        config: &ConnectionManagerConfig,
+        connect_timeout: Duration,
+    ) -> Result<ConnectionManager, String> {
+        tokio::time::timeout(
+            connect_timeout,
+            client.get_connection_manager_with_config(config.clone()),
+        )
+        .await
+        .map_err(|_| format!("no answer within {connect_timeout:?}"))?
+        .map_err(|e| e.to_string())
+    }
+
+    /// The manager to send on now.
+    pub(super) fn current(&self) -> ConnectionManager {
+        self.0.current.lock().clone()
+    }
+
+    /// Redis has not answered on the current connection for a whole hold: connect anew,
+    /// in the background (once at a time), and send on the new connection once it is up.
+    /// If it cannot connect, the current one stays, and the next silence tries again.
+    pub(super) fn replace_silent(&self) {
+        if self.0.replacing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = Arc::clone(&self.0);
+        tokio::spawn(async move {
+            match Replaceable::new_manager(&this.client, &this.config, this.connect_timeout).await {
+                Ok(manager) => {
+                    tracing::warn!(
+                        "redis did not answer on its connection for a whole call hold; \
+                         moved to a new connection"
+                    );
+                    *this.current.lock() = manager;
+                }
+                Err(e) => tracing::warn!(
+                    "redis did not answer on its connection for a whole call hold, and a \
+                     new connection failed: {e}"
+                ),
+            }
+            this.replacing.store(false, Ordering::Release);
+        });
     }
 }
 

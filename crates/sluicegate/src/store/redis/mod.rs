@@ -14,6 +14,7 @@ mod batcher;
 mod cluster;
 mod connect;
 mod error;
+mod eviction;
 mod keys;
 mod script;
 
@@ -23,16 +24,21 @@ use std::time::Duration;
 
 use redis::Script;
 
+pub use eviction::{Eviction, NO_EVICTION, NodePolicy};
 pub use keys::{KeyKind, hash_slot, identity_slot, key_pattern, redis_key};
 pub use script::ScriptCalls;
 
-use super::check::{Check, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome, Store};
+use super::check::{
+    Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome,
+    Store,
+};
 use super::error::StoreError;
 use super::url::{RedisUrl, StoreUrl, Target};
 use crate::rule::Rule;
 use cluster::RunScript;
 use connect::Connection;
 use error::CallError;
+use eviction::EvictionWatch;
 use script::{CHECK_SCRIPT, CallCounters, Mode, Row, ScriptCheck, ScriptRow};
 
 /// Settings of a [`RedisStore`].
@@ -49,16 +55,21 @@ pub struct RedisStoreConfig {
     /// For TLS: the PEM certificate(s) of the authority that signed the server's
     /// certificate, when it is not in the system's trust store.
     pub tls_ca: Option<Vec<u8>>,
+    /// How often the servers' `maxmemory-policy` is read again after connecting
+    /// ([`RedisStore::eviction`]); zero reads it at connect only.
+    pub eviction_check_interval: Duration,
 }
 
 impl RedisStoreConfig {
-    /// Defaults for `url`: prefix `sluicegate:`, a 250 ms timeout.
+    /// Defaults for `url`: prefix `sluicegate:`, a 250 ms timeout, the eviction policy
+    /// read every minute.
     pub fn new(url: &str) -> Self {
         RedisStoreConfig {
             url: url.to_owned(),
             prefix: DEFAULT_REDIS_PREFIX.to_owned(),
             timeout: DEFAULT_REDIS_TIMEOUT,
             tls_ca: None,
+            eviction_check_interval: DEFAULT_EVICTION_CHECK_INTERVAL,
         }
     }
 }
@@ -73,6 +84,7 @@ pub struct RedisStore {
     timeout: Duration,
     /// Where it connects, without credentials: named in every error.
     server: String,
+    eviction: Arc<EvictionWatch>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -87,7 +99,8 @@ impl fmt::Debug for RedisStore {
 
 impl RedisStore {
     /// Connects (within the configured timeout, at least one second for a first
-    /// connection) and checks that the server answers.
+    /// connection), checks that the server answers, and reads its eviction policy
+    /// (logging a warning when it may delete our keys; see [`RedisStore::eviction`]).
     pub async fn connect(config: RedisStoreConfig) -> Result<RedisStore, StoreError> {
         let unavailable =
             |server: String, message: String| StoreError::Unavailable { server, message };
@@ -95,7 +108,14 @@ impl RedisStore {
             .map_err(|e| unavailable(e.url().to_owned(), e.to_string()))?;
         match url.target() {
             Target::Redis(redis) => {
-                RedisStore::open(redis, config.prefix, config.timeout, config.tls_ca).await
+                RedisStore::open(
+                    redis,
+                    config.prefix,
+                    config.timeout,
+                    config.tls_ca,
+                    config.eviction_check_interval,
+                )
+                .await
             }
             Target::Memory => Err(unavailable(
                 url.to_string(),
@@ -110,28 +130,42 @@ impl RedisStore {
         prefix: String,
         timeout: Duration,
         tls_ca: Option<Vec<u8>>,
+        eviction_check_interval: Duration,
     ) -> Result<RedisStore, StoreError> {
         let script = Arc::new(Script::new(CHECK_SCRIPT));
         let calls = Arc::new(CallCounters::default());
         let connection = Connection::open(url, timeout, tls_ca.as_deref(), &script, &calls).await?;
-        let store = RedisStore {
+        let server = url.shown.clone();
+        ping(&connection, &server, timeout).await?;
+        // Off the decision path: as long as a first connection may take.
+        let eviction = EvictionWatch::start(
+            connection.clone(),
+            server.clone(),
+            timeout.max(Duration::from_secs(1)),
+            eviction_check_interval,
+        )
+        .await;
+        Ok(RedisStore {
             connection,
             script,
             calls,
             prefix,
             timeout,
-            server: url.shown.clone(),
-        };
-        store.ping().await?;
-        Ok(store)
+            server,
+            eviction: Arc::new(eviction),
+        })
+    }
+
+    /// The servers' `maxmemory-policy` as last read (at connect, then every
+    /// `eviction_check_interval`): under any policy but `noeviction`, Redis at
+    /// `maxmemory` deletes keys, and a limit whose state it deletes starts over.
+    pub fn eviction(&self) -> Eviction {
+        self.eviction.latest()
     }
 
     /// Whether the server answers, within the timeout.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.query::<String>(&redis::cmd("PING"))
-            .await
-            .map(drop)
-            .map_err(|e| self.error(e, None))
+        ping(&self.connection, &self.server, self.timeout).await
     }
 
     /// Sends one command within the timeout.
@@ -212,6 +246,15 @@ impl RedisStore {
         }
         None
     }
+}
+
+/// Whether `server` answers on `connection` within `timeout`.
+async fn ping(connection: &Connection, server: &str, timeout: Duration) -> Result<(), StoreError> {
+    connection
+        .query::<String>(&redis::cmd("PING"), timeout)
+        .await
+        .map(drop)
+        .map_err(|e| e.into_store_error(server, timeout, None))
 }
 
 impl RunScript for RedisStore {
