@@ -29,7 +29,8 @@ fn wait_bounded(child: &mut Child, limit: Duration) -> ExitStatus {
 }
 
 /// The redis-server process is stopped (SIGSTOP) for 100 ms, 0.8 s into a 3 s run with
-/// 256 checks in flight on two tokio workers.
+/// 256 checks in flight on two tokio workers, with a store timeout below the stall (the
+/// default, 250 ms, would ride it out) so that the checks in flight fail.
 #[test]
 fn a_redis_stall_ends_on_time_and_is_reported_by_kind() {
     let redis = RedisServer::start(&[]);
@@ -38,7 +39,7 @@ fn a_redis_stall_ends_on_time_and_is_reported_by_kind() {
         .args(["bench", "--store", &redis.url()])
         .args(["--algorithm", "fixed-window", "--limit", "1000000000"])
         .args(["--window", "1h", "--keys", "1000", "--concurrency", "256"])
-        .args(["--duration", "3s", "--json"])
+        .args(["--duration", "3s", "--store-timeout", "50ms", "--json"])
         .env("TOKIO_WORKER_THREADS", "2")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
