@@ -13,6 +13,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::{get, post};
 
+pub(crate) use self::error::ApiError;
 use crate::service::Service;
 
 /// The largest request body the HTTP API reads.
