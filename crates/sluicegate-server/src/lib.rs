@@ -12,5 +12,7 @@ mod service;
 mod tools;
 
 pub use config::Config;
-pub use server::{Listeners, Prepared, ServeOptions, prepare, serve};
+pub use server::{
+    ConnectionOptions, Listeners, Prepared, ServeOptions, TlsOptions, prepare, serve,
+};
 pub use service::ServiceOptions;

@@ -16,8 +16,10 @@
 //! println!("{} holds {keys} keys", server.url());
 //! ```
 //!
-//! redis-server and redis-cli must be on the PATH (`scripts/test` installs them).
+//! redis-server and redis-cli must be on the PATH (`scripts/test` installs them), and
+//! openssl for [`certificates`].
 
+pub mod certificates;
 mod cluster;
 mod poll;
 mod proxy;

@@ -4,7 +4,6 @@
 #![cfg(feature = "redis")]
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use sluicegate::{
@@ -34,81 +33,22 @@ fn config(url: &str, test: &str) -> RedisStoreConfig {
     config
 }
 
-/// A certificate authority and a server certificate for 127.0.0.1, made with openssl.
-fn certificates(dir: &Path) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect(
-                "openssl is needed: run scripts/test (it installs it) or apt-get install openssl",
-            );
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=sluicegate test CA",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=127.0.0.1",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-    ]);
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "san.ext",
-        "-out",
-        "server.crt",
-    ]);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_the_deployments_own_authority() {
     let dir = std::env::temp_dir().join(format!("sluicegate-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    certificates(&dir);
+    let authority = support::certificates::Authority::new(&dir, "ca");
+    let server_cert = authority.issue("server");
     let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let path = |name: &str| dir.join(name).display().to_string();
-    let (cert, key, ca) = (path("server.crt"), path("server.key"), path("ca.crt"));
+    let path = |path: &Path| path.display().to_string();
+    let (cert, key, ca) = (
+        path(&server_cert.cert),
+        path(&server_cert.key),
+        path(&authority.cert()),
+    );
     let tls_port_arg = tls_port.to_string();
     let _server = support::RedisServer::start(&[
         "--tls-port",
@@ -124,7 +64,7 @@ async fn tls_with_the_deployments_own_authority() {
     ]);
     let url = format!("rediss://127.0.0.1:{tls_port}");
     let mut trusted = config(&url, "tls");
-    trusted.tls_ca = Some(std::fs::read(dir.join("ca.crt")).unwrap());
+    trusted.tls_ca = Some(std::fs::read(authority.cert()).unwrap());
     decides(&RedisStore::connect(trusted).await.expect("TLS with the CA")).await;
 
     // Without the authority the server's certificate is not trusted: a typed error.

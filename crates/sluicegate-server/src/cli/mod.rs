@@ -31,7 +31,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the rate-limit service (HTTP JSON API), in memory by default.
-    Serve(serve::ServeArgs),
+    // Boxed: the service's flags outweigh every other command's.
+    Serve(Box<serve::ServeArgs>),
     /// Decide docs/SPEC.md's replay CSV from stdin with the caller's timestamps; one decision
     /// line per input line on stdout.
     Replay(replay::ReplayArgs),
@@ -51,7 +52,7 @@ enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve::serve(args),
+        Command::Serve(args) => serve::serve(*args),
         Command::Replay(args) => replay::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Simulate(args) => simulate::run(&args),

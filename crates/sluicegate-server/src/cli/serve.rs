@@ -5,6 +5,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
@@ -13,7 +14,7 @@ use sluicegate::{Algorithm, BreakerConfig, LimiterConfig};
 use super::args::{DurationArg, StoreArgs, parse_duration_arg};
 use super::runtime::runtime;
 use crate::config::DEFAULT_MAX_NODES;
-use crate::server::{self, Listeners, ServeOptions};
+use crate::server::{self, ConnectionOptions, Listeners, ServeOptions, TlsOptions};
 use crate::service::{DEFAULT_MAX_ENTRY_BYTES, ServiceOptions};
 
 #[derive(Args)]
@@ -84,13 +85,46 @@ pub struct ServeArgs {
     /// other than noeviction on any server, or one that cannot be read.
     #[arg(long, env = "SLUICEGATE_REQUIRE_NOEVICTION")]
     require_noeviction: bool,
-    /// How often to look for edits of the --config files (SIGHUP reloads at once).
+    /// How often to look for edits of the --config files and the TLS certificate and
+    /// key (SIGHUP reloads the configuration at once).
     #[arg(long, env = "SLUICEGATE_RELOAD_INTERVAL", default_value = "1s", value_parser = parse_duration_arg)]
     reload_interval: DurationArg,
     /// The most YAML nodes (mappings, sequences, scalars) one configuration file may
     /// hold; the default reads about 22,700 descriptors of one rule each.
     #[arg(long, env = "SLUICEGATE_MAX_CONFIG_NODES", default_value_t = DEFAULT_MAX_NODES)]
     max_config_nodes: usize,
+    /// Connections open at once over every listener; beyond it new ones are closed at
+    /// once (lowered to what the descriptor limit allows).
+    #[arg(long, env = "SLUICEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
+    max_connections: usize,
+    /// A request's headers (and a TLS handshake) must arrive within it (0: no limit).
+    #[arg(long, env = "SLUICEGATE_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration_arg)]
+    header_timeout: DurationArg,
+    /// A connection with no request in flight is closed after it (0: never).
+    #[arg(long, env = "SLUICEGATE_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration_arg)]
+    idle_timeout: DurationArg,
+    /// A request body not received within it is answered 408 (0: no limit).
+    #[arg(long, env = "SLUICEGATE_BODY_TIMEOUT", default_value = "10s", value_parser = parse_duration_arg)]
+    body_timeout: DurationArg,
+    /// HTTP/2 keep-alive pings this often (0: none).
+    #[arg(long, env = "SLUICEGATE_HTTP2_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = parse_duration_arg)]
+    http2_keepalive_interval: DurationArg,
+    /// An HTTP/2 connection whose ping is not answered within it is closed.
+    #[arg(long, env = "SLUICEGATE_HTTP2_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = parse_duration_arg)]
+    http2_keepalive_timeout: DurationArg,
+    /// On SIGTERM or SIGINT, requests in flight may finish for this long; then the
+    /// process exits 0 anyway. A second signal exits at once.
+    #[arg(long, env = "SLUICEGATE_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration_arg)]
+    shutdown_timeout: DurationArg,
+    /// TLS on every listener: the certificate chain (PEM), reloaded when it changes.
+    #[arg(long, env = "SLUICEGATE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM), reloaded with it.
+    #[arg(long, env = "SLUICEGATE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// mTLS: clients must present a certificate this authority (PEM) signed.
+    #[arg(long, env = "SLUICEGATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -129,6 +163,23 @@ impl ServeArgs {
                 require_noeviction: self.require_noeviction,
             },
             reload_interval: self.reload_interval.duration(),
+            connections: ConnectionOptions {
+                max_connections: self.max_connections.max(1),
+                header_timeout: unless_zero(&self.header_timeout),
+                idle_timeout: unless_zero(&self.idle_timeout),
+                body_timeout: unless_zero(&self.body_timeout),
+                http2_keepalive_interval: unless_zero(&self.http2_keepalive_interval),
+                http2_keepalive_timeout: self.http2_keepalive_timeout.duration(),
+                shutdown_timeout: self.shutdown_timeout.duration(),
+            },
+            tls: match (&self.tls_cert, &self.tls_key) {
+                (Some(cert), Some(key)) => Some(TlsOptions {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: self.tls_client_ca.clone(),
+                }),
+                _ => None,
+            },
         })
     }
 
@@ -174,6 +225,15 @@ fn parse_failure_rate(text: &str) -> Result<f64, String> {
     }
 }
 
+/// A timeout flag, where 0 means none.
+fn unless_zero(flag: &DurationArg) -> Option<Duration> {
+    Some(flag.duration()).filter(|d| !d.is_zero())
+}
+
+/// How long the runtime may take to stop once the service has returned: a task blocked
+/// in a system call must not hold the exit.
+const RUNTIME_STOP: Duration = Duration::from_secs(1);
+
 /// Runs the service in this process until SIGTERM or SIGINT.
 pub(super) fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -185,35 +245,69 @@ pub(super) fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )
         .init();
     let options = args.options()?;
-    runtime()?.block_on(async {
+    let runtime = runtime()?;
+    let served = runtime.block_on(async {
+        // Listened for before anything else: a signal during the start is not lost.
+        let signals = Signals::listen()?;
         let prepared = server::prepare(options).await?;
         let listeners = args.listeners().await?;
-        prepared.serve(listeners, shutdown_signal()).await
-    })
+        prepared.serve(listeners, signals.shutdown()).await
+    });
+    runtime.shutdown_timeout(RUNTIME_STOP);
+    served
 }
 
-/// Resolves on SIGINT or SIGTERM: stop accepting, let requests in flight finish.
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// SIGTERM and SIGINT.
+struct Signals {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen for SIGTERM: {e}");
-                std::future::pending::<()>().await;
+    terminate: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn listen() -> anyhow::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Signals {
+                terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
+                interrupt: signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    /// The next signal; its exit status were the process killed by it.
+    async fn next(&mut self) -> i32 {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.terminate.recv() => 128 + 15,
+                _ = self.interrupt.recv() => 128 + 2,
             }
         }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = interrupt => {},
-        () = terminate => {},
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            128 + 2
+        }
     }
-    tracing::info!("shutting down");
+
+    /// Resolves at the first signal: stop accepting, let requests in flight finish. A
+    /// second signal ends the process at once, with the status of a process it killed.
+    async fn shutdown(mut self) {
+        self.next().await;
+        tracing::info!(
+            "shutting down: draining requests in flight (a second signal stops at once)"
+        );
+        tokio::spawn(async move {
+            let status = self.next().await;
+            tracing::warn!("second signal: stopping at once");
+            std::process::exit(status);
+        });
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::{get, post};
 
+pub(crate) use self::error::ApiError;
 use crate::service::Service;
 
 /// The service's routes: the HTTP API, and Envoy's gRPC rate-limit service on the same

@@ -2,7 +2,10 @@
 //! and gRPC served on the listeners given until told to stop. [`serve`] is what
 //! `sluicegate serve` runs, and what tests run in-process on a port of their own.
 
+mod accept;
+mod connection;
 mod reload;
+mod tls;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -12,7 +15,12 @@ use std::time::Duration;
 use anyhow::Context as _;
 use sluicegate::{Algorithm, AnyStore, Limiter, LimiterConfig, MemoryStore, StoreOptions};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
+pub use self::connection::ConnectionOptions;
+use self::connection::Connections;
+use self::tls::Tls;
+pub use self::tls::TlsOptions;
 use crate::config::{self, Config, LoadOptions};
 use crate::http;
 use crate::service::{Service, ServiceOptions};
@@ -37,8 +45,12 @@ pub struct ServeOptions {
     pub limiter: LimiterConfig,
     /// How the front ends answer.
     pub service: ServiceOptions,
-    /// How often the configuration files are checked for edits.
+    /// How often the configuration files (and the TLS certificate) are checked for edits.
     pub reload_interval: Duration,
+    /// Limits and timeouts of every listener.
+    pub connections: ConnectionOptions,
+    /// TLS on every listener; plain TCP without it.
+    pub tls: Option<TlsOptions>,
 }
 
 /// Where the service listens.
@@ -56,11 +68,20 @@ pub struct Prepared {
     /// Where the configuration came from, for the log.
     config_name: PathBuf,
     store_url: String,
+    connections: ConnectionOptions,
+    tls: Option<Arc<Tls>>,
+    reload_interval: Duration,
 }
 
 /// Loads the configuration, opens the store, and starts what runs beside the requests:
 /// the reload watch (SIGHUP is listened for from here on) and the memory store's sweeper.
 pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
+    let tls = options
+        .tls
+        .clone()
+        .map(Tls::load)
+        .transpose()?
+        .map(Arc::new);
     // The files as they were before loading, so an edit made meanwhile is reloaded too.
     let loaded_files = options.config.as_deref().map(config::fingerprint);
     let load = LoadOptions {
@@ -103,11 +124,14 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
             .config
             .unwrap_or_else(|| PathBuf::from(EXAMPLE_CONFIG_NAME)),
         store_url: options.store.url,
+        connections: options.connections,
+        tls,
+        reload_interval: options.reload_interval.max(Duration::from_millis(1)),
     })
 }
 
 /// Serves until `shutdown` resolves, then stops accepting, lets the requests in flight
-/// finish, and returns: [`prepare`], then [`Prepared::serve`].
+/// finish (for up to the shutdown timeout), and returns: [`prepare`], then [`Prepared::serve`].
 pub async fn serve(
     options: ServeOptions,
     listeners: Listeners,
@@ -118,7 +142,8 @@ pub async fn serve(
 
 impl Prepared {
     /// Serves HTTP and gRPC on `listeners` until `shutdown` resolves, then stops
-    /// accepting, lets the requests in flight finish, and returns.
+    /// accepting, lets the requests in flight finish for up to the shutdown timeout, cuts
+    /// what is left, and returns.
     pub async fn serve(
         self,
         listeners: Listeners,
@@ -128,39 +153,57 @@ impl Prepared {
         let address = listeners.main.local_addr()?;
         tracing::info!(
             address = %address,
+            tls = self.tls.is_some(),
             config = %self.config_name.display(),
             store = %self.store_url,
             "sluicegate listening"
         );
+        let mut options = self.connections;
+        if let Some(room) = accept::descriptor_budget()
+            && room < options.max_connections
+        {
+            tracing::warn!(
+                max_connections = room,
+                asked = options.max_connections,
+                "the descriptor limit leaves room for fewer connections than --max-connections"
+            );
+            options.max_connections = room;
+        }
+        // One budget of connections over every listener: descriptors are the process's.
+        let slots = Arc::new(Semaphore::new(options.max_connections));
+        if let Some(tls) = &self.tls {
+            tokio::spawn(Arc::clone(tls).reload_on_change(self.reload_interval));
+        }
+        let connections = Arc::new(Connections::new(options, Arc::clone(&service), self.tls));
         // One signal stops every listener.
-        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let (stop, stopping) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             shutdown.await;
             let _ = stop.send(true);
         });
-        let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = stopped.wait_for(|stop| *stop).await;
-        };
         let grpc_only = match listeners.grpc_only {
             Some(listener) => {
                 tracing::info!(grpc_address = %listener.local_addr()?, "gRPC also on its own port");
-                let router = crate::grpc::router(Arc::clone(&service));
-                Some(tokio::spawn(
-                    axum::serve(listener, router)
-                        .with_graceful_shutdown(until_stopped(stopped.clone()))
-                        .into_future(),
-                ))
+                Some(tokio::spawn(accept::serve(
+                    listener,
+                    crate::grpc::router(Arc::clone(&service)),
+                    Arc::clone(&connections),
+                    Arc::clone(&slots),
+                    stopping.clone(),
+                )))
             }
             None => None,
         };
-        axum::serve(listeners.main, http::app(service))
-            .with_graceful_shutdown(until_stopped(stopped))
-            .await
-            .context("server failed")?;
+        accept::serve(
+            listeners.main,
+            http::app(service),
+            connections,
+            slots,
+            stopping,
+        )
+        .await;
         if let Some(grpc) = grpc_only {
-            grpc.await
-                .context("gRPC server failed")?
-                .context("gRPC server failed")?;
+            grpc.await.context("gRPC listener failed")?;
         }
         Ok(())
     }

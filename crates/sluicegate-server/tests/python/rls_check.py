@@ -3,8 +3,11 @@ RLS v3 protos (PyPI's xds-protos).
 
 Usage: rls_check.py HOST:PORT DOMAIN KEY VALUE, or rls_check.py HOST:PORT --garbage
 Prints the response's overall_code (1 OK, 2 OVER_LIMIT) and its headers to add, or the
-gRPC status code name of a failed call and its message on the next line.
+gRPC status code name of a failed call and its message on the next line. Over TLS when
+RLS_CHECK_CA names the authority to trust; with RLS_CHECK_CERT and RLS_CHECK_KEY too, with
+that client certificate.
 """
+import os
 import sys
 
 import grpc
@@ -36,9 +39,28 @@ def send_garbage(channel):
     return call(bytes(range(256)) * 3, timeout=5)
 
 
+def open_channel(address):
+    if "RLS_CHECK_CA" not in os.environ:
+        return grpc.insecure_channel(address)
+
+    def pem(name):
+        path = os.environ.get(name)
+        if path is None:
+            return None
+        with open(path, "rb") as file:
+            return file.read()
+
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=pem("RLS_CHECK_CA"),
+        private_key=pem("RLS_CHECK_KEY"),
+        certificate_chain=pem("RLS_CHECK_CERT"),
+    )
+    return grpc.secure_channel(address, credentials)
+
+
 def main():
     address = sys.argv[1]
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address) as channel:
         try:
             if sys.argv[2] == "--garbage":
                 response = send_garbage(channel)

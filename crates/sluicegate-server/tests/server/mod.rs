@@ -100,10 +100,28 @@ impl Server {
     /// Starts the real binary, `sluicegate serve --listen 127.0.0.1:0 ARGS`, and waits for
     /// the addresses it logs.
     pub fn binary(args: &[&str]) -> Server {
-        let wants_grpc = args.contains(&"--grpc-listen");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluicegate"));
+        command
             .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
+            .args(args);
+        Server::spawn(command, args)
+    }
+
+    /// [`Server::binary`] under a descriptor limit set by the shell's `ulimit` (`-Sn 64`:
+    /// the soft limit only; `-n 64`: soft and hard).
+    pub fn binary_with_ulimit(ulimit: &str, args: &[&str]) -> Server {
+        let mut command = Command::new("sh");
+        command
+            .args(["-c", &format!("ulimit {ulimit} && exec \"$0\" \"$@\"")])
+            .arg(env!("CARGO_BIN_EXE_sluicegate"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args);
+        Server::spawn(command, args)
+    }
+
+    fn spawn(mut command: Command, args: &[&str]) -> Server {
+        let wants_grpc = args.contains(&"--grpc-listen");
+        let mut child = command
             .env("RUST_LOG", "info")
             .stderr(Stdio::piped())
             .spawn()
@@ -137,6 +155,32 @@ impl Server {
             Running::Binary(child) => child.id(),
             Running::InProcess { .. } => panic!("an in-process server has no process of its own"),
         }
+    }
+
+    /// Sends `signal` (`TERM`, `INT`, …) to a server started with [`Server::binary`].
+    pub fn signal(&self, signal: &str) {
+        let pid = self.pid().to_string();
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -{signal} {pid}");
+    }
+
+    /// Waits up to `limit` for a server started with [`Server::binary`] to exit: its exit
+    /// code (`None` if a signal killed it), or `Err` if it still runs.
+    pub fn exit_code_within(&mut self, limit: std::time::Duration) -> Result<Option<i32>, ()> {
+        let Running::Binary(child) = &mut self.running else {
+            panic!("an in-process server has no process of its own");
+        };
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Ok(status.code());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Err(())
     }
 
     /// One HTTP/1.1 request, from a real client on a connection of its own: the status and

@@ -1,0 +1,169 @@
+//! TLS on the service's listeners (rustls, ring): the certificate and key read from PEM
+//! files and read again when they change (new handshakes use the new pair; a pair that
+//! does not load is logged and the previous one keeps serving), and, with a client
+//! authority, mTLS: a client without a certificate it signed is refused in the handshake.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use arc_swap::ArcSwap;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{RootCertStore, ServerConfig};
+use tokio_rustls::TlsAcceptor;
+
+/// Where the service's certificate, key and (for mTLS) client authority are.
+#[derive(Clone, Debug)]
+pub struct TlsOptions {
+    /// The certificate chain, PEM, leaf first.
+    pub cert: PathBuf,
+    /// Its private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// With it, clients must present a certificate this authority (PEM) signed.
+    pub client_ca: Option<PathBuf>,
+}
+
+/// The TLS side of every listener.
+pub(super) struct Tls {
+    acceptor: TlsAcceptor,
+    certificate: Arc<Certificate>,
+    options: TlsOptions,
+}
+
+impl Tls {
+    /// Loads the files: what is wrong with them is an error now, at start.
+    pub(super) fn load(options: TlsOptions) -> anyhow::Result<Self> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let (pair, _) = read_pair(&options, &provider)?;
+        let certificate = Arc::new(Certificate {
+            current: ArcSwap::from_pointee(pair),
+        });
+        let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .context("TLS protocol versions")?;
+        let builder = match &options.client_ca {
+            Some(path) => {
+                let mut roots = RootCertStore::empty();
+                for cert in read_certs(path)? {
+                    roots
+                        .add(cert)
+                        .with_context(|| format!("{}: not a CA certificate", path.display()))?;
+                }
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .with_context(|| format!("{}: client authority", path.display()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut config =
+            builder.with_cert_resolver(Arc::clone(&certificate) as Arc<dyn ResolvesServerCert>);
+        // HTTP/2 first: gRPC clients insist on it; HTTP/1.1 clients get HTTP/1.1.
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Tls {
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+            certificate,
+            options,
+        })
+    }
+
+    pub(super) fn acceptor(&self) -> &TlsAcceptor {
+        &self.acceptor
+    }
+
+    /// Reads the certificate and key every `interval`, and puts a changed pair in force
+    /// for the handshakes that follow.
+    pub(super) async fn reload_on_change(self: Arc<Self>, interval: Duration) {
+        let provider = rustls::crypto::ring::default_provider();
+        let mut loaded = file_contents(&self.options);
+        let mut tick = tokio::time::interval(interval);
+        loop {
+            tick.tick().await;
+            let now = file_contents(&self.options);
+            if now == loaded {
+                continue;
+            }
+            match read_pair(&self.options, &provider) {
+                Ok((pair, contents)) => {
+                    self.certificate.current.store(Arc::new(pair));
+                    loaded = Some(contents);
+                    tracing::info!(cert = %self.options.cert.display(), "TLS certificate reloaded");
+                }
+                Err(e) => {
+                    // Files half-written by a deployment land here once, then load next time.
+                    loaded = now;
+                    tracing::error!(error = %format!("{e:#}"), "TLS certificate rejected; the previous one keeps serving");
+                }
+            }
+        }
+    }
+}
+
+/// The certificate and key files' bytes.
+type PemFiles = (Vec<u8>, Vec<u8>);
+
+/// The pair in force, swapped whole on reload.
+#[derive(Debug)]
+struct Certificate {
+    current: ArcSwap<CertifiedKey>,
+}
+
+impl ResolvesServerCert for Certificate {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+}
+
+/// The certificate and key files' bytes, to tell an edit; `None` when one is unreadable.
+fn file_contents(options: &TlsOptions) -> Option<PemFiles> {
+    Some((
+        std::fs::read(&options.cert).ok()?,
+        std::fs::read(&options.key).ok()?,
+    ))
+}
+
+/// The certificate and key, checked to belong together, and the bytes they came from.
+fn read_pair(
+    options: &TlsOptions,
+    provider: &CryptoProvider,
+) -> anyhow::Result<(CertifiedKey, PemFiles)> {
+    let cert_pem = std::fs::read(&options.cert)
+        .with_context(|| format!("cannot read {}", options.cert.display()))?;
+    let key_pem = std::fs::read(&options.key)
+        .with_context(|| format!("cannot read {}", options.key.display()))?;
+    let certs = parse_certs(&cert_pem, &options.cert)?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem)
+        .with_context(|| format!("{}: no PEM private key in it", options.key.display()))?;
+    let pair = CertifiedKey::from_der(certs, key, provider).with_context(|| {
+        format!(
+            "{} and {}: not a certificate and its key",
+            options.cert.display(),
+            options.key.display()
+        )
+    })?;
+    Ok((pair, (cert_pem, key_pem)))
+}
+
+fn read_certs(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let pem = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    parse_certs(&pem, path)
+}
+
+/// The certificates of a PEM file's text; at least one.
+fn parse_certs(pem: &[u8], path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("{}: not PEM certificates", path.display()))?;
+    anyhow::ensure!(
+        !certs.is_empty(),
+        "{}: no certificate in it",
+        path.display()
+    );
+    Ok(certs)
+}

@@ -1,0 +1,355 @@
+//! The listeners against hostile clients, over real sockets: idle connections, slowloris
+//! headers, bodies never finished, more connections than allowed, a low descriptor limit,
+//! and stopping with a request half-sent.
+
+mod server;
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use server::Server;
+
+/// The longest any wait below lasts: far beyond the timeouts under test, for a loaded
+/// 2-core machine.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn connect(server: &Server) -> TcpStream {
+    let stream = TcpStream::connect(&server.address).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    stream
+}
+
+fn get(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nhost: sluicegate\r\n\r\n")
+}
+
+/// A check whose body stops after its first bytes.
+const HALF_SENT_CHECK: &[u8] = b"POST /v1/check HTTP/1.1\r\nhost: sluicegate\r\n\
+    content-type: application/json\r\ncontent-length: 200\r\n\r\n{\"domain\":";
+
+/// One request on a kept-alive connection: the answer's status and body.
+fn exchange(stream: &mut TcpStream, request: &str) -> io::Result<(u16, String)> {
+    stream.write_all(request.as_bytes())?;
+    let mut received = Vec::new();
+    let mut buf = [0; 4096];
+    let head_end = loop {
+        if let Some(i) = received.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        received.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&received[..head_end]).to_lowercase();
+    let status = head[9..12].parse().unwrap();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map_or(0, |l| l.trim().parse().unwrap());
+    while received.len() < head_end + length {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        received.extend_from_slice(&buf[..n]);
+    }
+    let body = String::from_utf8_lossy(&received[head_end..head_end + length]).into_owned();
+    Ok((status, body))
+}
+
+/// Reads until the server closes the connection: what it sent before. Panics if it is
+/// still open after [`PATIENCE`].
+fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
+    let start = Instant::now();
+    let mut received = Vec::new();
+    let mut buf = [0; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return received,
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return received,
+            Err(e) => panic!("still open after {:?}: {e}", start.elapsed()),
+        }
+    }
+}
+
+/// Whether the server has closed the connection, looking for up to `wait`.
+fn is_closed(mut stream: &TcpStream, wait: Duration) -> bool {
+    stream.set_read_timeout(Some(wait)).unwrap();
+    let closed = match stream.read(&mut [0; 64]) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ),
+    };
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    closed
+}
+
+/// The value of one line of `/metrics` (`name{labels}` as written there).
+fn metric(server: &Server, name: &str) -> f64 {
+    let (_, text) = server.request("GET", "/metrics", "");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+}
+
+/// A new connection answered, once the server has seen others close.
+fn answered_on_a_new_connection(server: &Server) {
+    let start = Instant::now();
+    loop {
+        match exchange(&mut connect(server), &get("/healthz")) {
+            Ok((status, _)) => return assert_eq!(status, 200),
+            Err(e) if start.elapsed() > PATIENCE => panic!("no answer: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn assert_between(took: Duration, at_least: Duration, at_most: Duration) {
+    assert!(
+        at_least <= took && took <= at_most,
+        "took {took:?}, not between {at_least:?} and {at_most:?}"
+    );
+}
+
+/// A connection that never sends anything, and one that asked once and keeps its
+/// keep-alive connection, are both closed after --idle-timeout.
+#[test]
+fn idle_connections_are_closed_after_the_idle_timeout() {
+    let server = Server::start(&["--idle-timeout", "300ms", "--header-timeout", "60s"]);
+    let opened = Instant::now();
+    let mut silent = connect(&server);
+    let mut kept = connect(&server);
+    assert_eq!(exchange(&mut kept, &get("/healthz")).unwrap().0, 200);
+    let asked = Instant::now();
+    assert!(read_until_closed(&mut silent).is_empty());
+    assert_between(
+        opened.elapsed(),
+        Duration::from_millis(250),
+        Duration::from_secs(5),
+    );
+    assert!(read_until_closed(&mut kept).is_empty());
+    assert_between(
+        asked.elapsed(),
+        Duration::from_millis(250),
+        Duration::from_secs(5),
+    );
+    assert_eq!(
+        metric(
+            &server,
+            "sluicegate_connection_timeouts_total{timeout=\"idle\"}"
+        ),
+        2.0
+    );
+}
+
+/// Headers dribbled a byte at a time are cut off --header-timeout after their first byte,
+/// although the idle timeout is a minute.
+#[test]
+fn a_slowloris_is_closed_after_the_header_timeout() {
+    let server = Server::start(&["--header-timeout", "400ms", "--idle-timeout", "60s"]);
+    let mut stream = connect(&server);
+    stream
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let head = b"GET /healthz HTTP/1.1\r\nx-slow: "
+        .iter()
+        .chain([b'a'].iter().cycle());
+    let started = Instant::now();
+    for byte in head {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "still open after {PATIENCE:?}"
+        );
+        if stream.write_all(&[*byte]).is_err() {
+            break;
+        }
+        match stream.read(&mut [0; 64]) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            _ => break,
+        }
+    }
+    assert_between(
+        started.elapsed(),
+        Duration::from_millis(350),
+        Duration::from_secs(5),
+    );
+    assert_eq!(
+        metric(
+            &server,
+            "sluicegate_connection_timeouts_total{timeout=\"header\"}"
+        ),
+        1.0
+    );
+}
+
+/// A request whose body never finishes is answered 408 in the API's JSON after
+/// --body-timeout, and its connection closed.
+#[test]
+fn a_body_never_finished_is_answered_408() {
+    let server = Server::start(&["--body-timeout", "400ms"]);
+    let mut stream = connect(&server);
+    let started = Instant::now();
+    stream.write_all(HALF_SENT_CHECK).unwrap();
+    let answer = String::from_utf8(read_until_closed(&mut stream)).unwrap();
+    assert_between(
+        started.elapsed(),
+        Duration::from_millis(350),
+        Duration::from_secs(5),
+    );
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains(r#"{"error":"the request body was not received within --body-timeout"}"#),
+        "{answer}"
+    );
+    assert_eq!(
+        metric(
+            &server,
+            "sluicegate_connection_timeouts_total{timeout=\"body\"}"
+        ),
+        1.0
+    );
+}
+
+/// Beyond --max-connections, new connections are closed at once and counted; the open
+/// ones go on being answered, and once some close, new ones are served again.
+#[test]
+fn connections_beyond_the_maximum_are_closed_at_once() {
+    let server = Server::start(&["--max-connections", "4"]);
+    let mut kept = connect(&server);
+    assert_eq!(exchange(&mut kept, &get("/healthz")).unwrap().0, 200);
+    let mut held: Vec<TcpStream> = (0..3).map(|_| connect(&server)).collect();
+    let mut excess: Vec<TcpStream> = (0..6).map(|_| connect(&server)).collect();
+    for stream in &mut excess {
+        assert!(
+            is_closed(stream, Duration::from_secs(5)),
+            "an excess connection is kept"
+        );
+    }
+    for stream in &mut held {
+        assert!(
+            !is_closed(stream, Duration::from_millis(100)),
+            "a held connection was closed"
+        );
+    }
+    let (status, metrics) = exchange(&mut kept, &get("/metrics")).unwrap();
+    assert_eq!(status, 200);
+    for line in [
+        "sluicegate_connections_refused_total 6",
+        "sluicegate_connections_accepted_total 4",
+        "sluicegate_connections_open 4",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from\n{metrics}");
+    }
+    drop(held);
+    answered_on_a_new_connection(&server);
+}
+
+/// The soft descriptor limit is raised to the hard one at start: with a soft limit of 64,
+/// 150 connections are all served.
+#[test]
+fn the_soft_descriptor_limit_is_raised_to_the_hard_one() {
+    let hard = std::process::Command::new("sh")
+        .args(["-c", "ulimit -Hn"])
+        .output()
+        .unwrap();
+    let hard = String::from_utf8_lossy(&hard.stdout).trim().to_owned();
+    assert!(
+        hard == "unlimited" || hard.parse::<u64>().unwrap() >= 400,
+        "this test needs a hard descriptor limit of 400 or more, not {hard}"
+    );
+    let server = Server::binary_with_ulimit("-Sn 64", &[]);
+    let mut streams: Vec<TcpStream> = (0..150).map(|_| connect(&server)).collect();
+    for stream in &mut streams {
+        assert_eq!(exchange(stream, &get("/healthz")).unwrap().0, 200);
+    }
+}
+
+/// Under a hard limit of 128 descriptors, a flood of 200 idle connections neither stalls
+/// accepting nor keeps a client from being answered: what does not fit is closed at once.
+#[test]
+fn a_flood_under_a_hard_descriptor_limit_is_refused_not_queued() {
+    let server = Server::binary_with_ulimit("-n 128", &[]);
+    let mut kept = connect(&server);
+    assert_eq!(exchange(&mut kept, &get("/healthz")).unwrap().0, 200);
+    let flood: Vec<TcpStream> = (0..200).map(|_| connect(&server)).collect();
+    let closed = flood
+        .iter()
+        .filter(|stream| is_closed(stream, Duration::from_millis(100)))
+        .count();
+    // 64 connections fit (128 descriptors less 64 kept for the rest), the kept one among them.
+    assert_eq!(closed, 200 - 63, "connections closed at once");
+    assert_eq!(exchange(&mut kept, &get("/healthz")).unwrap().0, 200);
+    drop(flood);
+    answered_on_a_new_connection(&server);
+}
+
+/// SIGTERM while a client holds a half-sent body: the process drains for
+/// --shutdown-timeout, then exits 0 anyway.
+#[test]
+fn sigterm_with_a_half_sent_body_exits_0_after_the_shutdown_timeout() {
+    let mut server = Server::binary(&["--shutdown-timeout", "1s", "--body-timeout", "60s"]);
+    let mut stream = connect(&server);
+    stream.write_all(HALF_SENT_CHECK).unwrap();
+    wait_for_open_connections(&server, 2);
+    let signalled = Instant::now();
+    server.signal("TERM");
+    let code = server
+        .exit_code_within(PATIENCE)
+        .expect("the server exits after SIGTERM");
+    assert_eq!(code, Some(0));
+    assert_between(
+        signalled.elapsed(),
+        Duration::from_millis(900),
+        Duration::from_secs(5),
+    );
+}
+
+/// A second signal during the drain ends the process at once, with SIGTERM's status.
+#[test]
+fn a_second_signal_exits_at_once() {
+    let mut server = Server::binary(&["--shutdown-timeout", "60s", "--body-timeout", "60s"]);
+    let mut stream = connect(&server);
+    stream.write_all(HALF_SENT_CHECK).unwrap();
+    wait_for_open_connections(&server, 2);
+    server.signal("TERM");
+    // The first signal is taken once the listener is closed.
+    let start = Instant::now();
+    while TcpStream::connect(&server.address).is_ok() {
+        assert!(start.elapsed() < PATIENCE, "still accepting after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let signalled = Instant::now();
+    server.signal("TERM");
+    let code = server
+        .exit_code_within(PATIENCE)
+        .expect("the server exits after a second SIGTERM");
+    assert_eq!(code, Some(128 + 15));
+    assert!(
+        signalled.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        signalled.elapsed()
+    );
+}
+
+/// Waits until the server counts `n` open connections (the one asking included).
+fn wait_for_open_connections(server: &Server, n: u32) {
+    let start = Instant::now();
+    while metric(server, "sluicegate_connections_open") < f64::from(n) {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "fewer than {n} connections open"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

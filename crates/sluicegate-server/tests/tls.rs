@@ -1,0 +1,223 @@
+//! TLS on the service's listeners, from TLS clients of other stacks: curl (OpenSSL) for
+//! HTTP/1.1 and HTTP/2, Python's grpcio (BoringSSL) for gRPC; mTLS; a certificate swapped
+//! while the service runs.
+
+mod server;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use server::Server;
+use sluicegate_test_support::certificates::{Authority, Issued};
+
+/// The longest wait for a reload, on a loaded machine.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+const CHECK: &str =
+    r#"{"domain":"example","descriptors":[{"entries":[{"key":"user","value":"alice"}]}]}"#;
+
+/// An empty directory of this test's own.
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluicegate-tls-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn text(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// The service over TLS with `pair`, and `extra` flags.
+fn tls_server(pair: &Issued, extra: &[&str]) -> Server {
+    let mut args = vec!["--tls-cert", text(&pair.cert), "--tls-key", text(&pair.key)];
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}
+
+/// curl's exit status (0: an answer) and what it printed.
+fn curl(args: &[&str]) -> (i32, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10"])
+        .args(args)
+        .output()
+        .expect("curl is needed: run scripts/test (it installs it) or apt-get install curl");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), printed)
+}
+
+/// `GET /healthz` over TLS, trusting `authority`, with a client certificate if given.
+fn healthz(server: &Server, authority: &Authority, client: Option<&Issued>) -> (i32, String) {
+    let url = format!("https://{}/healthz", server.address);
+    let ca = authority.cert();
+    let mut args = vec!["--cacert", text(&ca)];
+    if let Some(client) = client {
+        args.extend(["--cert", text(&client.cert), "--key", text(&client.key)]);
+    }
+    args.push(&url);
+    curl(&args)
+}
+
+/// One ShouldRateLimit from Python's grpcio over TLS: what tests/python/rls_check.py printed.
+fn grpc_check(server: &Server, authority: &Authority, client: Option<&Issued>) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/rls_check.py");
+    let mut python = Command::new("python3");
+    python
+        .args([script, &server.address, "example", "user", "carol"])
+        .env("RLS_CHECK_CA", authority.cert());
+    if let Some(client) = client {
+        python
+            .env("RLS_CHECK_CERT", &client.cert)
+            .env("RLS_CHECK_KEY", &client.key);
+    }
+    let out = python.output().expect("python3");
+    assert!(
+        out.status.success(),
+        "python grpcio call failed (scripts/test installs grpcio and xds-protos): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// curl checks over TLS on HTTP/1.1 and on HTTP/2; a client that does not trust the
+/// authority, or speaks plain HTTP, gets no answer.
+#[test]
+fn http_over_tls_from_curl() {
+    let dir = scratch("curl");
+    let authority = Authority::new(&dir, "ca");
+    let server = tls_server(&authority.issue("server"), &[]);
+    let url = format!("https://{}/v1/check", server.address);
+    for version in ["--http1.1", "--http2"] {
+        let (status, answer) = curl(&[
+            version,
+            "--cacert",
+            text(&authority.cert()),
+            "-H",
+            "content-type: application/json",
+            "-d",
+            CHECK,
+            "-w",
+            " %{http_version}",
+            &url,
+        ]);
+        assert_eq!(status, 0, "{answer}");
+        assert!(answer.contains(r#""allowed":true"#), "{answer}");
+        let spoken = if version == "--http2" { " 2" } else { " 1.1" };
+        assert!(answer.ends_with(spoken), "{version}: {answer}");
+    }
+    let (status, answer) = curl(&[&url, "-d", CHECK]);
+    assert_eq!(status, 60, "an untrusted certificate: {answer}");
+    let (status, answer) = curl(&[&format!("http://{}/healthz", server.address)]);
+    assert_ne!(status, 0, "plain HTTP on a TLS port: {answer}");
+}
+
+/// Python's grpcio calls the rate-limit service over TLS.
+#[test]
+fn grpc_over_tls_from_python_grpcio() {
+    let dir = scratch("grpcio");
+    let authority = Authority::new(&dir, "ca");
+    let server = tls_server(&authority.issue("server"), &[]);
+    let answer = grpc_check(&server, &authority, None);
+    assert!(answer.starts_with("1\n"), "{answer}");
+    // Trusting another authority, the call fails.
+    let stranger = Authority::new(&dir, "stranger");
+    assert_eq!(grpc_check(&server, &stranger, None), "UNAVAILABLE\n");
+}
+
+/// With --tls-client-ca, clients without a certificate of that authority are refused in
+/// the handshake, and counted; those with one are answered, over HTTP and gRPC.
+#[test]
+fn mtls_refuses_clients_without_a_trusted_certificate() {
+    let dir = scratch("mtls");
+    let authority = Authority::new(&dir, "ca");
+    let ca = authority.cert();
+    let server = tls_server(&authority.issue("server"), &["--tls-client-ca", text(&ca)]);
+    let client = authority.issue("client");
+    let stranger = Authority::new(&dir, "other").issue("stranger");
+
+    let (status, answer) = healthz(&server, &authority, Some(&client));
+    assert_eq!((status, answer.as_str()), (0, "ok\n"));
+    for refused in [None, Some(&stranger)] {
+        let (status, answer) = healthz(&server, &authority, refused);
+        assert_ne!(
+            status, 0,
+            "answered without a trusted client certificate: {answer}"
+        );
+    }
+    assert!(grpc_check(&server, &authority, Some(&client)).starts_with("1\n"));
+    assert_eq!(grpc_check(&server, &authority, None), "UNAVAILABLE\n");
+
+    let url = format!("https://{}/metrics", server.address);
+    let (_, metrics) = curl(&[
+        "--cacert",
+        text(&ca),
+        "--cert",
+        text(&client.cert),
+        "--key",
+        text(&client.key),
+        &url,
+    ]);
+    let failures = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("sluicegate_tls_handshake_failures_total "))
+        .unwrap_or_else(|| panic!("no handshake failures counted in\n{metrics}"));
+    assert!(failures.parse::<u32>().unwrap() >= 3, "{failures}");
+}
+
+/// Replacing the certificate and key files while the service runs: new handshakes present
+/// the new certificate.
+#[test]
+fn a_swapped_certificate_is_used_for_new_handshakes() {
+    let dir = scratch("swap");
+    let (first_ca, second_ca) = (
+        Authority::new(&dir, "first"),
+        Authority::new(&dir, "second"),
+    );
+    let (first, second) = (first_ca.issue("one"), second_ca.issue("two"));
+    let live = Issued {
+        cert: dir.join("live.crt"),
+        key: dir.join("live.key"),
+    };
+    let install = |pair: &Issued| {
+        std::fs::copy(&pair.key, &live.key).unwrap();
+        std::fs::copy(&pair.cert, &live.cert).unwrap();
+    };
+    install(&first);
+    let server = tls_server(&live, &["--reload-interval", "100ms"]);
+    assert_eq!(healthz(&server, &first_ca, None).0, 0);
+    assert_eq!(healthz(&server, &second_ca, None).0, 60);
+
+    install(&second);
+    let start = Instant::now();
+    while healthz(&server, &second_ca, None).0 != 0 {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the new certificate is not served"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(healthz(&server, &first_ca, None).0, 60);
+}
+
+/// Certificate files that cannot be read stop the start, saying which.
+#[test]
+fn a_missing_certificate_stops_the_start() {
+    let dir = scratch("missing");
+    let key = Authority::new(&dir, "ca").issue("server").key;
+    let out = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--tls-key", text(&key)])
+        .args(["--tls-cert", text(&dir.join("absent.crt"))])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("cannot read") && said.contains("absent.crt"),
+        "{said}"
+    );
+}
