@@ -126,7 +126,8 @@ fn grpc_over_tls_from_python_grpcio() {
     assert!(answer.starts_with("1\n"), "{answer}");
     // Trusting another authority, the call fails.
     let stranger = Authority::new(&dir, "stranger");
-    assert_eq!(grpc_check(&server, &stranger, None), "UNAVAILABLE\n");
+    let refused = grpc_check(&server, &stranger, None);
+    assert!(refused.starts_with("UNAVAILABLE\n"), "{refused}");
 }
 
 /// With --tls-client-ca, clients without a certificate of that authority are refused in
@@ -150,7 +151,8 @@ fn mtls_refuses_clients_without_a_trusted_certificate() {
         );
     }
     assert!(grpc_check(&server, &authority, Some(&client)).starts_with("1\n"));
-    assert_eq!(grpc_check(&server, &authority, None), "UNAVAILABLE\n");
+    let refused = grpc_check(&server, &authority, None);
+    assert!(refused.starts_with("UNAVAILABLE\n"), "{refused}");
 
     let url = format!("https://{}/metrics", server.address);
     let (_, metrics) = curl(&[
