@@ -136,7 +136,8 @@ fn status(descriptor: &DescriptorOutcome) -> DescriptorStatus {
         code: code(!d.allowed && !descriptor.shadow).into(),
         current_limit: Some(RateLimit {
             name: rule.name().to_owned(),
-            requests_per_unit: clamp_u32(d.limit),
+            // The rate, L per W: a token bucket's burst (the decision's `limit`) is not it.
+            requests_per_unit: clamp_u32(rule.limit()),
             unit: unit_of(rule.window()).into(),
         }),
         limit_remaining: clamp_u32(d.remaining),

@@ -55,7 +55,11 @@ pub(super) struct RuleBody {
     path: String,
     /// Null for an unlimited rule.
     algorithm: Option<String>,
+    /// L: units per window.
     limit: Option<u64>,
+    /// The most units one check can take (a token bucket's burst, a leaky bucket's
+    /// queue + 1; L otherwise): the `limit` its decisions report.
+    capacity: Option<u64>,
     window_us: Option<u64>,
 }
 
@@ -69,7 +73,8 @@ pub(super) async fn rules(State(service): State<Arc<Service>>) -> axum::Json<Vec
         .map(|l| RuleBody {
             path: l.path.clone(),
             algorithm: l.rule.as_ref().map(|r| r.algorithm().to_string()),
-            limit: l.rule.as_ref().map(Rule::capacity),
+            limit: l.rule.as_ref().map(Rule::limit),
+            capacity: l.rule.as_ref().map(Rule::capacity),
             window_us: l.rule.as_ref().map(Rule::window),
         })
         .collect();

@@ -382,3 +382,33 @@ async fn healthz_and_rules() {
         .collect();
     assert_eq!(paths, ["shop.route", "shop.route_free", "shop.user"]);
 }
+
+/// A token bucket's rate is its limit per window; its burst is how much one check may
+/// take. Neither `/v1/rules` nor `/json` may report the burst as the rate.
+#[tokio::test]
+async fn a_token_buckets_rate_is_reported_apart_from_its_burst() {
+    let app = app_with(
+        "domain: d
+descriptors:
+  - key: api
+    rate_limit: {algorithm: token-bucket, unit: second, requests_per_unit: 10, burst: 20}
+",
+        None,
+    );
+    let response = app
+        .clone()
+        .oneshot(Request::get("/v1/rules").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let rules: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(rules[0]["limit"], 10, "{rules}");
+    assert_eq!(rules[0]["capacity"], 20, "{rules}");
+    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"api","value":"a"}]}]}"#;
+    let (_, json) = post_to(&app, "/json", None, body).await;
+    let limit = &json["statuses"][0]["currentLimit"];
+    assert_eq!(limit["requestsPerUnit"], 10, "{json}");
+    assert_eq!(limit["unit"], "SECOND", "{json}");
+    // The decision itself still counts against the burst.
+    assert_eq!(json["statuses"][0]["limitRemaining"], 19, "{json}");
+}
