@@ -330,3 +330,27 @@ fn configuration_reloads_on_sighup_and_on_change_and_a_bad_one_keeps_the_old() {
     assert!(rules.contains(r#""limit":17"#), "{rules}");
     assert!(watching.stop().success());
 }
+
+/// `--max-keys` caps the in-memory store: a check that would add an entry past it is
+/// answered 503 (neither allowed nor refused) and says which flag raises the cap, while
+/// keys already held go on deciding.
+#[test]
+fn serve_caps_the_memory_store_at_max_keys() {
+    let server = Server::start(&["--max-keys", "2"]);
+    let check = |user: &str| {
+        server.request(
+            "POST",
+            "/v1/check",
+            &format!(
+                r#"{{"domain":"example","descriptors":[{{"entries":[{{"key":"user","value":"{user}"}}]}}]}}"#
+            ),
+        )
+    };
+    assert_eq!(check("a").0, 200);
+    assert_eq!(check("b").0, 200);
+    let (status, body) = check("c");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("--max-keys"), "{body}");
+    assert_eq!(check("a").0, 200, "a key already held still decides");
+    assert!(server.stop().success());
+}

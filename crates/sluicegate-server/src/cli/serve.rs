@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
-use sluicegate::{Algorithm, BreakerConfig, LimiterConfig};
+use sluicegate::{Algorithm, BreakerConfig, LimiterConfig, MemoryStoreConfig, StoreOptions};
 
 use super::args::{DurationArg, StoreArgs, parse_duration_arg};
 use super::runtime::runtime;
@@ -93,6 +93,10 @@ pub struct ServeArgs {
     /// hold; the default reads about 22,700 descriptors of one rule each.
     #[arg(long, env = "SLUICEGATE_MAX_CONFIG_NODES", default_value_t = DEFAULT_MAX_NODES)]
     max_config_nodes: usize,
+    /// The in-memory store's hard cap on live (rule, key) entries: at the cap a check that
+    /// would add one answers 503 until an entry expires (none is ever evicted).
+    #[arg(long, env = "SLUICEGATE_MAX_KEYS", default_value_t = MemoryStoreConfig::default().max_keys)]
+    max_keys: usize,
     /// Connections open at once over every listener; beyond it new ones are closed at
     /// once (lowered to what the descriptor limit allows).
     #[arg(long, env = "SLUICEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
@@ -139,7 +143,13 @@ impl ServeArgs {
             config: self.config.clone(),
             default_algorithm: self.default_algorithm,
             max_config_nodes: self.max_config_nodes,
-            store: self.store.options("sluicegate:")?,
+            store: StoreOptions {
+                memory: MemoryStoreConfig {
+                    max_keys: self.max_keys,
+                    ..MemoryStoreConfig::default()
+                },
+                ..self.store.options("sluicegate:")?
+            },
             limiter: LimiterConfig {
                 on_store_error: self.on_store_error,
                 instances: self.instances.max(1),

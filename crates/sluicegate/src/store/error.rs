@@ -85,7 +85,7 @@ impl fmt::Display for StoreError {
             StoreError::KeyCapacity { max_keys } => write!(
                 f,
                 "in-memory store is full: {max_keys} keys are live; a new key is not admitted \
-                 until one expires (raise max_keys to hold more)"
+                 until one expires (raise max_keys — `sluicegate serve --max-keys` — to hold more)"
             ),
             StoreError::Unavailable { server, message } => {
                 write!(f, "redis at {server} is unavailable: {message}")
