@@ -190,6 +190,10 @@ fn plan_computes_memory_per_algorithm() {
         "plan", "--qps", "1000", "--window", "1m", "--keys", "100", "--limit", "100",
     ]);
     assert!(table.contains("100 live entries per key"), "{table}");
+    assert!(
+        table.contains("window 1m:"),
+        "the window as written: {table}"
+    );
     for label in [
         "sliding-log (zset)",
         "sliding-log (compact)",

@@ -30,7 +30,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the rate-limit service (HTTP JSON API), in memory by default.
+    /// Run the rate-limit service — the HTTP JSON API and Envoy's gRPC rate-limit service
+    /// on one port — in memory by default.
     // Boxed: the service's flags outweigh every other command's.
     Serve(Box<serve::ServeArgs>),
     /// Decide docs/SPEC.md's replay CSV from stdin with the caller's timestamps; one decision

@@ -124,10 +124,10 @@ pub(crate) fn table(workload: &Workload, rows: &[PlanRow], measured: Option<&[u6
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{} keys, {} requests/s, window {} µs: {} live entries per key",
+        "{} keys, {} requests/s, window {}: {} live entries per key",
         workload.keys,
         workload.qps,
-        workload.window,
+        sluicegate::duration::format_duration(workload.window),
         workload.entries_per_key()
     );
     let _ = writeln!(
