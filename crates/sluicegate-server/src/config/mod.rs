@@ -174,9 +174,14 @@ fn yaml_error(path: &Path, options: LoadOptions, e: &serde_saphyr::Error) -> Str
         );
     }
     let name = path.display().to_string();
-    e.render_with_options(serde_saphyr::render_options! {
+    let rendered = e.render_with_options(serde_saphyr::render_options! {
         source_name: Some(&name),
-    })
+    });
+    // The reader heads its text with "error: ", which the caller already says.
+    match rendered.strip_prefix("error: ") {
+        Some(rest) => rest.to_owned(),
+        None => rendered,
+    }
 }
 
 /// The request named a domain no configuration file declares.

@@ -109,6 +109,7 @@ fn errors_name_file_line_and_field() {
     for (text, line, field) in cases {
         let err = parse(text).unwrap_err().to_string();
         assert!(err.starts_with("limits.yaml: "), "{err}");
+        assert!(!err.contains("error: "), "said once, by the caller: {err}");
         assert!(err.contains(line), "{line} in {err}");
         assert!(err.contains(field), "{field} in {err}");
     }
