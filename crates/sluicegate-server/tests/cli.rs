@@ -354,3 +354,24 @@ fn serve_caps_the_memory_store_at_max_keys() {
     assert_eq!(check("a").0, 200, "a key already held still decides");
     assert!(server.stop().success());
 }
+
+/// A sliding log's layout decides what Redis does: the bench report names it.
+#[test]
+fn bench_names_the_layout_it_measured() {
+    let out = sluicegate()
+        .args(["bench", "--algorithm", "sliding-log", "--layout", "compact"])
+        .args([
+            "--limit",
+            "10",
+            "--window",
+            "1s",
+            "--duration",
+            "200ms",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["workload"], "sliding-log (compact)", "{report}");
+}

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use serde::Serialize;
-use sluicegate::{AnyStore, Check, Limit, Limiter, LimiterConfig, Rule};
+use sluicegate::{Algorithm, AnyStore, Check, Limit, Limiter, LimiterConfig, Rule};
 
 /// What one run measured.
 #[derive(Debug, Serialize)]
@@ -231,12 +231,12 @@ pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchRe
         .stats()
         .store_decisions
         .load(std::sync::atomic::Ordering::Relaxed);
-    driven.report(
-        plan.store_name,
-        rule.algorithm().to_string(),
-        &plan.drive,
-        Some(store_calls),
-    )
+    // A sliding log's layout decides what Redis does, so the report names it.
+    let workload = match rule.algorithm() {
+        Algorithm::SlidingLog => format!("{} ({})", rule.algorithm(), rule.layout().name()),
+        other => other.to_string(),
+    };
+    driven.report(plan.store_name, workload, &plan.drive, Some(store_calls))
 }
 
 impl BenchReport {
