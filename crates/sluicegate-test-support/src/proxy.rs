@@ -82,6 +82,7 @@ pub struct FaultProxy {
     pub port: u16,
     faults: watch::Sender<Faults>,
     open: Arc<AtomicUsize>,
+    accepted: Arc<AtomicUsize>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -97,7 +98,8 @@ impl FaultProxy {
         let port = listener.local_addr().expect("its address").port();
         let (faults, watching) = watch::channel(Faults::default());
         let open = Arc::new(AtomicUsize::new(0));
-        let counted = Arc::clone(&open);
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = (Arc::clone(&open), Arc::clone(&accepted));
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -109,6 +111,7 @@ impl FaultProxy {
             port,
             faults,
             open,
+            accepted,
             thread: Some(thread),
         }
     }
@@ -163,6 +166,11 @@ impl FaultProxy {
     pub fn connections(&self) -> usize {
         self.open.load(Ordering::SeqCst)
     }
+
+    /// Connections accepted since the proxy started, open or closed since.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for FaultProxy {
@@ -174,20 +182,24 @@ impl Drop for FaultProxy {
     }
 }
 
-/// Accepts connections until the proxy closes, each proxied on a task of its own.
+/// Accepts connections until the proxy closes, each proxied on a task of its own;
+/// counts them in `(open, accepted)`.
 async fn accept(
     listener: std::net::TcpListener,
     upstream: SocketAddr,
     faults: watch::Receiver<Faults>,
-    open: Arc<AtomicUsize>,
+    (open, accepted): (Arc<AtomicUsize>, Arc<AtomicUsize>),
 ) {
     let listener = TcpListener::from_std(listener).expect("a tokio listener");
     let mut links = tokio::task::JoinSet::new();
     let mut closing = faults.clone();
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                if let Ok((client, _)) = accepted {
+            connection = listener.accept() => {
+                if let Ok((client, _)) = connection {
+                    // Counted before anything is forwarded: a client that got an answer
+                    // through a connection finds it counted.
+                    accepted.fetch_add(1, Ordering::SeqCst);
                     links.spawn(link(client, upstream, faults.clone(), Arc::clone(&open)));
                 }
             }

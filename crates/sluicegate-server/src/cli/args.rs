@@ -1,6 +1,7 @@
 //! The arguments several commands share: where state lives, a rule, how hard to drive,
 //! and the value parser of every duration flag.
 
+use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -165,12 +166,16 @@ impl RuleArgs {
     }
 }
 
+/// How long `bench` and `load` run when nothing else bounds them.
+const DEFAULT_DURATION: Duration = Duration::from_secs(10);
+
 /// How long and how fast `bench` and `load` drive, and how they report.
 #[derive(Args)]
 pub(crate) struct PaceArgs {
-    /// How long to run, e.g. 10s.
-    #[arg(long, default_value = "10s", value_parser = parse_duration_arg)]
-    duration: DurationArg,
+    /// How long to run, e.g. 10s [default: 10s; for `load --requests`, until they are
+    /// sent].
+    #[arg(long, value_parser = parse_duration_arg)]
+    duration: Option<DurationArg>,
     /// A fixed total rate of calls per second instead of as fast as possible.
     #[arg(long)]
     rate: Option<f64>,
@@ -181,8 +186,15 @@ pub(crate) struct PaceArgs {
 
 impl PaceArgs {
     /// The drive over `keys` distinct keys (given by the flag `keys_flag`) from
-    /// `concurrency` tasks, checked before any work starts.
-    pub(crate) fn drive(&self, keys: usize, keys_flag: &str, concurrency: usize) -> Result<Drive> {
+    /// `concurrency` tasks, stopping after `requests` calls if given (and after
+    /// `--duration` if given too), checked before any work starts.
+    pub(crate) fn drive(
+        &self,
+        keys: usize,
+        keys_flag: &str,
+        concurrency: usize,
+        requests: Option<NonZeroU64>,
+    ) -> Result<Drive> {
         if keys == 0 || concurrency == 0 {
             bail!("{keys_flag} and --concurrency must be at least 1");
         }
@@ -195,7 +207,12 @@ impl PaceArgs {
         Ok(Drive {
             keys,
             concurrency,
-            duration: self.duration.duration(),
+            duration: match (&self.duration, requests) {
+                (Some(duration), _) => Some(duration.duration()),
+                (None, None) => Some(DEFAULT_DURATION),
+                (None, Some(_)) => None,
+            },
+            requests,
             rate: self.rate,
         })
     }

@@ -29,7 +29,9 @@ pub(super) struct BenchArgs {
 
 pub(super) fn run(args: &BenchArgs) -> Result<()> {
     let rule = args.rule.rule()?;
-    let drive = args.pace.drive(args.keys, "--keys", args.concurrency)?;
+    let drive = args
+        .pace
+        .drive(args.keys, "--keys", args.concurrency, None)?;
     runtime()?.block_on(async {
         let unique = format!("sluicegate:bench:{}:", std::process::id());
         let store = AnyStore::open(args.store.options(&unique)?).await?;

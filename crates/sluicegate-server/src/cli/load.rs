@@ -1,5 +1,7 @@
 //! `sluicegate load`: its flags.
 
+use std::num::NonZeroU64;
+
 use anyhow::Result;
 use clap::Args;
 
@@ -23,20 +25,32 @@ pub(super) struct LoadArgs {
     /// Distinct descriptor values, picked at random.
     #[arg(long, default_value_t = 1000)]
     values: usize,
-    /// Requests in flight at once.
+    /// Requests in flight at once: one per task, each task on its own connection over
+    /// HTTP, the tasks sharing up to 8 connections over gRPC.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
+    /// Stop after this many requests (answered or not); without --duration, the run
+    /// lasts until they are sent.
+    #[arg(long, env = "SLUICEGATE_LOAD_REQUESTS")]
+    requests: Option<NonZeroU64>,
+    /// Each task opens a new connection after this many requests on one, closing the old
+    /// one (over gRPC each task then has connections of its own) [default: unlimited].
+    #[arg(long, env = "SLUICEGATE_LOAD_REQUESTS_PER_CONNECTION")]
+    requests_per_connection: Option<NonZeroU64>,
     #[command(flatten)]
     pace: PaceArgs,
 }
 
 pub(super) fn run(args: LoadArgs) -> Result<()> {
-    let drive = args.pace.drive(args.values, "--values", args.concurrency)?;
+    let drive = args
+        .pace
+        .drive(args.values, "--values", args.concurrency, args.requests)?;
     let target = load::Target {
         address: args.target,
         protocol: args.protocol,
         domain: args.domain,
         key: args.key,
+        requests_per_connection: args.requests_per_connection,
     };
     let report = runtime()?.block_on(load::run(target, drive))?;
     report.print(args.pace.json)?;

@@ -1,8 +1,8 @@
 //! `sluicegate bench`: decisions per second and latency percentiles against a store.
 //!
-//! `concurrency` tasks check keys picked at random among `keys` for `duration`, either as
-//! fast as the store answers or, with `--rate`, at a fixed total rate (each task on its
-//! own schedule). Latency is measured from when a check is sent to when its answer is
+//! `concurrency` tasks check keys picked at random among `keys` for `duration` (or until
+//! `requests` checks are sent), either as fast as the store answers or, with `--rate`, at
+//! a fixed total rate (each task on its own schedule). Latency is measured from when a check is sent to when its answer is
 //! back; tokio's timers are only millisecond-accurate, so measuring from when a paced
 //! check was due would mostly measure the timer.
 //!
@@ -13,7 +13,10 @@
 //! the connection driver and the timers sharing its worker.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::num::NonZeroU64;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -70,9 +73,29 @@ const MAX_BACKOFF: Duration = Duration::from_millis(64);
 pub(crate) struct Drive {
     pub(crate) keys: usize,
     pub(crate) concurrency: usize,
-    pub(crate) duration: Duration,
+    /// How long to run; `None` for until `requests` are sent.
+    pub(crate) duration: Option<Duration>,
+    /// How many calls to send in all (answered or failed); `None` for no bound.
+    pub(crate) requests: Option<NonZeroU64>,
     /// Total calls per second; `None` for as fast as possible.
     pub(crate) rate: Option<f64>,
+}
+
+/// What one task calls, one check at a time: with `&mut self`, a task can keep state of
+/// its own between checks (a connection it renews).
+pub(crate) trait Caller: Send + 'static {
+    /// Checks key `key`: whether it was allowed, or why it got no decision.
+    fn call(&mut self, key: usize) -> impl Future<Output = Result<bool, FailureKind>> + Send;
+}
+
+impl<C, F> Caller for C
+where
+    C: FnMut(usize) -> F + Send + 'static,
+    F: Future<Output = Result<bool, FailureKind>> + Send,
+{
+    fn call(&mut self, key: usize) -> impl Future<Output = Result<bool, FailureKind>> + Send {
+        self(key)
+    }
 }
 
 /// What driving load measured: one task's, or all of them together.
@@ -123,23 +146,26 @@ impl Driven {
     }
 }
 
-/// Runs `concurrency` tasks for `duration`, each calling `call` with keys picked at random
-/// (as fast as answers come, or paced to `rate` in total); `call` answers whether the
-/// request was allowed, or why it failed.
-pub(crate) async fn drive<C, F>(drive: &Drive, call: C) -> Driven
+/// Runs `concurrency` tasks for `duration` or until `requests` calls are sent, whichever
+/// comes first, each task calling its own caller (`caller(task)`) with keys picked at
+/// random, as fast as answers come or paced to `rate` in total.
+pub(crate) async fn drive<M, C>(drive: &Drive, mut caller: M) -> Driven
 where
-    C: Fn(usize) -> F + Clone + Send + 'static,
-    F: std::future::Future<Output = Result<bool, FailureKind>> + Send,
+    M: FnMut(usize) -> C,
+    C: Caller,
 {
     let started = Instant::now();
-    let deadline = started + drive.duration;
+    let deadline = drive.duration.map(|duration| started + duration);
     let period = drive
         .rate
         .map(|rate| Duration::from_secs_f64(drive.concurrency as f64 / rate));
     let keys = drive.keys as u64;
+    // Calls claimed so far by all tasks together, for `requests`.
+    let sent = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..drive.concurrency)
         .map(|task| {
-            let call = call.clone();
+            let mut caller = caller(task);
+            let (sent, requests) = (Arc::clone(&sent), drive.requests);
             tokio::spawn(async move {
                 let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (task as u64 + 1);
                 let mut result = Driven::default();
@@ -151,13 +177,16 @@ where
                         tokio::time::sleep_until(at.into()).await;
                     }
                     let begin = Instant::now();
-                    if begin >= deadline {
+                    if deadline.is_some_and(|deadline| begin >= deadline) {
+                        break;
+                    }
+                    if requests.is_some_and(|n| sent.fetch_add(1, Ordering::Relaxed) >= n.get()) {
                         break;
                     }
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    match call((x % keys) as usize).await {
+                    match caller.call((x % keys) as usize).await {
                         Ok(allowed) => {
                             let micros = begin.elapsed().as_micros();
                             result
@@ -226,11 +255,8 @@ pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchRe
             }
         }
     };
-    let driven = drive(&plan.drive, call).await;
-    let store_calls = limiter
-        .stats()
-        .store_decisions
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let driven = drive(&plan.drive, |_| call.clone()).await;
+    let store_calls = limiter.stats().store_decisions.load(Ordering::Relaxed);
     // A sliding log's layout decides what Redis does, so the report names it.
     let workload = match rule.algorithm() {
         Algorithm::SlidingLog => format!("{} ({})", rule.algorithm(), rule.layout().name()),
