@@ -284,6 +284,20 @@ async fn grpc_calls_get_resource_exhausted() {
     assert!(header(&refused, "grpc-message").contains("retry in 60 s"));
 }
 
+/// `GET /users/1` over a connection of its own, with `headers` (each ending in CRLF)
+/// after the usual ones: the response's status code, as text.
+fn status_over_socket(address: SocketAddr, headers: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "GET /users/1 HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n{headers}\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response[9..12].to_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_server_limits_a_real_client() {
     let per_ip = rule("per-ip", RuleSpec::new(Algorithm::SlidingLog, 2, 60 * S));
@@ -295,17 +309,7 @@ async fn a_real_server_limits_a_real_client() {
     tokio::spawn(async move { axum::serve(listener, service).await });
     let statuses = tokio::task::spawn_blocking(move || {
         (0..3)
-            .map(|_| {
-                let mut stream = std::net::TcpStream::connect(address).unwrap();
-                write!(
-                    stream,
-                    "GET /users/1 HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-                )
-                .unwrap();
-                let mut response = String::new();
-                stream.read_to_string(&mut response).unwrap();
-                response[9..12].to_owned()
-            })
+            .map(|_| status_over_socket(address, ""))
             .collect::<Vec<_>>()
     })
     .await
@@ -334,17 +338,13 @@ async fn a_client_behind_an_appending_proxy_cannot_pick_its_address() {
                     let n = i.wrapping_mul(2_654_435_761) ^ 0x5bd1_e995;
                     std::net::Ipv4Addr::from(n)
                 };
-                let mut stream = std::net::TcpStream::connect(address).unwrap();
-                write!(
-                    stream,
-                    "GET /users/1 HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
-                     Forwarded: for={made_up}\r\n\
-                     X-Forwarded-For: {made_up}, 198.51.100.7\r\n\r\n"
+                status_over_socket(
+                    address,
+                    &format!(
+                        "Forwarded: for={made_up}\r\n\
+                         X-Forwarded-For: {made_up}, 198.51.100.7\r\n"
+                    ),
                 )
-                .unwrap();
-                let mut response = String::new();
-                stream.read_to_string(&mut response).unwrap();
-                response[9..12].to_owned()
             })
             .collect::<Vec<_>>()
     })
