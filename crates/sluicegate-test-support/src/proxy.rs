@@ -294,13 +294,19 @@ async fn pump(
     let mut chunk = vec![0u8; 16 * 1024];
     loop {
         let read = tokio::select! {
-            read = from.read(&mut chunk) => read,
+            biased;
             _ = &mut half_closed => break,
+            read = from.read(&mut chunk) => read,
         };
         let n = match read {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        // A half-close set before these bytes were sent is in the faults by now, even when
+        // the read won the race above: the bytes are not forwarded.
+        if faults.borrow().half_closes(direction) > half_closed_at {
+            break;
+        }
         let (latency, blackholed) = match faults.wait_for(|f| !f.stalled).await {
             Ok(f) => (f.latency, f.blackholes > blackholed_at),
             Err(_) => break,
