@@ -2,7 +2,8 @@
 //!
 //! Run with: `cargo run -p axum-app-example` (then `curl -i localhost:3000/`), or with
 //! `SLUICEGATE_STORE=redis://127.0.0.1:6379 cargo run -p axum-app-example` to share the
-//! limits between instances through Redis.
+//! limits between instances through Redis; `LISTEN=127.0.0.1:3001` (or `0.0.0.0:3000`)
+//! listens elsewhere.
 //!
 //! - `GET /` — 5 requests per 10 s per client address (exact sliding window);
 //! - `GET /api/{item}` — also 100 per minute per `x-api-key` and route;
@@ -62,10 +63,11 @@ async fn main() -> Result<(), String> {
         )
         .layer(per_client);
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000")
+    let address = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+    let listener = tokio::net::TcpListener::bind(&address)
         .await
-        .map_err(|e| format!("cannot listen on 127.0.0.1:3000: {e}"))?;
-    println!("listening on http://127.0.0.1:3000 ({url} store)");
+        .map_err(|e| format!("cannot listen on {address}: {e}"))?;
+    println!("listening on http://{address} ({url} store)");
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
