@@ -20,26 +20,18 @@
 //!
 //! Cost: a lookup is on the path of every check, so it hashes the check's limits where
 //! they lie (each rule's precomputed fingerprint and the key's bytes), locks one of
-//! [`SHARDS`] shards, and compares; no lock is shared by all checks, and nothing is
+//! `SHARDS` shards, and compares; no lock is shared by all checks, and nothing is
 //! allocated but the answer to a hit on several limits. Only an insert copies the keys.
 
-use std::hash::{BuildHasher, Hasher};
+use std::hash::Hasher;
 use std::sync::Arc;
 
-use foldhash::fast::RandomState;
-use hashbrown::HashTable;
-use parking_lot::Mutex;
-
-use super::room::Room;
+use super::room::{Expiring, ExpiringTable};
 use crate::algorithm;
 use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::Rule;
 use crate::store::{Check, Limit, Outcome};
-
-/// Independently locked parts of the cache: enough that concurrent checks rarely meet on
-/// one lock, few enough that empty shards cost little (a few cache lines each).
-const SHARDS: usize = 64;
 
 /// Checks of more limits than this are not cached: entries stay small and comparing one
 /// stays short.
@@ -47,21 +39,7 @@ const MAX_LIMITS: usize = 4;
 
 #[derive(Debug)]
 pub(crate) struct NegativeCache {
-    shards: Box<[Mutex<Shard>]>,
-    /// Seeded at random per cache, so a client cannot aim keys at one bucket.
-    hasher: RandomState,
-    /// Entries across all shards.
-    room: Room,
-    /// The limiter's clock, read to drop expired entries when the cache is full.
-    clock: Arc<dyn Clock>,
-}
-
-/// Aligned to two cache lines, with its lock, so threads in neighbouring shards never share
-/// a line.
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct Shard {
-    table: HashTable<Entry>,
+    table: ExpiringTable<Entry>,
 }
 
 #[derive(Debug)]
@@ -84,6 +62,12 @@ struct CachedLimit {
     decision: Decision,
 }
 
+impl Expiring for Entry {
+    fn until(&self) -> u64 {
+        self.until
+    }
+}
+
 impl Entry {
     /// Whether this entry is for exactly these limits: the same rules (by identity) and keys,
     /// in the same order.
@@ -100,10 +84,7 @@ impl Entry {
 impl NegativeCache {
     pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
         NegativeCache {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: RandomState::default(),
-            room: Room::new(capacity),
-            clock,
+            table: ExpiringTable::new(capacity, clock),
         }
     }
 
@@ -114,7 +95,7 @@ impl NegativeCache {
     /// Each limit's rule fingerprint and key, length-prefixed so that no two lists of
     /// limits feed the hasher the same bytes.
     fn hash(&self, limits: &[Limit<'_>]) -> u64 {
-        let mut hasher = self.hasher.build_hasher();
+        let mut hasher = self.table.hasher();
         for limit in limits {
             hasher.write_u64(limit.rule.fingerprint());
             hasher.write_usize(limit.key.len());
@@ -123,19 +104,14 @@ impl NegativeCache {
         hasher.finish()
     }
 
-    fn shard(&self, hash: u64) -> &Mutex<Shard> {
-        // The high bits: the table itself uses the low ones and the top seven.
-        &self.shards[(hash >> 32) as usize % SHARDS]
-    }
-
     /// The cached refusal of `check`, with its waits shortened by the time since.
     pub(crate) fn lookup(&self, check: &Check<'_>, now: u64) -> Option<Outcome> {
         if !Self::applies(check) {
             return None;
         }
         let hash = self.hash(check.limits);
-        let shard = self.shard(hash).lock();
-        let entry = shard.table.find(hash, |e| e.holds(check.limits))?;
+        let shard = self.table.shard(hash).lock();
+        let entry = shard.find(hash, |e| e.holds(check.limits))?;
         if now >= entry.until || check.cost.max(1) != entry.cost {
             return None;
         }
@@ -198,7 +174,9 @@ impl NegativeCache {
     /// Caches `decisions` (one per limit) for `check` until `wait` µs after `sent`,
     /// replacing what the same limits had cached, if the cache has room.
     fn insert(&self, check: &Check<'_>, sent: u64, wait: u64, decisions: &[Decision]) {
-        if !self.reserve() {
+        // Room is taken before an entry for the same limits is replaced, so a full cache
+        // of live refusals keeps them as they are.
+        if !self.table.reserve() {
             return;
         }
         let hash = self.hash(check.limits);
@@ -218,28 +196,11 @@ impl NegativeCache {
                 })
                 .collect(),
         };
-        let mut shard = self.shard(hash).lock();
-        if let Ok(old) = shard.table.find_entry(hash, |e| e.holds(check.limits)) {
+        let mut shard = self.table.shard(hash).lock();
+        if let Ok(old) = shard.find_entry(hash, |e| e.holds(check.limits)) {
             old.remove();
-            self.room.give_back(1);
+            self.table.give_back(1);
         }
-        shard.table.insert_unique(hash, entry, |e| e.hash);
-    }
-
-    /// Takes room for one entry; when the cache is full, drops every expired entry first.
-    /// Room is taken before an entry for the same limits is replaced, so a full cache of
-    /// live refusals keeps them as they are.
-    fn reserve(&self) -> bool {
-        self.room.take(|| {
-            let now = self.clock.now_micros();
-            let mut dropped = 0;
-            for shard in &*self.shards {
-                let mut shard = shard.lock();
-                let before = shard.table.len();
-                shard.table.retain(|e| e.until > now);
-                dropped += before - shard.table.len();
-            }
-            dropped
-        })
+        shard.insert_unique(hash, entry, |e| e.hash);
     }
 }

@@ -1,26 +1,71 @@
-//! The bound on a sharded table's entries, shared by the tables that forget what has
-//! expired only when they are full (the negative cache, the local fallback's seeds).
+//! A bounded, sharded table of entries that expire, forgotten only when the table is full:
+//! what the negative cache and the local fallback's seeds are both made of. One lookup
+//! locks one shard; no lock is shared by every check.
 
+use std::hash::BuildHasher;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use foldhash::fast::{FoldHasher, RandomState};
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+
+use crate::clock::Clock;
+
+/// Independently locked parts of a table: enough that concurrent checks rarely meet on
+/// one lock, few enough that empty shards cost little (a few cache lines each).
+pub(crate) const SHARDS: usize = 64;
+
+/// An entry that stops mattering at `until` (µs of the limiter's clock).
+pub(crate) trait Expiring {
+    fn until(&self) -> u64;
+}
+
+/// Aligned to two cache lines, with its lock, so threads in neighbouring shards never share
+/// a line.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard<T>(Mutex<HashTable<T>>);
+
 #[derive(Debug)]
-pub(crate) struct Room {
+pub(crate) struct ExpiringTable<T> {
+    shards: Box<[Shard<T>]>,
+    /// Seeded at random per table, so a client cannot aim keys at one bucket.
+    hasher: RandomState,
     /// Entries across all shards; at most `capacity`.
     len: AtomicUsize,
     capacity: usize,
+    /// The limiter's clock, read to drop expired entries when the table is full.
+    clock: Arc<dyn Clock>,
 }
 
-impl Room {
-    pub(crate) fn new(capacity: usize) -> Self {
-        Room {
+impl<T: Expiring> ExpiringTable<T> {
+    pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
+        ExpiringTable {
+            shards: (0..SHARDS)
+                .map(|_| Shard(Mutex::new(HashTable::new())))
+                .collect(),
+            hasher: RandomState::default(),
             len: AtomicUsize::new(0),
             capacity,
+            clock,
         }
     }
 
-    /// Takes room for one entry. When the table is full, `drop_expired` drops what has
-    /// expired and returns how many entries it dropped, and the room is tried once more.
-    pub(crate) fn take(&self, drop_expired: impl FnOnce() -> usize) -> bool {
+    /// A hasher of this table's seed, for the caller to feed an entry's identity.
+    pub(crate) fn hasher(&self) -> FoldHasher<'_> {
+        self.hasher.build_hasher()
+    }
+
+    /// The shard an entry of `hash` lives in.
+    pub(crate) fn shard(&self, hash: u64) -> &Mutex<HashTable<T>> {
+        // The high bits: the table itself uses the low ones and the top seven.
+        &self.shards[(hash >> 32) as usize % SHARDS].0
+    }
+
+    /// Takes room for one entry. When the table is full, every expired entry is dropped
+    /// and the room is tried once more.
+    pub(crate) fn reserve(&self) -> bool {
         let take = || {
             self.len
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
@@ -31,7 +76,15 @@ impl Room {
         if take() {
             return true;
         }
-        self.give_back(drop_expired());
+        let now = self.clock.now_micros();
+        let mut dropped = 0;
+        for shard in &*self.shards {
+            let mut table = shard.0.lock();
+            let before = table.len();
+            table.retain(|entry| entry.until() > now);
+            dropped += before - table.len();
+        }
+        self.give_back(dropped);
         take()
     }
 

@@ -14,29 +14,16 @@
 //! it hashes the rule's fingerprint and the key where they lie, locks one of [`SHARDS`]
 //! shards, and updates in place; only a new key copies its bytes.
 
-use std::hash::{BuildHasher, Hasher};
+use std::hash::Hasher;
 use std::sync::Arc;
 
-use foldhash::fast::RandomState;
-use hashbrown::HashTable;
-use parking_lot::Mutex;
-
-use super::room::Room;
+use super::room::{Expiring, ExpiringTable};
 use crate::clock::Clock;
 use crate::rule::Rule;
 
-/// Independently locked parts of the table.
-const SHARDS: usize = 64;
-
 #[derive(Debug)]
 pub(crate) struct Seeds {
-    shards: Box<[Mutex<HashTable<Seed>>]>,
-    /// Seeded at random per table, so a client cannot aim keys at one bucket.
-    hasher: RandomState,
-    /// Entries across all shards.
-    room: Room,
-    /// The limiter's clock, read to drop expired entries when the table is full.
-    clock: Arc<dyn Clock>,
+    table: ExpiringTable<Seed>,
 }
 
 #[derive(Debug)]
@@ -50,25 +37,24 @@ struct Seed {
     until: u64,
 }
 
+impl Expiring for Seed {
+    fn until(&self) -> u64 {
+        self.until
+    }
+}
+
 impl Seeds {
     pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
         Seeds {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: RandomState::default(),
-            room: Room::new(capacity),
-            clock,
+            table: ExpiringTable::new(capacity, clock),
         }
     }
 
     fn hash(&self, rule: &Rule, key: &str) -> u64 {
-        let mut hasher = self.hasher.build_hasher();
+        let mut hasher = self.table.hasher();
         hasher.write_u64(rule.fingerprint());
         hasher.write(key.as_bytes());
         hasher.finish()
-    }
-
-    fn shard(&self, hash: u64) -> &Mutex<HashTable<Seed>> {
-        &self.shards[(hash >> 32) as usize % SHARDS]
     }
 
     /// Remembers that the store, asked at `sent`, counted `used` units of `rule` for `key`,
@@ -76,7 +62,7 @@ impl Seeds {
     pub(crate) fn remember(&self, rule: &Rule, key: &str, sent: u64, used: u64, reset_after: u64) {
         let hash = self.hash(rule, key);
         let until = sent.saturating_add(reset_after);
-        let mut shard = self.shard(hash).lock();
+        let mut shard = self.table.shard(hash).lock();
         let found = shard.find_entry(hash, |s| *s.key == *key && s.rule.same_identity(rule));
         match found {
             Ok(mut seed) if used > 0 => {
@@ -85,12 +71,12 @@ impl Seeds {
             }
             Ok(seed) => {
                 seed.remove();
-                self.room.give_back(1);
+                self.table.give_back(1);
             }
             Err(_) if used == 0 => {}
             Err(_) => {
                 drop(shard);
-                if !self.reserve() {
+                if !self.table.reserve() {
                     return;
                 }
                 let seed = Seed {
@@ -100,13 +86,13 @@ impl Seeds {
                     used,
                     until,
                 };
-                let mut shard = self.shard(hash).lock();
+                let mut shard = self.table.shard(hash).lock();
                 if let Ok(old) =
                     shard.find_entry(hash, |s| *s.key == *key && s.rule.same_identity(rule))
                 {
                     // Another check remembered the key meanwhile; the room taken is not needed.
                     old.remove();
-                    self.room.give_back(1);
+                    self.table.give_back(1);
                 }
                 shard.insert_unique(hash, seed, |s| s.hash);
             }
@@ -118,30 +104,15 @@ impl Seeds {
     /// concurrent check of the same key waits until the seeding is done.
     pub(crate) fn take(&self, rule: &Rule, key: &str, now: u64, seed: impl FnOnce(u64)) {
         let hash = self.hash(rule, key);
-        let mut shard = self.shard(hash).lock();
+        let mut shard = self.table.shard(hash).lock();
         let Ok(found) = shard.find_entry(hash, |s| *s.key == *key && s.rule.same_identity(rule))
         else {
             return;
         };
         let (entry, _) = found.remove();
-        self.room.give_back(1);
+        self.table.give_back(1);
         if now < entry.until {
             seed(entry.used);
         }
-    }
-
-    /// Takes room for one entry; when the table is full, drops every expired entry first.
-    fn reserve(&self) -> bool {
-        self.room.take(|| {
-            let now = self.clock.now_micros();
-            let mut dropped = 0;
-            for shard in &*self.shards {
-                let mut shard = shard.lock();
-                let before = shard.len();
-                shard.retain(|s| s.until > now);
-                dropped += before - shard.len();
-            }
-            dropped
-        })
     }
 }
