@@ -42,6 +42,19 @@ const DECIDERS: [DecidedBy; 5] = [
     DecidedBy::Fallback(FailurePolicy::Local),
 ];
 
+/// Where `decided_by` stands in [`DECIDERS`]; `None` for the `error` policy, which never
+/// decides (and for deciders a later library version may add).
+const fn decider_index(decided_by: DecidedBy) -> Option<usize> {
+    match decided_by {
+        DecidedBy::Store => Some(0),
+        DecidedBy::NegativeCache => Some(1),
+        DecidedBy::Fallback(FailurePolicy::Allow) => Some(2),
+        DecidedBy::Fallback(FailurePolicy::Deny) => Some(3),
+        DecidedBy::Fallback(FailurePolicy::Local) => Some(4),
+        _ => None,
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabels {
     rule: String,
@@ -319,10 +332,7 @@ impl Metrics {
 
     /// Counts who decided a check, and how long the limiter took.
     pub(crate) fn check(&self, decided_by: DecidedBy, took: Duration) {
-        if let Some(i) = DECIDERS
-            .iter()
-            .position(|by| by.name() == decided_by.name())
-        {
+        if let Some(i) = decider_index(decided_by) {
             self.decided_by[i].inc();
         }
         self.check_duration.observe(took.as_secs_f64());
@@ -439,6 +449,13 @@ mod tests {
             retry_after: RetryAfter::Micros(0),
             reset_after: 0,
             delay: 0,
+        }
+    }
+
+    #[test]
+    fn every_decider_counts_in_its_own_place() {
+        for (i, by) in DECIDERS.iter().enumerate() {
+            assert_eq!(decider_index(*by), Some(i), "{}", by.name());
         }
     }
 

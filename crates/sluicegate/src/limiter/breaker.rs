@@ -234,8 +234,12 @@ impl Breaker {
         }
         match BreakerState::from_bits(phase) {
             BreakerState::Closed => {
+                // A breaker that never opens keeps no window: no shared write per call.
+                if self.min_calls == 0 {
+                    return;
+                }
                 self.window.record(!reachable, now);
-                if reachable || self.min_calls == 0 {
+                if reachable {
                     return;
                 }
                 let (calls, failures) = self.window.totals(now);
