@@ -9,7 +9,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use sluicegate::{AnyStore, Check, Decision, Limit, Limiter, Outcome, Rule, StoreError};
 
-use crate::config::{Config, Entry, UnknownDomain};
+use crate::config::{Config, ConfiguredLimit, Entry, UnknownDomain};
 use crate::metrics::{Metrics, RuleMetrics};
 
 /// How the front ends answer, beside what the configuration says.
@@ -110,6 +110,17 @@ impl From<StoreError> for DecideError {
             other => DecideError::Store(other),
         }
     }
+}
+
+/// The limit each descriptor matches in `domain` of `config`, in request order.
+fn matched<'c>(
+    config: &'c Config,
+    domain: &str,
+    descriptors: &[Vec<Entry>],
+) -> Result<Vec<Option<&'c ConfiguredLimit>>, DecideError> {
+    config
+        .find_all(domain, descriptors)
+        .map_err(|UnknownDomain| DecideError::Invalid(format!("domain: unknown domain {domain:?}")))
 }
 
 /// The identity of a request descriptor within its rule: every entry, length-prefixed, so
@@ -224,13 +235,7 @@ impl Service {
         }
         let live = self.live();
         let config = &live.config;
-        let mut matched = Vec::with_capacity(descriptors.len());
-        for entries in descriptors {
-            let limit = config.find(domain, entries).map_err(|UnknownDomain| {
-                DecideError::Invalid(format!("domain: unknown domain {domain:?}"))
-            })?;
-            matched.push(limit);
-        }
+        let mut matched = matched(config, domain, descriptors)?;
         // envoyproxy/ratelimit's `replaces`: a matched limit that names another one takes its
         // place for this request.
         let replaced: Vec<&str> = matched
@@ -339,10 +344,10 @@ impl Service {
         let live = self.live();
         let config = &live.config;
         let mut forgotten = Vec::new();
-        for entries in descriptors {
-            let limit = config.find(domain, entries).map_err(|UnknownDomain| {
-                DecideError::Invalid(format!("domain: unknown domain {domain:?}"))
-            })?;
+        for (entries, limit) in descriptors
+            .iter()
+            .zip(matched(config, domain, descriptors)?)
+        {
             if let Some((limit, rule)) = limit.and_then(|l| Some(l).zip(l.rule.as_ref())) {
                 self.limiter
                     .store()

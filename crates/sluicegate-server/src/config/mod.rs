@@ -124,13 +124,28 @@ impl Config {
     /// The limit that applies to one request descriptor, as envoyproxy/ratelimit finds it:
     /// walk the tree entry by entry, preferring an exact `key`+`value` child over a `key`
     /// child; the limit is that of the node reached by the last entry. `Err` for an
-    /// unknown domain.
+    /// unknown domain. (Requests go through [`Config::find_all`]; the tests ask one at a
+    /// time.)
+    #[cfg(test)]
     pub(crate) fn find(
         &self,
         domain: &str,
         entries: &[Entry],
     ) -> Result<Option<&ConfiguredLimit>, UnknownDomain> {
         Ok(self.domains.get(domain).ok_or(UnknownDomain)?.find(entries))
+    }
+
+    /// The limit of each of a request's descriptors, in order, the domain looked up once.
+    pub(crate) fn find_all<'c>(
+        &'c self,
+        domain: &str,
+        descriptors: &[Vec<Entry>],
+    ) -> Result<Vec<Option<&'c ConfiguredLimit>>, UnknownDomain> {
+        let tree = self.domains.get(domain).ok_or(UnknownDomain)?;
+        Ok(descriptors
+            .iter()
+            .map(|entries| tree.find(entries))
+            .collect())
     }
 
     /// Every configured limit, for listing.
