@@ -8,7 +8,9 @@
 //! exceeds L by at most (n − 1) · R.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::seeds::Seeds;
 use crate::clock::Clock;
@@ -134,10 +136,7 @@ impl LocalFallback {
 
     /// `rule` with its limit (and burst or queue) divided by the number of instances.
     fn rule(&self, rule: &Rule) -> Rule {
-        let mut cache = self
-            .rules
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cache = self.rules.lock();
         if let Some(local) = cache.get(rule.identity()) {
             return local.clone();
         }
