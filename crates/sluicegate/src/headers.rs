@@ -2,12 +2,22 @@
 //! every front end that answers HTTP: `RateLimit-Policy` and `RateLimit`, Structured
 //! Fields syntax.
 
-use crate::decision::Decision;
+use crate::decision::{Decision, RetryAfter};
 use crate::rule::Rule;
 
 /// Whole seconds, rounded up.
 pub fn seconds_up(micros: u64) -> u64 {
     micros.div_ceil(1_000_000)
+}
+
+/// `Retry-After` of a refusal, in whole seconds rounded up and never 0 (a client told to
+/// retry after 0 s would retry at once and be refused again); `None` when it can never
+/// pass.
+pub fn retry_after_seconds(retry: RetryAfter) -> Option<u64> {
+    match retry {
+        RetryAfter::Micros(us) => Some(seconds_up(us).max(1)),
+        RetryAfter::Never => None,
+    }
 }
 
 /// A Structured Fields string: printable ASCII with `"` and `\` escaped; anything else in

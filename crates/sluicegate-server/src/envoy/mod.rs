@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use sluicegate::{Decision, RetryAfter, Rule, headers};
+use sluicegate::{Decision, Rule, headers};
 
 use crate::config::Entry;
 use crate::service::{DecideError, Decided, DescriptorOutcome, Service};
@@ -185,13 +185,10 @@ fn response_headers(decided: &Decided, legacy_headers: bool) -> Vec<HeaderValue>
         ));
         out.push(header("X-RateLimit-Reset", reset));
     }
-    if let RetryAfter::Micros(us) = decision.retry_after
+    if let Some(seconds) = headers::retry_after_seconds(decision.retry_after)
         && !decision.allowed
     {
-        out.push(header(
-            "Retry-After",
-            headers::seconds_up(us).max(1).to_string(),
-        ));
+        out.push(header("Retry-After", seconds.to_string()));
     }
     out.push(header(
         "x-sluicegate-decided-by",

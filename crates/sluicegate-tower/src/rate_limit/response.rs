@@ -6,7 +6,7 @@ use axum_core::body::Body;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use sluicegate::headers;
-use sluicegate::{Outcome, RetryAfter, Rule};
+use sluicegate::{Outcome, Rule};
 
 /// `RateLimit-Policy` for every limit of the route.
 pub(crate) fn policy_header(rules: &[Rule]) -> Option<HeaderValue> {
@@ -54,11 +54,7 @@ pub(crate) fn rejection(rules: &[Rule], outcome: &Outcome, grpc: bool) -> Respon
         .filter(|(_, d)| !d.allowed)
         .map(|(rule, _)| rule.name())
         .collect();
-    // Never 0: a client told to retry after 0 s would retry at once and be refused again.
-    let retry_seconds = match outcome.decision.retry_after {
-        RetryAfter::Micros(us) => Some(headers::seconds_up(us).max(1)),
-        RetryAfter::Never => None,
-    };
+    let retry_seconds = headers::retry_after_seconds(outcome.decision.retry_after);
     let detail = match retry_seconds {
         Some(s) => format!(
             "rate limit {} exceeded; retry in {s} s",
