@@ -375,3 +375,24 @@ fn bench_names_the_layout_it_measured() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["workload"], "sliding-log (compact)", "{report}");
 }
+
+/// With every timeout turned off (`0s`, as `--help` says), requests are still answered.
+#[test]
+fn timeouts_turned_off_with_0s_still_answer() {
+    let server = Server::start(&[
+        "--body-timeout",
+        "0s",
+        "--header-timeout",
+        "0s",
+        "--idle-timeout",
+        "0s",
+    ]);
+    let (status, body) = server.request(
+        "POST",
+        "/v1/check",
+        r#"{"domain":"example","descriptors":[{"entries":[{"key":"user","value":"off"}]}]}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with(r#"{"allowed":true"#), "{body}");
+    assert!(server.stop().success());
+}

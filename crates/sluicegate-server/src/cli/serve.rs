@@ -101,16 +101,16 @@ pub struct ServeArgs {
     /// once (lowered to what the descriptor limit allows).
     #[arg(long, env = "SLUICEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
     max_connections: usize,
-    /// A request's headers (and a TLS handshake) must arrive within it (0: no limit).
+    /// A request's headers (and a TLS handshake) must arrive within it (0s: no limit).
     #[arg(long, env = "SLUICEGATE_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration_arg)]
     header_timeout: DurationArg,
-    /// A connection with no request in flight is closed after it (0: never).
+    /// A connection with no request in flight is closed after it (0s: never).
     #[arg(long, env = "SLUICEGATE_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration_arg)]
     idle_timeout: DurationArg,
-    /// A request body not received within it is answered 408 (0: no limit).
+    /// A request body not received within it is answered 408 (0s: no limit).
     #[arg(long, env = "SLUICEGATE_BODY_TIMEOUT", default_value = "10s", value_parser = parse_duration_arg)]
     body_timeout: DurationArg,
-    /// HTTP/2 keep-alive pings this often (0: none).
+    /// HTTP/2 keep-alive pings this often (0s: none).
     #[arg(long, env = "SLUICEGATE_HTTP2_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = parse_duration_arg)]
     http2_keepalive_interval: DurationArg,
     /// An HTTP/2 connection whose ping is not answered within it is closed.

@@ -197,6 +197,12 @@ async fn answer(
     service: Arc<Service>,
     in_flight: InFlight,
 ) -> Result<Response<Body>, Infallible> {
+    let Some(limit) = body_timeout else {
+        // No body deadline: nothing to watch the body for.
+        let answered = tower::ServiceExt::oneshot(router, request.map(Body::new)).await;
+        drop(in_flight);
+        return answered;
+    };
     let http1 = request.version() < Version::HTTP_2;
     let (settled, body_settled) = oneshot::channel::<Infallible>();
     let request = request.map(|body| {
@@ -207,9 +213,6 @@ async fn answer(
     });
     let call = tower::ServiceExt::oneshot(router, request);
     let body_overdue = async {
-        let Some(limit) = body_timeout else {
-            return std::future::pending().await;
-        };
         tokio::select! {
             // Received in full, failed, or dropped unread: the handler is not waiting on it.
             _ = body_settled => std::future::pending().await,
