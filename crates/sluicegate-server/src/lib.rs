@@ -7,6 +7,7 @@ mod envoy;
 mod grpc;
 mod http;
 mod metrics;
+mod offenders;
 mod server;
 mod service;
 mod tools;

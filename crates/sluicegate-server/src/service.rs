@@ -11,6 +11,7 @@ use sluicegate::{AnyStore, Check, Decision, Limit, Limiter, Outcome, Rule, Store
 
 use crate::config::{Config, ConfiguredLimit, Entry, UnknownDomain};
 use crate::metrics::{Metrics, RuleMetrics};
+use crate::offenders::{DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD, Offenders, RuleOffenders};
 
 /// How the front ends answer, beside what the configuration says.
 #[derive(Clone, Debug)]
@@ -41,6 +42,8 @@ impl Default for ServiceOptions {
 pub(crate) struct Live {
     pub(crate) config: Config,
     rule_metrics: HashMap<String, RuleMetrics>,
+    /// Who each rule refused most lately, by configuration path.
+    pub(crate) offenders: HashMap<String, Arc<RuleOffenders>>,
 }
 
 /// What every front end shares.
@@ -50,6 +53,7 @@ pub(crate) struct Service {
     live: ArcSwap<Live>,
     limiter: Arc<Limiter<AnyStore>>,
     metrics: Metrics,
+    offenders: Offenders,
     options: ServiceOptions,
 }
 
@@ -145,13 +149,30 @@ pub(crate) const MAX_ENTRIES: usize = 16;
 pub(crate) const DEFAULT_MAX_ENTRY_BYTES: usize = 1024;
 
 impl Live {
-    fn new(config: Config, metrics: &Metrics) -> Self {
+    fn new(config: Config, metrics: &Metrics, offenders: &Offenders) -> Self {
         let rule_metrics = metrics.rules_of(&config);
+        let limits = config.limits();
+        let offenders = offenders.for_paths(
+            limits
+                .iter()
+                .filter(|l| l.rule.is_some() || l.blocked)
+                .map(|l| l.path.as_str()),
+        );
         Live {
             config,
             rule_metrics,
+            offenders,
         }
     }
+}
+
+/// A request descriptor as people read it: `key=value` entries joined by `,`.
+pub(crate) fn descriptor_text(entries: &[Entry]) -> String {
+    let parts: Vec<String> = entries
+        .iter()
+        .map(|e| format!("{}={}", e.key, e.value))
+        .collect();
+    parts.join(",")
 }
 
 impl Service {
@@ -162,11 +183,17 @@ impl Service {
         options: ServiceOptions,
     ) -> Self {
         let metrics = Metrics::default();
-        let live = ArcSwap::from_pointee(Live::new(config, &metrics));
+        let offenders = Offenders::new(
+            Arc::new(sluicegate::SystemClock::new()),
+            DEFAULT_TOP_KEYS,
+            DEFAULT_TOP_PERIOD,
+        );
+        let live = ArcSwap::from_pointee(Live::new(config, &metrics, &offenders));
         Service {
             live,
             limiter,
             metrics,
+            offenders,
             options,
         }
     }
@@ -178,7 +205,8 @@ impl Service {
 
     /// Puts `config` in force for every request that starts from now on.
     pub(crate) fn replace_config(&self, config: Config) {
-        self.live.store(Arc::new(Live::new(config, &self.metrics)));
+        self.live
+            .store(Arc::new(Live::new(config, &self.metrics, &self.offenders)));
     }
 
     pub(crate) fn limiter(&self) -> &Limiter<AnyStore> {
@@ -187,6 +215,10 @@ impl Service {
 
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    pub(crate) fn offenders(&self) -> &Offenders {
+        &self.offenders
     }
 
     pub(crate) fn options(&self) -> &ServiceOptions {
@@ -316,6 +348,12 @@ impl Service {
                             .metrics
                             .rule_metrics(&l.path)
                             .count(decision, l.shadow_mode),
+                    }
+                    if !decision.allowed
+                        && !l.shadow_mode
+                        && let Some(tracker) = live.offenders.get(&l.path)
+                    {
+                        tracker.record(&descriptor_text(entries), cost, self.offenders.now());
                     }
                 }
                 DescriptorOutcome {

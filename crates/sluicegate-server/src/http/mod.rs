@@ -1,4 +1,4 @@
-//! The HTTP JSON API — `POST /v1/check`, `POST /json`, `POST /v1/reset`, `GET /v1/rules`,
+//! The HTTP JSON API — `POST /v1/check`, `POST /json`, `POST /v1/reset`, `GET /v1/rules`, `GET /v1/top`,
 //! `GET /healthz`, `GET /readyz`, `GET /metrics` — and the gRPC rate-limit service beside
 //! it on the same port.
 
@@ -8,6 +8,7 @@ mod check;
 mod envoy_json;
 mod error;
 mod probes;
+mod top;
 
 use std::sync::Arc;
 
@@ -26,6 +27,7 @@ pub(crate) fn app(service: Arc<Service>) -> Router {
         .route("/json", post(envoy_json::envoy_json))
         .route("/v1/reset", post(admin::reset))
         .route("/v1/rules", get(admin::rules))
+        .route("/v1/top", get(top::top))
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
         .route("/metrics", get(probes::metrics))

@@ -26,11 +26,11 @@ descriptors:
     rate_limit: {algorithm: fixed-window, unit: day, requests_per_unit: 3}
 ";
 
-fn test_app() -> Router {
+pub(super) fn test_app() -> Router {
     app_with(CONFIG, Some("s3cret"))
 }
 
-async fn post(app: &Router, body: &str) -> (StatusCode, serde_json::Value) {
+pub(super) async fn post(app: &Router, body: &str) -> (StatusCode, serde_json::Value) {
     let request = Request::post("/v1/check")
         .header("content-type", "application/json")
         .body(Body::from(body.to_owned()))
@@ -41,7 +41,7 @@ async fn post(app: &Router, body: &str) -> (StatusCode, serde_json::Value) {
     (status, serde_json::from_slice(&bytes).unwrap())
 }
 
-fn user_check(user: &str, cost: u64) -> String {
+pub(super) fn user_check(user: &str, cost: u64) -> String {
     serde_json::json!({
         "domain": "shop",
         "descriptors": [{"entries": [{"key": "user", "value": user}]}],
