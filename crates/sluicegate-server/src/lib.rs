@@ -5,6 +5,7 @@ pub mod cli;
 mod config;
 mod envoy;
 mod grpc;
+mod history;
 mod http;
 mod metrics;
 mod offenders;

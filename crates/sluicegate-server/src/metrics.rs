@@ -213,7 +213,28 @@ pub(crate) struct RuleMetrics {
     shadow_mode: Counter,
 }
 
+/// A rule's counters read at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct RuleTotals {
+    pub(crate) total: u64,
+    pub(crate) over_limit: u64,
+    pub(crate) near_limit: u64,
+    pub(crate) within_limit: u64,
+    pub(crate) shadow_mode: u64,
+}
+
 impl RuleMetrics {
+    /// The counters as they stand.
+    pub(crate) fn totals(&self) -> RuleTotals {
+        RuleTotals {
+            total: self.total.get(),
+            over_limit: self.over_limit.get(),
+            near_limit: self.near_limit.get(),
+            within_limit: self.within_limit.get(),
+            shadow_mode: self.shadow_mode.get(),
+        }
+    }
+
     /// Counts one decision of the rule.
     pub(crate) fn count(&self, decision: &Decision, shadow: bool) {
         self.total.inc();
@@ -328,6 +349,11 @@ impl Metrics {
     #[cfg(test)]
     fn rule(&self, path: &str, decision: &Decision, shadow: bool) {
         self.rule_metrics(path).count(decision, shadow);
+    }
+
+    /// Configurations loaded, and configurations rejected, so far.
+    pub(crate) fn config_counts(&self) -> (u64, u64) {
+        (self.config_loads.get(), self.config_errors.get())
     }
 
     /// Counts who decided a check, and how long the limiter took.

@@ -7,10 +7,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use sluicegate::{AnyStore, Check, Decision, Limit, Limiter, Outcome, Rule, StoreError};
+use sluicegate::{
+    AnyStore, Check, Clock, Decision, Limit, Limiter, Outcome, Rule, StoreError, SystemClock,
+};
 
 use crate::config::{Config, ConfiguredLimit, Entry, UnknownDomain};
-use crate::metrics::{Metrics, RuleMetrics};
+use crate::history::History;
+use crate::metrics::{Metrics, RuleMetrics, RuleTotals};
 use crate::offenders::{DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD, Offenders, RuleOffenders};
 
 /// How the front ends answer, beside what the configuration says.
@@ -25,6 +28,8 @@ pub struct ServiceOptions {
     /// Not ready (`/readyz` 503) while a Redis server's `maxmemory-policy` may evict keys,
     /// or cannot be read.
     pub require_noeviction: bool,
+    /// Serve the live page at `GET /ui`.
+    pub ui: bool,
 }
 
 impl Default for ServiceOptions {
@@ -34,6 +39,7 @@ impl Default for ServiceOptions {
             legacy_headers: false,
             admin_token: None,
             require_noeviction: false,
+            ui: true,
         }
     }
 }
@@ -44,6 +50,10 @@ pub(crate) struct Live {
     rule_metrics: HashMap<String, RuleMetrics>,
     /// Who each rule refused most lately, by configuration path.
     pub(crate) offenders: HashMap<String, Arc<RuleOffenders>>,
+    /// 1 for the configuration the service started with, one more for each reload.
+    pub(crate) version: u64,
+    /// When it was put in force, µs since the Unix epoch.
+    pub(crate) loaded_at_us: u64,
 }
 
 /// What every front end shares.
@@ -54,6 +64,9 @@ pub(crate) struct Service {
     limiter: Arc<Limiter<AnyStore>>,
     metrics: Metrics,
     offenders: Offenders,
+    /// The last minutes of every rule's counters, for the live page.
+    history: History,
+    clock: Arc<dyn Clock>,
     options: ServiceOptions,
 }
 
@@ -149,8 +162,9 @@ pub(crate) const MAX_ENTRIES: usize = 16;
 pub(crate) const DEFAULT_MAX_ENTRY_BYTES: usize = 1024;
 
 impl Live {
-    fn new(config: Config, metrics: &Metrics, offenders: &Offenders) -> Self {
+    fn new(config: Config, metrics: &Metrics, offenders: &Offenders, version: u64) -> Self {
         let rule_metrics = metrics.rules_of(&config);
+        let loaded_at_us = offenders.now();
         let limits = config.limits();
         let offenders = offenders.for_paths(
             limits
@@ -162,7 +176,17 @@ impl Live {
             config,
             rule_metrics,
             offenders,
+            version,
+            loaded_at_us,
         }
+    }
+
+    /// Every rule's counters as they stand, by configuration path.
+    pub(crate) fn rule_totals(&self) -> HashMap<String, RuleTotals> {
+        self.rule_metrics
+            .iter()
+            .map(|(path, metrics)| (path.clone(), metrics.totals()))
+            .collect()
     }
 }
 
@@ -183,17 +207,16 @@ impl Service {
         options: ServiceOptions,
     ) -> Self {
         let metrics = Metrics::default();
-        let offenders = Offenders::new(
-            Arc::new(sluicegate::SystemClock::new()),
-            DEFAULT_TOP_KEYS,
-            DEFAULT_TOP_PERIOD,
-        );
-        let live = ArcSwap::from_pointee(Live::new(config, &metrics, &offenders));
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let offenders = Offenders::new(Arc::clone(&clock), DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD);
+        let live = ArcSwap::from_pointee(Live::new(config, &metrics, &offenders, 1));
         Service {
             live,
             limiter,
             metrics,
             offenders,
+            history: History::default(),
+            clock,
             options,
         }
     }
@@ -205,8 +228,9 @@ impl Service {
 
     /// Puts `config` in force for every request that starts from now on.
     pub(crate) fn replace_config(&self, config: Config) {
-        self.live
-            .store(Arc::new(Live::new(config, &self.metrics, &self.offenders)));
+        let version = self.live.load().version + 1;
+        let live = Live::new(config, &self.metrics, &self.offenders, version);
+        self.live.store(Arc::new(live));
     }
 
     pub(crate) fn limiter(&self) -> &Limiter<AnyStore> {
@@ -215,6 +239,21 @@ impl Service {
 
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// Samples every rule's counters into the history (the server does, every
+    /// [`crate::history::SAMPLE_PERIOD`]).
+    pub(crate) fn sample_history(&self) {
+        let totals = self.live().rule_totals();
+        self.history.record(self.clock.now_micros(), totals);
+    }
+
+    pub(crate) fn history(&self) -> &History {
+        &self.history
+    }
+
+    pub(crate) fn now_micros(&self) -> u64 {
+        self.clock.now_micros()
     }
 
     pub(crate) fn offenders(&self) -> &Offenders {

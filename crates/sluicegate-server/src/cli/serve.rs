@@ -85,6 +85,9 @@ pub struct ServeArgs {
     /// other than noeviction on any server, or one that cannot be read.
     #[arg(long, env = "SLUICEGATE_REQUIRE_NOEVICTION")]
     require_noeviction: bool,
+    /// Do not serve the live page (GET /ui); /v1/overview stays.
+    #[arg(long, env = "SLUICEGATE_NO_UI")]
+    no_ui: bool,
     /// How often to look for edits of the --config files and the TLS certificate and
     /// key (SIGHUP reloads the configuration at once).
     #[arg(long, env = "SLUICEGATE_RELOAD_INTERVAL", default_value = "1s", value_parser = parse_duration_arg)]
@@ -171,6 +174,7 @@ impl ServeArgs {
                 legacy_headers: self.legacy_headers,
                 admin_token: self.admin_token.as_deref().map(Arc::from),
                 require_noeviction: self.require_noeviction,
+                ui: !self.no_ui,
             },
             reload_interval: self.reload_interval.duration(),
             connections: ConnectionOptions {

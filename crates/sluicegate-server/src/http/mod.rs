@@ -1,4 +1,4 @@
-//! The HTTP JSON API — `POST /v1/check`, `POST /json`, `POST /v1/reset`, `GET /v1/rules`, `GET /v1/top`,
+//! The HTTP JSON API — `POST /v1/check`, `POST /json`, `POST /v1/reset`, `GET /v1/rules`, `GET /v1/top`, `GET /v1/overview`, `GET /ui`,
 //! `GET /healthz`, `GET /readyz`, `GET /metrics` — and the gRPC rate-limit service beside
 //! it on the same port.
 
@@ -9,6 +9,7 @@ mod envoy_json;
 mod error;
 mod probes;
 mod top;
+mod ui;
 
 use std::sync::Arc;
 
@@ -28,6 +29,8 @@ pub(crate) fn app(service: Arc<Service>) -> Router {
         .route("/v1/reset", post(admin::reset))
         .route("/v1/rules", get(admin::rules))
         .route("/v1/top", get(top::top))
+        .route("/v1/overview", get(ui::overview))
+        .route("/ui", get(ui::page))
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
         .route("/metrics", get(probes::metrics))

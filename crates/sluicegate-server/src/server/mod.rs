@@ -74,7 +74,8 @@ pub struct Prepared {
 }
 
 /// Loads the configuration, opens the store, and starts what runs beside the requests:
-/// the reload watch (SIGHUP is listened for from here on) and the memory store's sweeper.
+/// the reload watch (SIGHUP is listened for from here on), the memory store's sweeper and
+/// the live page's sampler.
 pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
     let tls = options
         .tls
@@ -103,6 +104,14 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
     }
     let service = Arc::new(Service::new(config, limiter, options.service.clone()));
     service.metrics().config_loaded();
+    let sampled = Arc::clone(&service);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(crate::history::SAMPLE_PERIOD);
+        loop {
+            tick.tick().await;
+            sampled.sample_history();
+        }
+    });
     if let Some(path) = options.config.clone() {
         // Listen for SIGHUP now, before the server says it is up: a SIGHUP that came
         // before the handler would end the process.
