@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 use sluicegate::{
@@ -30,6 +31,8 @@ pub struct ServiceOptions {
     pub require_noeviction: bool,
     /// Serve the live page at `GET /ui`.
     pub ui: bool,
+    /// The share of refusals logged, one line each (`--log-refusals`, 0 to 1).
+    pub refusal_log_share: f64,
 }
 
 impl Default for ServiceOptions {
@@ -40,6 +43,7 @@ impl Default for ServiceOptions {
             admin_token: None,
             require_noeviction: false,
             ui: true,
+            refusal_log_share: 0.0,
         }
     }
 }
@@ -67,7 +71,34 @@ pub(crate) struct Service {
     /// The last minutes of every rule's counters, for the live page.
     history: History,
     clock: Arc<dyn Clock>,
+    /// Which refusals get a log line.
+    refusal_log: EvenSample,
     options: ServiceOptions,
+}
+
+/// Picks exactly `share` of what it is shown, evenly spread and without a random source:
+/// the n-th is picked when ⌊n · share⌋ moves.
+#[derive(Debug)]
+struct EvenSample {
+    share: f64,
+    seen: AtomicU64,
+}
+
+impl EvenSample {
+    fn new(share: f64) -> Self {
+        EvenSample {
+            share,
+            seen: AtomicU64::new(0),
+        }
+    }
+
+    fn pick(&self) -> bool {
+        if self.share <= 0.0 {
+            return false;
+        }
+        let n = self.seen.fetch_add(1, Ordering::Relaxed) as f64;
+        ((n + 1.0) * self.share).floor() > (n * self.share).floor()
+    }
 }
 
 /// What became of each request descriptor.
@@ -217,6 +248,7 @@ impl Service {
             offenders,
             history: History::default(),
             clock,
+            refusal_log: EvenSample::new(options.refusal_log_share),
             options,
         }
     }
@@ -392,7 +424,20 @@ impl Service {
                         && !l.shadow_mode
                         && let Some(tracker) = live.offenders.get(&l.path)
                     {
-                        tracker.record(&descriptor_text(entries), cost, self.offenders.now());
+                        let descriptor = descriptor_text(entries);
+                        if self.refusal_log.pick() {
+                            tracing::info!(
+                                target: "sluicegate::refusal",
+                                domain,
+                                rule = %l.path,
+                                descriptor = %descriptor,
+                                cost,
+                                limit = decision.limit,
+                                retry_after_us = decision.retry_after.as_signed_micros(),
+                                "refused"
+                            );
+                        }
+                        tracker.record(&descriptor, cost, self.offenders.now());
                     }
                 }
                 DescriptorOutcome {

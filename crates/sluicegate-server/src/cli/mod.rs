@@ -4,6 +4,7 @@
 mod args;
 mod bench;
 mod load;
+mod logging;
 mod plan;
 mod replay;
 mod runtime;

@@ -1,7 +1,6 @@
 //! `sluicegate serve`: the service's flags, and the process around [`crate::serve`] —
 //! logging, the runtime, the listeners, and stopping on SIGTERM or SIGINT.
 
-use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,6 +11,7 @@ use clap::Args;
 use sluicegate::{Algorithm, BreakerConfig, LimiterConfig, MemoryStoreConfig, StoreOptions};
 
 use super::args::{DurationArg, StoreArgs, parse_duration_arg};
+use super::logging::LogArgs;
 use super::runtime::runtime;
 use crate::config::DEFAULT_MAX_NODES;
 use crate::server::{self, ConnectionOptions, Listeners, ServeOptions, TlsOptions};
@@ -27,6 +27,8 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "SLUICEGATE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
+    #[command(flatten)]
+    logging: LogArgs,
     #[command(flatten)]
     store: StoreArgs,
     /// When the store fails: error (answer 503), allow, deny, or local (an in-memory
@@ -175,6 +177,7 @@ impl ServeArgs {
                 admin_token: self.admin_token.as_deref().map(Arc::from),
                 require_noeviction: self.require_noeviction,
                 ui: !self.no_ui,
+                refusal_log_share: self.logging.log_refusals,
             },
             reload_interval: self.reload_interval.duration(),
             connections: ConnectionOptions {
@@ -250,14 +253,7 @@ const RUNTIME_STOP: Duration = Duration::from_secs(1);
 
 /// Runs the service in this process until SIGTERM or SIGINT.
 pub(super) fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(io::stderr)
-        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    args.logging.init()?;
     let options = args.options()?;
     let runtime = runtime()?;
     let served = runtime.block_on(async {

@@ -7,6 +7,7 @@
 //! Every rule is validated while the file is read, so an error names the file, the line
 //! and the field.
 
+mod changes;
 mod files;
 mod limit;
 mod raw;

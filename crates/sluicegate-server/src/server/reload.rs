@@ -59,9 +59,17 @@ pub(super) async fn reload_on_change(mut watch: Watch, service: Arc<Service>, mu
         watch.seen = now;
         match Config::load(&watch.path, watch.load) {
             Ok(config) => {
+                let changes = config.changes_from(&service.live().config);
                 service.replace_config(config);
                 service.metrics().config_loaded();
-                tracing::info!(config = %watch.path.display(), "configuration reloaded");
+                tracing::info!(
+                    config = %watch.path.display(),
+                    version = service.live().version,
+                    added = %changes.added.join(","),
+                    removed = %changes.removed.join(","),
+                    edited = %changes.edited.join(","),
+                    "configuration reloaded"
+                );
             }
             Err(e) => {
                 service.metrics().config_rejected();

@@ -32,6 +32,8 @@ enum Running {
 
 pub struct Server {
     running: Running,
+    /// A binary's standard error, line by line, as it comes.
+    logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     pub address: String,
     /// With --grpc-listen: the gRPC-only address.
     pub grpc_address: Option<String>,
@@ -88,6 +90,7 @@ impl Server {
             panic!("serve {args:?} did not start: {failed:?}");
         };
         Server {
+            logs: Default::default(),
             running: Running::InProcess {
                 stop: Some(stop),
                 thread: Some(thread),
@@ -127,8 +130,15 @@ impl Server {
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (mut address, mut grpc_address) = (None, None);
         for line in lines.by_ref().map_while(Result::ok) {
+            // Text lines carry `address=…`; JSON lines (`--log-format json`) a field.
+            if let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) {
+                let field = |name: &str| json["fields"][name].as_str().map(str::to_owned);
+                address = address.or(field("address"));
+                grpc_address = grpc_address.or(field("grpc_address"));
+            }
             for word in line.split_whitespace() {
                 if let Some(a) = word.strip_prefix("grpc_address=") {
                     grpc_address = Some(a.to_owned());
@@ -136,17 +146,47 @@ impl Server {
                     address = Some(a.to_owned());
                 }
             }
+            logs.lock().unwrap().push(line);
             if address.is_some() && (grpc_address.is_some() || !wants_grpc) {
                 break;
             }
         }
-        // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
+        // Keep reading stderr so the server never blocks on a full pipe.
+        let kept = std::sync::Arc::clone(&logs);
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                kept.lock().unwrap().push(line);
+            }
+        });
         Server {
+            logs,
             running: Running::Binary(child),
             address: address.expect("the server logs its address"),
             grpc_address,
         }
+    }
+
+    /// Waits, 10 s at most, until a line of the binary's standard error satisfies `wanted`;
+    /// that line.
+    pub fn wait_for_log(&self, wanted: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            // A copy, so that `wanted` may read the logs too.
+            let lines = self.logs();
+            if let Some(line) = lines.iter().find(|l| wanted(l)) {
+                return line.clone();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no such log line in {lines:#?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Every line of the binary's standard error so far.
+    pub fn logs(&self) -> Vec<String> {
+        self.logs.lock().unwrap().clone()
     }
 
     /// The process id of a server started with [`Server::binary`].

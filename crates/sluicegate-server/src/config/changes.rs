@@ -1,0 +1,107 @@
+//! What a reload changed, rule by rule, for the log line it writes.
+
+use std::collections::HashMap;
+
+use sluicegate::RuleSpec;
+
+use super::{Config, ConfiguredLimit};
+
+/// The limits of a new configuration against the one it replaces, by path.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Changes {
+    pub(crate) added: Vec<String>,
+    pub(crate) removed: Vec<String>,
+    /// Present in both, with other numbers, algorithm, name, mode or replacements.
+    pub(crate) edited: Vec<String>,
+}
+
+/// What decides how a limit answers; two limits of a path alike in this are unchanged.
+fn behaviour(
+    l: &ConfiguredLimit,
+) -> (
+    Option<RuleSpec>,
+    bool,
+    bool,
+    bool,
+    &[String],
+    &Option<String>,
+) {
+    (
+        l.rule.as_ref().map(sluicegate::Rule::spec),
+        l.blocked,
+        l.shadow_mode,
+        l.detailed_metric,
+        &l.replaces,
+        &l.name,
+    )
+}
+
+impl Config {
+    /// What `self` changes of `before`, each list sorted by path.
+    pub(crate) fn changes_from(&self, before: &Config) -> Changes {
+        let old: HashMap<&str, &ConfiguredLimit> = before
+            .limits()
+            .into_iter()
+            .map(|l| (l.path.as_str(), l))
+            .collect();
+        let new = self.limits();
+        let mut changes = Changes::default();
+        for limit in &new {
+            match old.get(limit.path.as_str()) {
+                None => changes.added.push(limit.path.clone()),
+                Some(was) if behaviour(was) != behaviour(limit) => {
+                    changes.edited.push(limit.path.clone());
+                }
+                Some(_) => {}
+            }
+        }
+        let kept: std::collections::HashSet<&str> = new.iter().map(|l| l.path.as_str()).collect();
+        changes.removed = old
+            .keys()
+            .filter(|path| !kept.contains(*path))
+            .map(|path| (*path).to_owned())
+            .collect();
+        changes.removed.sort();
+        changes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::{DEFAULT_ALGORITHM, LoadOptions};
+
+    fn parse(text: &str) -> Config {
+        Config::parse(
+            Path::new("t.yaml"),
+            text,
+            LoadOptions::new(DEFAULT_ALGORITHM),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_reload_names_the_rules_added_removed_and_edited() {
+        let before = parse(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  \
+             - key: b\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  \
+             - key: c\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+        );
+        let after = parse(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  \
+             - key: b\n    rate_limit: {unit: minute, requests_per_unit: 6}\n  \
+             - key: e\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+        );
+        assert_eq!(
+            after.changes_from(&before),
+            Changes {
+                added: vec!["d.e".into()],
+                removed: vec!["d.c".into()],
+                edited: vec!["d.b".into()],
+            }
+        );
+        assert_eq!(after.changes_from(&after), Changes::default());
+    }
+}
