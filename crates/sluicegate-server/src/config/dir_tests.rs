@@ -147,7 +147,11 @@ fn a_domain_in_two_files_is_an_error_unless_merged() {
         "{err}"
     );
     assert!(
-        err.contains(&format!("merged with {}", dir.join("a.yaml").display())),
+        err.ends_with(&format!(
+            "merged with {}, {}",
+            dir.join("a.yaml").display(),
+            dir.join("b.yaml").display()
+        )),
         "{err}"
     );
 }

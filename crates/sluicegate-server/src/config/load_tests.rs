@@ -21,7 +21,8 @@ fn path(config: &Config, pairs: &[(&str, &str)]) -> Option<String> {
 /// accepts: `share_threshold`, `value_to_metric`, `quota_mode`, `metadata`, units
 /// `week`, `month` and `year` in any case (7, 30 and 365 days, as its `UnitToDivider`),
 /// `value: ""` (no value), a `unit` without `requests_per_unit` (a block),
-/// `unlimited` beside `requests_per_unit`, `descriptors:` with nothing in it.
+/// `unlimited` beside `requests_per_unit` or a unit it does not know (it refuses only a
+/// known unit there), `descriptors:` with nothing in it.
 #[test]
 fn what_envoy_loads_loads() {
     let text = r#"domain: d
@@ -48,6 +49,8 @@ descriptors:
     rate_limit: {unit: hour}
   - key: free
     rate_limit: {unlimited: true, requests_per_unit: 5}
+  - key: odd
+    rate_limit: {unlimited: true, unit: fortnight}
   - key: parent
     descriptors:
 "#;
@@ -70,6 +73,7 @@ descriptors:
         assert_eq!(block.block_window, Some(3_600_000_000));
         let free = find(&c, &[("free", "x")]).unwrap();
         assert!(free.rule.is_none() && !free.blocked);
+        assert!(find(&c, &[("odd", "x")]).unwrap().rule.is_none());
         assert_eq!(path(&c, &[("parent", "x")]), None);
         let yearly = find(&c, &[("yearly", "x")]).unwrap();
         assert!(yearly.detailed_metric && yearly.shadow_mode);

@@ -94,38 +94,42 @@ impl Config {
             message,
         };
         let mut config = Config::default();
-        let mut origin: HashMap<String, PathBuf> = HashMap::new();
+        // The files that declared each domain so far.
+        let mut origin: HashMap<String, Vec<PathBuf>> = HashMap::new();
         for file in files {
             let text = std::fs::read_to_string(file)
                 .map_err(|e| error(file, format!("cannot read: {e}")))?;
             for (domain, tree) in Config::parse(file, &text, options)?.domains {
-                match (origin.get(&domain), config.domains.get_mut(&domain)) {
-                    (Some(first), Some(merged)) if options.merge_domains => {
+                let declared = origin.entry(domain.clone()).or_default();
+                match config.domains.get_mut(&domain) {
+                    Some(merged) if options.merge_domains => {
                         merged.absorb(tree).map_err(|e| {
+                            let earlier: Vec<String> =
+                                declared.iter().map(|f| f.display().to_string()).collect();
                             error(
                                 file,
                                 format!(
                                     "{e}; domain {domain:?} is merged with {}",
-                                    first.display()
+                                    earlier.join(", ")
                                 ),
                             )
                         })?;
                     }
-                    (Some(first), _) => {
+                    Some(_) => {
                         return Err(error(
                             file,
                             format!(
                                 "domain: {domain:?} is already defined in {} (merge the two \
                                  with --merge-domain-config)",
-                                first.display()
+                                declared[0].display()
                             ),
                         ));
                     }
-                    (None, _) => {
-                        origin.insert(domain.clone(), file.clone());
+                    None => {
                         config.domains.insert(domain, tree);
                     }
                 }
+                declared.push(file.clone());
             }
         }
         Ok(config)
