@@ -6,7 +6,7 @@
 //! `TestConfigLimitOverride` (the request's own `limit`, decided in the service),
 //! `TestDetailedMetric`, `TestValueToMetric_*` and `TestWildcardStatsBehavior` (metric
 //! names). Error texts are sluicegate's, which name the line and field where envoy's
-//! name only the file; each case below gives envoy's text beside ours.
+//! name only the file; each refusal below gives envoy's text beside ours.
 
 use super::tests::entries;
 use super::*;
@@ -108,18 +108,20 @@ fn domain_merge() {
     assert_eq!(limit(&c, &[("key2", "value2")]), "20/60s");
 }
 
-/// config_test.go:347, 357, 368, 379, 390, 403, 414, 425, 436, 447, 467, 478, 489: what
-/// envoyproxy/ratelimit refuses, sluicegate refuses.
+/// config_test.go:347 (envoy: "config file cannot have empty domain").
 #[test]
-fn refusals() {
-    // "config file cannot have empty domain"
+fn empty_domain() {
     refused(
         None,
         "empty_domain.yaml",
         false,
         &["missing field `domain`"],
     );
-    // "duplicate domain 'test-domain' in config file"
+}
+
+/// config_test.go:357 (envoy: "duplicate domain 'test-domain' in config file").
+#[test]
+fn duplicate_domain() {
     refused(
         Some("basic_config.yaml"),
         "duplicate_domain.yaml",
@@ -129,21 +131,35 @@ fn refusals() {
             "basic_config.yaml",
         ],
     );
-    // "descriptor has empty key"
+}
+
+/// config_test.go:368 (envoy: "descriptor has empty key").
+#[test]
+fn empty_key() {
     refused(
         None,
         "empty_key.yaml",
         false,
         &["line 3", "missing field `key`"],
     );
-    // "duplicate descriptor composite key 'test-domain.key1_value1'"
+}
+
+/// config_test.go:379 (envoy: "duplicate descriptor composite key
+/// 'test-domain.key1_value1'").
+#[test]
+fn duplicate_key() {
     refused(
         None,
         "duplicate_key.yaml",
         false,
         &["line 6", "test-domain.key1_value1: duplicate descriptor"],
     );
-    // The same, merging a file with itself.
+}
+
+/// config_test.go:390 (envoy: "merge_domain_key1.yaml: duplicate descriptor composite
+/// key 'test-domain.key1_value1'", merging a file with itself).
+#[test]
+fn duplicate_key_domain_merge() {
     refused(
         Some("merge_domain_key1.yaml"),
         "merge_domain_key1.yaml",
@@ -154,43 +170,81 @@ fn refusals() {
             "merged with",
         ],
     );
-    // "invalid rate limit unit 'foo'"
+}
+
+/// config_test.go:403 (envoy: "invalid rate limit unit 'foo'").
+#[test]
+fn bad_limit_unit() {
     refused(
         None,
         "bad_limit_unit.yaml",
         false,
         &["line 6", r#"rate_limit.unit: unknown unit "foo""#],
     );
-    // "replaces should not contain name of same descriptor"
+}
+
+/// config_test.go:414 (envoy: "replaces should not contain name of same descriptor").
+#[test]
+fn replaces_self() {
     refused(
         None,
         "replaces_self.yaml",
         false,
         &["line 8", "rate_limit.replaces[0].name", "own name"],
     );
-    // "should not have an empty replaces entry"
+}
+
+/// config_test.go:425 (envoy: "should not have an empty replaces entry").
+#[test]
+fn replaces_empty() {
     refused(
         None,
         "replaces_empty.yaml",
         false,
         &["line 8", "rate_limit.replaces[0].name: must not be empty"],
     );
-    // "error loading config file: yaml: line 2: found unexpected end of stream"
+}
+
+/// config_test.go:436 (envoy: "error loading config file: yaml: line 2: found unexpected
+/// end of stream").
+#[test]
+fn bad_yaml() {
     refused(None, "bad_yaml.yaml", false, &["line "]);
-    // "config error, unknown key 'ratelimit'"
+}
+
+/// config_test.go:447 (envoy: "config error, unknown key 'ratelimit'").
+#[test]
+fn misspelled_key() {
     refused(None, "misspelled_key.yaml", false, &["line 5", "ratelimit"]);
-    // "config error, unknown key 'requestsperunit'"
+}
+
+/// config_test.go:447 (envoy: "config error, unknown key 'requestsperunit'").
+#[test]
+fn misspelled_key2() {
     refused(
         None,
         "misspelled_key2.yaml",
         false,
         &["line 7", "requestsperunit"],
     );
-    // "config error, key is not of type string: 0.25"
+}
+
+/// config_test.go:467 (envoy: "config error, key is not of type string: 0.25").
+#[test]
+fn non_string_key() {
     refused(None, "non_string_key.yaml", false, &["line 1", "0.25"]);
-    // "config error, yaml file contains list of type other than map: a"
+}
+
+/// config_test.go:478 (envoy: "config error, yaml file contains list of type other than
+/// map: a").
+#[test]
+fn non_map_list() {
     refused(None, "non_map_list.yaml", false, &["line 3"]);
-    // "should not specify rate limit unit when unlimited"
+}
+
+/// config_test.go:489 (envoy: "should not specify rate limit unit when unlimited").
+#[test]
+fn unlimited_with_rate_limit_unit() {
     refused(
         None,
         "unlimited_with_unit.yaml",
