@@ -1,7 +1,10 @@
 //! What envoyproxy/ratelimit loads loads, what it refuses is refused (beyond the cases of
 //! its own tests, in `envoy_tests.rs`), and how a level is matched.
 
+use proptest::prelude::*;
+
 use super::tests::entries;
+use super::wildcard::tests::brute_force;
 use super::*;
 
 fn parse(text: &str, algorithm: Algorithm) -> Result<Config, ConfigError> {
@@ -216,4 +219,47 @@ fn overlapping_wildcards_resolve_as_envoy() {
     assert_eq!(path(&c, &[("a", "xy")]).as_deref(), Some("d.a_*"));
     assert_eq!(path(&c, &[("a", "x*")]).as_deref(), Some("d.a_x*"));
     assert_eq!(path(&c, &[("a", "")]).as_deref(), Some("d.a_*"));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// One level of random descriptors of one key (without a value, with an exact value,
+    /// with wildcards that overlap), against a model of envoyproxy/ratelimit's lookup:
+    /// the value exactly, else the first pattern declared that matches, else the key.
+    #[test]
+    fn a_level_resolves_as_envoys_lookup(
+        values in proptest::collection::vec(proptest::option::of("[ab*]{0,4}"), 1..6),
+        request in "[ab*]{0,5}",
+    ) {
+        // A key and value declared twice is refused; the model keeps the first.
+        let mut declared: Vec<Option<String>> = Vec::new();
+        for value in values {
+            let value = value.filter(|v| !v.is_empty());
+            if !declared.contains(&value) {
+                declared.push(value);
+            }
+        }
+        let mut text = String::from("domain: d\ndescriptors:\n");
+        for value in &declared {
+            text.push_str("  - key: k\n");
+            if let Some(value) = value {
+                text.push_str(&format!("    value: \"{value}\"\n"));
+            }
+            text.push_str("    rate_limit: {unit: second, requests_per_unit: 1}\n");
+        }
+        let config = parse(&text, DEFAULT_ALGORITHM).unwrap();
+        let exact = declared.iter().flatten().find(|v| **v == request);
+        let wildcard = || {
+            declared
+                .iter()
+                .flatten()
+                .find(|v| v.contains('*') && brute_force(v.as_bytes(), request.as_bytes()))
+        };
+        let model = match exact.or_else(wildcard) {
+            Some(value) => Some(format!("d.k_{value}")),
+            None => declared.contains(&None).then(|| "d.k".to_owned()),
+        };
+        prop_assert_eq!(path(&config, &[("k", &request)]), model, "{}", text);
+    }
 }

@@ -43,13 +43,13 @@ impl Wildcard {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::Wildcard;
     use proptest::prelude::*;
 
     /// The model: a pattern matches if some split of the value gives each `*` a run and
     /// each literal character itself, tried every way there is.
-    fn brute_force(pattern: &[u8], value: &[u8]) -> bool {
+    pub(in crate::config) fn brute_force(pattern: &[u8], value: &[u8]) -> bool {
         match pattern.split_first() {
             None => value.is_empty(),
             Some((b'*', rest)) => (0..=value.len()).any(|skip| brute_force(rest, &value[skip..])),
