@@ -72,10 +72,25 @@ impl DescriptorTree {
         Ok(())
     }
 
+    /// Files `node` under its key and value, last among its key's wildcards; a node of
+    /// the same key and value already here is an error, and leaves the level as it was.
     fn insert(&mut self, node: Node) -> Result<(), String> {
         let index = self.nodes.len();
         let (key, value) = node.matched.clone();
-        let duplicate = match value {
+        let taken = match &value {
+            Some(value) => self
+                .by_key_value
+                .get(&key)
+                .is_some_and(|values| values.contains_key(value)),
+            None => self.by_key.contains_key(&key),
+        };
+        if taken {
+            return Err(format!(
+                "line {}: {}: duplicate descriptor (same key and value at one level)",
+                node.line, node.path
+            ));
+        }
+        match value {
             Some(value) => {
                 if let Some(wildcard) = Wildcard::new(&value) {
                     self.wildcards
@@ -86,16 +101,11 @@ impl DescriptorTree {
                 self.by_key_value
                     .entry(key)
                     .or_default()
-                    .insert(value, index)
-                    .is_some()
+                    .insert(value, index);
             }
-            None => self.by_key.insert(key, index).is_some(),
-        };
-        if duplicate {
-            return Err(format!(
-                "line {}: {}: duplicate descriptor (same key and value at one level)",
-                node.line, node.path
-            ));
+            None => {
+                self.by_key.insert(key, index);
+            }
         }
         self.nodes.push(node);
         Ok(())
