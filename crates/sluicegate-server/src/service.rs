@@ -361,7 +361,14 @@ impl Service {
 
         // Enforced limits are decided together, all-or-nothing; shadow ones apart, so that
         // they can never refuse or hold back the others.
-        let keys: Vec<String> = descriptors.iter().map(|d| descriptor_key(d)).collect();
+        let keys: Vec<String> = descriptors
+            .iter()
+            .zip(&matched)
+            .map(|(d, limit)| match limit {
+                Some(l) => descriptor_key(&l.counted_entries(d)),
+                None => descriptor_key(d),
+            })
+            .collect();
         let mut enforced: Vec<Limit<'_>> = Vec::new();
         let mut shadow: Vec<Limit<'_>> = Vec::new();
         let mut slot_of: Vec<Option<(bool, usize)>> = Vec::new();
@@ -473,7 +480,7 @@ impl Service {
             if let Some((limit, rule)) = limit.and_then(|l| Some(l).zip(l.rule.as_ref())) {
                 self.limiter
                     .store()
-                    .forget(rule, &descriptor_key(entries))
+                    .forget(rule, &descriptor_key(&limit.counted_entries(entries)))
                     .await?;
                 forgotten.push(limit.path.clone());
             }

@@ -54,12 +54,12 @@ fn path_arg(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
-/// A directory without a .yaml or .yml file would answer every check with an unknown
+/// A directory without a file (dot files are skipped) would answer every check with an unknown
 /// domain: it is refused at start, naming the directory.
 #[test]
 fn an_empty_directory_is_refused_at_start() {
     let dir = scratch("empty-dir");
-    std::fs::write(dir.join("notes.txt"), "not a configuration").unwrap();
+    std::fs::write(dir.join(".notes"), "not a configuration").unwrap();
     let stderr = serve_refuses(&["--config", path_arg(&dir)]);
     assert!(
         stderr.contains(&format!(

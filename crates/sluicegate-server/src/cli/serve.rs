@@ -98,6 +98,15 @@ pub struct ServeArgs {
     /// hold; the default reads about 22,700 descriptors of one rule each.
     #[arg(long, env = "SLUICEGATE_MAX_CONFIG_NODES", default_value_t = DEFAULT_MAX_NODES)]
     max_config_nodes: usize,
+    /// In a --config directory, skip files and directories whose name starts with a dot
+    /// (editor swap files, the `..data` copies of a Kubernetes ConfigMap); false reads
+    /// them, as envoyproxy/ratelimit does by default.
+    #[arg(long, env = "SLUICEGATE_CONFIG_IGNORE_DOTFILES", default_value_t = true, action = clap::ArgAction::Set)]
+    config_ignore_dotfiles: bool,
+    /// Files of a --config directory that declare the same domain add their descriptors
+    /// to it (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); without it, an error.
+    #[arg(long, env = "SLUICEGATE_MERGE_DOMAIN_CONFIG")]
+    merge_domain_config: bool,
     /// The in-memory store's hard cap on live (rule, key) entries: at the cap a check that
     /// would add one answers 503 until an entry expires (none is ever evicted).
     #[arg(long, env = "SLUICEGATE_MAX_KEYS", default_value_t = MemoryStoreConfig::default().max_keys)]
@@ -148,6 +157,8 @@ impl ServeArgs {
             config: self.config.clone(),
             default_algorithm: self.default_algorithm,
             max_config_nodes: self.max_config_nodes,
+            config_ignore_dotfiles: self.config_ignore_dotfiles,
+            merge_domain_config: self.merge_domain_config,
             store: StoreOptions {
                 memory: MemoryStoreConfig {
                     max_keys: self.max_keys,

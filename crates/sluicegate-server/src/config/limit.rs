@@ -1,15 +1,20 @@
 //! What a match yields: a configured limit, and the request entries matched against it.
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
 use sluicegate::Rule;
 
 /// A `rate_limit` of the configuration.
 #[derive(Debug)]
 pub(crate) struct ConfiguredLimit {
-    /// `None` for `unlimited: true` and for `requests_per_unit: 0`.
+    /// `None` for `unlimited: true` and for a block.
     pub(crate) rule: Option<Rule>,
-    /// `requests_per_unit: 0`: every request over the limit (a block list).
+    /// A block: every request over the limit (`requests_per_unit: 0`, or a `unit` with no
+    /// `requests_per_unit`, as envoyproxy/ratelimit reads them).
     pub(crate) blocked: bool,
+    /// A block's `unit` (or `window`), in µs: the unit its answer names.
+    pub(crate) block_window: Option<u64>,
     /// The descriptor path, `domain.key_value.key`, as envoyproxy/ratelimit names it.
     pub(crate) path: String,
     /// `rate_limit.name`, which `replaces` refers to.
@@ -20,6 +25,30 @@ pub(crate) struct ConfiguredLimit {
     pub(crate) shadow_mode: bool,
     /// Metrics name the request's value rather than the key alone.
     pub(crate) detailed_metric: bool,
+    /// Per level of the path, the wildcard value of a `share_threshold` descriptor there;
+    /// empty when no level shares.
+    pub(crate) shared_values: Vec<Option<String>>,
+}
+
+impl ConfiguredLimit {
+    /// The entries a request's counter is kept under: the request's own, except that an
+    /// entry matched by a `share_threshold` wildcard counts under the wildcard, so that
+    /// every value it matches shares one counter (as envoyproxy/ratelimit's cache key).
+    pub(crate) fn counted_entries<'e>(&self, entries: &'e [Entry]) -> Cow<'e, [Entry]> {
+        if self.shared_values.is_empty() {
+            return Cow::Borrowed(entries);
+        }
+        Cow::Owned(
+            entries
+                .iter()
+                .zip(&self.shared_values)
+                .map(|(entry, shared)| Entry {
+                    key: entry.key.clone(),
+                    value: shared.clone().unwrap_or_else(|| entry.value.clone()),
+                })
+                .collect(),
+        )
+    }
 }
 
 /// One entry of a request descriptor.

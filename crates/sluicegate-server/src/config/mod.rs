@@ -12,6 +12,7 @@ mod files;
 mod limit;
 mod raw;
 mod tree;
+mod wildcard;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -24,7 +25,7 @@ pub(crate) use limit::{ConfiguredLimit, Entry};
 #[cfg(test)]
 pub(crate) use raw::DEFAULT_ALGORITHM;
 use raw::RawFile;
-use tree::DescriptorTree;
+use tree::{Build, DescriptorTree};
 
 /// The YAML nodes (mappings, sequences and scalars) one configuration file may hold by
 /// default: the YAML reader's own budget, about 22,700 descriptors of one rule each.
@@ -38,15 +39,24 @@ pub(crate) struct LoadOptions {
     /// The most YAML nodes one file may hold: a bound on the memory and time a file
     /// costs to read, whoever wrote it.
     pub(crate) max_nodes: usize,
+    /// In a directory, skip files and directories whose name starts with a dot (editor
+    /// swap files, Kubernetes' `..data` copies of a mounted ConfigMap).
+    pub(crate) ignore_dotfiles: bool,
+    /// Files that declare one domain add their descriptors to it (envoyproxy/ratelimit's
+    /// MERGE_DOMAIN_CONFIG); without it a domain declared twice is an error.
+    pub(crate) merge_domains: bool,
 }
 
 #[cfg(test)]
 impl LoadOptions {
-    /// The default node budget, with `default_algorithm` for rules that name none.
+    /// The default node budget, with `default_algorithm` for rules that name none; dot
+    /// files skipped, domains not merged.
     pub(crate) fn new(default_algorithm: Algorithm) -> Self {
         LoadOptions {
             default_algorithm,
             max_nodes: DEFAULT_MAX_NODES,
+            ignore_dotfiles: true,
+            merge_domains: false,
         }
     }
 }
@@ -58,38 +68,69 @@ pub struct Config {
 }
 
 impl Config {
-    /// Reads one YAML file, or every `.yaml` and `.yml` file of a directory (one domain
-    /// each, as envoyproxy/ratelimit reads its runtime directory). A directory without
-    /// any is an error: it would answer every check with an unknown domain.
+    /// Reads one YAML file, or every file of a directory and of the directories in it,
+    /// whatever their names (as envoyproxy/ratelimit reads its runtime directory; dot
+    /// files as `options` say). Each holds one domain. A directory without any file is
+    /// an error: it would answer every check with an unknown domain.
     pub(crate) fn load(path: &Path, options: LoadOptions) -> Result<Config, ConfigError> {
         let error = |path: &Path, message: String| ConfigError {
             path: path.to_owned(),
             message,
         };
-        let files = files::files(path).map_err(|e| error(path, format!("cannot read: {e}")))?;
+        let files = files::files(path, options.ignore_dotfiles)
+            .map_err(|e| error(path, format!("cannot read: {e}")))?;
         if files.is_empty() {
             return Err(error(
                 path,
-                "the directory holds no configuration (no .yaml or .yml file)".into(),
+                "the directory holds no configuration (no file)".into(),
             ));
         }
+        Config::load_files(&files, options)
+    }
+
+    /// Reads `files`, in this order, as one configuration.
+    fn load_files(files: &[PathBuf], options: LoadOptions) -> Result<Config, ConfigError> {
+        let error = |path: &Path, message: String| ConfigError {
+            path: path.to_owned(),
+            message,
+        };
         let mut config = Config::default();
-        let mut origin: HashMap<String, PathBuf> = HashMap::new();
+        // The files that declared each domain so far.
+        let mut origin: HashMap<String, Vec<PathBuf>> = HashMap::new();
         for file in files {
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| error(&file, format!("cannot read: {e}")))?;
-            for (domain, tree) in Config::parse(&file, &text, options)?.domains {
-                if let Some(first) = origin.get(&domain) {
-                    return Err(error(
-                        &file,
-                        format!(
-                            "domain: {domain:?} is already defined in {}",
-                            first.display()
-                        ),
-                    ));
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| error(file, format!("cannot read: {e}")))?;
+            for (domain, tree) in Config::parse(file, &text, options)?.domains {
+                let declared = origin.entry(domain.clone()).or_default();
+                match config.domains.get_mut(&domain) {
+                    Some(merged) if options.merge_domains => {
+                        merged.absorb(tree).map_err(|e| {
+                            let earlier: Vec<String> =
+                                declared.iter().map(|f| f.display().to_string()).collect();
+                            error(
+                                file,
+                                format!(
+                                    "{e}; domain {domain:?} is merged with {}",
+                                    earlier.join(", ")
+                                ),
+                            )
+                        })?;
+                    }
+                    Some(_) => {
+                        return Err(error(
+                            file,
+                            format!(
+                                "domain: {domain:?} is already defined in {} (merge the two \
+                                 with --merge-domain-config)",
+                                declared[0].display()
+                            ),
+                        ));
+                    }
+                    None => {
+                        config.domains.insert(domain, tree);
+                    }
                 }
-                origin.insert(domain.clone(), file.clone());
-                config.domains.insert(domain, tree);
+                declared.push(file.clone());
             }
         }
         Ok(config)
@@ -111,13 +152,13 @@ impl Config {
             return Err(error("domain: must not be empty".into()));
         }
         let mut config = Config::default();
-        let tree = tree::build(
-            &file.domain,
-            &file.domain,
-            file.descriptors.0,
-            options.default_algorithm,
-        )
-        .map_err(error)?;
+        let build = Build {
+            domain: &file.domain,
+            default: options.default_algorithm,
+        };
+        let mut tree = DescriptorTree::default();
+        tree.extend(&build, &file.domain, &[], file.descriptors.0)
+            .map_err(error)?;
         config.domains.insert(file.domain, tree);
         Ok(config)
     }
@@ -220,5 +261,11 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+#[cfg(test)]
+mod dir_tests;
+#[cfg(test)]
+mod envoy_tests;
+#[cfg(test)]
+mod load_tests;
 #[cfg(test)]
 mod tests;

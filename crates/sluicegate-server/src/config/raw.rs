@@ -1,7 +1,13 @@
 //! The YAML as written: serde's view of a descriptor file, each `rate_limit` validated
 //! as it is read so that an error carries its line.
+//!
+//! The fields and their rules are envoyproxy/ratelimit's (`src/config/config_impl.go`):
+//! what it loads loads here, what it refuses is refused, plus sluicegate's algorithm
+//! fields on `rate_limit`.
 
 use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_saphyr::Spanned;
 use sluicegate::duration::parse_duration;
 use sluicegate::{Algorithm, FailurePolicy, LogLayout, Rule, RuleSpec};
 
@@ -17,14 +23,25 @@ pub(super) struct RawFile {
     pub(super) descriptors: DescriptorList,
 }
 
-#[derive(Deserialize, Default)]
+/// A `descriptors` list; `descriptors:` with nothing after it is an empty one.
+#[derive(Default)]
 pub(super) struct DescriptorList(pub(super) Vec<RawDescriptor>);
+
+impl<'de> Deserialize<'de> for DescriptorList {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let list = Option::<Vec<RawDescriptor>>::deserialize(deserializer)?;
+        Ok(DescriptorList(list.unwrap_or_default()))
+    }
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawDescriptor {
-    pub(super) key: String,
-    pub(super) value: Option<String>,
+    /// With its place, which errors about the descriptor as a whole name.
+    pub(super) key: Spanned<String>,
+    /// `None` when absent, null or empty: envoyproxy/ratelimit treats `value: ""` as no
+    /// value (see [`RawDescriptor::value`]).
+    value: Option<String>,
     pub(super) rate_limit: Option<RawRateLimit>,
     #[serde(default)]
     pub(super) descriptors: DescriptorList,
@@ -32,17 +49,40 @@ pub(super) struct RawDescriptor {
     pub(super) shadow_mode: bool,
     #[serde(default)]
     pub(super) detailed_metric: bool,
+    /// The values matched by this wildcard share one counter.
+    #[serde(default)]
+    pub(super) share_threshold: bool,
+    // Accepted so that envoyproxy/ratelimit's files load, and typed so that a wrong one is
+    // refused; sluicegate does not act on them yet. `quota_mode` would answer a request
+    // over the limit OK (counted as over) unless the request asks for quota; `metadata`
+    // would go into the answer's dynamic metadata (envoy's RESPONSE_DYNAMIC_METADATA);
+    // `value_to_metric` would name the request's values in metric names.
+    #[serde(default, rename = "quota_mode")]
+    _quota_mode: bool,
+    #[serde(default, rename = "value_to_metric")]
+    _value_to_metric: bool,
+    #[serde(default, rename = "metadata")]
+    _metadata: Option<IgnoredAny>,
+}
+
+impl RawDescriptor {
+    /// The value to match, if any: an empty one is none, as envoyproxy/ratelimit reads it.
+    pub(super) fn value(&self) -> Option<&str> {
+        self.value.as_deref().filter(|v| !v.is_empty())
+    }
 }
 
 /// A `rate_limit`, validated as it is read so that errors carry the line.
 #[derive(Deserialize)]
 #[serde(try_from = "RateLimitFields")]
 pub(super) struct RawRateLimit {
-    /// `None` for `unlimited: true` and `requests_per_unit: 0`.
+    /// `None` for `unlimited: true` and for a block.
     pub(super) spec: Option<RuleSpec>,
     /// Whether `algorithm` was written; if not, the server's default applies.
     pub(super) algorithm_given: bool,
-    pub(super) blocked: bool,
+    /// A block (`requests_per_unit: 0`, or a `unit` without `requests_per_unit`): its
+    /// window, in µs.
+    pub(super) block_window: Option<u64>,
     pub(super) name: Option<String>,
     pub(super) replaces: Vec<String>,
     pub(super) on_store_error: Option<FailurePolicy>,
@@ -51,7 +91,7 @@ pub(super) struct RawRateLimit {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Replace {
-    name: String,
+    name: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -76,56 +116,47 @@ struct RateLimitFields {
 impl TryFrom<RateLimitFields> for RawRateLimit {
     type Error = String;
 
-    fn try_from(f: RateLimitFields) -> Result<Self, String> {
+    fn try_from(mut f: RateLimitFields) -> Result<Self, String> {
+        let replaces = replaces(std::mem::take(&mut f.replaces), f.name.as_deref())?;
+        if let Some(n) = f.requests_per_unit.filter(|n| *n > u64::from(u32::MAX)) {
+            // envoyproxy/ratelimit reads it as a uint32 and refuses a larger number.
+            return Err(format!(
+                "rate_limit.requests_per_unit: {n} is more than {}",
+                u32::MAX
+            ));
+        }
         if f.unlimited {
-            let extra = [
-                ("unit", f.unit.is_some()),
-                ("requests_per_unit", f.requests_per_unit.is_some()),
-                ("algorithm", f.algorithm.is_some()),
-                ("window", f.window.is_some()),
-                ("burst", f.burst.is_some()),
-                ("buckets", f.buckets.is_some()),
-                ("queue", f.queue.is_some()),
-                ("layout", f.layout.is_some()),
-                ("on_store_error", f.on_store_error.is_some()),
-            ];
-            if let Some((field, _)) = extra.iter().find(|(_, set)| *set) {
-                return Err(format!(
-                    "rate_limit.{field}: an unlimited rate_limit takes no {field}"
-                ));
-            }
-            return Ok(RawRateLimit {
-                spec: None,
-                algorithm_given: false,
-                blocked: false,
-                name: f.name,
-                replaces: f.replaces.into_iter().map(|r| r.name).collect(),
-                on_store_error: None,
-            });
+            return unlimited(f, replaces);
         }
-        // envoyproxy/ratelimit: zero requests per unit refuses everything (a block list).
-        if f.requests_per_unit == Some(0) {
-            return Ok(RawRateLimit {
-                spec: None,
-                algorithm_given: false,
-                blocked: true,
-                name: f.name,
-                replaces: f.replaces.into_iter().map(|r| r.name).collect(),
-                on_store_error: None,
-            });
-        }
-        let limit = f
-            .requests_per_unit
-            .ok_or("rate_limit.requests_per_unit: required (or set unlimited: true)")?;
-        let window = match (f.unit, f.window) {
+        let window = match (&f.unit, &f.window) {
             (Some(_), Some(_)) => {
                 return Err("rate_limit.window: give either unit or window, not both".into());
             }
             (None, None) => return Err("rate_limit.unit: required (or give a window)".into()),
-            (Some(unit), None) => unit_micros(&unit)?,
+            (Some(unit), None) => unit_micros(unit)?,
             (None, Some(window)) => {
-                parse_duration(&window).map_err(|e| format!("rate_limit.window: {e}"))?
+                parse_duration(window).map_err(|e| format!("rate_limit.window: {e}"))?
             }
+        };
+        // envoyproxy/ratelimit: zero requests per unit, or a unit without any, refuses
+        // everything (a block list). A `window` is sluicegate's and wants its number.
+        let limit = match f.requests_per_unit {
+            None if f.window.is_some() => {
+                return Err(
+                    "rate_limit.requests_per_unit: required beside a window (0 blocks)".into(),
+                );
+            }
+            None | Some(0) => {
+                return Ok(RawRateLimit {
+                    spec: None,
+                    algorithm_given: false,
+                    block_window: Some(window),
+                    name: f.name,
+                    replaces,
+                    on_store_error: None,
+                });
+            }
+            Some(limit) => limit,
         };
         let algorithm_given = f.algorithm.is_some();
         let algorithm = match f.algorithm {
@@ -160,24 +191,76 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
         Ok(RawRateLimit {
             spec: Some(spec),
             algorithm_given,
-            blocked: false,
+            block_window: None,
             name: f.name,
-            replaces: f.replaces.into_iter().map(|r| r.name).collect(),
+            replaces,
             on_store_error,
         })
     }
 }
 
+/// `unlimited: true`: no unit (as envoyproxy/ratelimit, which ignores a
+/// `requests_per_unit` beside it, and a unit it does not know), and none of sluicegate's
+/// algorithm fields.
+fn unlimited(f: RateLimitFields, replaces: Vec<String>) -> Result<RawRateLimit, String> {
+    if f.unit.as_deref().is_some_and(|u| unit_micros(u).is_ok()) {
+        return Err("rate_limit.unit: an unlimited rate_limit takes no unit".into());
+    }
+    let extra = [
+        ("algorithm", f.algorithm.is_some()),
+        ("window", f.window.is_some()),
+        ("burst", f.burst.is_some()),
+        ("buckets", f.buckets.is_some()),
+        ("queue", f.queue.is_some()),
+        ("layout", f.layout.is_some()),
+        ("on_store_error", f.on_store_error.is_some()),
+    ];
+    if let Some((field, _)) = extra.iter().find(|(_, set)| *set) {
+        return Err(format!(
+            "rate_limit.{field}: an unlimited rate_limit takes no {field}"
+        ));
+    }
+    Ok(RawRateLimit {
+        spec: None,
+        algorithm_given: false,
+        block_window: None,
+        name: f.name,
+        replaces,
+        on_store_error: None,
+    })
+}
+
+/// The names a `rate_limit` replaces: none empty, none its own (envoyproxy/ratelimit
+/// refuses both).
+fn replaces(replaces: Vec<Replace>, own: Option<&str>) -> Result<Vec<String>, String> {
+    replaces
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| match r.name {
+            Some(name) if own == Some(name.as_str()) => Err(format!(
+                "rate_limit.replaces[{i}].name: {name:?} is this rate_limit's own name"
+            )),
+            Some(name) if !name.is_empty() => Ok(name),
+            _ => Err(format!("rate_limit.replaces[{i}].name: must not be empty")),
+        })
+        .collect()
+}
+
+/// A `unit` in µs, as envoyproxy/ratelimit's `UnitToDivider` (`src/utils/utilities.go`)
+/// counts it: a month is 30 days, a year 365; any case.
 fn unit_micros(unit: &str) -> Result<u64, String> {
     let seconds = match unit.to_ascii_lowercase().as_str() {
         "second" => 1,
         "minute" => 60,
         "hour" => 3_600,
         "day" => 86_400,
+        "week" => 7 * 86_400,
+        "month" => 30 * 86_400,
+        "year" => 365 * 86_400,
         _ => {
             return Err(format!(
-                "rate_limit.unit: unknown unit {unit:?}; expected second, minute, hour or day \
-                 (or give a window such as 90s)"
+                "rate_limit.unit: unknown unit {unit:?}; expected second, minute, hour, day, \
+                 week, month or year (or give a window such as 90s)"
             ));
         }
     };

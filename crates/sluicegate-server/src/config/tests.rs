@@ -10,7 +10,8 @@ fn parse(text: &str) -> Result<Config, ConfigError> {
     )
 }
 
-fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
+/// A request descriptor's entries (the other test modules use it too).
+pub(super) fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
     pairs
         .iter()
         .map(|(k, v)| Entry {
@@ -117,37 +118,6 @@ fn errors_name_file_line_and_field() {
     assert!(
         dup.to_string().contains("d.a: duplicate descriptor"),
         "{dup}"
-    );
-}
-
-#[test]
-fn a_directory_holds_one_domain_per_file() {
-    let dir = std::env::temp_dir().join(format!("sluicegate-config-dir-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let rule = "descriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
-    std::fs::write(dir.join("one.yaml"), format!("domain: one\n{rule}")).unwrap();
-    std::fs::write(dir.join("two.yml"), format!("domain: two\n{rule}")).unwrap();
-    std::fs::write(dir.join("notes.txt"), "not a config").unwrap();
-    let config = Config::load(&dir, LoadOptions::new(DEFAULT_ALGORITHM)).unwrap();
-    assert!(
-        config
-            .find("one", &entries(&[("a", "x")]))
-            .unwrap()
-            .is_some()
-    );
-    assert!(
-        config
-            .find("two", &entries(&[("a", "x")]))
-            .unwrap()
-            .is_some()
-    );
-    std::fs::write(dir.join("three.yaml"), format!("domain: one\n{rule}")).unwrap();
-    let err = Config::load(&dir, LoadOptions::new(DEFAULT_ALGORITHM))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("three.yaml") && err.contains("already defined in"),
-        "{err}"
     );
 }
 

@@ -1,4 +1,11 @@
 //! One domain's descriptor tree: built from the raw YAML, walked to match a request.
+//!
+//! A level is matched as envoyproxy/ratelimit matches it (`GetLimit` in
+//! `src/config/config_impl.go`): the entry's key and value exactly (a wildcard's own text
+//! too), else the first wildcard of that key, in the order the file declares them, that
+//! the value matches, else the key alone. Unlike envoyproxy/ratelimit, which joins key
+//! and value with `_`, keys and values are kept apart: `{key: a_b}` and
+//! `{key: a, value: b}` are two descriptors, and `a*` never matches a key `a_b`.
 
 use std::collections::HashMap;
 
@@ -6,108 +13,107 @@ use sluicegate::{Algorithm, Rule};
 
 use super::limit::{ConfiguredLimit, Entry};
 use super::raw::{RawDescriptor, RawRateLimit};
+use super::wildcard::Wildcard;
 
-/// The children of one level of the tree: matched by key and value first, then by a
-/// wildcard value (`prefix*`, the longest prefix first), then by key alone.
+/// One level of the tree: its nodes, and how an entry finds one.
 #[derive(Debug, Default)]
 pub(super) struct DescriptorTree {
-    /// key → value → node.
-    by_key_value: HashMap<String, HashMap<String, Node>>,
-    /// key → (value prefix, node), longest prefix first.
-    by_key_prefix: HashMap<String, Vec<(String, Node)>>,
-    by_key: HashMap<String, Node>,
+    nodes: Vec<Node>,
+    /// key → value → node, wildcard values by their text.
+    by_key_value: HashMap<String, HashMap<String, usize>>,
+    /// key → its wildcard values, in the order declared.
+    wildcards: HashMap<String, Vec<(Wildcard, usize)>>,
+    /// key → the node of that key without a value.
+    by_key: HashMap<String, usize>,
 }
 
 #[derive(Debug)]
-pub(super) struct Node {
+struct Node {
+    /// The key it matches, and its value if it has one.
+    matched: (String, Option<String>),
+    /// `domain.key_value…`, as errors and metrics name it.
+    path: String,
+    /// Where its `key` is written.
+    line: u64,
     limit: Option<ConfiguredLimit>,
     children: DescriptorTree,
 }
 
-/// The tree of `descriptors` of `domain` under `prefix` (the domain, or the path of the
-/// parent).
-pub(super) fn build(
-    domain: &str,
-    prefix: &str,
-    descriptors: Vec<RawDescriptor>,
-    default: Algorithm,
-) -> Result<DescriptorTree, String> {
-    let mut tree = DescriptorTree::default();
-    for raw in descriptors {
-        let path = match &raw.value {
-            Some(value) => format!("{prefix}.{}_{value}", raw.key),
-            None => format!("{prefix}.{}", raw.key),
-        };
-        let limit = match raw.rate_limit {
-            None => None,
-            Some(RawRateLimit {
-                spec,
-                algorithm_given,
-                blocked,
-                name,
-                replaces,
-                on_store_error,
-            }) => {
-                let rule = spec
-                    .map(|mut spec| {
-                        if !algorithm_given {
-                            spec.algorithm = default;
-                        }
-                        // Named within its domain: another domain's rule of the same name
-                        // keeps its own counters; the name is still reported as written.
-                        Rule::new(name.as_deref().unwrap_or(&path), &spec)
-                            .map_err(|e| format!("{path}: rate_limit.{e}"))
-                            .map(|rule| rule.in_scope(domain))
-                            .map(|rule| match on_store_error {
-                                Some(policy) => rule.with_failure_policy(policy),
-                                None => rule,
-                            })
-                    })
-                    .transpose()?;
-                Some(ConfiguredLimit {
-                    rule,
-                    blocked,
-                    path: path.clone(),
-                    name,
-                    replaces,
-                    shadow_mode: raw.shadow_mode,
-                    detailed_metric: raw.detailed_metric,
-                })
-            }
-        };
-        let node = Node {
-            limit,
-            children: build(domain, &path, raw.descriptors.0, default)?,
-        };
-        let duplicate = match raw.value {
-            Some(value) if value.ends_with('*') => {
-                let prefix = value.trim_end_matches('*').to_owned();
-                let nodes = tree.by_key_prefix.entry(raw.key).or_default();
-                let duplicate = nodes.iter().any(|(p, _)| *p == prefix);
-                nodes.push((prefix, node));
-                nodes.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
-                duplicate
-            }
-            Some(value) => tree
-                .by_key_value
-                .entry(raw.key)
-                .or_default()
-                .insert(value, node)
-                .is_some(),
-            None => tree.by_key.insert(raw.key, node).is_some(),
-        };
-        if duplicate {
-            return Err(format!("{path}: duplicate descriptor (same key and value)"));
-        }
-    }
-    Ok(tree)
+/// What building a level needs besides its descriptors.
+pub(super) struct Build<'a> {
+    pub(super) domain: &'a str,
+    pub(super) default: Algorithm,
 }
 
 impl DescriptorTree {
-    /// The limit that applies to one request descriptor, as envoyproxy/ratelimit finds it:
-    /// walk the tree entry by entry, preferring an exact `key`+`value` child, then a
-    /// wildcard value, then a `key` child; the limit is that of the node reached by the
-    /// last entry.
+    /// Adds `descriptors` to this level, whose path is `prefix` (the domain, or the path of
+    /// the parent) and whose ancestors' `share_threshold` wildcards are `shared`, one per
+    /// level above.
+    pub(super) fn extend(
+        &mut self,
+        build: &Build<'_>,
+        prefix: &str,
+        shared: &[Option<String>],
+        descriptors: Vec<RawDescriptor>,
+    ) -> Result<(), String> {
+        for raw in descriptors {
+            let node = node(build, prefix, shared, raw)?;
+            self.insert(node)?;
+        }
+        Ok(())
+    }
+
+    /// Adds the nodes of `other`, a level of the same place read from another file, after
+    /// this one's (its wildcards are tried after these).
+    pub(super) fn absorb(&mut self, other: DescriptorTree) -> Result<(), String> {
+        for node in other.nodes {
+            self.insert(node)?;
+        }
+        Ok(())
+    }
+
+    /// Files `node` under its key and value, last among its key's wildcards; a node of
+    /// the same key and value already here is an error, and leaves the level as it was.
+    fn insert(&mut self, node: Node) -> Result<(), String> {
+        let index = self.nodes.len();
+        let (key, value) = node.matched.clone();
+        let taken = match &value {
+            Some(value) => self
+                .by_key_value
+                .get(&key)
+                .is_some_and(|values| values.contains_key(value)),
+            None => self.by_key.contains_key(&key),
+        };
+        if taken {
+            return Err(format!(
+                "line {}: {}: duplicate descriptor (same key and value at one level)",
+                node.line, node.path
+            ));
+        }
+        match value {
+            Some(value) => {
+                if let Some(wildcard) = Wildcard::new(&value) {
+                    self.wildcards
+                        .entry(key.clone())
+                        .or_default()
+                        .push((wildcard, index));
+                }
+                self.by_key_value
+                    .entry(key)
+                    .or_default()
+                    .insert(value, index);
+            }
+            None => {
+                self.by_key.insert(key, index);
+            }
+        }
+        self.nodes.push(node);
+        Ok(())
+    }
+
+    /// The limit that applies to one request descriptor: walk the tree entry by entry
+    /// (see the module's comment for how a level is matched); the limit is that of the
+    /// node reached by the last entry.
     pub(super) fn find(&self, entries: &[Entry]) -> Option<&ConfiguredLimit> {
         let mut level = self;
         let mut found = None;
@@ -117,16 +123,17 @@ impl DescriptorTree {
                 .get(&entry.key)
                 .and_then(|values| values.get(&entry.value));
             let wildcard = || {
-                level.by_key_prefix.get(&entry.key).and_then(|nodes| {
-                    nodes
+                level.wildcards.get(&entry.key).and_then(|wildcards| {
+                    wildcards
                         .iter()
-                        .find(|(prefix, _)| entry.value.starts_with(prefix.as_str()))
-                        .map(|(_, node)| node)
+                        .find(|(wildcard, _)| wildcard.matches(&entry.value))
+                        .map(|(_, index)| index)
                 })
             };
-            let node = exact
+            let index = exact
                 .or_else(wildcard)
                 .or_else(|| level.by_key.get(&entry.key))?;
+            let node = &level.nodes[*index];
             if i + 1 == entries.len() {
                 found = node.limit.as_ref();
             }
@@ -137,11 +144,114 @@ impl DescriptorTree {
 
     /// Appends every limit of the tree to `out`.
     pub(super) fn collect_limits<'a>(&'a self, out: &mut Vec<&'a ConfiguredLimit>) {
-        let exact = self.by_key_value.values().flat_map(HashMap::values);
-        let wildcard = self.by_key_prefix.values().flatten().map(|(_, node)| node);
-        for node in exact.chain(wildcard).chain(self.by_key.values()) {
+        for node in &self.nodes {
             out.extend(node.limit.as_ref());
             node.children.collect_limits(out);
         }
     }
+}
+
+/// The node of one descriptor, its children built.
+fn node(
+    build: &Build<'_>,
+    prefix: &str,
+    shared: &[Option<String>],
+    raw: RawDescriptor,
+) -> Result<Node, String> {
+    let line = raw.key.referenced.line();
+    let key = raw.key.value.clone();
+    let value = raw.value().map(str::to_owned);
+    let path = match &value {
+        Some(value) => format!("{prefix}.{key}_{value}"),
+        None => format!("{prefix}.{key}"),
+    };
+    let error = |field: &str, message: &str| format!("line {line}: {path}: {field}: {message}");
+    if key.is_empty() {
+        return Err(error("key", "must not be empty"));
+    }
+    let wildcard = value.as_deref().filter(|v| v.contains('*'));
+    if raw.share_threshold && wildcard.is_none() {
+        // As envoyproxy/ratelimit: sharing needs values to share among.
+        return Err(error(
+            "share_threshold",
+            "only a wildcard value (one with *) shares its threshold",
+        ));
+    }
+    let mut shared = shared.to_vec();
+    shared.push(wildcard.filter(|_| raw.share_threshold).map(str::to_owned));
+    let flags = Flags {
+        shadow_mode: raw.shadow_mode,
+        detailed_metric: raw.detailed_metric,
+    };
+    let limit = raw
+        .rate_limit
+        .map(|rate_limit| configured_limit(build, &path, &shared, flags, rate_limit))
+        .transpose()
+        .map_err(|e| format!("line {line}: {e}"))?;
+    let mut children = DescriptorTree::default();
+    children.extend(build, &path, &shared, raw.descriptors.0)?;
+    Ok(Node {
+        matched: (key, value),
+        path,
+        line,
+        limit,
+        children,
+    })
+}
+
+/// What a descriptor says of its limit besides its `rate_limit`.
+#[derive(Clone, Copy)]
+struct Flags {
+    shadow_mode: bool,
+    detailed_metric: bool,
+}
+
+/// The limit a descriptor's `rate_limit` sets, its rule built under the server's default
+/// algorithm if it names none.
+fn configured_limit(
+    build: &Build<'_>,
+    path: &str,
+    shared: &[Option<String>],
+    flags: Flags,
+    rate_limit: RawRateLimit,
+) -> Result<ConfiguredLimit, String> {
+    let RawRateLimit {
+        spec,
+        algorithm_given,
+        block_window,
+        name,
+        replaces,
+        on_store_error,
+    } = rate_limit;
+    let rule = spec
+        .map(|mut spec| {
+            if !algorithm_given {
+                spec.algorithm = build.default;
+            }
+            // Named within its domain: another domain's rule of the same name keeps its
+            // own counters; the name is still reported as written.
+            Rule::new(name.as_deref().unwrap_or(path), &spec)
+                .map_err(|e| format!("{path}: rate_limit.{e}"))
+                .map(|rule| rule.in_scope(build.domain))
+                .map(|rule| match on_store_error {
+                    Some(policy) => rule.with_failure_policy(policy),
+                    None => rule,
+                })
+        })
+        .transpose()?;
+    Ok(ConfiguredLimit {
+        rule,
+        blocked: block_window.is_some(),
+        block_window,
+        path: path.to_owned(),
+        name,
+        replaces,
+        shadow_mode: flags.shadow_mode,
+        detailed_metric: flags.detailed_metric,
+        shared_values: if shared.iter().any(Option::is_some) {
+            shared.to_vec()
+        } else {
+            Vec::new()
+        },
+    })
 }

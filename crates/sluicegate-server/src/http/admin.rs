@@ -53,7 +53,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[derive(Serialize)]
 pub(super) struct RuleBody {
     path: String,
-    /// Null for an unlimited rule.
+    /// Null for an unlimited rule and a block.
     algorithm: Option<String>,
     /// L: units per window.
     limit: Option<u64>,
@@ -73,9 +73,10 @@ pub(super) async fn rules(State(service): State<Arc<Service>>) -> axum::Json<Vec
         .map(|l| RuleBody {
             path: l.path.clone(),
             algorithm: l.rule.as_ref().map(|r| r.algorithm().to_string()),
-            limit: l.rule.as_ref().map(Rule::limit),
+            // A block: no request per window.
+            limit: l.rule.as_ref().map(Rule::limit).or(l.blocked.then_some(0)),
             capacity: l.rule.as_ref().map(Rule::capacity),
-            window_us: l.rule.as_ref().map(Rule::window),
+            window_us: l.rule.as_ref().map(Rule::window).or(l.block_window),
         })
         .collect();
     axum::Json(rules)

@@ -39,6 +39,11 @@ pub struct ServeOptions {
     pub default_algorithm: Algorithm,
     /// The most YAML nodes one configuration file may hold (`--max-config-nodes`).
     pub max_config_nodes: usize,
+    /// In a configuration directory, skip names that start with a dot
+    /// (`--config-ignore-dotfiles`).
+    pub config_ignore_dotfiles: bool,
+    /// Files that declare one domain merge into it (`--merge-domain-config`).
+    pub merge_domain_config: bool,
     /// Where state lives.
     pub store: StoreOptions,
     /// Timeouts, failure policy, breaker and negative cache.
@@ -83,12 +88,17 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         .map(Tls::load)
         .transpose()?
         .map(Arc::new);
-    // The files as they were before loading, so an edit made meanwhile is reloaded too.
-    let loaded_files = options.config.as_deref().map(config::fingerprint);
     let load = LoadOptions {
         default_algorithm: options.default_algorithm,
         max_nodes: options.max_config_nodes,
+        ignore_dotfiles: options.config_ignore_dotfiles,
+        merge_domains: options.merge_domain_config,
     };
+    // The files as they were before loading, so an edit made meanwhile is reloaded too.
+    let loaded_files = options
+        .config
+        .as_deref()
+        .map(|path| config::fingerprint(path, load.ignore_dotfiles));
     let config = load_config(options.config.as_deref(), load)?;
     let store = AnyStore::open(options.store.clone()).await?;
     let limiter = Arc::new(Limiter::with_config(store, options.limiter.clone()));

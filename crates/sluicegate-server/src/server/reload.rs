@@ -52,7 +52,7 @@ pub(super) async fn reload_on_change(mut watch: Watch, service: Arc<Service>, mu
             _ = tick.tick() => false,
             () = hangup.recv() => true,
         };
-        let now = config::fingerprint(&watch.path);
+        let now = config::fingerprint(&watch.path, watch.load.ignore_dotfiles);
         if !forced && now == watch.seen {
             continue;
         }
