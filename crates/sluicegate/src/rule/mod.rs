@@ -226,7 +226,8 @@ impl Rule {
 
     /// This rule within `scope`: the same name and parameters, but state of its own, apart
     /// from the same rule in any other scope or in none. The service scopes each rule by
-    /// its domain, so that two domains' `per_user` never share a counter.
+    /// its place (domain and descriptor path), so that two domains' `per_user` never share a
+    /// counter.
     pub fn in_scope(&self, scope: &str) -> Rule {
         let r = &self.inner;
         let mut inner = RuleInner {
@@ -251,9 +252,10 @@ impl Rule {
         &self.inner.name
     }
 
-    /// A string that identifies this rule's state: its scope, its name and every
-    /// parameter, so that a rule whose parameters change starts afresh instead of
-    /// misreading old state.
+    /// A string that identifies this rule's state: its scope, its name, its algorithm and
+    /// the numbers its state cannot be read without (see `identify`). Two rules of one
+    /// identity share state even when their other numbers differ: that is how a reload
+    /// keeps usage.
     pub fn identity(&self) -> &str {
         &self.inner.identity
     }
@@ -262,9 +264,17 @@ impl Rule {
         self.inner.fingerprint
     }
 
-    /// Whether two rules share state: the same scope, name and parameters.
+    /// Whether two rules share state: the same identity, whatever their other numbers.
     pub fn same_identity(&self, other: &Rule) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner) || self.identity() == other.identity()
+    }
+
+    /// Whether two rules decide alike: the same identity and the same numbers. What caches
+    /// a decision (the negative cache, the local fallback's rules) compares by this, so a
+    /// reload that changes a number is never answered from the old one.
+    pub fn same_rule(&self, other: &Rule) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+            || (self.same_identity(other) && self.spec() == other.spec())
     }
 
     /// The algorithm.
@@ -339,7 +349,17 @@ impl Rule {
 }
 
 impl RuleInner {
-    /// Sets `identity` and its fingerprint from the scope, the name and the parameters.
+    /// Sets `identity` and its fingerprint: the rule's place (scope and name) and only
+    /// those of its numbers without which its stored state cannot be read exactly
+    /// (docs/SPEC.md, "Changing a rule's numbers"), so that a reload that changes any other
+    /// number keeps each key's usage:
+    ///
+    /// - `sliding-log`: the window (the log keeps only one window of entries, so it cannot
+    ///   answer for a longer one), and the layout; `compact` also L, the size of its ring;
+    /// - `sliding-counter`: the window and the buckets (they fix the buckets' edges);
+    /// - `fixed-window`: the window (it fixes the windows' edges);
+    /// - `token-bucket`, `leaky-bucket`: nothing but the algorithm (the state converts).
+    ///
     /// Lengths prefix the scope and the name, so no choice of either can spell another
     /// rule's identity: `{len}:{name}|…`, or `{len}:{scope}/{len}:{name}|…` in a scope.
     fn identify(&mut self) {
@@ -347,17 +367,20 @@ impl RuleInner {
         if let Some(scope) = &self.scope {
             identity = format!("{}:{scope}/", scope.len());
         }
-        identity += &format!(
-            "{}:{}|{}|{}|{}|{}|{}|{}",
-            self.name.len(),
-            self.name,
-            self.algorithm,
-            self.limit,
-            self.window,
-            self.buckets,
-            self.capacity,
-            self.layout.name()
-        );
+        identity += &format!("{}:{}|{}", self.name.len(), self.name, self.algorithm);
+        match (self.algorithm, self.layout) {
+            (Algorithm::SlidingLog, LogLayout::Zset) => {
+                identity += &format!("|w={}|zset", self.window);
+            }
+            (Algorithm::SlidingLog, LogLayout::Compact) => {
+                identity += &format!("|w={}|compact|l={}", self.window, self.limit);
+            }
+            (Algorithm::SlidingCounter, _) => {
+                identity += &format!("|w={}|n={}", self.window, self.buckets);
+            }
+            (Algorithm::FixedWindow, _) => identity += &format!("|w={}", self.window),
+            (Algorithm::TokenBucket | Algorithm::LeakyBucket, _) => {}
+        }
         let mut hasher = std::hash::DefaultHasher::new();
         identity.hash(&mut hasher);
         self.fingerprint = hasher.finish();
@@ -490,13 +513,59 @@ mod tests {
     }
 
     #[test]
-    fn identity_separates_names_and_parameters() {
-        let spec = RuleSpec::new(Algorithm::SlidingLog, 5, 1_000_000);
+    fn identity_is_the_place_and_what_the_state_cannot_be_read_without() {
+        let w = 1_000_000;
+        let spec = RuleSpec::new(Algorithm::SlidingLog, 5, w);
         let a = Rule::new("a|b", &spec).unwrap();
         let b = Rule::new("a", &spec).unwrap();
-        let c = Rule::new("a", &RuleSpec::new(Algorithm::SlidingLog, 6, 1_000_000)).unwrap();
-        assert_ne!(a.identity(), b.identity());
-        assert_ne!(b.identity(), c.identity());
+        assert!(!a.same_identity(&b));
+        let same = |x: RuleSpec, y: RuleSpec| {
+            let (x, y) = (Rule::new("r", &x).unwrap(), Rule::new("r", &y).unwrap());
+            assert!(x.same_rule(&x.clone()));
+            assert_eq!(x.same_rule(&y), x.spec() == y.spec());
+            x.same_identity(&y)
+        };
+        let with = |algorithm, limit, window| RuleSpec::new(algorithm, limit, window);
+        for algorithm in Algorithm::ALL {
+            // A new limit keeps the state of every algorithm but a compact log.
+            assert!(
+                same(with(algorithm, 5, w), with(algorithm, 6, w)),
+                "{algorithm}"
+            );
+            // A new window keeps only the GCRA state, which converts.
+            let gcra = matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket);
+            assert_eq!(
+                same(with(algorithm, 5, w), with(algorithm, 5, 2 * w)),
+                gcra,
+                "{algorithm}"
+            );
+        }
+        let compact = |limit| RuleSpec {
+            layout: Some(LogLayout::Compact),
+            ..with(Algorithm::SlidingLog, limit, w)
+        };
+        assert!(!same(compact(5), compact(6)));
+        assert!(!same(compact(5), with(Algorithm::SlidingLog, 5, w)));
+        let counter = |buckets| RuleSpec {
+            buckets: Some(buckets),
+            ..with(Algorithm::SlidingCounter, 5, w)
+        };
+        assert!(!same(counter(10), counter(5)));
+        let token = |burst| RuleSpec {
+            burst: Some(burst),
+            ..with(Algorithm::TokenBucket, 5, w)
+        };
+        assert!(same(token(5), token(9)));
+        let leaky = |queue| RuleSpec {
+            queue: Some(queue),
+            ..with(Algorithm::LeakyBucket, 5, w)
+        };
+        assert!(same(leaky(0), leaky(3)));
+        // Another algorithm never reads the state.
+        assert!(!same(
+            with(Algorithm::TokenBucket, 5, w),
+            with(Algorithm::LeakyBucket, 5, w)
+        ));
     }
 
     #[test]
