@@ -80,6 +80,23 @@ pub(crate) struct Decided {
 }
 
 impl Decided {
+    /// The answer when no limit applies to any of `count` descriptors: allowed, no store
+    /// asked.
+    pub(crate) fn unlimited(count: usize) -> Self {
+        let nothing = || DescriptorOutcome {
+            path: None,
+            rule: None,
+            decision: None,
+            unlimited: false,
+            shadow: false,
+        };
+        Decided {
+            descriptors: (0..count).map(|_| nothing()).collect(),
+            outcome: None,
+            blocked: false,
+        }
+    }
+
     pub(crate) fn allowed(&self) -> bool {
         !self.blocked && self.outcome.as_ref().is_none_or(|o| o.decision.allowed)
     }
@@ -99,6 +116,10 @@ const BLOCKED: Decision = Decision {
 pub(crate) enum DecideError {
     /// The request is malformed: say what is wrong.
     Invalid(String),
+    /// The request names a domain no configuration declares; the message says which.
+    /// Envoy's protocol answers it OK with no limit, as envoyproxy/ratelimit does;
+    /// sluicegate's own API refuses it as bad input.
+    UnknownDomain(String),
     /// The store could not decide and no policy decided for it.
     Store(StoreError),
 }
@@ -120,7 +141,9 @@ fn matched<'c>(
 ) -> Result<Vec<Option<&'c ConfiguredLimit>>, DecideError> {
     config
         .find_all(domain, descriptors)
-        .map_err(|UnknownDomain| DecideError::Invalid(format!("domain: unknown domain {domain:?}")))
+        .map_err(|UnknownDomain| {
+            DecideError::UnknownDomain(format!("domain: unknown domain {domain:?}"))
+        })
 }
 
 /// The identity of a request descriptor within its rule: every entry, length-prefixed, so
