@@ -164,8 +164,13 @@ pub(crate) fn descriptor_key(entries: &[Entry]) -> String {
 pub(crate) const MAX_DESCRIPTORS: usize = 64;
 /// The most entries one descriptor may carry.
 pub(crate) const MAX_ENTRIES: usize = 16;
-/// The longest key or value of an entry, in bytes, unless `--max-entry-bytes` says.
-pub(crate) const DEFAULT_MAX_ENTRY_BYTES: usize = 1024;
+/// The longest key or value of an entry, in bytes, unless `--max-entry-bytes` says: 64 KiB,
+/// no tighter than Envoy, whose default cap on a request's headers is 60 KiB
+/// (`max_request_headers_kb`), so any header value Envoy forwards as a descriptor value
+/// (a JWT claim, a path) fits. envoyproxy/ratelimit bounds entries only by its gRPC
+/// message size, 4 MiB (grpc-go's default), which tonic's default also keeps for the
+/// whole request here; HTTP bodies stop at 256 KiB.
+pub(crate) const DEFAULT_MAX_ENTRY_BYTES: usize = 64 * 1024;
 
 impl Live {
     fn new(config: Config, metrics: &Metrics) -> Self {

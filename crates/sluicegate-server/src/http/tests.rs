@@ -114,9 +114,9 @@ async fn bad_requests_say_what_is_wrong() {
         (
             &format!(
                 r#"{{"domain":"shop","descriptors":[{{"entries":[{{"key":"user","value":"{}"}}]}}]}}"#,
-                "v".repeat(1025)
+                "v".repeat(64 * 1024 + 1)
             ),
-            "descriptors[0].entries[0].value: 1025 bytes",
+            "descriptors[0].entries[0].value: 65537 bytes, at most 65536 allowed",
         ),
         (
             r#"{"domain":"nope","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#,
