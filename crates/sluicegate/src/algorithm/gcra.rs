@@ -27,9 +27,9 @@ fn tolerance(rule: &Rule) -> u64 {
 
 impl GcraState {
     /// `max(TAT, t)`, read under `rule`'s numbers: the backlog `TAT − t` as it stands when
-    /// the rule wrote it; under other numbers, the units it holds (rounded up, as a
-    /// decision reports them used) at the new interval. Either way at most τ: a key never
-    /// owes more than it can hold, and is then full.
+    /// it was written under the rule's interval; under another, the units it holds
+    /// (rounded up, as a decision reports them used) at the rule's interval. Either way at
+    /// most τ: a key never owes more than it can hold, and is then full.
     pub(crate) fn plan(&self, rule: &Rule, now: u64) -> GcraPlan {
         let backlog = self.tat.saturating_sub(now);
         let interval = rule.emission_interval();
