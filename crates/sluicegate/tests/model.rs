@@ -10,14 +10,19 @@
 //! keeps its name and gets new numbers; the model keeps one history per state the SPEC says
 //! the rule shares, and reads it under the numbers in force.
 
+#[path = "model/reload.rs"]
+mod reload;
+
 use std::collections::HashMap;
 
 use proptest::prelude::*;
 use sluicegate::{
-    Algorithm, Check, Decision, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig,
-    RetryAfter, Rule, RuleSpec,
+    Algorithm, Check, Decision, Limit, ManualClock, MemoryStore, MemoryStoreConfig, RetryAfter,
+    Rule, RuleSpec,
 };
 use std::sync::Arc;
+
+use reload::{Reload, reload_strategy, reloaded, shared_by};
 
 #[derive(Clone, Debug, Default)]
 struct ModelKey {
@@ -276,22 +281,6 @@ fn model_combine(ds: &[Decision]) -> Decision {
     }
 }
 
-/// What docs/SPEC.md says a rule's state is shared by, besides its name: the algorithm and
-/// the numbers without which the state cannot be read.
-fn shared_by(rule: &Rule) -> String {
-    let spec = rule.spec();
-    match spec.algorithm {
-        Algorithm::SlidingLog if spec.layout == Some(LogLayout::Compact) => {
-            format!("log compact {} {}", spec.window, spec.limit)
-        }
-        Algorithm::SlidingLog => format!("log zset {}", spec.window),
-        Algorithm::SlidingCounter => format!("counter {} {}", spec.window, rule.buckets()),
-        Algorithm::FixedWindow => format!("fixed {}", spec.window),
-        Algorithm::TokenBucket => "token".into(),
-        Algorithm::LeakyBucket => "leaky".into(),
-    }
-}
-
 /// The model of a whole store: one history per (rule name, state it shares, key).
 #[derive(Default)]
 struct Model {
@@ -407,48 +396,6 @@ struct Event {
     id: Option<u8>,
     /// Before the check, a reload gives one rule (the `key`-th, modulo) new numbers.
     reload: Option<Reload>,
-}
-
-/// New numbers for a rule: its name and algorithm stay.
-#[derive(Clone, Debug)]
-struct Reload {
-    limit: u64,
-    /// The burst of a token bucket (at least 1), the queue of a leaky bucket.
-    size: u64,
-    /// A new window, or the same.
-    window: Option<u64>,
-}
-
-/// `spec` with the numbers of `reload`, within every bound.
-fn reloaded(spec: &RuleSpec, reload: &Reload) -> RuleSpec {
-    let window = reload.window.unwrap_or(spec.window);
-    let mut new = RuleSpec {
-        limit: reload.limit,
-        window,
-        ..spec.clone()
-    };
-    match spec.algorithm {
-        Algorithm::SlidingCounter if spec.buckets.is_some_and(|n| !window.is_multiple_of(n)) => {
-            new.buckets = Some(1);
-        }
-        Algorithm::TokenBucket => new.burst = Some(reload.size.max(1)),
-        Algorithm::LeakyBucket => new.queue = Some(reload.size),
-        _ => {}
-    }
-    new
-}
-
-fn reload_strategy() -> impl Strategy<Value = Option<Reload>> {
-    let window = prop_oneof![
-        3 => Just(None),
-        1 => prop::sample::select(vec![10u64, 12, 30, 60, 100, 120]).prop_map(Some),
-    ];
-    let reload = (1u64..=6, 0u64..=6, window).prop_map(|(limit, size, window)| Reload {
-        limit,
-        size,
-        window,
-    });
-    prop_oneof![14 => Just(None), 1 => reload.prop_map(Some)]
 }
 
 fn event_strategy() -> impl Strategy<Value = Event> {
