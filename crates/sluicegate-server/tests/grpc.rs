@@ -161,6 +161,23 @@ fn rls_from_python_grpcio() {
         "{}",
         answers[5]
     );
+    // An unknown domain is OK with no limit, and a value of 8 KiB (a forwarded JWT) is
+    // decided, from this ecosystem too.
+    for (domain, value) in [
+        ("nope", "bob".to_owned()),
+        ("example", "j".repeat(8 * 1024)),
+    ] {
+        let out = Command::new("python3")
+            .args([script, &server.address, domain, "user", &value])
+            .output()
+            .expect("python3");
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            stdout.starts_with("1\n"),
+            "{domain}: {stdout:?} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// Bytes that are no RateLimitRequest, and an empty one, are the client's error: each
