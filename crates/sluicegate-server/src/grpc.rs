@@ -79,7 +79,9 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
                 .await
                 .map(Response::new)
                 .map_err(|e| match e {
-                    DecideError::Invalid(message) => Status::invalid_argument(message),
+                    DecideError::Invalid(message) | DecideError::UnknownDomain(message) => {
+                        Status::invalid_argument(message)
+                    }
                     DecideError::Store(e) => Status::unavailable(e.to_string()),
                 })
         })

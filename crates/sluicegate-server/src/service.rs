@@ -128,6 +128,23 @@ pub(crate) struct Decided {
 }
 
 impl Decided {
+    /// The answer when no limit applies to any of `count` descriptors: allowed, no store
+    /// asked.
+    pub(crate) fn unlimited(count: usize) -> Self {
+        let nothing = || DescriptorOutcome {
+            path: None,
+            rule: None,
+            decision: None,
+            unlimited: false,
+            shadow: false,
+        };
+        Decided {
+            descriptors: (0..count).map(|_| nothing()).collect(),
+            outcome: None,
+            blocked: false,
+        }
+    }
+
     pub(crate) fn allowed(&self) -> bool {
         !self.blocked && self.outcome.as_ref().is_none_or(|o| o.decision.allowed)
     }
@@ -147,6 +164,10 @@ const BLOCKED: Decision = Decision {
 pub(crate) enum DecideError {
     /// The request is malformed: say what is wrong.
     Invalid(String),
+    /// The request names a domain no configuration declares; the message says which.
+    /// Envoy's protocol answers it OK with no limit, as envoyproxy/ratelimit does;
+    /// sluicegate's own API refuses it as bad input.
+    UnknownDomain(String),
     /// The store could not decide and no policy decided for it.
     Store(StoreError),
 }
@@ -168,7 +189,9 @@ fn matched<'c>(
 ) -> Result<Vec<Option<&'c ConfiguredLimit>>, DecideError> {
     config
         .find_all(domain, descriptors)
-        .map_err(|UnknownDomain| DecideError::Invalid(format!("domain: unknown domain {domain:?}")))
+        .map_err(|UnknownDomain| {
+            DecideError::UnknownDomain(format!("domain: unknown domain {domain:?}"))
+        })
 }
 
 /// The identity of a request descriptor within its rule: every entry, length-prefixed, so
@@ -189,8 +212,13 @@ pub(crate) fn descriptor_key(entries: &[Entry]) -> String {
 pub(crate) const MAX_DESCRIPTORS: usize = 64;
 /// The most entries one descriptor may carry.
 pub(crate) const MAX_ENTRIES: usize = 16;
-/// The longest key or value of an entry, in bytes, unless `--max-entry-bytes` says.
-pub(crate) const DEFAULT_MAX_ENTRY_BYTES: usize = 1024;
+/// The longest key or value of an entry, in bytes, unless `--max-entry-bytes` says: 64 KiB,
+/// no tighter than Envoy, whose default cap on a request's headers is 60 KiB
+/// (`max_request_headers_kb`), so any header value Envoy forwards as a descriptor value
+/// (a JWT claim, a path) fits. envoyproxy/ratelimit bounds entries only by its gRPC
+/// message size, 4 MiB (grpc-go's default), which tonic's default also keeps for the
+/// whole request here; HTTP bodies stop at 256 KiB.
+pub(crate) const DEFAULT_MAX_ENTRY_BYTES: usize = 64 * 1024;
 
 impl Live {
     fn new(config: Config, metrics: &Metrics, offenders: &Offenders, version: u64) -> Self {

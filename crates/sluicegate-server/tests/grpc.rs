@@ -78,7 +78,8 @@ async fn five_then_over_limit(server: &Server) {
             .any(|(k, v)| k == "RateLimit" && v.starts_with("\"example.user\";r=0;t="))
     );
     assert!(headers.iter().any(|(k, _)| k == "Retry-After"));
-    // Nothing matched: OK with no limit. Unknown domain: INVALID_ARGUMENT.
+    // Nothing matched: OK with no limit. An unknown domain too, as envoyproxy/ratelimit
+    // answers it: every descriptor finds no limit.
     let free = client
         .should_rate_limit(request("example", &[("nobody", "x")]))
         .await
@@ -86,16 +87,21 @@ async fn five_then_over_limit(server: &Server) {
         .into_inner();
     assert_eq!(free.overall_code, i32::from(Code::Ok));
     assert!(free.statuses[0].current_limit.is_none());
-    let err = client
-        .should_rate_limit(request("nope", &[("user", "x")]))
+    let mut unknown = request("nope", &[("user", "x")]);
+    unknown
+        .descriptors
+        .push(request("nope", &[("ip", "y")]).descriptors.remove(0));
+    let unknown = client
+        .should_rate_limit(unknown)
         .await
-        .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(
-        err.message().contains("unknown domain"),
-        "{}",
-        err.message()
-    );
+        .unwrap()
+        .into_inner();
+    assert_eq!(unknown.overall_code, i32::from(Code::Ok));
+    assert_eq!(unknown.statuses.len(), 2);
+    for status in &unknown.statuses {
+        assert_eq!(status.code, i32::from(Code::Ok));
+        assert!(status.current_limit.is_none());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,6 +161,23 @@ fn rls_from_python_grpcio() {
         "{}",
         answers[5]
     );
+    // An unknown domain is OK with no limit, and a value of 8 KiB (a forwarded JWT) is
+    // decided, from this ecosystem too.
+    for (domain, value) in [
+        ("nope", "bob".to_owned()),
+        ("example", "j".repeat(8 * 1024)),
+    ] {
+        let out = Command::new("python3")
+            .args([script, &server.address, domain, "user", &value])
+            .output()
+            .expect("python3");
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            stdout.starts_with("1\n"),
+            "{domain}: {stdout:?} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// Bytes that are no RateLimitRequest, and an empty one, are the client's error: each

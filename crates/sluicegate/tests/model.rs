@@ -5,6 +5,13 @@
 //! into timestamps, sliding-counter's `retry_after` is found by trying every µs, GCRA's
 //! TAT is refolded from the history. It shares no code with the store beyond the public
 //! types, so a disagreement is a bug in one of them.
+//!
+//! Traces also reload rules mid-way (docs/SPEC.md, "Changing a rule's numbers"): a rule
+//! keeps its name and gets new numbers; the model keeps one history per state the SPEC says
+//! the rule shares, and reads it under the numbers in force.
+
+#[path = "model/reload.rs"]
+mod reload;
 
 use std::collections::HashMap;
 
@@ -15,10 +22,14 @@ use sluicegate::{
 };
 use std::sync::Arc;
 
+use reload::{Reload, reload_strategy, reloaded, shared_by};
+
 #[derive(Clone, Debug, Default)]
 struct ModelKey {
     /// (time, units) of every admission, in order.
     admissions: Vec<(u64, u64)>,
+    /// The GCRA numbers (T, capacity) in force at each admission, beside `admissions`.
+    written_under: Vec<(u64, u64)>,
     latest: u64,
     /// (request id, expires at, release at).
     ids: Vec<(String, u64, u64)>,
@@ -39,11 +50,29 @@ struct ModelEval {
     refused: Decision,
 }
 
-fn gcra_tat(rule: &Rule, key: &ModelKey) -> u64 {
-    let t = rule.window() / rule.limit();
-    key.admissions
-        .iter()
-        .fold(0, |tat, &(s, units)| tat.max(s) + units * t)
+/// docs/SPEC.md's reading of a stored TAT under numbers (T, C), at `now`: the backlog as
+/// written when T is the one it was written under, else its units rounded up at the new T;
+/// at most τ = T·C either way.
+fn gcra_read(tat: u64, written_interval: u64, now: u64, interval: u64, capacity: u64) -> u64 {
+    let backlog = tat.saturating_sub(now);
+    let read = if backlog == 0 {
+        0
+    } else if written_interval == interval {
+        backlog.min(interval * capacity)
+    } else {
+        backlog.div_ceil(written_interval).min(capacity) * interval
+    };
+    now + read
+}
+
+/// The stored TAT and the T it was written under, refolded from the history.
+fn gcra_tat(key: &ModelKey) -> (u64, u64) {
+    key.admissions.iter().zip(&key.written_under).fold(
+        (0, 0),
+        |(tat, written), (&(s, units), &(t, cap))| {
+            (gcra_read(tat, written, s, t, cap) + units * t, t)
+        },
+    )
 }
 
 fn counter_estimate_w(rule: &Rule, key: &ModelKey, at: u64) -> u64 {
@@ -170,8 +199,8 @@ fn model_evaluate(rule: &Rule, key: &ModelKey, t: u64, cost: u64, id: Option<&st
             let interval = w_full / l;
             let cap = rule.capacity();
             let tau = interval * cap;
-            let stored = gcra_tat(rule, key);
-            let tat = stored.max(now);
+            let (stored, written) = gcra_tat(key);
+            let tat = gcra_read(stored, written, now, interval, cap);
             let new = tat + units * interval;
             fits = units <= cap && new - now <= tau;
             admitted = Decision {
@@ -198,7 +227,7 @@ fn model_evaluate(rule: &Rule, key: &ModelKey, t: u64, cost: u64, id: Option<&st
                 cap,
                 tau.saturating_sub(tat - now) / interval,
                 retry,
-                stored.saturating_sub(now),
+                tat - now,
             );
         }
     }
@@ -252,10 +281,10 @@ fn model_combine(ds: &[Decision]) -> Decision {
     }
 }
 
-/// The model of a whole store: one history per (rule index, key).
+/// The model of a whole store: one history per (rule name, state it shares, key).
 #[derive(Default)]
 struct Model {
-    keys: HashMap<(usize, String), ModelKey>,
+    keys: HashMap<(usize, String, String), ModelKey>,
 }
 
 impl Model {
@@ -270,7 +299,10 @@ impl Model {
         let evals: Vec<ModelEval> = rules
             .iter()
             .map(|&(i, rule)| {
-                let state = self.keys.entry((i, key.to_owned())).or_default();
+                let state = self
+                    .keys
+                    .entry((i, shared_by(rule), key.to_owned()))
+                    .or_default();
                 model_evaluate(rule, state, t, cost, id)
             })
             .collect();
@@ -280,8 +312,11 @@ impl Model {
         let per_rule: Vec<Decision> = rules
             .iter()
             .zip(&evals)
-            .map(|(&(i, _), e)| {
-                let state = self.keys.get_mut(&(i, key.to_owned())).unwrap();
+            .map(|(&(i, rule), e)| {
+                let state = self
+                    .keys
+                    .get_mut(&(i, shared_by(rule), key.to_owned()))
+                    .unwrap();
                 match (all, e.fit) {
                     (true, Fit::Repeat(release)) => Decision {
                         allowed: true,
@@ -291,6 +326,9 @@ impl Model {
                     (true, _) => {
                         if cost > 0 {
                             state.admissions.push((e.now, cost));
+                            state
+                                .written_under
+                                .push((rule.emission_interval(), rule.capacity()));
                             state.latest = e.now;
                             if let Some(id) = id {
                                 state.ids.push((
@@ -356,6 +394,8 @@ struct Event {
     /// Which of the rules the check names (bit mask; 0 means all).
     rules: u8,
     id: Option<u8>,
+    /// Before the check, a reload gives one rule (the `key`-th, modulo) new numbers.
+    reload: Option<Reload>,
 }
 
 fn event_strategy() -> impl Strategy<Value = Event> {
@@ -367,22 +407,32 @@ fn event_strategy() -> impl Strategy<Value = Event> {
         1 => (1u64..30).prop_map(Step::Back),
     ];
     let id = prop_oneof![3 => Just(None), 1 => (0u8..4).prop_map(Some)];
-    (step, 0usize..3, 0u64..=3, any::<u8>(), id).prop_map(|(step, key, cost, rules, id)| Event {
+    (
         step,
-        key,
-        cost,
-        rules,
+        0usize..3,
+        0u64..=3,
+        any::<u8>(),
         id,
-    })
+        reload_strategy(),
+    )
+        .prop_map(|(step, key, cost, rules, id, reload)| Event {
+            step,
+            key,
+            cost,
+            rules,
+            id,
+            reload,
+        })
 }
 
 const KEYS: [&str; 3] = ["user:1", "user:{1}", ""];
 
 fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> {
-    let rules: Vec<Rule> = specs
+    let name = |i: usize| format!("r{i}");
+    let mut rules: Vec<Rule> = specs
         .iter()
         .enumerate()
-        .map(|(i, s)| Rule::new(&format!("r{i}"), s).unwrap())
+        .map(|(i, s)| Rule::new(&name(i), s).unwrap())
         .collect();
     let store = MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)));
     let mut model = Model::default();
@@ -394,6 +444,11 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
             Step::Boundary(m, o) => ((t / m + 1) * m).saturating_add_signed(i64::from(o)),
             Step::Back(d) => t.saturating_sub(d),
         };
+        if let Some(reload) = &event.reload {
+            let i = event.key % rules.len();
+            let spec = reloaded(&rules[i].spec(), reload);
+            rules[i] = Rule::new(&name(i), &spec).unwrap();
+        }
         let chosen: Vec<(usize, &Rule)> = rules
             .iter()
             .enumerate()

@@ -37,25 +37,35 @@ fn rules_for(
 ) -> Vec<Rule> {
     let window = WINDOWS[random.below(WINDOWS.len() as u64) as usize];
     (0..2)
-        .map(|i| {
-            let limit = 1 + random.below(6);
-            let mut spec = RuleSpec::new(algorithm, limit, window * (i + 1));
-            match algorithm {
-                Algorithm::SlidingCounter => {
-                    let fitting: Vec<u64> = [1, 4, 10]
-                        .into_iter()
-                        .filter(|buckets| (window * (i + 1)).is_multiple_of(*buckets))
-                        .collect();
-                    spec.buckets = Some(fitting[random.below(fitting.len() as u64) as usize])
-                }
-                Algorithm::TokenBucket => spec.burst = Some(1 + random.below(6)),
-                Algorithm::LeakyBucket => spec.queue = Some(random.below(4)),
-                Algorithm::SlidingLog => spec.layout = layout,
-                Algorithm::FixedWindow => {}
-            }
-            Rule::new(&format!("seed-{seed}-rule-{i}"), &spec).unwrap()
-        })
+        .map(|i| rule_for(algorithm, layout, seed, i, window * (i + 1), random))
         .collect()
+}
+
+/// Rule `i` of a trace's pair: its name, random numbers over `window`.
+fn rule_for(
+    algorithm: Algorithm,
+    layout: Option<LogLayout>,
+    seed: u64,
+    i: u64,
+    window: u64,
+    random: &mut Random,
+) -> Rule {
+    let limit = 1 + random.below(6);
+    let mut spec = RuleSpec::new(algorithm, limit, window);
+    match algorithm {
+        Algorithm::SlidingCounter => {
+            let fitting: Vec<u64> = [1, 4, 10]
+                .into_iter()
+                .filter(|buckets| window.is_multiple_of(*buckets))
+                .collect();
+            spec.buckets = Some(fitting[random.below(fitting.len() as u64) as usize])
+        }
+        Algorithm::TokenBucket => spec.burst = Some(1 + random.below(6)),
+        Algorithm::LeakyBucket => spec.queue = Some(random.below(4)),
+        Algorithm::SlidingLog => spec.layout = layout,
+        Algorithm::FixedWindow => {}
+    }
+    Rule::new(&format!("seed-{seed}-rule-{i}"), &spec).unwrap()
 }
 
 const KEYS: [&str; 4] = ["user:1", "user:{2}", "}{", ""];
@@ -68,6 +78,9 @@ const WINDOWS: [u64; 6] = [10, 12, 60, 120, 100_000, 1_000_000];
 /// several keys, costs 0..3, request ids.
 struct Trace {
     random: Random,
+    algorithm: Algorithm,
+    layout: Option<LogLayout>,
+    seed: u64,
     rules: Vec<Rule>,
     t: u64,
 }
@@ -85,10 +98,39 @@ impl Trace {
         let mut random = Random(seed);
         let rules = rules_for(algorithm, layout, seed, &mut random);
         let t = 1_700_000_000_000_000 + random.below(1_000_000);
-        Trace { random, rules, t }
+        Trace {
+            random,
+            algorithm,
+            layout,
+            seed,
+            rules,
+            t,
+        }
+    }
+
+    /// Now and then a reload: one rule gets new numbers under its name, mostly over the
+    /// same window (docs/SPEC.md, "Changing a rule's numbers").
+    fn maybe_reload(&mut self) {
+        if self.random.below(30) != 0 {
+            return;
+        }
+        let i = self.random.below(2);
+        let mut window = self.rules[i as usize].window();
+        if self.random.below(4) == 0 {
+            window = WINDOWS[self.random.below(WINDOWS.len() as u64) as usize] * (i + 1);
+        }
+        self.rules[i as usize] = rule_for(
+            self.algorithm,
+            self.layout,
+            self.seed,
+            i,
+            window,
+            &mut self.random,
+        );
     }
 
     fn next(&mut self) -> Line {
+        self.maybe_reload();
         let random = &mut self.random;
         let window = self.rules[0].window();
         self.t = match random.below(10) {

@@ -228,11 +228,14 @@ fn configured_limit(
             if !algorithm_given {
                 spec.algorithm = build.default;
             }
-            // Named within its domain: another domain's rule of the same name keeps its
-            // own counters; the name is still reported as written.
+            // Its identity is its place: scoped by the domain and the descriptor path (the
+            // domain's length first, as it may hold dots), so another domain's or
+            // descriptor's rule of the same name keeps its own counters, and a reload that
+            // changes only numbers keeps usage. The name is still reported as written.
+            let place = format!("{}:{path}", build.domain.len());
             Rule::new(name.as_deref().unwrap_or(path), &spec)
                 .map_err(|e| format!("{path}: rate_limit.{e}"))
-                .map(|rule| rule.in_scope(build.domain))
+                .map(|rule| rule.in_scope(&place))
                 .map(|rule| match on_store_error {
                     Some(policy) => rule.with_failure_policy(policy),
                     None => rule,

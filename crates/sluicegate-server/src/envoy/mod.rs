@@ -22,9 +22,15 @@ pub(crate) async fn should_rate_limit(
     request: &RateLimitRequest,
 ) -> Result<RateLimitResponse, DecideError> {
     let (descriptors, cost) = descriptors_and_cost(request)?;
-    let decided = service
+    // An unknown domain is OK with no limit: envoyproxy/ratelimit finds no limit for any
+    // descriptor of it (envoyproxy/ratelimit@f2fb157 src/config/config_impl.go:451-457).
+    let decided = match service
         .decide(&request.domain, &descriptors, cost, None)
-        .await?;
+        .await
+    {
+        Err(DecideError::UnknownDomain(_)) => Decided::unlimited(descriptors.len()),
+        decided => decided?,
+    };
     Ok(response(&decided, service.options().legacy_headers))
 }
 

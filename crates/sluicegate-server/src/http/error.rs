@@ -43,7 +43,9 @@ impl From<StoreError> for ApiError {
 impl From<DecideError> for ApiError {
     fn from(e: DecideError) -> Self {
         match e {
-            DecideError::Invalid(message) => ApiError::bad_request(message),
+            DecideError::Invalid(message) | DecideError::UnknownDomain(message) => {
+                ApiError::bad_request(message)
+            }
             DecideError::Store(e) => e.into(),
         }
     }

@@ -114,9 +114,9 @@ async fn bad_requests_say_what_is_wrong() {
         (
             &format!(
                 r#"{{"domain":"shop","descriptors":[{{"entries":[{{"key":"user","value":"{}"}}]}}]}}"#,
-                "v".repeat(1025)
+                "v".repeat(64 * 1024 + 1)
             ),
-            "descriptors[0].entries[0].value: 1025 bytes",
+            "descriptors[0].entries[0].value: 65537 bytes, at most 65536 allowed",
         ),
         (
             r#"{"domain":"nope","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#,
@@ -337,6 +337,23 @@ async fn envoys_json_endpoint_answers_429_over_the_limit() {
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(json["overallCode"], "OVER_LIMIT");
     assert_eq!(json["statuses"][0]["code"], "OVER_LIMIT");
+}
+
+/// An unknown domain: OK with no limit through Envoy's protocol, as envoyproxy/ratelimit
+/// answers; sluicegate's own `/v1/check` refuses it (see `bad_requests_say_what_is_wrong`).
+#[tokio::test]
+async fn envoys_json_endpoint_answers_an_unknown_domain_ok() {
+    let app = test_app();
+    let body = r#"{"domain":"nope","descriptors":[{"entries":[{"key":"user","value":"jo"}]},{"entries":[{"key":"a","value":"b"}]}]}"#;
+    let (status, json) = post_to(&app, "/json", None, body).await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    assert_eq!(json["overallCode"], "OK");
+    let statuses = json["statuses"].as_array().unwrap();
+    assert_eq!(statuses.len(), 2);
+    for status in statuses {
+        assert_eq!(status["code"], "OK");
+        assert!(status.get("currentLimit").is_none(), "{status}");
+    }
 }
 
 #[tokio::test]

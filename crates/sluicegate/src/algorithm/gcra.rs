@@ -10,6 +10,8 @@ use crate::rule::{Algorithm, Rule};
 pub(crate) struct GcraState {
     /// TAT; 0 stands for "absent", which `max(TAT, t)` turns into `t`.
     tat: u64,
+    /// The emission interval TAT was written under.
+    interval: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -24,10 +26,19 @@ fn tolerance(rule: &Rule) -> u64 {
 }
 
 impl GcraState {
-    pub(crate) fn plan(&self, now: u64) -> GcraPlan {
-        GcraPlan {
-            tat: self.tat.max(now),
-        }
+    /// `max(TAT, t)`, read under `rule`'s numbers: the backlog `TAT − t` as it stands when
+    /// it was written under the rule's interval; under another, the units it holds
+    /// (rounded up, as a decision reports them used) at the rule's interval. Either way at
+    /// most τ: a key never owes more than it can hold, and is then full.
+    pub(crate) fn plan(&self, rule: &Rule, now: u64) -> GcraPlan {
+        let backlog = self.tat.saturating_sub(now);
+        let interval = rule.emission_interval();
+        let backlog = if backlog == 0 || self.interval == interval {
+            backlog.min(tolerance(rule))
+        } else {
+            backlog.div_ceil(self.interval).min(rule.capacity()) * interval
+        };
+        GcraPlan { tat: now + backlog }
     }
 
     /// `new − t ≤ τ` with `new = tat + c·T`.
@@ -46,6 +57,7 @@ impl GcraState {
         let interval = rule.emission_interval();
         if cost > 0 {
             self.tat = plan.tat + cost * interval;
+            self.interval = interval;
         }
         let new = plan.tat + units * interval;
         Decision {
@@ -62,13 +74,7 @@ impl GcraState {
         }
     }
 
-    pub(crate) fn refuse(
-        &self,
-        rule: &Rule,
-        plan: GcraPlan,
-        now: u64,
-        retry: RetryNeed,
-    ) -> Decision {
+    pub(crate) fn refuse(rule: &Rule, plan: GcraPlan, now: u64, retry: RetryNeed) -> Decision {
         let interval = rule.emission_interval();
         let tolerance = tolerance(rule);
         Decision {
@@ -82,7 +88,8 @@ impl GcraState {
                     RetryAfter::Micros(plan.tat + units * interval - tolerance - now)
                 }
             },
-            reset_after: self.tat.saturating_sub(now),
+            // The state as read: with the numbers it was written under, max(0, TAT − t).
+            reset_after: plan.tat - now,
             delay: 0,
         }
     }

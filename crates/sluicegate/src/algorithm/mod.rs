@@ -140,7 +140,7 @@ impl RuleState {
             StateKind::Log(state) => Plan::Log(state.plan(rule, now)),
             StateKind::Fixed(state) => Plan::Fixed(state.plan(rule, now)),
             StateKind::Counter(state) => Plan::Counter(state.plan(rule, now)),
-            StateKind::Gcra(state) => Plan::Gcra(state.plan(now)),
+            StateKind::Gcra(state) => Plan::Gcra(state.plan(rule, now)),
         };
         let repeat = request_id.and_then(|id| {
             self.admissions
@@ -218,7 +218,7 @@ impl RuleState {
             (StateKind::Log(s), Plan::Log(p)) => s.refuse(rule, p, now, retry),
             (StateKind::Fixed(_), Plan::Fixed(p)) => FixedWindowState::refuse(rule, p, now, retry),
             (StateKind::Counter(s), Plan::Counter(p)) => s.refuse(rule, p, now, retry),
-            (StateKind::Gcra(s), Plan::Gcra(p)) => s.refuse(rule, p, now, retry),
+            (StateKind::Gcra(_), Plan::Gcra(p)) => GcraState::refuse(rule, p, now, retry),
             _ => unreachable!("an evaluation is only ever passed back to the state that made it"),
         }
     }

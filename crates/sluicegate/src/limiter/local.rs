@@ -23,8 +23,9 @@ use crate::store::{Check, Limit, MemoryStore, MemoryStoreConfig, StoreError};
 pub(crate) struct LocalFallback {
     instances: u64,
     store: MemoryStore,
-    /// The scaled-down rules, by rule identity.
-    rules: Mutex<HashMap<String, Rule>>,
+    /// The scaled-down rules, by rule identity: (the original, its local share). The
+    /// original tells a rule whose numbers a reload changed from the one cached.
+    rules: Mutex<HashMap<String, (Rule, Rule)>>,
     seeds: Seeds,
 }
 
@@ -137,7 +138,9 @@ impl LocalFallback {
     /// `rule` with its limit (and burst or queue) divided by the number of instances.
     fn rule(&self, rule: &Rule) -> Rule {
         let mut cache = self.rules.lock();
-        if let Some(local) = cache.get(rule.identity()) {
+        if let Some((original, local)) = cache.get(rule.identity())
+            && original.same_rule(rule)
+        {
             return local.clone();
         }
         let share = |n: u64| n.div_ceil(self.instances).max(1);
@@ -154,7 +157,7 @@ impl LocalFallback {
                 None => local,
             })
             .unwrap_or_else(|_| rule.clone());
-        cache.insert(rule.identity().to_owned(), local.clone());
+        cache.insert(rule.identity().to_owned(), (rule.clone(), local.clone()));
         local
     }
 }

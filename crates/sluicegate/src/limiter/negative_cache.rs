@@ -69,7 +69,8 @@ impl Expiring for Entry {
 }
 
 impl Entry {
-    /// Whether this entry is for exactly these limits: the same rules (by identity) and keys,
+    /// Whether this entry is for exactly these limits: the same rules (by identity and
+    /// numbers: a reload that changes a limit is not answered from the old one) and keys,
     /// in the same order.
     fn holds(&self, limits: &[Limit<'_>]) -> bool {
         self.limits.len() == limits.len()
@@ -77,7 +78,7 @@ impl Entry {
                 .limits
                 .iter()
                 .zip(limits)
-                .all(|(cached, l)| *cached.key == *l.key && cached.rule.same_identity(l.rule))
+                .all(|(cached, l)| *cached.key == *l.key && cached.rule.same_rule(l.rule))
     }
 }
 

@@ -335,3 +335,29 @@ async fn the_local_fallback_keeps_scopes_apart() {
     assert!(!allowed(decide(&limiter, &team_a, "alice").await));
     assert!(allowed(decide(&limiter, &team_b, "alice").await));
 }
+
+/// A reload that raises a limit keeps the key's state (the same identity) but is never
+/// answered from a refusal cached under the old numbers, nor from the old local share.
+#[tokio::test]
+async fn new_numbers_are_not_answered_from_what_the_old_ones_cached() {
+    let (limiter, _clock) = limiter(LimiterConfig {
+        negative_cache_entries: 10,
+        on_store_error: FailurePolicy::Local,
+        ..LimiterConfig::default()
+    });
+    let before = rule(Algorithm::FixedWindow, 1, 60 * S);
+    let after = rule(Algorithm::FixedWindow, 2, 60 * S);
+    assert!(before.same_identity(&after));
+    assert!(decide(&limiter, &before, "k").await.decision.allowed);
+    let refused = decide(&limiter, &before, "k").await;
+    assert_eq!(refused.decided_by, DecidedBy::NegativeCache);
+    let raised = decide(&limiter, &after, "k").await;
+    assert_eq!(raised.decided_by, DecidedBy::Store);
+    assert!(raised.decision.allowed);
+    assert_eq!(raised.decision.remaining, 0);
+    // Down, the local share follows the new numbers too: 3 on another key, not 2.
+    let more = rule(Algorithm::FixedWindow, 3, 60 * S);
+    limiter.store().down.store(true, Ordering::SeqCst);
+    assert_eq!(admitted(&limiter, &after, "other", 5).await, 2);
+    assert_eq!(admitted(&limiter, &more, "third", 5).await, 3);
+}

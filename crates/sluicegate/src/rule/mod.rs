@@ -226,7 +226,8 @@ impl Rule {
 
     /// This rule within `scope`: the same name and parameters, but state of its own, apart
     /// from the same rule in any other scope or in none. The service scopes each rule by
-    /// its domain, so that two domains' `per_user` never share a counter.
+    /// its place (domain and descriptor path), so that two domains' `per_user` never share a
+    /// counter.
     pub fn in_scope(&self, scope: &str) -> Rule {
         let r = &self.inner;
         let mut inner = RuleInner {
@@ -251,9 +252,10 @@ impl Rule {
         &self.inner.name
     }
 
-    /// A string that identifies this rule's state: its scope, its name and every
-    /// parameter, so that a rule whose parameters change starts afresh instead of
-    /// misreading old state.
+    /// A string that identifies this rule's state: its scope, its name, its algorithm and
+    /// the numbers its state cannot be read without (see `identify`). Two rules of one
+    /// identity share state even when their other numbers differ: that is how a reload
+    /// keeps usage.
     pub fn identity(&self) -> &str {
         &self.inner.identity
     }
@@ -262,9 +264,17 @@ impl Rule {
         self.inner.fingerprint
     }
 
-    /// Whether two rules share state: the same scope, name and parameters.
+    /// Whether two rules share state: the same identity, whatever their other numbers.
     pub fn same_identity(&self, other: &Rule) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner) || self.identity() == other.identity()
+    }
+
+    /// Whether two rules decide alike: the same identity and the same numbers. What caches
+    /// a decision (the negative cache, the local fallback's rules) compares by this, so a
+    /// reload that changes a number is never answered from the old one.
+    pub fn same_rule(&self, other: &Rule) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+            || (self.same_identity(other) && self.spec() == other.spec())
     }
 
     /// The algorithm.
@@ -339,7 +349,17 @@ impl Rule {
 }
 
 impl RuleInner {
-    /// Sets `identity` and its fingerprint from the scope, the name and the parameters.
+    /// Sets `identity` and its fingerprint: the rule's place (scope and name) and only
+    /// those of its numbers without which its stored state cannot be read exactly
+    /// (docs/SPEC.md, "Changing a rule's numbers"), so that a reload that changes any other
+    /// number keeps each key's usage:
+    ///
+    /// - `sliding-log`: the window (the log keeps only one window of entries, so it cannot
+    ///   answer for a longer one), and the layout; `compact` also L, the size of its ring;
+    /// - `sliding-counter`: the window and the buckets (they fix the buckets' edges);
+    /// - `fixed-window`: the window (it fixes the windows' edges);
+    /// - `token-bucket`, `leaky-bucket`: nothing but the algorithm (the state converts).
+    ///
     /// Lengths prefix the scope and the name, so no choice of either can spell another
     /// rule's identity: `{len}:{name}|…`, or `{len}:{scope}/{len}:{name}|…` in a scope.
     fn identify(&mut self) {
@@ -347,17 +367,20 @@ impl RuleInner {
         if let Some(scope) = &self.scope {
             identity = format!("{}:{scope}/", scope.len());
         }
-        identity += &format!(
-            "{}:{}|{}|{}|{}|{}|{}|{}",
-            self.name.len(),
-            self.name,
-            self.algorithm,
-            self.limit,
-            self.window,
-            self.buckets,
-            self.capacity,
-            self.layout.name()
-        );
+        identity += &format!("{}:{}|{}", self.name.len(), self.name, self.algorithm);
+        match (self.algorithm, self.layout) {
+            (Algorithm::SlidingLog, LogLayout::Zset) => {
+                identity += &format!("|w={}|zset", self.window);
+            }
+            (Algorithm::SlidingLog, LogLayout::Compact) => {
+                identity += &format!("|w={}|compact|l={}", self.window, self.limit);
+            }
+            (Algorithm::SlidingCounter, _) => {
+                identity += &format!("|w={}|n={}", self.window, self.buckets);
+            }
+            (Algorithm::FixedWindow, _) => identity += &format!("|w={}", self.window),
+            (Algorithm::TokenBucket | Algorithm::LeakyBucket, _) => {}
+        }
         let mut hasher = std::hash::DefaultHasher::new();
         identity.hash(&mut hasher);
         self.fingerprint = hasher.finish();
@@ -366,182 +389,4 @@ impl RuleInner {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::duration::parse_duration;
-
-    fn build(spec: RuleSpec) -> Result<Rule, RuleError> {
-        Rule::new("r", &spec)
-    }
-
-    #[test]
-    fn sliding_counter_product_bound_names_window_and_limit() {
-        let spec = RuleSpec::new(
-            Algorithm::SlidingCounter,
-            200_000_000,
-            parse_duration("1d").unwrap(),
-        );
-        let err = build(spec).unwrap_err();
-        assert_eq!(err.field(), "window");
-        assert!(
-            err.to_string().contains(
-                "window 1d with limit 200000000 exceeds 2^53 µs·units for sliding-counter"
-            ),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn bounds_are_checked_per_field() {
-        let w = 1_000_000;
-        let cases = [
-            (RuleSpec::new(Algorithm::SlidingLog, 0, w), "limit"),
-            (RuleSpec::new(Algorithm::SlidingLog, 1 << 53, w), "limit"),
-            (
-                RuleSpec::new(Algorithm::SlidingLog, 1_000_000_000, w),
-                "limit",
-            ),
-            (
-                RuleSpec {
-                    layout: Some(LogLayout::Compact),
-                    ..RuleSpec::new(Algorithm::SlidingLog, 100_000_000, w)
-                },
-                "limit",
-            ),
-            (
-                RuleSpec {
-                    layout: Some(LogLayout::Compact),
-                    ..RuleSpec::new(Algorithm::FixedWindow, 10, w)
-                },
-                "layout",
-            ),
-            (RuleSpec::new(Algorithm::FixedWindow, 1, 0), "window"),
-            (
-                RuleSpec::new(Algorithm::FixedWindow, 1, MAX_SPAN + 1),
-                "window",
-            ),
-            (
-                RuleSpec {
-                    buckets: Some(7),
-                    ..RuleSpec::new(Algorithm::SlidingCounter, 5, w)
-                },
-                "buckets",
-            ),
-            (
-                RuleSpec {
-                    buckets: Some(0),
-                    ..RuleSpec::new(Algorithm::SlidingCounter, 5, w)
-                },
-                "buckets",
-            ),
-            (
-                RuleSpec {
-                    buckets: Some(10),
-                    ..RuleSpec::new(Algorithm::SlidingLog, 5, w)
-                },
-                "buckets",
-            ),
-            (RuleSpec::new(Algorithm::TokenBucket, 2_000_000, w), "limit"),
-            (
-                RuleSpec {
-                    burst: Some(0),
-                    ..RuleSpec::new(Algorithm::TokenBucket, 5, w)
-                },
-                "burst",
-            ),
-            (
-                RuleSpec {
-                    burst: Some(1 << 40),
-                    ..RuleSpec::new(Algorithm::TokenBucket, 1, 1 << 20)
-                },
-                "burst",
-            ),
-            (
-                RuleSpec {
-                    queue: Some(1 << 40),
-                    ..RuleSpec::new(Algorithm::LeakyBucket, 1, 1 << 20)
-                },
-                "queue",
-            ),
-            (
-                RuleSpec {
-                    queue: Some(3),
-                    ..RuleSpec::new(Algorithm::TokenBucket, 1, w)
-                },
-                "queue",
-            ),
-        ];
-        for (spec, field) in cases {
-            let err = build(spec.clone()).unwrap_err();
-            assert_eq!(err.field(), field, "{spec:?}: {err}");
-        }
-    }
-
-    #[test]
-    fn defaults_and_capacity() {
-        let w = 1_000_000;
-        let counter = build(RuleSpec::new(Algorithm::SlidingCounter, 5, w)).unwrap();
-        assert_eq!(counter.buckets(), 10);
-        let token = build(RuleSpec::new(Algorithm::TokenBucket, 5, w)).unwrap();
-        assert_eq!((token.capacity(), token.emission_interval()), (5, 200_000));
-        let leaky = build(RuleSpec::new(Algorithm::LeakyBucket, 5, w)).unwrap();
-        assert_eq!(leaky.capacity(), 1);
-        assert_eq!(leaky.spec().queue, Some(0));
-    }
-
-    #[test]
-    fn identity_separates_names_and_parameters() {
-        let spec = RuleSpec::new(Algorithm::SlidingLog, 5, 1_000_000);
-        let a = Rule::new("a|b", &spec).unwrap();
-        let b = Rule::new("a", &spec).unwrap();
-        let c = Rule::new("a", &RuleSpec::new(Algorithm::SlidingLog, 6, 1_000_000)).unwrap();
-        assert_ne!(a.identity(), b.identity());
-        assert_ne!(b.identity(), c.identity());
-    }
-
-    #[test]
-    fn scopes_separate_rules_of_one_name_and_keep_the_name() {
-        let spec = RuleSpec::new(Algorithm::SlidingLog, 5, 1_000_000);
-        let plain = Rule::new("per_user", &spec).unwrap();
-        let team_a = plain.in_scope("team_a");
-        let team_b = plain.in_scope("team_b");
-        assert_eq!(
-            (team_a.name(), team_a.scope()),
-            ("per_user", Some("team_a"))
-        );
-        assert_eq!(plain.scope(), None);
-        assert!(!team_a.same_identity(&team_b));
-        assert!(!team_a.same_identity(&plain));
-        assert_ne!(team_a.fingerprint(), team_b.fingerprint());
-        assert!(team_a.same_identity(&plain.in_scope("team_a")));
-        // A policy changes no state: the scope stays.
-        let policed = team_a.with_failure_policy(FailurePolicy::Allow);
-        assert!(policed.same_identity(&team_a));
-        // Neither a scope nor a name can be chosen to spell another rule's identity.
-        let identities = [
-            Rule::new("b", &spec).unwrap().in_scope("a"),
-            Rule::new("1:b", &spec).unwrap().in_scope(""),
-            Rule::new("a/1:b", &spec).unwrap(),
-            Rule::new("1:a/1:b", &spec).unwrap(),
-            Rule::new("b", &spec).unwrap().in_scope("a/1:"),
-            Rule::new("", &spec).unwrap().in_scope("a/1:b"),
-        ]
-        .map(|rule| rule.identity().to_owned());
-        for (i, a) in identities.iter().enumerate() {
-            for b in &identities[i + 1..] {
-                assert_ne!(a, b);
-            }
-        }
-    }
-
-    #[test]
-    fn algorithm_names_round_trip() {
-        for a in Algorithm::ALL {
-            assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
-        }
-        assert_eq!(
-            "gcra".parse::<Algorithm>().unwrap_err().field(),
-            "algorithm"
-        );
-    }
-}
+mod tests;

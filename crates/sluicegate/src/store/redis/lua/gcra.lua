@@ -1,23 +1,30 @@
 -- token-bucket and leaky-bucket (algorithm/gcra.rs): GCRA, a hash {tat = theoretical
--- arrival time, t = latest time}, emission interval T, tolerance T * capacity. A
--- leaky-bucket admission waits until its tat (the delay), so that what passes leaves at
--- one unit per T. Evaluating leaves in the rule: now, stored_tat, tolerance, tat
--- (max(stored_tat, now)) and new (tat after the check's units).
+-- arrival time, t = latest time, T = the emission interval tat was written under},
+-- emission interval T, tolerance T * capacity. A leaky-bucket admission waits until its
+-- tat (the delay), so that what passes leaves at one unit per T. Evaluating leaves in the
+-- rule: now, tolerance, tat (max(stored tat, now), read under the rule's numbers) and new
+-- (tat after the check's units).
 local function gcra_steps()
   local function evaluate(r, t, units)
-    local v = call('HMGET', r.key, 'tat', 't')
-    r.stored_tat = tonumber(v[1]) or 0
+    local v = call('HMGET', r.key, 'tat', 't', 'T')
     r.latest = tonumber(v[2]) or 0
     r.now = max(t, r.latest)
     r.tolerance = r.interval * r.capacity
-    r.tat = max(r.stored_tat, r.now)
+    -- The backlog tat - now as written; written under another interval, its units (rounded
+    -- up) at this one. At most the tolerance either way.
+    local backlog = max((tonumber(v[1]) or 0) - r.now, 0)
+    local written_interval = tonumber(v[3]) or r.interval
+    if backlog > 0 and written_interval ~= r.interval then
+      backlog = min(div(backlog + written_interval - 1, written_interval), r.capacity) * r.interval
+    end
+    r.tat = r.now + min(backlog, r.tolerance)
     r.new = r.tat + units * r.interval
     return r.new - r.now <= r.tolerance
   end
 
   local function record(r, cost, margin)
     local tat = r.tat + cost * r.interval
-    call('HSET', r.key, 'tat', int(tat), 't', int(r.now))
+    call('HSET', r.key, 'tat', int(tat), 't', int(r.now), 'T', int(r.interval))
     call('PEXPIRE', r.key, ttl_ms(tat - r.now, margin))
   end
 
@@ -29,7 +36,7 @@ local function gcra_steps()
     end
     local retry = over and (r.new - tolerance - now) or 0
     local remaining = div(max(tolerance - (r.tat - now), 0), interval)
-    return remaining, retry, max(r.stored_tat - now, 0), 0
+    return remaining, retry, r.tat - now, 0
   end
 
   local function give_back(r, at, cost)
