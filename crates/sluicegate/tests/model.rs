@@ -10,8 +10,8 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use sluicegate::{
-    Algorithm, Check, Decision, Limit, ManualClock, MemoryStore, MemoryStoreConfig, RetryAfter,
-    Rule, RuleSpec,
+    Algorithm, Charge, Check, Decision, Limit, ManualClock, MemoryStore, MemoryStoreConfig,
+    RetryAfter, Rule, RuleSpec,
 };
 use std::sync::Arc;
 
@@ -266,6 +266,7 @@ impl Model {
         t: u64,
         cost: u64,
         id: Option<&str>,
+        charge: Charge,
     ) -> (Decision, Vec<Decision>) {
         let evals: Vec<ModelEval> = rules
             .iter()
@@ -280,7 +281,7 @@ impl Model {
         let per_rule: Vec<Decision> = rules
             .iter()
             .zip(&evals)
-            .map(|(&(i, _), e)| {
+            .map(|(&(i, rule), e)| {
                 let state = self.keys.get_mut(&(i, key.to_owned())).unwrap();
                 match (all, e.fit) {
                     (true, Fit::Repeat(release)) => Decision {
@@ -301,6 +302,17 @@ impl Model {
                             }
                         }
                         e.admitted
+                    }
+                    // docs/SPEC.md, "Charging refusals": a fixed window that refuses
+                    // counts the units all the same, then answers as refused after them.
+                    (false, Fit::Over | Fit::Never)
+                        if charge == Charge::Attempted
+                            && cost > 0
+                            && rule.algorithm() == Algorithm::FixedWindow =>
+                    {
+                        state.admissions.push((e.now, cost));
+                        state.latest = e.now;
+                        model_evaluate(rule, state, t, cost, id).refused
                     }
                     (false, fit) => Decision {
                         allowed: matches!(fit, Fit::Fits | Fit::Repeat(_)),
@@ -378,7 +390,7 @@ fn event_strategy() -> impl Strategy<Value = Event> {
 
 const KEYS: [&str; 3] = ["user:1", "user:{1}", ""];
 
-fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> {
+fn run_trace(specs: &[RuleSpec], events: &[Event], charge: Charge) -> Result<(), TestCaseError> {
     let rules: Vec<Rule> = specs
         .iter()
         .enumerate()
@@ -415,9 +427,10 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
             cost: event.cost,
             request_id: id.as_deref(),
             at: Some(t),
+            charge,
         };
         let got = store.check_now(&check).unwrap();
-        let (want, want_limits) = model.check(&chosen, key, t, event.cost, id.as_deref());
+        let (want, want_limits) = model.check(&chosen, key, t, event.cost, id.as_deref(), charge);
         prop_assert_eq!(
             got.limits(),
             &want_limits,
@@ -446,7 +459,7 @@ proptest! {
         spec in rule_strategy(),
         events in prop::collection::vec(event_strategy(), 1..150),
     ) {
-        run_trace(&[spec], &events)?;
+        run_trace(&[spec], &events, Charge::Admitted)?;
     }
 
     /// Several rules per check: all-or-nothing and the combined decision.
@@ -455,7 +468,18 @@ proptest! {
         specs in prop::collection::vec(rule_strategy(), 2..=3),
         events in prop::collection::vec(event_strategy(), 1..120),
     ) {
-        run_trace(&specs, &events)?;
+        run_trace(&specs, &events, Charge::Admitted)?;
+    }
+
+    /// Refusals charged (`Charge::Attempted`), one rule or several: fixed windows count
+    /// what they refuse, the rules that would have allowed record nothing, the other
+    /// algorithms are as without the charge.
+    #[test]
+    fn charged_refusals_match_model(
+        specs in prop::collection::vec(rule_strategy(), 1..=3),
+        events in prop::collection::vec(event_strategy(), 1..120),
+    ) {
+        run_trace(&specs, &events, Charge::Attempted)?;
     }
 }
 
@@ -487,7 +511,9 @@ fn every_algorithm_matches_model() {
             prop::collection::vec(event_strategy(), 1..150),
         );
         runner
-            .run(&strategy, |(spec, events)| run_trace(&[spec], &events))
+            .run(&strategy, |(spec, events)| {
+                run_trace(&[spec], &events, Charge::Admitted)
+            })
             .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
     }
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use sluicegate::store::redis::{KeyKind, hash_slot, redis_key};
 use sluicegate::{
-    Algorithm, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, Outcome,
-    RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
+    Algorithm, Charge, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig,
+    Outcome, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
 };
 use sluicegate_test_support::{self as support, cmd};
 
@@ -78,6 +78,7 @@ struct Line {
     cost: u64,
     request_id: Option<String>,
     at: u64,
+    charge: Charge,
 }
 
 impl Trace {
@@ -108,11 +109,18 @@ impl Trace {
             _ => vec![(0, key), (1, other)],
         };
         let request_id = (random.below(4) == 0).then(|| format!("req-{}", random.below(5)));
+        // A third of the checks charge their refusals, among checks that do not.
+        let charge = if random.below(3) == 0 {
+            Charge::Attempted
+        } else {
+            Charge::Admitted
+        };
         Line {
             limits,
             cost: random.below(4),
             request_id,
             at: self.t,
+            charge,
         }
     }
 }
@@ -135,6 +143,7 @@ fn check_of<'a>(limits: &'a [Limit<'a>], line: &'a Line) -> Check<'a> {
         cost: line.cost,
         request_id: line.request_id.as_deref(),
         at: Some(line.at),
+        charge: line.charge,
     }
 }
 
@@ -157,8 +166,8 @@ async fn differential(
         let got = store.check(&check).await.unwrap();
         assert_eq!(
             got, want,
-            "{algorithm} {layout:?} seed {seed} line {n}: t={} limits={:?} cost={} id={:?}",
-            line.at, line.limits, line.cost, line.request_id
+            "{algorithm} {layout:?} seed {seed} line {n}: t={} limits={:?} cost={} id={:?} {:?}",
+            line.at, line.limits, line.cost, line.request_id, line.charge
         );
     }
 }

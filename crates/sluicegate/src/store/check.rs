@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::error::StoreError;
+pub use crate::algorithm::Charge;
 use crate::decision::Decision;
 use crate::policy::FailurePolicy;
 use crate::rule::{EXACT_LIMIT, MAX_TIME, Rule};
@@ -44,6 +45,8 @@ pub struct Check<'a> {
     /// The caller's clock (µs since the epoch), for replay, simulation and tests; `None`
     /// uses the store's own clock.
     pub at: Option<u64>,
+    /// What a refusal records: by default nothing.
+    pub charge: Charge,
 }
 
 impl<'a> Check<'a> {
@@ -54,6 +57,7 @@ impl<'a> Check<'a> {
             cost,
             request_id: None,
             at: None,
+            charge: Charge::Admitted,
         }
     }
 

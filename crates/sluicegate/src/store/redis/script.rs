@@ -10,7 +10,7 @@ use super::error::CallError;
 use super::keys::{KeyKind, redis_key};
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::{Algorithm, LogLayout, Rule};
-use crate::store::check::Check;
+use crate::store::check::{Charge, Check};
 
 /// The check script, joined from its pieces in this order (each uses only the ones before
 /// it); see the header of `lua/prelude.lua` for the arguments.
@@ -41,6 +41,9 @@ mod code {
     pub(super) const CHECK: &str = "check";
     pub(super) const DRY: &str = "dry";
     pub(super) const UNDO: &str = "undo";
+    /// `CHECK` and `DRY` with refusals charged (`Charge::Attempted`).
+    pub(super) const CHARGE: &str = "charge";
+    pub(super) const DRY_CHARGE: &str = "dry-charge";
 
     /// Bits of a rule's status.
     pub(super) const ALLOWS: i64 = 1;
@@ -62,11 +65,13 @@ pub(super) enum Mode<'a> {
 }
 
 impl Mode<'_> {
-    fn name(self) -> &'static str {
-        match self {
-            Mode::Check => code::CHECK,
-            Mode::Dry => code::DRY,
-            Mode::Undo(_) => code::UNDO,
+    fn name(self, charge: Charge) -> &'static str {
+        match (self, charge) {
+            (Mode::Check, Charge::Attempted) => code::CHARGE,
+            (Mode::Check, _) => code::CHECK,
+            (Mode::Dry, Charge::Attempted) => code::DRY_CHARGE,
+            (Mode::Dry, _) => code::DRY,
+            (Mode::Undo(_), _) => code::UNDO,
         }
     }
 }
@@ -172,7 +177,7 @@ impl ScriptCheck {
             at: check.at,
             cost: check.cost,
             request_id: check.request_id.map(str::to_owned),
-            mode: mode.name(),
+            mode: mode.name(check.charge),
             rules,
         }
     }

@@ -155,8 +155,15 @@ local function run_check(shape, k)
     local now, verdict = r.now, r.verdict
     local fits = all_allow and verdict == 'fits'
     local recorded = fits and cost > 0
+    -- A charged refusal: the fixed window counts it, and answers as refused after it.
+    local charged = shape.charge and cost > 0 and r.algorithm == FIXED_WINDOW
+      and (verdict == 'over' or verdict == 'never')
     if recorded then
       r:record(cost, shape.margin)
+    elseif charged then
+      local units_charged = min(cost, MAX_CHARGED_COUNT - r.count)
+      r:record(units_charged, shape.margin)
+      r.count = r.count + units_charged
     end
     local remaining, retry, reset, delay = r:answer(fits, verdict == 'over', units)
     local status = (verdict == 'fits' or verdict == 'repeat') and ALLOWS or 0
@@ -191,11 +198,12 @@ for h = 1, shape_count do
   local rule_count, undo = tonumber(argv[p + 5]), argv[p + 4] == UNDO
   -- t: the client's time, or false for Redis TIME; margin: see ttl_ms. keys_per_rule: the
   -- state, and with a request id, its request ids and release times (KEYS). dry: any mode
-  -- but CHECK and UNDO.
+  -- but CHECK, CHARGE and UNDO. charge: a refusing fixed window records the cost.
   local shape = {
     t = tonumber(argv[p + 1]) or false, margin = argv[p + 1] == '' and 0 or 60000,
     cost = tonumber(argv[p + 2]), request_id = argv[p + 3],
-    undo = undo, dry = argv[p + 4] ~= CHECK, keys_per_rule = argv[p + 3] == '' and 1 or 3,
+    undo = undo, dry = argv[p + 4] ~= CHECK and argv[p + 4] ~= CHARGE,
+    charge = argv[p + 4] == CHARGE or argv[p + 4] == DRY_CHARGE, keys_per_rule = argv[p + 3] == '' and 1 or 3,
     rule_count = rule_count, specs = {}, undo_at = undo and {},
   }
   for i = 1, rule_count do

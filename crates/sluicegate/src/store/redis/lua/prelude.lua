@@ -41,7 +41,9 @@
 --            request id, or ''
 --            mode: CHECK; 'dry' (answer as if another rule had refused: record
 --              nothing); UNDO (give back an admission of `cost` made at the times
---              given per rule)
+--              given per rule); CHARGE and DRY_CHARGE are CHECK and 'dry' where a
+--              fixed window that refuses records the cost all the same (docs/SPEC.md,
+--              "Charging refusals")
 --            number of rules R, then per rule its number among the S rules (from 1) and,
 --              for UNDO only, the time the admission was recorded at ('' for none)
 --          Then the number of checks C, and when H > 1, per check the number of its shape
@@ -60,7 +62,10 @@
 local SLIDING_LOG, SLIDING_COUNTER, FIXED_WINDOW, TOKEN_BUCKET, LEAKY_BUCKET = 1, 2, 3, 4, 5
 local ZSET, COMPACT = 0, 1
 -- The modes the script tells apart; 'dry' is evaluated as CHECK is, but never records.
-local CHECK, UNDO = 'check', 'undo'
+local CHECK, UNDO, CHARGE, DRY_CHARGE = 'check', 'undo', 'charge', 'dry-charge'
+-- The most units a charged fixed window counts: every count at or above its limit refuses
+-- alike, and below 2^53 a count is exact.
+local MAX_CHARGED_COUNT = 2 ^ 53 - 1
 local ALLOWS, RECORDED = 1, 2
 local NEVER = -1
 local GIVEN_BACK = 1
