@@ -7,8 +7,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use sluicegate::{AnyStore, Check, Decision, Limit, Limiter, Outcome, Rule, StoreError};
+use sluicegate::{
+    AnyStore, Charge, Check, DecidedBy, Decision, Limit, Limiter, Outcome, Rule, StoreError,
+};
 
+use crate::compat::{Compat, Counting};
 use crate::config::{Config, ConfiguredLimit, Entry, UnknownDomain};
 use crate::metrics::{Metrics, RuleMetrics};
 
@@ -24,6 +27,11 @@ pub struct ServiceOptions {
     /// Not ready (`/readyz` 503) while a Redis server's `maxmemory-policy` may evict keys,
     /// or cannot be read.
     pub require_noeviction: bool,
+    /// Whose semantics the service keeps (`--compat`).
+    pub compat: Compat,
+    /// How a request's descriptors are counted (`--compat` and
+    /// `--stop-increment-when-over-limit`, resolved by [`Compat::counting`]).
+    pub counting: Counting,
 }
 
 impl Default for ServiceOptions {
@@ -33,6 +41,8 @@ impl Default for ServiceOptions {
             legacy_headers: false,
             admin_token: None,
             require_noeviction: false,
+            compat: Compat::None,
+            counting: Counting::AllOrNothing,
         }
     }
 }
@@ -137,6 +147,26 @@ pub(crate) fn descriptor_key(entries: &[Entry]) -> String {
     key
 }
 
+/// The one cost a check of every limited descriptor takes: one check has one cost, so
+/// limited descriptors asking for different ones cannot be decided together.
+fn one_cost(matched: &[Option<&ConfiguredLimit>], costs: &[u64]) -> Result<u64, DecideError> {
+    let mut limited = matched
+        .iter()
+        .zip(costs)
+        .enumerate()
+        .filter(|(_, (limit, _))| limit.is_some_and(|l| l.rule.is_some()));
+    let Some((_, (_, &first))) = limited.next() else {
+        return Ok(costs.first().copied().unwrap_or(1));
+    };
+    match limited.find(|(_, (_, cost))| **cost != first) {
+        Some((i, _)) => Err(DecideError::Invalid(format!(
+            "descriptors[{i}].hits_addend: every limited descriptor of one request must add \
+             the same number of hits (or run with --compat envoy)"
+        ))),
+        None => Ok(first),
+    }
+}
+
 /// The most descriptors one request may carry.
 pub(crate) const MAX_DESCRIPTORS: usize = 64;
 /// The most entries one descriptor may carry.
@@ -199,7 +229,7 @@ impl Service {
         &self,
         domain: &str,
         descriptors: &[Vec<Entry>],
-        cost: u64,
+        costs: &[u64],
         request_id: Option<&str>,
     ) -> Result<Decided, DecideError> {
         if descriptors.is_empty() {
@@ -256,53 +286,43 @@ impl Service {
             .flatten()
             .any(|l| l.blocked && !l.shadow_mode);
 
-        // Enforced limits are decided together, all-or-nothing; shadow ones apart, so that
-        // they can never refuse or hold back the others.
         let keys: Vec<String> = descriptors.iter().map(|d| descriptor_key(d)).collect();
-        let mut enforced: Vec<Limit<'_>> = Vec::new();
-        let mut shadow: Vec<Limit<'_>> = Vec::new();
-        let mut slot_of: Vec<Option<(bool, usize)>> = Vec::new();
-        for (limit, key) in matched.iter().zip(&keys) {
-            let slot = limit.and_then(|l| {
-                let rule = l.rule.as_ref()?;
-                let list = if l.shadow_mode {
-                    &mut shadow
-                } else {
-                    &mut enforced
-                };
-                let index = list
-                    .iter()
-                    .position(|x| x.key == key && x.rule.same_identity(rule))
-                    .unwrap_or_else(|| {
-                        list.push(Limit { rule, key });
-                        list.len() - 1
-                    });
-                Some((l.shadow_mode, index))
-            });
-            slot_of.push(slot);
-        }
-        // A block refuses the request without asking the store.
-        let outcome = if enforced.is_empty() || blocked {
-            None
-        } else {
-            Some(self.run(&enforced, cost, request_id).await?)
-        };
-        let shadow_outcome = if shadow.is_empty() {
-            None
-        } else {
-            Some(self.run(&shadow, cost, request_id).await?)
+        let (decisions, outcome) = match self.options.counting {
+            Counting::EachDescriptor => {
+                self.decide_each(&matched, &keys, costs, request_id).await?
+            }
+            Counting::AllOrNothing => {
+                self.decide_together(
+                    &matched,
+                    &keys,
+                    costs,
+                    request_id,
+                    blocked,
+                    Charge::Admitted,
+                )
+                .await?
+            }
+            Counting::StopIncrementWhenOverLimit => {
+                self.decide_together(
+                    &matched,
+                    &keys,
+                    costs,
+                    request_id,
+                    blocked,
+                    Charge::Attempted,
+                )
+                .await?
+            }
         };
 
         let descriptors = matched
             .iter()
-            .zip(&slot_of)
+            .zip(decisions)
             .zip(descriptors)
-            .map(|((limit, slot), entries)| {
-                let decision = match (limit, slot) {
-                    (Some(l), _) if l.blocked => Some(BLOCKED),
-                    (_, Some((false, i))) => outcome.as_ref().map(|o| o.limits()[*i]),
-                    (_, Some((true, i))) => shadow_outcome.as_ref().map(|o| o.limits()[*i]),
-                    _ => None,
+            .map(|((limit, decision), entries)| {
+                let decision = match limit {
+                    Some(l) if l.blocked => Some(BLOCKED),
+                    _ => decision,
                 };
                 if let (Some(l), Some(decision)) = (limit, &decision) {
                     match (entries.last(), live.rule_metrics.get(&l.path)) {
@@ -332,6 +352,101 @@ impl Service {
             outcome,
             blocked,
         })
+    }
+
+    /// sluicegate's counting (and envoy's with `--stop-increment-when-over-limit`): the
+    /// enforced limits in one check, under `charge`; shadow ones in another, so that they
+    /// can never refuse or hold back the others. Two descriptors that land on the same
+    /// rule and key share one limit and one answer. A block refuses the request without
+    /// asking the store. Each descriptor's decision, and the enforced limits' outcome.
+    async fn decide_together(
+        &self,
+        matched: &[Option<&ConfiguredLimit>],
+        keys: &[String],
+        costs: &[u64],
+        request_id: Option<&str>,
+        blocked: bool,
+        charge: Charge,
+    ) -> Result<(Vec<Option<Decision>>, Option<Outcome>), DecideError> {
+        let cost = one_cost(matched, costs)?;
+        let mut enforced: Vec<Limit<'_>> = Vec::new();
+        let mut shadow: Vec<Limit<'_>> = Vec::new();
+        let mut slot_of: Vec<Option<(bool, usize)>> = Vec::new();
+        for (limit, key) in matched.iter().zip(keys) {
+            let slot = limit.and_then(|l| {
+                let rule = l.rule.as_ref()?;
+                let list = if l.shadow_mode {
+                    &mut shadow
+                } else {
+                    &mut enforced
+                };
+                let index = list
+                    .iter()
+                    .position(|x| x.key == key && x.rule.same_identity(rule))
+                    .unwrap_or_else(|| {
+                        list.push(Limit { rule, key });
+                        list.len() - 1
+                    });
+                Some((l.shadow_mode, index))
+            });
+            slot_of.push(slot);
+        }
+        let outcome = if enforced.is_empty() || blocked {
+            None
+        } else {
+            Some(self.run(&enforced, cost, request_id, charge).await?)
+        };
+        let shadow_outcome = if shadow.is_empty() {
+            None
+        } else {
+            Some(self.run(&shadow, cost, request_id, charge).await?)
+        };
+        let decisions = slot_of
+            .iter()
+            .map(|slot| match slot {
+                Some((false, i)) => outcome.as_ref().map(|o| o.limits()[*i]),
+                Some((true, i)) => shadow_outcome.as_ref().map(|o| o.limits()[*i]),
+                None => None,
+            })
+            .collect();
+        Ok((decisions, outcome))
+    }
+
+    /// envoy's counting: each limited descriptor a check of its own, at its own cost, its
+    /// refusal charged; in request order, as envoy's pipeline runs. The outcome combines
+    /// the enforced ones (docs/SPEC.md, "Several rules in one check", for the fields).
+    async fn decide_each(
+        &self,
+        matched: &[Option<&ConfiguredLimit>],
+        keys: &[String],
+        costs: &[u64],
+        request_id: Option<&str>,
+    ) -> Result<(Vec<Option<Decision>>, Option<Outcome>), DecideError> {
+        let mut decisions = Vec::with_capacity(matched.len());
+        let mut enforced = Vec::new();
+        let mut decided_by = DecidedBy::Store;
+        for ((limit, key), &cost) in matched.iter().zip(keys).zip(costs) {
+            let Some((l, rule)) = limit.and_then(|l| Some(l).zip(l.rule.as_ref())) else {
+                decisions.push(None);
+                continue;
+            };
+            let outcome = self
+                .run(&[Limit { rule, key }], cost, request_id, Charge::Attempted)
+                .await?;
+            if !l.shadow_mode {
+                enforced.push(outcome.decision);
+                if outcome.decided_by != DecidedBy::Store {
+                    decided_by = outcome.decided_by;
+                }
+            }
+            decisions.push(Some(outcome.decision));
+        }
+        let outcome = Decision::combine(&enforced).map(|decision| {
+            let mut outcome = Outcome::single(decision);
+            outcome.decided_by = decided_by;
+            outcome
+        });
+        Ok((decisions, outcome))
     }
 
     /// Forgets the state of every limit `descriptors` match, as if they had never been
@@ -365,9 +480,11 @@ impl Service {
         limits: &[Limit<'_>],
         cost: u64,
         request_id: Option<&str>,
+        charge: Charge,
     ) -> Result<Outcome, DecideError> {
         let check = Check {
             request_id,
+            charge,
             ..Check::new(limits, cost)
         };
         let started = std::time::Instant::now();

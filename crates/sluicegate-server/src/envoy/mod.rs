@@ -16,33 +16,29 @@ use sluicegate::{Decision, Rule, headers};
 use crate::config::Entry;
 use crate::service::{DecideError, Decided, DescriptorOutcome, Service};
 
-/// Decides one `RateLimitRequest`: every descriptor together, all-or-nothing.
+/// Decides one `RateLimitRequest` (how its descriptors count: `--compat`).
 pub(crate) async fn should_rate_limit(
     service: &Service,
     request: &RateLimitRequest,
 ) -> Result<RateLimitResponse, DecideError> {
-    let (descriptors, cost) = descriptors_and_cost(request)?;
+    let (descriptors, costs) = descriptors_and_costs(request)?;
     let decided = service
-        .decide(&request.domain, &descriptors, cost, None)
+        .decide(&request.domain, &descriptors, &costs, None)
         .await?;
     Ok(response(&decided, service.options().legacy_headers))
 }
 
-/// The request's descriptors as entries, and the one cost they share. Envoy: an unset
-/// `hits_addend` means 1. One check has one cost, so descriptors asking for different
-/// ones cannot be decided together.
-fn descriptors_and_cost(request: &RateLimitRequest) -> Result<(Vec<Vec<Entry>>, u64), DecideError> {
+/// The request's descriptors as entries, and the hits each adds. Envoy: a descriptor's
+/// own `hits_addend` when set, else the request's, where 0 (unset) means 1
+/// (envoyproxy/ratelimit@f2fb157 src/utils/utilities.go:75-90); 0 only looks.
+fn descriptors_and_costs(
+    request: &RateLimitRequest,
+) -> Result<(Vec<Vec<Entry>>, Vec<u64>), DecideError> {
     let request_cost = u64::from(request.hits_addend.max(1));
-    let mut cost = None;
+    let mut costs = Vec::with_capacity(request.descriptors.len());
     let mut descriptors = Vec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.iter().enumerate() {
-        let own = d.hits_addend.map_or(request_cost, |h| h.value);
-        if *cost.get_or_insert(own) != own {
-            return Err(DecideError::Invalid(format!(
-                "descriptors[{i}].hits_addend: every descriptor of one request must add \
-                 the same number of hits"
-            )));
-        }
+        costs.push(d.hits_addend.map_or(request_cost, |h| h.value));
         if d.limit.is_some() {
             return Err(DecideError::Invalid(format!(
                 "descriptors[{i}].limit: per-request limit overrides are not supported; \
@@ -59,7 +55,7 @@ fn descriptors_and_cost(request: &RateLimitRequest) -> Result<(Vec<Vec<Entry>>, 
             .collect();
         descriptors.push(entries);
     }
-    Ok((descriptors, cost.unwrap_or(request_cost)))
+    Ok((descriptors, costs))
 }
 
 /// The answer: a status per descriptor, in request order, and the headers Envoy adds.
