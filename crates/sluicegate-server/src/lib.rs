@@ -7,6 +7,7 @@ mod config;
 mod envoy;
 mod grpc;
 mod http;
+mod limit_override;
 mod metrics;
 mod server;
 mod service;

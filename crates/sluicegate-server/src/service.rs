@@ -13,6 +13,7 @@ use sluicegate::{
 
 use crate::compat::{Compat, Counting};
 use crate::config::{Config, ConfiguredLimit, Entry, UnknownDomain};
+use crate::limit_override::LimitOverride;
 use crate::metrics::{Metrics, RuleMetrics};
 
 /// How the front ends answer, beside what the configuration says.
@@ -230,6 +231,7 @@ impl Service {
         domain: &str,
         descriptors: &[Vec<Entry>],
         costs: &[u64],
+        overrides: &[Option<LimitOverride>],
         request_id: Option<&str>,
     ) -> Result<Decided, DecideError> {
         if descriptors.is_empty() {
@@ -266,6 +268,24 @@ impl Service {
         let live = self.live();
         let config = &live.config;
         let mut matched = matched(config, domain, descriptors)?;
+        // A descriptor's `limit` takes the place of what it matched (limit_override.rs).
+        let overridden = descriptors
+            .iter()
+            .zip(&matched)
+            .zip(overrides)
+            .enumerate()
+            .map(|(i, ((entries, configured), limit))| {
+                limit
+                    .map(|o| o.apply(domain, entries, *configured))
+                    .transpose()
+                    .map_err(|e| DecideError::Invalid(format!("descriptors[{i}].{e}")))
+            })
+            .collect::<Result<Vec<Option<ConfiguredLimit>>, DecideError>>()?;
+        for (limit, overridden) in matched.iter_mut().zip(&overridden) {
+            if let Some(overridden) = overridden {
+                *limit = Some(overridden);
+            }
+        }
         // envoyproxy/ratelimit's `replaces`: a matched limit that names another one takes its
         // place for this request.
         let replaced: Vec<&str> = matched

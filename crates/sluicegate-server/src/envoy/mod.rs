@@ -14,6 +14,7 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluicegate::{Decision, Rule, headers};
 
 use crate::config::Entry;
+use crate::limit_override::LimitOverride;
 use crate::service::{DecideError, Decided, DescriptorOutcome, Service};
 
 /// Decides one `RateLimitRequest` (how its descriptors count: `--compat`).
@@ -21,41 +22,60 @@ pub(crate) async fn should_rate_limit(
     service: &Service,
     request: &RateLimitRequest,
 ) -> Result<RateLimitResponse, DecideError> {
-    let (descriptors, costs) = descriptors_and_costs(request)?;
+    let asked = descriptors_of(request)?;
     let decided = service
-        .decide(&request.domain, &descriptors, &costs, None)
+        .decide(
+            &request.domain,
+            &asked.entries,
+            &asked.costs,
+            &asked.overrides,
+            None,
+        )
         .await?;
     Ok(response(&decided, service.options().legacy_headers))
 }
 
-/// The request's descriptors as entries, and the hits each adds. Envoy: a descriptor's
-/// own `hits_addend` when set, else the request's, where 0 (unset) means 1
-/// (envoyproxy/ratelimit@f2fb157 src/utils/utilities.go:75-90); 0 only looks.
-fn descriptors_and_costs(
-    request: &RateLimitRequest,
-) -> Result<(Vec<Vec<Entry>>, Vec<u64>), DecideError> {
+/// A request's descriptors, field by field, in request order.
+struct Asked {
+    entries: Vec<Vec<Entry>>,
+    /// The hits each adds. Envoy: a descriptor's own `hits_addend` when set, else the
+    /// request's, where 0 (unset) means 1 (envoyproxy/ratelimit@f2fb157
+    /// src/utils/utilities.go:75-90); 0 only looks.
+    costs: Vec<u64>,
+    /// Each descriptor's `limit`, numbers sent in place of the configured ones.
+    overrides: Vec<Option<LimitOverride>>,
+}
+
+fn descriptors_of(request: &RateLimitRequest) -> Result<Asked, DecideError> {
     let request_cost = u64::from(request.hits_addend.max(1));
-    let mut costs = Vec::with_capacity(request.descriptors.len());
-    let mut descriptors = Vec::with_capacity(request.descriptors.len());
+    let count = request.descriptors.len();
+    let mut asked = Asked {
+        entries: Vec::with_capacity(count),
+        costs: Vec::with_capacity(count),
+        overrides: Vec::with_capacity(count),
+    };
     for (i, d) in request.descriptors.iter().enumerate() {
-        costs.push(d.hits_addend.map_or(request_cost, |h| h.value));
-        if d.limit.is_some() {
-            return Err(DecideError::Invalid(format!(
-                "descriptors[{i}].limit: per-request limit overrides are not supported; \
-                 configure the rule instead"
-            )));
-        }
-        let entries = d
-            .entries
-            .iter()
-            .map(|e| Entry {
-                key: e.key.clone(),
-                value: e.value.clone(),
-            })
-            .collect();
-        descriptors.push(entries);
+        asked
+            .costs
+            .push(d.hits_addend.map_or(request_cost, |h| h.value));
+        let limit = d
+            .limit
+            .as_ref()
+            .map(|l| LimitOverride::new(l.requests_per_unit, l.unit))
+            .transpose()
+            .map_err(|e| DecideError::Invalid(format!("descriptors[{i}].{e}")))?;
+        asked.overrides.push(limit);
+        asked.entries.push(
+            d.entries
+                .iter()
+                .map(|e| Entry {
+                    key: e.key.clone(),
+                    value: e.value.clone(),
+                })
+                .collect(),
+        );
     }
-    Ok((descriptors, costs))
+    Ok(asked)
 }
 
 /// The answer: a status per descriptor, in request order, and the headers Envoy adds.

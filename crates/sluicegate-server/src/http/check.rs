@@ -98,6 +98,7 @@ pub(super) async fn check(
             &request.domain,
             &descriptors,
             &vec![request.cost; descriptors.len()],
+            &[],
             request.request_id.as_deref(),
         )
         .await?;
