@@ -20,7 +20,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::UInt64Value;
 use tonic::transport::Channel;
 
-/// `a`: 2 a day, `b`: 5 a day.
+/// `a`: 2 a day, `b` and `c`: 5 a day.
 const CONFIG: &str = "domain: counting
 descriptors:
   - key: a
@@ -28,6 +28,10 @@ descriptors:
       unit: day
       requests_per_unit: 2
   - key: b
+    rate_limit:
+      unit: day
+      requests_per_unit: 5
+  - key: c
     rate_limit:
       unit: day
       requests_per_unit: 5
@@ -124,6 +128,10 @@ async fn all_or_nothing(store: Store) {
         ask(&mut c, &[("b", None), ("b", None)]).await,
         ('O', vec![('O', 1), ('O', 1)])
     );
+    // A refusal costs nothing: 4 taken, 2 more refused, 1 more fits.
+    assert_eq!(ask(&mut c, &[("c", Some(4))]).await, ('O', vec![('O', 1)]));
+    assert_eq!(ask(&mut c, &[("c", Some(2))]).await, ('X', vec![('X', 1)]));
+    assert_eq!(ask(&mut c, &[("c", None)]).await, ('O', vec![('O', 0)]));
     // Different hits per limited descriptor cannot share one all-or-nothing check.
     let err = c
         .should_rate_limit(request(&[("a", Some(1)), ("b", Some(2))]))
@@ -146,9 +154,16 @@ async fn each_descriptor(store: Store) {
         ask(&mut c, &[("b", None), ("b", None)]).await,
         ('O', vec![('O', 1), ('O', 0)])
     );
-    // A refused request's hits count: 0 left now, and the next is refused too.
-    assert_eq!(ask(&mut c, &[("b", Some(3))]).await, ('X', vec![('X', 0)]));
     assert_eq!(ask(&mut c, &[("b", Some(0))]).await.0, 'X');
+    refused_hits_count(&mut c).await;
+}
+
+/// envoy's counting of one descriptor, in both envoy modes: 4 taken, 2 more refused but
+/// counted, so 1 more is refused too.
+async fn refused_hits_count(c: &mut RateLimitServiceClient<Channel>) {
+    assert_eq!(ask(c, &[("c", Some(4))]).await, ('O', vec![('O', 1)]));
+    assert_eq!(ask(c, &[("c", Some(2))]).await, ('X', vec![('X', 0)]));
+    assert_eq!(ask(c, &[("c", None)]).await, ('X', vec![('X', 0)]));
 }
 
 /// Each descriptor is charged its own `hits_addend` under --compat envoy.
@@ -175,6 +190,7 @@ async fn stop_increment(store: Store) {
     // `a` goes over and counts; `b` does not count.
     assert_eq!(ask(&mut c, AB).await, ('X', vec![('X', 0), ('O', 3)]));
     assert_eq!(ask(&mut c, &[("b", None)]).await, ('O', vec![('O', 2)]));
+    refused_hits_count(&mut c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
