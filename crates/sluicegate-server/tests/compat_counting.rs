@@ -20,7 +20,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::UInt64Value;
 use tonic::transport::Channel;
 
-/// `a`: 2 a day, `b` and `c`: 5 a day.
+/// `a`: 2 a day, `b`, `c` and `d`: 5 a day.
 const CONFIG: &str = "domain: counting
 descriptors:
   - key: a
@@ -32,6 +32,10 @@ descriptors:
       unit: day
       requests_per_unit: 5
   - key: c
+    rate_limit:
+      unit: day
+      requests_per_unit: 5
+  - key: d
     rate_limit:
       unit: day
       requests_per_unit: 5
@@ -164,6 +168,11 @@ async fn refused_hits_count(c: &mut RateLimitServiceClient<Channel>) {
     assert_eq!(ask(c, &[("c", Some(4))]).await, ('O', vec![('O', 1)]));
     assert_eq!(ask(c, &[("c", Some(2))]).await, ('X', vec![('X', 0)]));
     assert_eq!(ask(c, &[("c", None)]).await, ('X', vec![('X', 0)]));
+    // The same when the refusal could be foreseen (the negative cache on Redis predicts
+    // it from the admission): it is counted too.
+    assert_eq!(ask(c, &[("d", Some(4))]).await, ('O', vec![('O', 1)]));
+    assert_eq!(ask(c, &[("d", Some(4))]).await, ('X', vec![('X', 0)]));
+    assert_eq!(ask(c, &[("d", None)]).await, ('X', vec![('X', 0)]));
 }
 
 /// Each descriptor is charged its own `hits_addend` under --compat envoy.
