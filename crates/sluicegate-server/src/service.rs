@@ -148,26 +148,6 @@ pub(crate) fn descriptor_key(entries: &[Entry]) -> String {
     key
 }
 
-/// The one cost a check of every limited descriptor takes: one check has one cost, so
-/// limited descriptors asking for different ones cannot be decided together.
-fn one_cost(matched: &[Option<&ConfiguredLimit>], costs: &[u64]) -> Result<u64, DecideError> {
-    let mut limited = matched
-        .iter()
-        .zip(costs)
-        .enumerate()
-        .filter(|(_, (limit, _))| limit.is_some_and(|l| l.rule.is_some()));
-    let Some((_, (_, &first))) = limited.next() else {
-        return Ok(costs.first().copied().unwrap_or(1));
-    };
-    match limited.find(|(_, (_, cost))| **cost != first) {
-        Some((i, _)) => Err(DecideError::Invalid(format!(
-            "descriptors[{i}].hits_addend: every limited descriptor of one request must add \
-             the same number of hits (or run with --compat envoy)"
-        ))),
-        None => Ok(first),
-    }
-}
-
 /// The most descriptors one request may carry.
 pub(crate) const MAX_DESCRIPTORS: usize = 64;
 /// The most entries one descriptor may carry.
@@ -388,11 +368,12 @@ impl Service {
         blocked: bool,
         charge: Charge,
     ) -> Result<(Vec<Option<Decision>>, Option<Outcome>), DecideError> {
-        let cost = one_cost(matched, costs)?;
-        let mut enforced: Vec<Limit<'_>> = Vec::new();
-        let mut shadow: Vec<Limit<'_>> = Vec::new();
+        // Each limit at its own cost: two descriptors on one rule and key are one limit,
+        // at the larger of their costs.
+        let mut enforced: Vec<(Limit<'_>, u64)> = Vec::new();
+        let mut shadow: Vec<(Limit<'_>, u64)> = Vec::new();
         let mut slot_of: Vec<Option<(bool, usize)>> = Vec::new();
-        for (limit, key) in matched.iter().zip(keys) {
+        for ((limit, key), &cost) in matched.iter().zip(keys).zip(costs) {
             let slot = limit.and_then(|l| {
                 let rule = l.rule.as_ref()?;
                 let list = if l.shadow_mode {
@@ -400,13 +381,19 @@ impl Service {
                 } else {
                     &mut enforced
                 };
-                let index = list
+                let index = match list
                     .iter()
-                    .position(|x| x.key == key && x.rule.same_identity(rule))
-                    .unwrap_or_else(|| {
-                        list.push(Limit { rule, key });
+                    .position(|(x, _)| x.key == key && x.rule.same_identity(rule))
+                {
+                    Some(i) => {
+                        list[i].1 = list[i].1.max(cost);
+                        i
+                    }
+                    None => {
+                        list.push((Limit { rule, key }, cost));
                         list.len() - 1
-                    });
+                    }
+                };
                 Some((l.shadow_mode, index))
             });
             slot_of.push(slot);
@@ -414,12 +401,12 @@ impl Service {
         let outcome = if enforced.is_empty() || blocked {
             None
         } else {
-            Some(self.run(&enforced, cost, request_id, charge).await?)
+            Some(self.run_costed(&enforced, request_id, charge).await?)
         };
         let shadow_outcome = if shadow.is_empty() {
             None
         } else {
-            Some(self.run(&shadow, cost, request_id, charge).await?)
+            Some(self.run_costed(&shadow, request_id, charge).await?)
         };
         let decisions = slot_of
             .iter()
@@ -451,7 +438,13 @@ impl Service {
                 continue;
             };
             let outcome = self
-                .run(&[Limit { rule, key }], cost, request_id, Charge::Attempted)
+                .run(
+                    &[Limit { rule, key }],
+                    cost,
+                    &[],
+                    request_id,
+                    Charge::Attempted,
+                )
                 .await?;
             if !l.shadow_mode {
                 enforced.push(outcome.decision);
@@ -494,15 +487,37 @@ impl Service {
         Ok(forgotten)
     }
 
+    /// One check of `limits`, each at its own cost.
+    async fn run_costed(
+        &self,
+        limits: &[(Limit<'_>, u64)],
+        request_id: Option<&str>,
+        charge: Charge,
+    ) -> Result<Outcome, DecideError> {
+        let (limits, costs): (Vec<Limit<'_>>, Vec<u64>) = limits.iter().copied().unzip();
+        // One cost for all, the common case, keeps the check's cheaper shape.
+        let uniform = costs.iter().all(|&c| c == costs[0]);
+        self.run(
+            &limits,
+            costs[0],
+            if uniform { &[] } else { &costs },
+            request_id,
+            charge,
+        )
+        .await
+    }
+
     /// One check of `limits`, timed and counted.
     async fn run(
         &self,
         limits: &[Limit<'_>],
         cost: u64,
+        costs: &[u64],
         request_id: Option<&str>,
         charge: Charge,
     ) -> Result<Outcome, DecideError> {
         let check = Check {
+            costs,
             request_id,
             charge,
             ..Check::new(limits, cost)

@@ -136,13 +136,16 @@ async fn all_or_nothing(store: Store) {
     assert_eq!(ask(&mut c, &[("c", Some(4))]).await, ('O', vec![('O', 1)]));
     assert_eq!(ask(&mut c, &[("c", Some(2))]).await, ('X', vec![('X', 1)]));
     assert_eq!(ask(&mut c, &[("c", None)]).await, ('O', vec![('O', 0)]));
-    // Different hits per limited descriptor cannot share one all-or-nothing check.
-    let err = c
-        .should_rate_limit(request(&[("a", Some(1)), ("b", Some(2))]))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
-    assert!(err.message().contains("hits_addend"), "{}", err.message());
+    // Each descriptor at its own hits, still all-or-nothing: d takes 2 while b takes its
+    // last; then b is over and d, held back, takes nothing.
+    assert_eq!(
+        ask(&mut c, &[("d", Some(2)), ("b", Some(1))]).await,
+        ('O', vec![('O', 3), ('O', 0)])
+    );
+    assert_eq!(
+        ask(&mut c, &[("d", Some(1)), ("b", Some(1))]).await,
+        ('X', vec![('O', 3), ('X', 0)])
+    );
 }
 
 /// envoy's counting: each descriptor counts its hits, refused or not.

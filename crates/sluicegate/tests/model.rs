@@ -264,13 +264,14 @@ impl Model {
         rules: &[(usize, &Rule)],
         key: &str,
         t: u64,
-        cost: u64,
+        costs: &[u64],
         id: Option<&str>,
         charge: Charge,
     ) -> (Decision, Vec<Decision>) {
         let evals: Vec<ModelEval> = rules
             .iter()
-            .map(|&(i, rule)| {
+            .zip(costs)
+            .map(|(&(i, rule), &cost)| {
                 let state = self.keys.entry((i, key.to_owned())).or_default();
                 model_evaluate(rule, state, t, cost, id)
             })
@@ -281,7 +282,8 @@ impl Model {
         let per_rule: Vec<Decision> = rules
             .iter()
             .zip(&evals)
-            .map(|(&(i, rule), e)| {
+            .zip(costs)
+            .map(|((&(i, rule), e), &cost)| {
                 let state = self.keys.get_mut(&(i, key.to_owned())).unwrap();
                 match (all, e.fit) {
                     (true, Fit::Repeat(release)) => Decision {
@@ -365,6 +367,8 @@ struct Event {
     step: Step,
     key: usize,
     cost: u64,
+    /// Each rule's own cost (`Check::costs`), instead of `cost` for all.
+    own_costs: Option<[u64; 3]>,
     /// Which of the rules the check names (bit mask; 0 means all).
     rules: u8,
     id: Option<u8>,
@@ -379,13 +383,17 @@ fn event_strategy() -> impl Strategy<Value = Event> {
         1 => (1u64..30).prop_map(Step::Back),
     ];
     let id = prop_oneof![3 => Just(None), 1 => (0u8..4).prop_map(Some)];
-    (step, 0usize..3, 0u64..=3, any::<u8>(), id).prop_map(|(step, key, cost, rules, id)| Event {
-        step,
-        key,
-        cost,
-        rules,
-        id,
-    })
+    let own_costs = prop::option::weighted(0.3, [0u64..=3, 0u64..=3, 0u64..=3]);
+    (step, 0usize..3, 0u64..=3, own_costs, any::<u8>(), id).prop_map(
+        |(step, key, cost, own_costs, rules, id)| Event {
+            step,
+            key,
+            cost,
+            own_costs,
+            rules,
+            id,
+        },
+    )
 }
 
 const KEYS: [&str; 3] = ["user:1", "user:{1}", ""];
@@ -422,15 +430,22 @@ fn run_trace(specs: &[RuleSpec], events: &[Event], charge: Charge) -> Result<(),
             .iter()
             .map(|&(_, rule)| Limit { rule, key })
             .collect();
+        let own_costs: Vec<u64> = event
+            .own_costs
+            .map_or(Vec::new(), |c| c[..limits.len()].to_vec());
         let check = Check {
             limits: &limits,
             cost: event.cost,
+            costs: &own_costs,
             request_id: id.as_deref(),
             at: Some(t),
             charge,
         };
         let got = store.check_now(&check).unwrap();
-        let (want, want_limits) = model.check(&chosen, key, t, event.cost, id.as_deref(), charge);
+        let costs: Vec<u64> = (0..limits.len())
+            .map(|i| own_costs.get(i).copied().unwrap_or(event.cost))
+            .collect();
+        let (want, want_limits) = model.check(&chosen, key, t, &costs, id.as_deref(), charge);
         prop_assert_eq!(
             got.limits(),
             &want_limits,

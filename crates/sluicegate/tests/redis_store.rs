@@ -76,6 +76,8 @@ struct Trace {
 struct Line {
     limits: Vec<(usize, &'static str)>,
     cost: u64,
+    /// Each limit's own cost, sometimes.
+    costs: Vec<u64>,
     request_id: Option<String>,
     at: u64,
     charge: Charge,
@@ -115,8 +117,14 @@ impl Trace {
         } else {
             Charge::Admitted
         };
+        let costs = if random.below(4) == 0 {
+            limits.iter().map(|_| random.below(4)).collect()
+        } else {
+            Vec::new()
+        };
         Line {
             limits,
+            costs,
             cost: random.below(4),
             request_id,
             at: self.t,
@@ -141,6 +149,7 @@ fn check_of<'a>(limits: &'a [Limit<'a>], line: &'a Line) -> Check<'a> {
     Check {
         limits,
         cost: line.cost,
+        costs: &line.costs,
         request_id: line.request_id.as_deref(),
         at: Some(line.at),
         charge: line.charge,
@@ -166,8 +175,8 @@ async fn differential(
         let got = store.check(&check).await.unwrap();
         assert_eq!(
             got, want,
-            "{algorithm} {layout:?} seed {seed} line {n}: t={} limits={:?} cost={} id={:?} {:?}",
-            line.at, line.limits, line.cost, line.request_id, line.charge
+            "{algorithm} {layout:?} seed {seed} line {n}: t={} limits={:?} cost={} costs={:?} id={:?} {:?}",
+            line.at, line.limits, line.cost, line.costs, line.request_id, line.charge
         );
     }
 }

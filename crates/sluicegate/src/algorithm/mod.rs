@@ -121,6 +121,11 @@ impl Evaluation {
         }
     }
 
+    /// Whether admitting records units (a peek does not).
+    pub(crate) fn records_admission(&self) -> bool {
+        self.cost > 0
+    }
+
     /// Whether this rule's own refusal records its units under `charge`.
     pub(crate) fn charged(&self, charge: Charge) -> bool {
         charge == Charge::Attempted
@@ -312,19 +317,20 @@ pub(crate) fn refusal_after_admission(
 }
 
 /// Evaluates one check against several rules (docs/SPEC.md, "Several rules in one check"):
-/// `states[i]` belongs to `rules[i]`. Nothing is recorded; pass the evaluations to
+/// `states[i]` belongs to `rules[i]`, which costs `cost_of(i)`. Nothing is recorded; pass the evaluations to
 /// [`finish_all`], which records only if every rule allows.
 pub(crate) fn evaluate_all(
     rules: &[&Rule],
     states: &[&mut RuleState],
     t: u64,
-    cost: u64,
+    cost_of: impl Fn(usize) -> u64,
     request_id: Option<&str>,
 ) -> Vec<Evaluation> {
     rules
         .iter()
         .zip(states)
-        .map(|(rule, state)| state.evaluate(rule, t, cost, request_id))
+        .enumerate()
+        .map(|(i, (rule, state))| state.evaluate(rule, t, cost_of(i), request_id))
         .collect()
 }
 

@@ -94,6 +94,8 @@ impl NegativeCache {
             && check.limits.len() <= MAX_LIMITS
             // A refusal that is charged must reach the store to be counted.
             && check.charge == Charge::Admitted
+            // Its entries hold one cost for every limit.
+            && check.costs.is_empty()
     }
 
     /// Each limit's rule fingerprint and key, length-prefixed so that no two lists of

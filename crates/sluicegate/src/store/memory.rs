@@ -217,15 +217,17 @@ impl MemoryStore {
         };
         self.sweep_if_due(&mut shard, t);
         if let Some(slot) = shard.table.find_mut(hash, |s| s.holds(rule, key)) {
-            let eval = slot.state.evaluate(rule, t, check.cost, check.request_id);
+            let eval = slot
+                .state
+                .evaluate(rule, t, check.cost_of(0), check.request_id);
             return Ok(slot
                 .state
                 .finish(rule, &eval, check.request_id, check.charge));
         }
         let mut state = RuleState::new(rule);
-        let eval = state.evaluate(rule, t, check.cost, check.request_id);
+        let eval = state.evaluate(rule, t, check.cost_of(0), check.request_id);
         let records = if eval.allows() {
-            check.cost > 0
+            eval.records_admission()
         } else {
             eval.charged(check.charge)
         };
@@ -258,7 +260,9 @@ impl MemoryStore {
         check: &Check<'_>,
     ) -> Option<crate::Decision> {
         let slot = shard.table.find(hash, |s| s.holds(rule, key))?;
-        let eval = slot.state.evaluate(rule, t, check.cost, check.request_id);
+        let eval = slot
+            .state
+            .evaluate(rule, t, check.cost_of(0), check.request_id);
         (!eval.allows() && !eval.charged(check.charge)).then(|| slot.state.refuse(rule, &eval))
     }
 
@@ -308,7 +312,8 @@ impl MemoryStore {
         let held: Vec<bool> = slots.iter().map(|&(_, held)| held).collect();
         let rules: Vec<&Rule> = check.limits.iter().map(|l| l.rule).collect();
         let mut states: Vec<&mut RuleState> = slots.iter_mut().map(|(s, _)| &mut s.state).collect();
-        let evaluations = algorithm::evaluate_all(&rules, &states, t, check.cost, check.request_id);
+        let evaluations =
+            algorithm::evaluate_all(&rules, &states, t, |i| check.cost_of(i), check.request_id);
         let admits = algorithm::all_allow(&evaluations);
         // Which limits record: all of an admitted check (but a peek), or the charged
         // refusals of a refused one.
@@ -316,7 +321,7 @@ impl MemoryStore {
             .iter()
             .map(|e| {
                 if admits {
-                    check.cost > 0
+                    e.records_admission()
                 } else {
                     e.charged(check.charge)
                 }

@@ -118,6 +118,8 @@ pub(super) struct ScriptCheck {
     /// Client time, if the check carries one.
     at: Option<u64>,
     cost: u64,
+    /// Each limit's own cost when they differ (`Check::costs`); empty otherwise.
+    costs: Vec<u64>,
     request_id: Option<String>,
     mode: &'static str,
     /// Per limit, its rule's description and, for an undo, when it recorded units.
@@ -176,6 +178,7 @@ impl ScriptCheck {
             keys,
             at: check.at,
             cost: check.cost,
+            costs: check.costs.to_vec(),
             request_id: check.request_id.map(str::to_owned),
             mode: mode.name(check.charge),
             rules,
@@ -186,6 +189,7 @@ impl ScriptCheck {
     fn same_shape(&self, other: &ScriptCheck) -> bool {
         self.at == other.at
             && self.cost == other.cost
+            && self.costs == other.costs
             && self.request_id == other.request_id
             && self.mode == other.mode
             && self.rules == other.rules
@@ -230,12 +234,17 @@ pub(super) fn invocation<'s>(
             Some(at) => invocation.arg(at),
             None => invocation.arg(""),
         };
+        // '' for the cost: each rule's follows its number (and recorded time).
+        if shape.costs.is_empty() {
+            invocation.arg(shape.cost);
+        } else {
+            invocation.arg("");
+        }
         invocation
-            .arg(shape.cost)
             .arg(shape.request_id.as_deref().unwrap_or(""))
             .arg(shape.mode)
             .arg(shape.rules.len());
-        for (spec, recorded_at) in &shape.rules {
+        for (i, (spec, recorded_at)) in shape.rules.iter().enumerate() {
             let number = 1 + specs
                 .iter()
                 .position(|known| known == spec)
@@ -246,6 +255,9 @@ pub(super) fn invocation<'s>(
                     Some(at) => invocation.arg(at),
                     None => invocation.arg(""),
                 };
+            }
+            if let Some(cost) = shape.costs.get(i) {
+                invocation.arg(cost);
             }
         }
     }

@@ -37,15 +37,17 @@
 --          capacity, emission interval T (µs), layout (ZSET or COMPACT; sliding-log only).
 --          Then the number of check shapes H, and per shape:
 --            client time in µs, or '' for Redis TIME (read once per call)
---            cost (0 is a peek: answers as a cost of 1, records nothing)
+--            cost (0 is a peek: answers as a cost of 1, records nothing), or '' when
+--              each rule has its own, given last among its values below
 --            request id, or ''
 --            mode: CHECK; 'dry' (answer as if another rule had refused: record
 --              nothing); UNDO (give back an admission of `cost` made at the times
 --              given per rule); CHARGE and DRY_CHARGE are CHECK and 'dry' where a
 --              fixed window that refuses records the cost all the same (docs/SPEC.md,
 --              "Charging refusals")
---            number of rules R, then per rule its number among the S rules (from 1) and,
---              for UNDO only, the time the admission was recorded at ('' for none)
+--            number of rules R, then per rule its number among the S rules (from 1),
+--              for UNDO only the time the admission was recorded at ('' for none), and
+--              when the shape's cost is '' the rule's own cost
 --          Then the number of checks C, and when H > 1, per check the number of its shape
 --          (from 1).
 -- KEYS     per check and rule: the state; and when the check has a request id, its
