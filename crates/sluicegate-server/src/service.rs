@@ -357,7 +357,8 @@ impl Service {
     /// sluicegate's counting (and envoy's with `--stop-increment-when-over-limit`): the
     /// enforced limits in one check, under `charge`; shadow ones in another, so that they
     /// can never refuse or hold back the others. Two descriptors that land on the same
-    /// rule and key share one limit and one answer. A block refuses the request without
+    /// rule and key share one limit and one answer (their costs: below). A block refuses
+    /// the request without
     /// asking the store. Each descriptor's decision, and the enforced limits' outcome.
     async fn decide_together(
         &self,
@@ -369,7 +370,8 @@ impl Service {
         charge: Charge,
     ) -> Result<(Vec<Option<Decision>>, Option<Outcome>), DecideError> {
         // Each limit at its own cost: two descriptors on one rule and key are one limit,
-        // at the larger of their costs.
+        // at the larger of their costs; under envoy's counting at their sum, as envoy
+        // counts each.
         let mut enforced: Vec<(Limit<'_>, u64)> = Vec::new();
         let mut shadow: Vec<(Limit<'_>, u64)> = Vec::new();
         let mut slot_of: Vec<Option<(bool, usize)>> = Vec::new();
@@ -386,7 +388,11 @@ impl Service {
                     .position(|(x, _)| x.key == key && x.rule.same_identity(rule))
                 {
                     Some(i) => {
-                        list[i].1 = list[i].1.max(cost);
+                        list[i].1 = if charge == Charge::Attempted {
+                            list[i].1.saturating_add(cost)
+                        } else {
+                            list[i].1.max(cost)
+                        };
                         i
                     }
                     None => {

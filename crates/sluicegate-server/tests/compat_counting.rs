@@ -202,6 +202,12 @@ async fn stop_increment(store: Store) {
     // `a` goes over and counts; `b` does not count.
     assert_eq!(ask(&mut c, AB).await, ('X', vec![('X', 0), ('O', 3)]));
     assert_eq!(ask(&mut c, &[("b", None)]).await, ('O', vec![('O', 2)]));
+    // Listed twice, counted twice (one answer for both).
+    assert_eq!(
+        ask(&mut c, &[("b", None), ("b", None)]).await,
+        ('O', vec![('O', 0), ('O', 0)])
+    );
+    assert_eq!(ask(&mut c, &[("b", None)]).await.0, 'X');
     refused_hits_count(&mut c).await;
 }
 
