@@ -2,17 +2,20 @@
 //! `main` over [`cli::main`], and tests run the service in-process.
 
 pub mod cli;
+mod compat;
 mod config;
 mod envoy;
 mod grpc;
 mod history;
 mod http;
+mod limit_override;
 mod metrics;
 mod offenders;
 mod server;
 mod service;
 mod tools;
 
+pub use compat::{Compat, Counting};
 pub use config::Config;
 pub use server::{
     ConnectionOptions, Listeners, Prepared, ServeOptions, TlsOptions, prepare, serve,

@@ -9,11 +9,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 use sluicegate::{
-    AnyStore, Check, Clock, Decision, Limit, Limiter, Outcome, Rule, StoreError, SystemClock,
+    AnyStore, Charge, Check, Clock, DecidedBy, Decision, Limit, Limiter, Outcome, Rule, StoreError,
+    SystemClock,
 };
 
+use crate::compat::{Compat, Counting};
 use crate::config::{Config, ConfiguredLimit, Entry, UnknownDomain};
 use crate::history::History;
+use crate::limit_override::LimitOverride;
 use crate::metrics::{Metrics, RuleMetrics, RuleTotals};
 use crate::offenders::{DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD, Offenders, RuleOffenders};
 
@@ -33,6 +36,11 @@ pub struct ServiceOptions {
     pub ui: bool,
     /// The share of refusals logged, one line each (`--log-refusals`, 0 to 1).
     pub refusal_log_share: f64,
+    /// Whose semantics the service keeps (`--compat`).
+    pub compat: Compat,
+    /// How a request's descriptors are counted (`--compat` and
+    /// `--stop-increment-when-over-limit`, resolved by [`Compat::counting`]).
+    pub counting: Counting,
 }
 
 impl Default for ServiceOptions {
@@ -44,6 +52,8 @@ impl Default for ServiceOptions {
             require_noeviction: false,
             ui: true,
             refusal_log_share: 0.0,
+            compat: Compat::None,
+            counting: Counting::AllOrNothing,
         }
     }
 }
@@ -330,7 +340,8 @@ impl Service {
         &self,
         domain: &str,
         descriptors: &[Vec<Entry>],
-        cost: u64,
+        costs: &[u64],
+        overrides: &[Option<LimitOverride>],
         request_id: Option<&str>,
     ) -> Result<Decided, DecideError> {
         if descriptors.is_empty() {
@@ -367,6 +378,24 @@ impl Service {
         let live = self.live();
         let config = &live.config;
         let mut matched = matched(config, domain, descriptors)?;
+        // A descriptor's `limit` takes the place of what it matched (limit_override.rs).
+        let overridden = descriptors
+            .iter()
+            .zip(&matched)
+            .zip(overrides)
+            .enumerate()
+            .map(|(i, ((entries, configured), limit))| {
+                limit
+                    .map(|o| o.apply(domain, entries, *configured))
+                    .transpose()
+                    .map_err(|e| DecideError::Invalid(format!("descriptors[{i}].{e}")))
+            })
+            .collect::<Result<Vec<Option<ConfiguredLimit>>, DecideError>>()?;
+        for (limit, overridden) in matched.iter_mut().zip(&overridden) {
+            if let Some(overridden) = overridden {
+                *limit = Some(overridden);
+            }
+        }
         // envoyproxy/ratelimit's `replaces`: a matched limit that names another one takes its
         // place for this request.
         let replaced: Vec<&str> = matched
@@ -387,8 +416,8 @@ impl Service {
             .flatten()
             .any(|l| l.blocked && !l.shadow_mode);
 
-        // Enforced limits are decided together, all-or-nothing; shadow ones apart, so that
-        // they can never refuse or hold back the others.
+        // A descriptor counts under its limit by its entries, but a `share_threshold`
+        // wildcard's values count as one (ConfiguredLimit::counted_entries).
         let keys: Vec<String> = descriptors
             .iter()
             .zip(&matched)
@@ -397,50 +426,43 @@ impl Service {
                 None => descriptor_key(d),
             })
             .collect();
-        let mut enforced: Vec<Limit<'_>> = Vec::new();
-        let mut shadow: Vec<Limit<'_>> = Vec::new();
-        let mut slot_of: Vec<Option<(bool, usize)>> = Vec::new();
-        for (limit, key) in matched.iter().zip(&keys) {
-            let slot = limit.and_then(|l| {
-                let rule = l.rule.as_ref()?;
-                let list = if l.shadow_mode {
-                    &mut shadow
-                } else {
-                    &mut enforced
-                };
-                let index = list
-                    .iter()
-                    .position(|x| x.key == key && x.rule.same_identity(rule))
-                    .unwrap_or_else(|| {
-                        list.push(Limit { rule, key });
-                        list.len() - 1
-                    });
-                Some((l.shadow_mode, index))
-            });
-            slot_of.push(slot);
-        }
-        // A block refuses the request without asking the store.
-        let outcome = if enforced.is_empty() || blocked {
-            None
-        } else {
-            Some(self.run(&enforced, cost, request_id).await?)
-        };
-        let shadow_outcome = if shadow.is_empty() {
-            None
-        } else {
-            Some(self.run(&shadow, cost, request_id).await?)
+        let (decisions, outcome) = match self.options.counting {
+            Counting::EachDescriptor => {
+                self.decide_each(&matched, &keys, costs, request_id).await?
+            }
+            Counting::AllOrNothing => {
+                self.decide_together(
+                    &matched,
+                    &keys,
+                    costs,
+                    request_id,
+                    blocked,
+                    Charge::Admitted,
+                )
+                .await?
+            }
+            Counting::StopIncrementWhenOverLimit => {
+                self.decide_together(
+                    &matched,
+                    &keys,
+                    costs,
+                    request_id,
+                    blocked,
+                    Charge::Attempted,
+                )
+                .await?
+            }
         };
 
         let descriptors = matched
             .iter()
-            .zip(&slot_of)
+            .zip(decisions)
             .zip(descriptors)
-            .map(|((limit, slot), entries)| {
-                let decision = match (limit, slot) {
-                    (Some(l), _) if l.blocked => Some(BLOCKED),
-                    (_, Some((false, i))) => outcome.as_ref().map(|o| o.limits()[*i]),
-                    (_, Some((true, i))) => shadow_outcome.as_ref().map(|o| o.limits()[*i]),
-                    _ => None,
+            .zip(costs)
+            .map(|(((limit, decision), entries), &cost)| {
+                let decision = match limit {
+                    Some(l) if l.blocked => Some(BLOCKED),
+                    _ => decision,
                 };
                 if let (Some(l), Some(decision)) = (limit, &decision) {
                     match (entries.last(), live.rule_metrics.get(&l.path)) {
@@ -491,6 +513,120 @@ impl Service {
         })
     }
 
+    /// sluicegate's counting (and envoy's with `--stop-increment-when-over-limit`): the
+    /// enforced limits in one check, under `charge`; shadow ones in another, so that they
+    /// can never refuse or hold back the others. Two descriptors that land on the same
+    /// rule and key share one limit and one answer (their costs: below). A block refuses
+    /// the request without
+    /// asking the store. Each descriptor's decision, and the enforced limits' outcome.
+    async fn decide_together(
+        &self,
+        matched: &[Option<&ConfiguredLimit>],
+        keys: &[String],
+        costs: &[u64],
+        request_id: Option<&str>,
+        blocked: bool,
+        charge: Charge,
+    ) -> Result<(Vec<Option<Decision>>, Option<Outcome>), DecideError> {
+        // Each limit at its own cost: two descriptors on one rule and key are one limit,
+        // at the larger of their costs; under envoy's counting at their sum, as envoy
+        // counts each.
+        let mut enforced: Vec<(Limit<'_>, u64)> = Vec::new();
+        let mut shadow: Vec<(Limit<'_>, u64)> = Vec::new();
+        let mut slot_of: Vec<Option<(bool, usize)>> = Vec::new();
+        for ((limit, key), &cost) in matched.iter().zip(keys).zip(costs) {
+            let slot = limit.and_then(|l| {
+                let rule = l.rule.as_ref()?;
+                let list = if l.shadow_mode {
+                    &mut shadow
+                } else {
+                    &mut enforced
+                };
+                let index = match list
+                    .iter()
+                    .position(|(x, _)| x.key == key && x.rule.same_identity(rule))
+                {
+                    Some(i) => {
+                        list[i].1 = if charge == Charge::Attempted {
+                            list[i].1.saturating_add(cost)
+                        } else {
+                            list[i].1.max(cost)
+                        };
+                        i
+                    }
+                    None => {
+                        list.push((Limit { rule, key }, cost));
+                        list.len() - 1
+                    }
+                };
+                Some((l.shadow_mode, index))
+            });
+            slot_of.push(slot);
+        }
+        let outcome = if enforced.is_empty() || blocked {
+            None
+        } else {
+            Some(self.run_costed(&enforced, request_id, charge).await?)
+        };
+        let shadow_outcome = if shadow.is_empty() {
+            None
+        } else {
+            Some(self.run_costed(&shadow, request_id, charge).await?)
+        };
+        let decisions = slot_of
+            .iter()
+            .map(|slot| match slot {
+                Some((false, i)) => outcome.as_ref().map(|o| o.limits()[*i]),
+                Some((true, i)) => shadow_outcome.as_ref().map(|o| o.limits()[*i]),
+                None => None,
+            })
+            .collect();
+        Ok((decisions, outcome))
+    }
+
+    /// envoy's counting: each limited descriptor a check of its own, at its own cost, its
+    /// refusal charged; in request order, as envoy's pipeline runs. The outcome combines
+    /// the enforced ones (docs/SPEC.md, "Several rules in one check", for the fields).
+    async fn decide_each(
+        &self,
+        matched: &[Option<&ConfiguredLimit>],
+        keys: &[String],
+        costs: &[u64],
+        request_id: Option<&str>,
+    ) -> Result<(Vec<Option<Decision>>, Option<Outcome>), DecideError> {
+        let mut decisions = Vec::with_capacity(matched.len());
+        let mut enforced = Vec::new();
+        let mut decided_by = DecidedBy::Store;
+        for ((limit, key), &cost) in matched.iter().zip(keys).zip(costs) {
+            let Some((l, rule)) = limit.and_then(|l| Some(l).zip(l.rule.as_ref())) else {
+                decisions.push(None);
+                continue;
+            };
+            let outcome = self
+                .run(
+                    &[Limit { rule, key }],
+                    cost,
+                    &[],
+                    request_id,
+                    Charge::Attempted,
+                )
+                .await?;
+            if !l.shadow_mode {
+                enforced.push(outcome.decision);
+                if outcome.decided_by != DecidedBy::Store {
+                    decided_by = outcome.decided_by;
+                }
+            }
+            decisions.push(Some(outcome.decision));
+        }
+        let outcome = Decision::combine(&enforced).map(|decision| {
+            let mut outcome = Outcome::single(decision);
+            outcome.decided_by = decided_by;
+            outcome
+        });
+        Ok((decisions, outcome))
+    }
+
     /// Forgets the state of every limit `descriptors` match, as if they had never been
     /// used; the paths of the limits forgotten.
     pub(crate) async fn forget(
@@ -516,15 +652,39 @@ impl Service {
         Ok(forgotten)
     }
 
+    /// One check of `limits`, each at its own cost.
+    async fn run_costed(
+        &self,
+        limits: &[(Limit<'_>, u64)],
+        request_id: Option<&str>,
+        charge: Charge,
+    ) -> Result<Outcome, DecideError> {
+        let (limits, costs): (Vec<Limit<'_>>, Vec<u64>) = limits.iter().copied().unzip();
+        // One cost for all, the common case, keeps the check's cheaper shape.
+        let uniform = costs.iter().all(|&c| c == costs[0]);
+        self.run(
+            &limits,
+            costs[0],
+            if uniform { &[] } else { &costs },
+            request_id,
+            charge,
+        )
+        .await
+    }
+
     /// One check of `limits`, timed and counted.
     async fn run(
         &self,
         limits: &[Limit<'_>],
         cost: u64,
+        costs: &[u64],
         request_id: Option<&str>,
+        charge: Charge,
     ) -> Result<Outcome, DecideError> {
         let check = Check {
+            costs,
             request_id,
+            charge,
             ..Check::new(limits, cost)
         };
         let started = std::time::Instant::now();

@@ -23,8 +23,8 @@ pub use rule::{
     MAX_ZSET_LOG_LIMIT, Rule, RuleError, RuleSpec,
 };
 pub use store::{
-    AnyStore, Check, DecidedBy, Limit, MemoryStore, MemoryStoreConfig, Outcome, Store, StoreError,
-    StoreOptions, StoreUrl, StoreUrlError,
+    AnyStore, Charge, Check, DecidedBy, Limit, MemoryStore, MemoryStoreConfig, Outcome, Store,
+    StoreError, StoreOptions, StoreUrl, StoreUrlError,
 };
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreConfig};

@@ -17,8 +17,8 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use sluicegate::{
-    Algorithm, Check, Decision, Limit, ManualClock, MemoryStore, MemoryStoreConfig, RetryAfter,
-    Rule, RuleSpec,
+    Algorithm, Charge, Check, Decision, Limit, ManualClock, MemoryStore, MemoryStoreConfig,
+    RetryAfter, Rule, RuleSpec,
 };
 use std::sync::Arc;
 
@@ -293,12 +293,14 @@ impl Model {
         rules: &[(usize, &Rule)],
         key: &str,
         t: u64,
-        cost: u64,
+        costs: &[u64],
         id: Option<&str>,
+        charge: Charge,
     ) -> (Decision, Vec<Decision>) {
         let evals: Vec<ModelEval> = rules
             .iter()
-            .map(|&(i, rule)| {
+            .zip(costs)
+            .map(|(&(i, rule), &cost)| {
                 let state = self
                     .keys
                     .entry((i, shared_by(rule), key.to_owned()))
@@ -312,7 +314,8 @@ impl Model {
         let per_rule: Vec<Decision> = rules
             .iter()
             .zip(&evals)
-            .map(|(&(i, rule), e)| {
+            .zip(costs)
+            .map(|((&(i, rule), e), &cost)| {
                 let state = self
                     .keys
                     .get_mut(&(i, shared_by(rule), key.to_owned()))
@@ -339,6 +342,17 @@ impl Model {
                             }
                         }
                         e.admitted
+                    }
+                    // docs/SPEC.md, "Charging refusals": a fixed window that refuses
+                    // counts the units all the same, then answers as refused after them.
+                    (false, Fit::Over | Fit::Never)
+                        if charge == Charge::Attempted
+                            && cost > 0
+                            && rule.algorithm() == Algorithm::FixedWindow =>
+                    {
+                        state.admissions.push((e.now, cost));
+                        state.latest = e.now;
+                        model_evaluate(rule, state, t, cost, id).refused
                     }
                     (false, fit) => Decision {
                         allowed: matches!(fit, Fit::Fits | Fit::Repeat(_)),
@@ -391,6 +405,8 @@ struct Event {
     step: Step,
     key: usize,
     cost: u64,
+    /// Each rule's own cost (`Check::costs`), instead of `cost` for all.
+    own_costs: Option<[u64; 3]>,
     /// Which of the rules the check names (bit mask; 0 means all).
     rules: u8,
     id: Option<u8>,
@@ -407,18 +423,21 @@ fn event_strategy() -> impl Strategy<Value = Event> {
         1 => (1u64..30).prop_map(Step::Back),
     ];
     let id = prop_oneof![3 => Just(None), 1 => (0u8..4).prop_map(Some)];
+    let own_costs = prop::option::weighted(0.3, [0u64..=3, 0u64..=3, 0u64..=3]);
     (
         step,
         0usize..3,
         0u64..=3,
+        own_costs,
         any::<u8>(),
         id,
         reload_strategy(),
     )
-        .prop_map(|(step, key, cost, rules, id, reload)| Event {
+        .prop_map(|(step, key, cost, own_costs, rules, id, reload)| Event {
             step,
             key,
             cost,
+            own_costs,
             rules,
             id,
             reload,
@@ -427,7 +446,7 @@ fn event_strategy() -> impl Strategy<Value = Event> {
 
 const KEYS: [&str; 3] = ["user:1", "user:{1}", ""];
 
-fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> {
+fn run_trace(specs: &[RuleSpec], events: &[Event], charge: Charge) -> Result<(), TestCaseError> {
     let name = |i: usize| format!("r{i}");
     let mut rules: Vec<Rule> = specs
         .iter()
@@ -465,14 +484,22 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
             .iter()
             .map(|&(_, rule)| Limit { rule, key })
             .collect();
+        let own_costs: Vec<u64> = event
+            .own_costs
+            .map_or(Vec::new(), |c| c[..limits.len()].to_vec());
         let check = Check {
             limits: &limits,
             cost: event.cost,
+            costs: &own_costs,
             request_id: id.as_deref(),
             at: Some(t),
+            charge,
         };
         let got = store.check_now(&check).unwrap();
-        let (want, want_limits) = model.check(&chosen, key, t, event.cost, id.as_deref());
+        let costs: Vec<u64> = (0..limits.len())
+            .map(|i| own_costs.get(i).copied().unwrap_or(event.cost))
+            .collect();
+        let (want, want_limits) = model.check(&chosen, key, t, &costs, id.as_deref(), charge);
         prop_assert_eq!(
             got.limits(),
             &want_limits,
@@ -501,7 +528,7 @@ proptest! {
         spec in rule_strategy(),
         events in prop::collection::vec(event_strategy(), 1..150),
     ) {
-        run_trace(&[spec], &events)?;
+        run_trace(&[spec], &events, Charge::Admitted)?;
     }
 
     /// Several rules per check: all-or-nothing and the combined decision.
@@ -510,7 +537,18 @@ proptest! {
         specs in prop::collection::vec(rule_strategy(), 2..=3),
         events in prop::collection::vec(event_strategy(), 1..120),
     ) {
-        run_trace(&specs, &events)?;
+        run_trace(&specs, &events, Charge::Admitted)?;
+    }
+
+    /// Refusals charged (`Charge::Attempted`), one rule or several: fixed windows count
+    /// what they refuse, the rules that would have allowed record nothing, the other
+    /// algorithms are as without the charge.
+    #[test]
+    fn charged_refusals_match_model(
+        specs in prop::collection::vec(rule_strategy(), 1..=3),
+        events in prop::collection::vec(event_strategy(), 1..120),
+    ) {
+        run_trace(&specs, &events, Charge::Attempted)?;
     }
 }
 
@@ -542,7 +580,9 @@ fn every_algorithm_matches_model() {
             prop::collection::vec(event_strategy(), 1..150),
         );
         runner
-            .run(&strategy, |(spec, events)| run_trace(&[spec], &events))
+            .run(&strategy, |(spec, events)| {
+                run_trace(&[spec], &events, Charge::Admitted)
+            })
             .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
     }
 }

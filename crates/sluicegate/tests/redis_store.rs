@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use sluicegate::store::redis::{KeyKind, hash_slot, redis_key};
 use sluicegate::{
-    Algorithm, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, Outcome,
-    RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
+    Algorithm, Charge, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig,
+    Outcome, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
 };
 use sluicegate_test_support::{self as support, cmd};
 
@@ -89,8 +89,11 @@ struct Trace {
 struct Line {
     limits: Vec<(usize, &'static str)>,
     cost: u64,
+    /// Each limit's own cost, sometimes.
+    costs: Vec<u64>,
     request_id: Option<String>,
     at: u64,
+    charge: Charge,
 }
 
 impl Trace {
@@ -150,11 +153,24 @@ impl Trace {
             _ => vec![(0, key), (1, other)],
         };
         let request_id = (random.below(4) == 0).then(|| format!("req-{}", random.below(5)));
+        // A third of the checks charge their refusals, among checks that do not.
+        let charge = if random.below(3) == 0 {
+            Charge::Attempted
+        } else {
+            Charge::Admitted
+        };
+        let costs = if random.below(4) == 0 {
+            limits.iter().map(|_| random.below(4)).collect()
+        } else {
+            Vec::new()
+        };
         Line {
             limits,
+            costs,
             cost: random.below(4),
             request_id,
             at: self.t,
+            charge,
         }
     }
 }
@@ -175,8 +191,10 @@ fn check_of<'a>(limits: &'a [Limit<'a>], line: &'a Line) -> Check<'a> {
     Check {
         limits,
         cost: line.cost,
+        costs: &line.costs,
         request_id: line.request_id.as_deref(),
         at: Some(line.at),
+        charge: line.charge,
     }
 }
 
@@ -199,8 +217,8 @@ async fn differential(
         let got = store.check(&check).await.unwrap();
         assert_eq!(
             got, want,
-            "{algorithm} {layout:?} seed {seed} line {n}: t={} limits={:?} cost={} id={:?}",
-            line.at, line.limits, line.cost, line.request_id
+            "{algorithm} {layout:?} seed {seed} line {n}: t={} limits={:?} cost={} costs={:?} id={:?} {:?}",
+            line.at, line.limits, line.cost, line.costs, line.request_id, line.charge
         );
     }
 }

@@ -13,6 +13,7 @@ use sluicegate::{Algorithm, BreakerConfig, LimiterConfig, MemoryStoreConfig, Sto
 use super::args::{DurationArg, StoreArgs, parse_duration_arg};
 use super::logging::LogArgs;
 use super::runtime::runtime;
+use crate::compat::Compat;
 use crate::config::DEFAULT_MAX_NODES;
 use crate::server::{self, ConnectionOptions, Listeners, ServeOptions, TlsOptions};
 use crate::service::{DEFAULT_MAX_ENTRY_BYTES, ServiceOptions};
@@ -63,14 +64,19 @@ pub struct ServeArgs {
     /// Do not answer repeated refusals locally (the negative cache is on for Redis).
     #[arg(long, env = "SLUICEGATE_NO_NEGATIVE_CACHE")]
     no_negative_cache: bool,
-    /// The algorithm of rules that name none: sliding-log (exact), or fixed-window to
-    /// decide exactly as envoyproxy/ratelimit does.
-    #[arg(
-        long,
-        env = "SLUICEGATE_DEFAULT_ALGORITHM",
-        default_value = "sliding-log"
-    )]
-    default_algorithm: Algorithm,
+    /// The algorithm of rules that name none [default: sliding-log; fixed-window with
+    /// --compat envoy].
+    #[arg(long, env = "SLUICEGATE_DEFAULT_ALGORITHM")]
+    default_algorithm: Option<Algorithm>,
+    /// Whose semantics to keep: none (sluicegate's: refusals cost nothing, a request is
+    /// all-or-nothing) or envoy (envoyproxy/ratelimit's: fixed windows, refused hits
+    /// counted, each descriptor counted on its own).
+    #[arg(long, env = "SLUICEGATE_COMPAT", default_value = "none")]
+    compat: Compat,
+    /// With --compat envoy: when a descriptor of a request goes over its limit, the
+    /// others do not count the request (envoy's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+    #[arg(long, env = "SLUICEGATE_STOP_INCREMENT_WHEN_OVER_LIMIT")]
+    stop_increment_when_over_limit: bool,
     /// Also serve gRPC alone on this address (it is always served on --listen too).
     #[arg(long, env = "SLUICEGATE_GRPC_LISTEN")]
     grpc_listen: Option<SocketAddr>,
@@ -155,7 +161,7 @@ impl ServeArgs {
         );
         Ok(ServeOptions {
             config: self.config.clone(),
-            default_algorithm: self.default_algorithm,
+            default_algorithm: self.compat.default_algorithm(self.default_algorithm),
             max_config_nodes: self.max_config_nodes,
             config_ignore_dotfiles: self.config_ignore_dotfiles,
             merge_domain_config: self.merge_domain_config,
@@ -189,6 +195,11 @@ impl ServeArgs {
                 require_noeviction: self.require_noeviction,
                 ui: !self.no_ui,
                 refusal_log_share: self.logging.log_refusals,
+                compat: self.compat,
+                counting: self
+                    .compat
+                    .counting(self.stop_increment_when_over_limit)
+                    .map_err(anyhow::Error::msg)?,
             },
             reload_interval: self.reload_interval.duration(),
             connections: ConnectionOptions {

@@ -25,6 +25,7 @@ pub(crate) use limit::{ConfiguredLimit, Entry};
 #[cfg(test)]
 pub(crate) use raw::DEFAULT_ALGORITHM;
 use raw::RawFile;
+pub(crate) use tree::place;
 use tree::{Build, DescriptorTree};
 
 /// The YAML nodes (mappings, sequences and scalars) one configuration file may hold by

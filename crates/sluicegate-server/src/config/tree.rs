@@ -39,6 +39,12 @@ struct Node {
     children: DescriptorTree,
 }
 
+/// The scope of the rule at `path` of `domain`: its identity with its name, whatever its
+/// numbers (the domain's length first, as a domain may hold dots).
+pub(crate) fn place(domain: &str, path: &str) -> String {
+    format!("{}:{path}", domain.len())
+}
+
 /// What building a level needs besides its descriptors.
 pub(super) struct Build<'a> {
     pub(super) domain: &'a str,
@@ -232,7 +238,7 @@ fn configured_limit(
             // domain's length first, as it may hold dots), so another domain's or
             // descriptor's rule of the same name keeps its own counters, and a reload that
             // changes only numbers keeps usage. The name is still reported as written.
-            let place = format!("{}:{path}", build.domain.len());
+            let place = place(build.domain, path);
             Rule::new(name.as_deref().unwrap_or(path), &spec)
                 .map_err(|e| format!("{path}: rate_limit.{e}"))
                 .map(|rule| rule.in_scope(&place))

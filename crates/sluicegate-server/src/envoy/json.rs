@@ -9,6 +9,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt64Value};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -26,9 +27,41 @@ struct JsonRequest {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct JsonDescriptor {
     entries: Vec<JsonEntry>,
-    /// Only its presence matters: overrides are refused by the one mapping.
-    limit: Option<Value>,
+    limit: Option<JsonLimit>,
     hits_addend: Option<u64>,
+}
+
+/// A `RateLimitOverride`: proto3's JSON mapping writes the unit by name or by number.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct JsonLimit {
+    #[serde(default)]
+    requests_per_unit: u32,
+    #[serde(default)]
+    unit: JsonUnit,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum JsonUnit {
+    Number(i32),
+    Name(String),
+}
+
+impl Default for JsonUnit {
+    fn default() -> Self {
+        JsonUnit::Number(0)
+    }
+}
+
+impl JsonUnit {
+    /// The unit's number; a name that is none is left to the mapping to refuse (-1).
+    fn number(&self) -> i32 {
+        match self {
+            JsonUnit::Number(n) => *n,
+            JsonUnit::Name(name) => RateLimitUnit::from_str_name(name).map_or(-1, i32::from),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -55,7 +88,10 @@ pub(crate) fn request(body: &[u8]) -> Result<RateLimitRequest, serde_json::Error
                         value: e.value,
                     })
                     .collect(),
-                limit: d.limit.map(|_| RateLimitOverride::default()),
+                limit: d.limit.map(|l| RateLimitOverride {
+                    requests_per_unit: l.requests_per_unit,
+                    unit: l.unit.number(),
+                }),
                 hits_addend: d.hits_addend.map(|value| UInt64Value { value }),
                 ..RateLimitDescriptor::default()
             })
@@ -154,14 +190,29 @@ mod tests {
     #[test]
     fn per_descriptor_hits_and_overrides_survive_the_mapping() {
         let body = br#"{"domain":"d","hitsAddend":2,"descriptors":[
-            {"entries":[{"key":"k","value":"v"}],"hitsAddend":3,"limit":{"requestsPerUnit":1}}]}"#;
+            {"entries":[{"key":"k","value":"v"}],"hitsAddend":3,"limit":{"requestsPerUnit":1,"unit":"DAY"}},
+            {"entries":[{"key":"k","value":"v"}],"limit":{"requestsPerUnit":7,"unit":2}}]}"#;
         let request = request(body).unwrap();
         assert_eq!(request.hits_addend, 2);
         assert_eq!(
             request.descriptors[0].hits_addend,
             Some(UInt64Value { value: 3 })
         );
-        assert!(request.descriptors[0].limit.is_some());
+        let limits: Vec<Option<RateLimitOverride>> =
+            request.descriptors.iter().map(|d| d.limit).collect();
+        let limit = |requests_per_unit, unit: RateLimitUnit| {
+            Some(RateLimitOverride {
+                requests_per_unit,
+                unit: unit.into(),
+            })
+        };
+        assert_eq!(
+            limits,
+            [
+                limit(1, RateLimitUnit::Day),
+                limit(7, RateLimitUnit::Minute)
+            ]
+        );
         assert!(super::request(br#"{"domain":"d","descriptors":[],"extra":1}"#).is_err());
     }
 }

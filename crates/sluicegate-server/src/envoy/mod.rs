@@ -14,58 +14,79 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluicegate::{Decision, Rule, headers};
 
 use crate::config::Entry;
+use crate::limit_override::LimitOverride;
 use crate::service::{DecideError, Decided, DescriptorOutcome, Service};
 
-/// Decides one `RateLimitRequest`: every descriptor together, all-or-nothing.
+/// Decides one `RateLimitRequest` (how its descriptors count: `--compat`).
 pub(crate) async fn should_rate_limit(
     service: &Service,
     request: &RateLimitRequest,
 ) -> Result<RateLimitResponse, DecideError> {
-    let (descriptors, cost) = descriptors_and_cost(request)?;
+    // envoyproxy/ratelimit fails the call ("rate limit domain must not be empty",
+    // envoyproxy/ratelimit@f2fb157 src/service/ratelimit.go); here it is bad input, named.
+    if request.domain.is_empty() {
+        return Err(DecideError::Invalid("domain: must not be empty".into()));
+    }
+    let asked = descriptors_of(request)?;
     // An unknown domain is OK with no limit: envoyproxy/ratelimit finds no limit for any
     // descriptor of it (envoyproxy/ratelimit@f2fb157 src/config/config_impl.go:451-457).
     let decided = match service
-        .decide(&request.domain, &descriptors, cost, None)
+        .decide(
+            &request.domain,
+            &asked.entries,
+            &asked.costs,
+            &asked.overrides,
+            None,
+        )
         .await
     {
-        Err(DecideError::UnknownDomain(_)) => Decided::unlimited(descriptors.len()),
+        Err(DecideError::UnknownDomain(_)) => Decided::unlimited(asked.entries.len()),
         decided => decided?,
     };
     Ok(response(&decided, service.options().legacy_headers))
 }
 
-/// The request's descriptors as entries, and the one cost they share. Envoy: an unset
-/// `hits_addend` means 1. One check has one cost, so descriptors asking for different
-/// ones cannot be decided together.
-fn descriptors_and_cost(request: &RateLimitRequest) -> Result<(Vec<Vec<Entry>>, u64), DecideError> {
+/// A request's descriptors, field by field, in request order.
+struct Asked {
+    entries: Vec<Vec<Entry>>,
+    /// The hits each adds. Envoy: a descriptor's own `hits_addend` when set, else the
+    /// request's, where 0 (unset) means 1 (envoyproxy/ratelimit@f2fb157
+    /// src/utils/utilities.go:75-90); 0 only looks.
+    costs: Vec<u64>,
+    /// Each descriptor's `limit`, numbers sent in place of the configured ones.
+    overrides: Vec<Option<LimitOverride>>,
+}
+
+fn descriptors_of(request: &RateLimitRequest) -> Result<Asked, DecideError> {
     let request_cost = u64::from(request.hits_addend.max(1));
-    let mut cost = None;
-    let mut descriptors = Vec::with_capacity(request.descriptors.len());
+    let count = request.descriptors.len();
+    let mut asked = Asked {
+        entries: Vec::with_capacity(count),
+        costs: Vec::with_capacity(count),
+        overrides: Vec::with_capacity(count),
+    };
     for (i, d) in request.descriptors.iter().enumerate() {
-        let own = d.hits_addend.map_or(request_cost, |h| h.value);
-        if *cost.get_or_insert(own) != own {
-            return Err(DecideError::Invalid(format!(
-                "descriptors[{i}].hits_addend: every descriptor of one request must add \
-                 the same number of hits"
-            )));
-        }
-        if d.limit.is_some() {
-            return Err(DecideError::Invalid(format!(
-                "descriptors[{i}].limit: per-request limit overrides are not supported; \
-                 configure the rule instead"
-            )));
-        }
-        let entries = d
-            .entries
-            .iter()
-            .map(|e| Entry {
-                key: e.key.clone(),
-                value: e.value.clone(),
-            })
-            .collect();
-        descriptors.push(entries);
+        asked
+            .costs
+            .push(d.hits_addend.map_or(request_cost, |h| h.value));
+        let limit = d
+            .limit
+            .as_ref()
+            .map(|l| LimitOverride::new(l.requests_per_unit, l.unit))
+            .transpose()
+            .map_err(|e| DecideError::Invalid(format!("descriptors[{i}].{e}")))?;
+        asked.overrides.push(limit);
+        asked.entries.push(
+            d.entries
+                .iter()
+                .map(|e| Entry {
+                    key: e.key.clone(),
+                    value: e.value.clone(),
+                })
+                .collect(),
+        );
     }
-    Ok((descriptors, cost.unwrap_or(request_cost)))
+    Ok(asked)
 }
 
 /// The answer: a status per descriptor, in request order, and the headers Envoy adds.

@@ -92,11 +92,13 @@ pub(super) async fn check(
 ) -> Result<Response, ApiError> {
     let request: CheckRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid check request: {e}")))?;
+    let descriptors = request.descriptors();
     let decided = service
         .decide(
             &request.domain,
-            &request.descriptors(),
-            request.cost,
+            &descriptors,
+            &vec![request.cost; descriptors.len()],
+            &[],
             request.request_id.as_deref(),
         )
         .await?;

@@ -105,10 +105,9 @@ pub(crate) async fn replay<S: Store>(
             key: parsed.key,
         }];
         let check = Check {
-            limits: &limits,
-            cost: parsed.cost,
             request_id: parsed.request_id,
             at: Some(parsed.time),
+            ..Check::new(&limits, parsed.cost)
         };
         let d = store.check(&check).await.with_context(at_line)?.decision;
         writeln!(

@@ -3,7 +3,7 @@
 
 use super::retry::RetryNeed;
 use crate::decision::{Decision, RetryAfter};
-use crate::rule::Rule;
+use crate::rule::{EXACT_LIMIT, Rule};
 
 #[derive(Clone, Debug, Default)]
 pub(crate) struct FixedWindowState {
@@ -56,6 +56,18 @@ impl FixedWindowState {
             retry_after: RetryAfter::Micros(0),
             reset_after: window_end(rule, plan) - now,
             delay: 0,
+        }
+    }
+
+    /// Records the `cost` of a refusal (charged refusals, `Charge::Attempted`) and returns
+    /// the plan after it. The count stays below 2^53, where every store counts exactly; a
+    /// count at or above the limit refuses every check, however far above it is.
+    pub(crate) fn charge(&mut self, plan: FixedPlan, cost: u64) -> FixedPlan {
+        self.window_index = plan.window_index;
+        self.count = (plan.count + cost).min(EXACT_LIMIT - 1);
+        FixedPlan {
+            window_index: self.window_index,
+            count: self.count,
         }
     }
 

@@ -62,6 +62,23 @@ enum Plan {
     Gcra(GcraPlan),
 }
 
+/// What a check records besides its admissions.
+///
+/// Named for what is charged, so that a later mode (charge whatever the rule says, into
+/// debt) is one more variant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Charge {
+    /// Only an admission records units: a refusal changes no state (docs/SPEC.md).
+    #[default]
+    Admitted,
+    /// A refused check records its units too, in each fixed-window limit that refused it,
+    /// as envoyproxy/ratelimit counts (it increments, then compares). Limits that would
+    /// have allowed record nothing when another refused, and the other algorithms record
+    /// nothing on a refusal (docs/SPEC.md, "Charging refusals").
+    Attempted,
+}
+
 /// Whether a check fits one rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -94,6 +111,27 @@ impl Evaluation {
     /// Fits, or is an admitted request's retry.
     pub(crate) fn allows(&self) -> bool {
         matches!(self.verdict, Verdict::Fits | Verdict::Repeat { .. })
+    }
+
+    fn retry_need(&self) -> RetryNeed {
+        match self.verdict {
+            Verdict::Fits | Verdict::Repeat { .. } => RetryNeed::None,
+            Verdict::OverLimit => RetryNeed::Units(self.units),
+            Verdict::Never => RetryNeed::Never,
+        }
+    }
+
+    /// Whether admitting records units (a peek does not).
+    pub(crate) fn records_admission(&self) -> bool {
+        self.cost > 0
+    }
+
+    /// Whether this rule's own refusal records its units under `charge`.
+    pub(crate) fn charged(&self, charge: Charge) -> bool {
+        charge == Charge::Attempted
+            && self.cost > 0
+            && matches!(self.verdict, Verdict::OverLimit | Verdict::Never)
+            && matches!(self.plan, Plan::Fixed(_))
     }
 }
 
@@ -205,14 +243,39 @@ impl RuleState {
         decision
     }
 
+    /// Decides a check of this rule alone: admits what allows, charges a refusal that
+    /// `charge` charges, and refuses the rest.
+    pub(crate) fn finish(
+        &mut self,
+        rule: &Rule,
+        eval: &Evaluation,
+        request_id: Option<&str>,
+        charge: Charge,
+    ) -> Decision {
+        if eval.allows() {
+            self.admit(rule, eval, request_id)
+        } else if eval.charged(charge) {
+            self.charge_refusal(rule, eval)
+        } else {
+            self.refuse(rule, eval)
+        }
+    }
+
+    /// Records the units of a refusal that is charged ([`Evaluation::charged`]) and answers
+    /// as the same refusal would right after the charge.
+    fn charge_refusal(&mut self, rule: &Rule, eval: &Evaluation) -> Decision {
+        let (StateKind::Fixed(state), Plan::Fixed(plan)) = (&mut self.kind, eval.plan) else {
+            return self.refuse(rule, eval);
+        };
+        let charged = state.charge(plan, eval.cost);
+        self.latest = eval.now;
+        FixedWindowState::refuse(rule, charged, eval.now, eval.retry_need())
+    }
+
     /// Answers without recording: the rule's own refusal, or, when it fits but another rule
     /// refused the check, what its state says with nothing taken.
     pub(crate) fn refuse(&self, rule: &Rule, eval: &Evaluation) -> Decision {
-        let retry = match eval.verdict {
-            Verdict::Fits | Verdict::Repeat { .. } => RetryNeed::None,
-            Verdict::OverLimit => RetryNeed::Units(eval.units),
-            Verdict::Never => RetryNeed::Never,
-        };
+        let retry = eval.retry_need();
         let now = eval.now;
         match (&self.kind, eval.plan) {
             (StateKind::Log(s), Plan::Log(p)) => s.refuse(rule, p, now, retry),
@@ -254,19 +317,20 @@ pub(crate) fn refusal_after_admission(
 }
 
 /// Evaluates one check against several rules (docs/SPEC.md, "Several rules in one check"):
-/// `states[i]` belongs to `rules[i]`. Nothing is recorded; pass the evaluations to
+/// `states[i]` belongs to `rules[i]`, which costs `cost_of(i)`. Nothing is recorded; pass the evaluations to
 /// [`finish_all`], which records only if every rule allows.
 pub(crate) fn evaluate_all(
     rules: &[&Rule],
     states: &[&mut RuleState],
     t: u64,
-    cost: u64,
+    cost_of: impl Fn(usize) -> u64,
     request_id: Option<&str>,
 ) -> Vec<Evaluation> {
     rules
         .iter()
         .zip(states)
-        .map(|(rule, state)| state.evaluate(rule, t, cost, request_id))
+        .enumerate()
+        .map(|(i, (rule, state))| state.evaluate(rule, t, cost_of(i), request_id))
         .collect()
 }
 
@@ -275,13 +339,15 @@ pub(crate) fn all_allow(evaluations: &[Evaluation]) -> bool {
     evaluations.iter().all(Evaluation::allows)
 }
 
-/// Records the check in every rule if all allow, or in none, and answers per rule. In a
-/// refused check a rule that would have allowed reports `allowed = true` with nothing taken.
+/// Records the check in every rule if all allow, or in none (but for the refusals `charge`
+/// charges), and answers per rule. In a refused check a rule that would have allowed
+/// reports `allowed = true` with nothing taken.
 pub(crate) fn finish_all(
     rules: &[&Rule],
     states: &mut [&mut RuleState],
     evaluations: &[Evaluation],
     request_id: Option<&str>,
+    charge: Charge,
 ) -> Vec<Decision> {
     let admit = all_allow(evaluations);
     rules
@@ -291,6 +357,8 @@ pub(crate) fn finish_all(
         .map(|((rule, state), eval)| {
             if admit {
                 state.admit(rule, eval, request_id)
+            } else if eval.charged(charge) {
+                state.charge_refusal(rule, eval)
             } else {
                 Decision {
                     allowed: eval.allows(),

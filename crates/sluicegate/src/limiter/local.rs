@@ -72,6 +72,12 @@ impl LocalFallback {
             .zip(policies)
             .map(|(l, p)| (*p == FailurePolicy::Local).then(|| self.rule(l.rule)))
             .collect();
+        let local_costs = check.costs_of(
+            local_rules
+                .iter()
+                .enumerate()
+                .filter_map(|(i, rule)| rule.as_ref().map(|_| i)),
+        );
         let limits: Vec<Limit<'_>> = check
             .limits
             .iter()
@@ -90,6 +96,7 @@ impl LocalFallback {
         } else {
             let local_check = Check {
                 limits: &limits,
+                costs: &local_costs,
                 ..*check
             };
             self.store
@@ -102,12 +109,13 @@ impl LocalFallback {
             .limits
             .iter()
             .zip(&local_rules)
-            .map(|(l, rule)| match rule {
+            .enumerate()
+            .map(|(i, (l, rule))| match rule {
                 Some(_) => local.next().expect("one local decision per local rule"),
                 None => Decision {
                     allowed: true,
                     limit: l.rule.capacity(),
-                    remaining: l.rule.capacity().saturating_sub(check.cost.max(1)),
+                    remaining: l.rule.capacity().saturating_sub(check.cost_of(i).max(1)),
                     retry_after: RetryAfter::Micros(0),
                     reset_after: 0,
                     delay: 0,

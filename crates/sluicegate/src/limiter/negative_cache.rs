@@ -31,7 +31,7 @@ use crate::algorithm;
 use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::Rule;
-use crate::store::{Check, Limit, Outcome};
+use crate::store::{Charge, Check, Limit, Outcome};
 
 /// Checks of more limits than this are not cached: entries stay small and comparing one
 /// stays short.
@@ -90,7 +90,13 @@ impl NegativeCache {
     }
 
     fn applies(check: &Check<'_>) -> bool {
-        check.request_id.is_none() && check.at.is_none() && check.limits.len() <= MAX_LIMITS
+        check.request_id.is_none()
+            && check.at.is_none()
+            && check.limits.len() <= MAX_LIMITS
+            // A refusal that is charged must reach the store to be counted.
+            && check.charge == Charge::Admitted
+            // Its entries hold one cost for every limit.
+            && check.costs.is_empty()
     }
 
     /// Each limit's rule fingerprint and key, length-prefixed so that no two lists of

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::error::StoreError;
+pub use crate::algorithm::Charge;
 use crate::decision::Decision;
 use crate::policy::FailurePolicy;
 use crate::rule::{EXACT_LIMIT, MAX_TIME, Rule};
@@ -39,11 +40,16 @@ pub struct Check<'a> {
     pub limits: &'a [Limit<'a>],
     /// Units to take; 0 is a peek that answers as a cost of 1 and records nothing.
     pub cost: u64,
+    /// Each limit's own cost, in the limits' order, when they differ; empty (the default):
+    /// every limit costs `cost`. Still all-or-nothing: each limit must fit its own cost.
+    pub costs: &'a [u64],
     /// A retried request with the same id is not counted twice while its admission counts.
     pub request_id: Option<&'a str>,
     /// The caller's clock (µs since the epoch), for replay, simulation and tests; `None`
     /// uses the store's own clock.
     pub at: Option<u64>,
+    /// What a refusal records: by default nothing.
+    pub charge: Charge,
 }
 
 impl<'a> Check<'a> {
@@ -52,8 +58,25 @@ impl<'a> Check<'a> {
         Check {
             limits,
             cost,
+            costs: &[],
             request_id: None,
             at: None,
+            charge: Charge::Admitted,
+        }
+    }
+
+    /// The cost of the limit at `index`.
+    pub fn cost_of(&self, index: usize) -> u64 {
+        self.costs.get(index).copied().unwrap_or(self.cost)
+    }
+
+    /// The costs of the limits at `indices`, for a check of those limits alone; empty when
+    /// every limit costs `cost`.
+    pub(crate) fn costs_of(&self, indices: impl IntoIterator<Item = usize>) -> Vec<u64> {
+        if self.costs.is_empty() {
+            Vec::new()
+        } else {
+            indices.into_iter().map(|i| self.costs[i]).collect()
         }
     }
 
@@ -63,8 +86,18 @@ impl<'a> Check<'a> {
         if self.limits.is_empty() {
             return invalid("a check needs at least one rule".into());
         }
-        if self.cost >= EXACT_LIMIT {
-            return invalid(format!("cost {} is not below 2^53", self.cost));
+        if !self.costs.is_empty() && self.costs.len() != self.limits.len() {
+            return invalid(format!(
+                "{} costs given for {} limits",
+                self.costs.len(),
+                self.limits.len()
+            ));
+        }
+        if let Some(cost) = std::iter::once(&self.cost)
+            .chain(self.costs)
+            .find(|&&c| c >= EXACT_LIMIT)
+        {
+            return invalid(format!("cost {cost} is not below 2^53"));
         }
         if let Some(at) = self.at
             && at >= MAX_TIME

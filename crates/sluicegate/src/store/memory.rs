@@ -217,23 +217,25 @@ impl MemoryStore {
         };
         self.sweep_if_due(&mut shard, t);
         if let Some(slot) = shard.table.find_mut(hash, |s| s.holds(rule, key)) {
-            let eval = slot.state.evaluate(rule, t, check.cost, check.request_id);
-            return Ok(if eval.allows() {
-                slot.state.admit(rule, &eval, check.request_id)
-            } else {
-                slot.state.refuse(rule, &eval)
-            });
+            let eval = slot
+                .state
+                .evaluate(rule, t, check.cost_of(0), check.request_id);
+            return Ok(slot
+                .state
+                .finish(rule, &eval, check.request_id, check.charge));
         }
         let mut state = RuleState::new(rule);
-        let eval = state.evaluate(rule, t, check.cost, check.request_id);
-        if !eval.allows() {
-            return Ok(state.refuse(rule, &eval));
-        }
-        if check.cost > 0 {
+        let eval = state.evaluate(rule, t, check.cost_of(0), check.request_id);
+        let records = if eval.allows() {
+            eval.records_admission()
+        } else {
+            eval.charged(check.charge)
+        };
+        if records {
             self.reserve_keys(&mut shard, t, 1)?;
         }
-        let decision = state.admit(rule, &eval, check.request_id);
-        if check.cost > 0 {
+        let decision = state.finish(rule, &eval, check.request_id, check.charge);
+        if records {
             shard.table.insert_unique(
                 hash,
                 Slot {
@@ -258,8 +260,10 @@ impl MemoryStore {
         check: &Check<'_>,
     ) -> Option<crate::Decision> {
         let slot = shard.table.find(hash, |s| s.holds(rule, key))?;
-        let eval = slot.state.evaluate(rule, t, check.cost, check.request_id);
-        (!eval.allows()).then(|| slot.state.refuse(rule, &eval))
+        let eval = slot
+            .state
+            .evaluate(rule, t, check.cost_of(0), check.request_id);
+        (!eval.allows() && !eval.charged(check.charge)).then(|| slot.state.refuse(rule, &eval))
     }
 
     /// A check of several limits, maybe in several shards: lock every shard it touches in
@@ -305,23 +309,48 @@ impl MemoryStore {
             })
             .collect();
 
-        let new_keys = slots.iter().filter(|(_, held)| !held).count();
+        let held: Vec<bool> = slots.iter().map(|&(_, held)| held).collect();
         let rules: Vec<&Rule> = check.limits.iter().map(|l| l.rule).collect();
         let mut states: Vec<&mut RuleState> = slots.iter_mut().map(|(s, _)| &mut s.state).collect();
-        let evaluations = algorithm::evaluate_all(&rules, &states, t, check.cost, check.request_id);
-        let admits = algorithm::all_allow(&evaluations) && check.cost > 0;
-        let reserved = if admits && new_keys > 0 {
+        let evaluations =
+            algorithm::evaluate_all(&rules, &states, t, |i| check.cost_of(i), check.request_id);
+        let admits = algorithm::all_allow(&evaluations);
+        // Which limits record: all of an admitted check (but a peek), or the charged
+        // refusals of a refused one.
+        let records: Vec<bool> = evaluations
+            .iter()
+            .map(|e| {
+                if admits {
+                    e.records_admission()
+                } else {
+                    e.charged(check.charge)
+                }
+            })
+            .collect();
+        let new_keys = held
+            .iter()
+            .zip(&records)
+            .filter(|&(&held, &records)| !held && records)
+            .count();
+        let reserved = if new_keys > 0 {
             // Sweeping for room may touch any locked shard; the first is as good as any.
             self.reserve_keys(&mut guards[0], t, new_keys)
         } else {
             Ok(())
         };
-        let decisions = reserved
-            .map(|()| algorithm::finish_all(&rules, &mut states, &evaluations, check.request_id));
+        let decisions = reserved.map(|()| {
+            algorithm::finish_all(
+                &rules,
+                &mut states,
+                &evaluations,
+                check.request_id,
+                check.charge,
+            )
+        });
         drop(states);
-        let keep_new = admits && decisions.is_ok();
-        for ((slot, held), &hash) in slots.into_iter().zip(&hashes) {
-            if held || keep_new {
+        let keep_new = decisions.is_ok();
+        for (((slot, held), &hash), records) in slots.into_iter().zip(&hashes).zip(records) {
+            if held || (keep_new && records) {
                 guards[guard_of(hash)]
                     .table
                     .insert_unique(hash, slot, |s| self.hash(&s.rule, s.key.as_bytes()));

@@ -15,5 +15,5 @@ pub use memory::{MemoryStore, MemoryStoreConfig, SWEEP_INTERVAL};
 pub use redis::{RedisStore, RedisStoreConfig, ScriptCalls};
 pub use url::{StoreUrl, StoreUrlError};
 
-pub use check::{Check, DecidedBy, Limit, MAX_REQUEST_ID_BYTES, Outcome, Store};
+pub use check::{Charge, Check, DecidedBy, Limit, MAX_REQUEST_ID_BYTES, Outcome, Store};
 pub use error::StoreError;

@@ -42,11 +42,13 @@ pub(super) async fn check_across_slots(
     groups: &[Vec<usize>],
 ) -> Result<Vec<Decision>, StoreError> {
     let mut decisions: Vec<Option<Decision>> = vec![None; check.limits.len()];
-    let mut taken: Vec<(Vec<Limit<'_>>, Vec<Row>)> = Vec::new();
+    let mut taken: Vec<(Vec<Limit<'_>>, Vec<u64>, Vec<Row>)> = Vec::new();
     for (g, group) in groups.iter().enumerate() {
         let limits = limits_of(check, group);
+        let costs = check.costs_of(group.iter().copied());
         let sub = Check {
             limits: &limits,
+            costs: &costs,
             ..*check
         };
         let rows = match store.run(&sub, Mode::Check).await {
@@ -61,7 +63,7 @@ pub(super) async fn check_across_slots(
             decisions[i] = Some(row.decision);
         }
         if admitted {
-            taken.push((limits, rows));
+            taken.push((limits, costs, rows));
             continue;
         }
         // Refused: give back, then answer the other groups without recording.
@@ -71,8 +73,10 @@ pub(super) async fn check_across_slots(
                 continue;
             }
             let limits = limits_of(check, other);
+            let costs = check.costs_of(other.iter().copied());
             let sub = Check {
                 limits: &limits,
+                costs: &costs,
                 ..*check
             };
             for (&i, row) in other.iter().zip(store.run(&sub, Mode::Dry).await?) {
@@ -96,13 +100,17 @@ fn limits_of<'a>(check: &Check<'a>, group: &[usize]) -> Vec<Limit<'a>> {
 async fn give_back(
     store: &impl RunScript,
     check: &Check<'_>,
-    taken: &[(Vec<Limit<'_>>, Vec<Row>)],
+    taken: &[(Vec<Limit<'_>>, Vec<u64>, Vec<Row>)],
 ) {
-    for (limits, rows) in taken.iter().rev() {
+    for (limits, costs, rows) in taken.iter().rev() {
         if rows.iter().all(|row| row.recorded_at.is_none()) {
             continue;
         }
-        let sub = Check { limits, ..*check };
+        let sub = Check {
+            limits,
+            costs,
+            ..*check
+        };
         if let Err(e) = store.run(&sub, Mode::Undo(rows)).await {
             tracing::warn!(error = %e, "could not give back a refused check's units");
         }

@@ -10,7 +10,7 @@ use super::error::CallError;
 use super::keys::{KeyKind, redis_key};
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::{Algorithm, LogLayout, Rule};
-use crate::store::check::Check;
+use crate::store::check::{Charge, Check};
 
 /// The check script, joined from its pieces in this order (each uses only the ones before
 /// it); see the header of `lua/prelude.lua` for the arguments.
@@ -41,6 +41,9 @@ mod code {
     pub(super) const CHECK: &str = "check";
     pub(super) const DRY: &str = "dry";
     pub(super) const UNDO: &str = "undo";
+    /// `CHECK` and `DRY` with refusals charged (`Charge::Attempted`).
+    pub(super) const CHARGE: &str = "charge";
+    pub(super) const DRY_CHARGE: &str = "dry-charge";
 
     /// Bits of a rule's status.
     pub(super) const ALLOWS: i64 = 1;
@@ -62,11 +65,13 @@ pub(super) enum Mode<'a> {
 }
 
 impl Mode<'_> {
-    fn name(self) -> &'static str {
-        match self {
-            Mode::Check => code::CHECK,
-            Mode::Dry => code::DRY,
-            Mode::Undo(_) => code::UNDO,
+    fn name(self, charge: Charge) -> &'static str {
+        match (self, charge) {
+            (Mode::Check, Charge::Attempted) => code::CHARGE,
+            (Mode::Check, _) => code::CHECK,
+            (Mode::Dry, Charge::Attempted) => code::DRY_CHARGE,
+            (Mode::Dry, _) => code::DRY,
+            (Mode::Undo(_), _) => code::UNDO,
         }
     }
 }
@@ -113,6 +118,8 @@ pub(super) struct ScriptCheck {
     /// Client time, if the check carries one.
     at: Option<u64>,
     cost: u64,
+    /// Each limit's own cost when they differ (`Check::costs`); empty otherwise.
+    costs: Vec<u64>,
     request_id: Option<String>,
     mode: &'static str,
     /// Per limit, its rule's description and, for an undo, when it recorded units.
@@ -171,8 +178,9 @@ impl ScriptCheck {
             keys,
             at: check.at,
             cost: check.cost,
+            costs: check.costs.to_vec(),
             request_id: check.request_id.map(str::to_owned),
-            mode: mode.name(),
+            mode: mode.name(check.charge),
             rules,
         }
     }
@@ -181,6 +189,7 @@ impl ScriptCheck {
     fn same_shape(&self, other: &ScriptCheck) -> bool {
         self.at == other.at
             && self.cost == other.cost
+            && self.costs == other.costs
             && self.request_id == other.request_id
             && self.mode == other.mode
             && self.rules == other.rules
@@ -225,12 +234,17 @@ pub(super) fn invocation<'s>(
             Some(at) => invocation.arg(at),
             None => invocation.arg(""),
         };
+        // '' for the cost: each rule's follows its number (and recorded time).
+        if shape.costs.is_empty() {
+            invocation.arg(shape.cost);
+        } else {
+            invocation.arg("");
+        }
         invocation
-            .arg(shape.cost)
             .arg(shape.request_id.as_deref().unwrap_or(""))
             .arg(shape.mode)
             .arg(shape.rules.len());
-        for (spec, recorded_at) in &shape.rules {
+        for (i, (spec, recorded_at)) in shape.rules.iter().enumerate() {
             let number = 1 + specs
                 .iter()
                 .position(|known| known == spec)
@@ -241,6 +255,9 @@ pub(super) fn invocation<'s>(
                     Some(at) => invocation.arg(at),
                     None => invocation.arg(""),
                 };
+            }
+            if let Some(cost) = shape.costs.get(i) {
+                invocation.arg(cost);
             }
         }
     }

@@ -10,7 +10,7 @@ local function new_rule_slot()
     spec = false, algorithm = 0, limit = 0, window = 0, buckets = 0, capacity = 0,
     interval = 0, key = false, ids = false, releases = false, now = 0, latest = false,
     live = 0, expired = 0, cutoff = 0, head = 0, count = 0, new_key = false,
-    repeat_release = false, verdict = false,
+    repeat_release = false, verdict = false, cost = 0, units = 0,
     evaluate = false, record = false, answer = false, give_back = false,
   }
 end
@@ -76,13 +76,14 @@ end
 -- recorded at one instant are indistinguishable, so removing `cost` of them at that
 -- instant restores the state.
 local function give_back_check(shape, k)
-  local cost, request_id, keys_per_rule = shape.cost, shape.request_id, shape.keys_per_rule
+  local cost, costs, request_id = shape.cost, shape.costs, shape.request_id
+  local keys_per_rule = shape.keys_per_rule
   for i = 1, shape.rule_count do
     local at = shape.undo_at[i]
     -- No time: this rule recorded nothing (a retried request id), nothing to give back.
     if at then
       local r = rule_of(i, shape.specs[i], k + (i - 1) * keys_per_rule, keys_per_rule)
-      r:give_back(at, cost)
+      r:give_back(at, costs and costs[i] or cost)
       if request_id ~= '' then
         call('ZREM', r.ids, request_id)
         call('HDEL', r.releases, request_id)
@@ -120,15 +121,18 @@ local function run_check(shape, k)
     results[result_count] = GIVEN_BACK
     return
   end
-  local cost, request_id, rule_count, specs = shape.cost, shape.request_id, shape.rule_count,
-    shape.specs
-  local keys_per_rule, units = shape.keys_per_rule, max(cost, 1)
+  local cost, costs, request_id = shape.cost, shape.costs, shape.request_id
+  local rule_count, specs, keys_per_rule = shape.rule_count, shape.specs, shape.keys_per_rule
   local t = shape.t or redis_time()
 
   -- Phase 1: evaluate every rule, reading only.
   local all_allow = not shape.dry
   for i = 1, rule_count do
     local r = rule_of(i, specs[i], k + (i - 1) * keys_per_rule, keys_per_rule)
+    -- Each rule's own cost when the check gives them, else the check's.
+    local rule_cost = costs and costs[i] or cost
+    local units = max(rule_cost, 1)
+    r.cost, r.units = rule_cost, units
     local fits = r:evaluate(t, units)
     if request_id ~= '' then
       local expires = tonumber(call('ZSCORE', r.ids, request_id))
@@ -152,11 +156,18 @@ local function run_check(shape, k)
   -- Phase 2: record in every rule, or in none, and answer.
   for i = 1, rule_count do
     local r = rule_slots[i]
-    local now, verdict = r.now, r.verdict
+    local now, verdict, cost, units = r.now, r.verdict, r.cost, r.units
     local fits = all_allow and verdict == 'fits'
     local recorded = fits and cost > 0
+    -- A charged refusal: the fixed window counts it, and answers as refused after it.
+    local charged = shape.charge and cost > 0 and r.algorithm == FIXED_WINDOW
+      and (verdict == 'over' or verdict == 'never')
     if recorded then
       r:record(cost, shape.margin)
+    elseif charged then
+      local units_charged = min(cost, MAX_CHARGED_COUNT - r.count)
+      r:record(units_charged, shape.margin)
+      r.count = r.count + units_charged
     end
     local remaining, retry, reset, delay = r:answer(fits, verdict == 'over', units)
     local status = (verdict == 'fits' or verdict == 'repeat') and ALLOWS or 0
@@ -189,25 +200,31 @@ local p = 2 + RULE_VALUES * spec_count
 local shape_count = tonumber(argv[p])
 for h = 1, shape_count do
   local rule_count, undo = tonumber(argv[p + 5]), argv[p + 4] == UNDO
+  -- No cost for the shape: each rule's follows its number (and its recorded time).
+  local own_costs = argv[p + 2] == ''
+  local per_rule = 1 + (undo and 1 or 0) + (own_costs and 1 or 0)
   -- t: the client's time, or false for Redis TIME; margin: see ttl_ms. keys_per_rule: the
   -- state, and with a request id, its request ids and release times (KEYS). dry: any mode
-  -- but CHECK and UNDO.
+  -- but CHECK, CHARGE and UNDO. charge: a refusing fixed window records the cost.
   local shape = {
     t = tonumber(argv[p + 1]) or false, margin = argv[p + 1] == '' and 0 or 60000,
     cost = tonumber(argv[p + 2]), request_id = argv[p + 3],
-    undo = undo, dry = argv[p + 4] ~= CHECK, keys_per_rule = argv[p + 3] == '' and 1 or 3,
-    rule_count = rule_count, specs = {}, undo_at = undo and {},
+    undo = undo, dry = argv[p + 4] ~= CHECK and argv[p + 4] ~= CHARGE,
+    charge = argv[p + 4] == CHARGE or argv[p + 4] == DRY_CHARGE, keys_per_rule = argv[p + 3] == '' and 1 or 3,
+    rule_count = rule_count, specs = {}, undo_at = undo and {}, costs = own_costs and {},
   }
   for i = 1, rule_count do
+    local q = p + 5 + (i - 1) * per_rule
+    shape.specs[i] = 1 + RULE_VALUES * (tonumber(argv[q + 1]) - 1)
     if undo then
-      shape.specs[i] = 1 + RULE_VALUES * (tonumber(argv[p + 4 + 2 * i]) - 1)
-      shape.undo_at[i] = tonumber(argv[p + 5 + 2 * i])
-    else
-      shape.specs[i] = 1 + RULE_VALUES * (tonumber(argv[p + 5 + i]) - 1)
+      shape.undo_at[i] = tonumber(argv[q + 2])
+    end
+    if own_costs then
+      shape.costs[i] = tonumber(argv[q + per_rule])
     end
   end
   shapes[h] = shape
-  p = p + 5 + rule_count * (undo and 2 or 1)
+  p = p + 5 + rule_count * per_rule
 end
 
 -- The checks, in order, each its shape's number. One pcall covers a run of checks (a pcall

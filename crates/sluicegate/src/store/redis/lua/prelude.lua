@@ -37,13 +37,17 @@
 --          capacity, emission interval T (µs), layout (ZSET or COMPACT; sliding-log only).
 --          Then the number of check shapes H, and per shape:
 --            client time in µs, or '' for Redis TIME (read once per call)
---            cost (0 is a peek: answers as a cost of 1, records nothing)
+--            cost (0 is a peek: answers as a cost of 1, records nothing), or '' when
+--              each rule has its own, given last among its values below
 --            request id, or ''
 --            mode: CHECK; 'dry' (answer as if another rule had refused: record
 --              nothing); UNDO (give back an admission of `cost` made at the times
---              given per rule)
---            number of rules R, then per rule its number among the S rules (from 1) and,
---              for UNDO only, the time the admission was recorded at ('' for none)
+--              given per rule); CHARGE and DRY_CHARGE are CHECK and 'dry' where a
+--              fixed window that refuses records the cost all the same (docs/SPEC.md,
+--              "Charging refusals")
+--            number of rules R, then per rule its number among the S rules (from 1),
+--              for UNDO only the time the admission was recorded at ('' for none), and
+--              when the shape's cost is '' the rule's own cost
 --          Then the number of checks C, and when H > 1, per check the number of its shape
 --          (from 1).
 -- KEYS     per check and rule: the state; and when the check has a request id, its
@@ -60,7 +64,10 @@
 local SLIDING_LOG, SLIDING_COUNTER, FIXED_WINDOW, TOKEN_BUCKET, LEAKY_BUCKET = 1, 2, 3, 4, 5
 local ZSET, COMPACT = 0, 1
 -- The modes the script tells apart; 'dry' is evaluated as CHECK is, but never records.
-local CHECK, UNDO = 'check', 'undo'
+local CHECK, UNDO, CHARGE, DRY_CHARGE = 'check', 'undo', 'charge', 'dry-charge'
+-- The most units a charged fixed window counts: every count at or above its limit refuses
+-- alike, and below 2^53 a count is exact.
+local MAX_CHARGED_COUNT = 2 ^ 53 - 1
 local ALLOWS, RECORDED = 1, 2
 local NEVER = -1
 local GIVEN_BACK = 1
