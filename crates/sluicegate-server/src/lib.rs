@@ -7,6 +7,7 @@ mod envoy;
 mod grpc;
 mod http;
 mod metrics;
+mod readiness;
 mod server;
 mod service;
 mod tools;

@@ -72,6 +72,10 @@ pub struct ServeArgs {
     /// Also serve gRPC alone on this address (it is always served on --listen too).
     #[arg(long, env = "SLUICEGATE_GRPC_LISTEN")]
     grpc_listen: Option<SocketAddr>,
+    /// Also serve the probes, /metrics and /v1/rules alone on this address (nothing that
+    /// decides or resets).
+    #[arg(long, env = "SLUICEGATE_DEBUG_LISTEN")]
+    debug_listen: Option<SocketAddr>,
     /// Add the legacy X-RateLimit-Limit, -Remaining and -Reset to gRPC answers.
     #[arg(long, env = "SLUICEGATE_LEGACY_HEADERS")]
     legacy_headers: bool,
@@ -218,9 +222,14 @@ impl ServeArgs {
             Some(address) => Some(bind(address).await?),
             None => None,
         };
+        let debug = match self.debug_listen {
+            Some(address) => Some(bind(address).await?),
+            None => None,
+        };
         Ok(Listeners {
             main: bind(self.listen).await?,
             grpc_only,
+            debug,
         })
     }
 }

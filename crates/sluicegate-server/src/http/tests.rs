@@ -211,7 +211,10 @@ fn app_with(config: &str, admin_token: Option<&str>) -> Router {
         legacy_headers: true,
         ..ServiceOptions::default()
     };
-    app(Arc::new(Service::new(config, limiter, options)))
+    app(
+        Arc::new(Service::new(config, limiter, options)),
+        &tonic_health::server::HealthReporter::new(),
+    )
 }
 
 fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> String {
