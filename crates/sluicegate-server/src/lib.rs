@@ -16,4 +16,4 @@ pub use config::Config;
 pub use server::{
     ConnectionOptions, Listeners, Prepared, ServeOptions, TlsOptions, prepare, serve,
 };
-pub use service::ServiceOptions;
+pub use service::{EnvoyHeaderNames, ResponseHeaders, ServiceOptions};

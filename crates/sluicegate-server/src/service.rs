@@ -12,13 +12,52 @@ use sluicegate::{AnyStore, Check, Decision, Limit, Limiter, Outcome, Rule, Store
 use crate::config::{Config, ConfiguredLimit, Entry, UnknownDomain};
 use crate::metrics::{Metrics, RuleMetrics};
 
+/// The rate-limit headers an Envoy answer asks Envoy to add to the client's response.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ResponseHeaders {
+    /// None: what a configuration names stays between Envoy and the service.
+    #[default]
+    None,
+    /// envoyproxy/ratelimit's three (`LIMIT_RESPONSE_HEADERS_ENABLED`), named by
+    /// [`EnvoyHeaderNames`], from the descriptor closest to its limit.
+    Envoy,
+    /// IETF `RateLimit` and `RateLimit-Policy`, `Retry-After` on a refusal, and who decided.
+    Ietf,
+}
+
+/// The names of envoyproxy/ratelimit's headers (`LIMIT_LIMIT_HEADER`,
+/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvoyHeaderNames {
+    /// The limit's requests per unit.
+    pub limit: String,
+    /// What remains of it.
+    pub remaining: String,
+    /// Whole seconds until it resets.
+    pub reset: String,
+}
+
+impl Default for EnvoyHeaderNames {
+    /// envoyproxy/ratelimit's defaults (envoyproxy/ratelimit@f2fb157
+    /// src/settings/settings.go:117-121).
+    fn default() -> Self {
+        EnvoyHeaderNames {
+            limit: "RateLimit-Limit".to_owned(),
+            remaining: "RateLimit-Remaining".to_owned(),
+            reset: "RateLimit-Reset".to_owned(),
+        }
+    }
+}
+
 /// How the front ends answer, beside what the configuration says.
 #[derive(Clone, Debug)]
 pub struct ServiceOptions {
     /// The longest descriptor key or value accepted, in bytes.
     pub max_entry_bytes: usize,
-    /// Also answer the legacy `X-RateLimit-*` headers (gRPC headers to add).
-    pub legacy_headers: bool,
+    /// The headers Envoy answers ask to add (gRPC and `/json`).
+    pub response_headers: ResponseHeaders,
+    /// The names of [`ResponseHeaders::Envoy`]'s headers.
+    pub envoy_header_names: EnvoyHeaderNames,
     /// The bearer token `/v1/reset` needs; `None` turns it off.
     pub admin_token: Option<Arc<str>>,
     /// Not ready (`/readyz` 503) while a Redis server's `maxmemory-policy` may evict keys,
@@ -30,7 +69,8 @@ impl Default for ServiceOptions {
     fn default() -> Self {
         ServiceOptions {
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
-            legacy_headers: false,
+            response_headers: ResponseHeaders::None,
+            envoy_header_names: EnvoyHeaderNames::default(),
             admin_token: None,
             require_noeviction: false,
         }

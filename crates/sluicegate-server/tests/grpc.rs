@@ -100,7 +100,7 @@ async fn five_then_over_limit(server: &Server) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rls_on_the_memory_store() {
-    five_then_over_limit(&Server::start(&[])).await;
+    five_then_over_limit(&Server::start(&["--response-headers", "ietf"])).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,6 +112,8 @@ async fn rls_on_redis() {
         &redis.url(),
         "--prefix",
         &prefix,
+        "--response-headers",
+        "ietf",
     ]))
     .await;
 }
@@ -119,7 +121,7 @@ async fn rls_on_redis() {
 /// Python's grpcio, with the stubs generated from Envoy's protos, gets the same answers.
 #[test]
 fn rls_from_python_grpcio() {
-    let server = Server::start(&[]);
+    let server = Server::start(&["--response-headers", "ietf"]);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/rls_check.py");
     let call = || {
         let out = Command::new("python3")

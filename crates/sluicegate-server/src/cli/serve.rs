@@ -15,7 +15,7 @@ use super::args::{DurationArg, StoreArgs, parse_duration_arg};
 use super::runtime::runtime;
 use crate::config::DEFAULT_MAX_NODES;
 use crate::server::{self, ConnectionOptions, Listeners, ServeOptions, TlsOptions};
-use crate::service::{DEFAULT_MAX_ENTRY_BYTES, ServiceOptions};
+use crate::service::{DEFAULT_MAX_ENTRY_BYTES, EnvoyHeaderNames, ResponseHeaders, ServiceOptions};
 
 #[derive(Args)]
 /// The flags of `sluicegate serve`.
@@ -76,8 +76,28 @@ pub struct ServeArgs {
     /// decides or resets).
     #[arg(long, env = "SLUICEGATE_DEBUG_LISTEN")]
     debug_listen: Option<SocketAddr>,
-    /// Add the legacy X-RateLimit-Limit, -Remaining and -Reset to gRPC answers.
-    #[arg(long, env = "SLUICEGATE_LEGACY_HEADERS")]
+    /// The headers Envoy answers (gRPC, /json) ask Envoy to add to the client's response:
+    /// none, envoy (envoyproxy/ratelimit's limit, remaining and reset, named by
+    /// --limit-header, --remaining-header, --reset-header), or ietf (RateLimit,
+    /// RateLimit-Policy, Retry-After).
+    #[arg(long, env = "SLUICEGATE_RESPONSE_HEADERS", default_value = "none")]
+    response_headers: ResponseHeaders,
+    /// The name of --response-headers envoy's limit header.
+    #[arg(long, env = "SLUICEGATE_LIMIT_HEADER", default_value = "RateLimit-Limit", value_parser = parse_header_name)]
+    limit_header: String,
+    /// The name of --response-headers envoy's remaining header.
+    #[arg(long, env = "SLUICEGATE_REMAINING_HEADER", default_value = "RateLimit-Remaining", value_parser = parse_header_name)]
+    remaining_header: String,
+    /// The name of --response-headers envoy's reset header.
+    #[arg(long, env = "SLUICEGATE_RESET_HEADER", default_value = "RateLimit-Reset", value_parser = parse_header_name)]
+    reset_header: String,
+    /// Deprecated: --response-headers envoy with X-RateLimit-Limit, -Remaining and -Reset.
+    #[arg(
+        long,
+        env = "SLUICEGATE_LEGACY_HEADERS",
+        hide = true,
+        conflicts_with_all = ["response_headers", "limit_header", "remaining_header", "reset_header"]
+    )]
     legacy_headers: bool,
     /// The longest descriptor key or value accepted, in bytes (longer: 400).
     #[arg(long, env = "SLUICEGATE_MAX_ENTRY_BYTES", default_value_t = DEFAULT_MAX_ENTRY_BYTES)]
@@ -143,6 +163,7 @@ impl ServeArgs {
             !self.breaker_window.duration().is_zero(),
             "--breaker-window must be longer than zero"
         );
+        let (response_headers, envoy_header_names) = self.response_headers();
         Ok(ServeOptions {
             config: self.config.clone(),
             default_algorithm: self.default_algorithm,
@@ -172,7 +193,8 @@ impl ServeArgs {
             },
             service: ServiceOptions {
                 max_entry_bytes: self.max_entry_bytes,
-                legacy_headers: self.legacy_headers,
+                response_headers,
+                envoy_header_names,
                 admin_token: self.admin_token.as_deref().map(Arc::from),
                 require_noeviction: self.require_noeviction,
             },
@@ -195,6 +217,30 @@ impl ServeArgs {
                 _ => None,
             },
         })
+    }
+
+    /// --response-headers and the envoy headers' names, or the deprecated
+    /// --legacy-headers standing in for them.
+    fn response_headers(&self) -> (ResponseHeaders, EnvoyHeaderNames) {
+        if self.legacy_headers {
+            tracing::warn!(
+                "--legacy-headers is deprecated: read as --response-headers envoy \
+                 --limit-header X-RateLimit-Limit --remaining-header X-RateLimit-Remaining \
+                 --reset-header X-RateLimit-Reset"
+            );
+            let names = EnvoyHeaderNames {
+                limit: "X-RateLimit-Limit".to_owned(),
+                remaining: "X-RateLimit-Remaining".to_owned(),
+                reset: "X-RateLimit-Reset".to_owned(),
+            };
+            return (ResponseHeaders::Envoy, names);
+        }
+        let names = EnvoyHeaderNames {
+            limit: self.limit_header.clone(),
+            remaining: self.remaining_header.clone(),
+            reset: self.reset_header.clone(),
+        };
+        (self.response_headers, names)
     }
 
     /// --breaker-min-calls, or the deprecated --breaker-failures standing in for it.
@@ -232,6 +278,13 @@ impl ServeArgs {
             debug,
         })
     }
+}
+
+/// clap's value parser for the header-name flags: a name Envoy can add.
+fn parse_header_name(text: &str) -> Result<String, String> {
+    axum::http::HeaderName::from_bytes(text.as_bytes())
+        .map(|_| text.to_owned())
+        .map_err(|_| format!("{text:?} is not an HTTP header name"))
 }
 
 /// clap's value parser for --breaker-failure-rate: a share in (0, 1].

@@ -14,7 +14,10 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluicegate::{Decision, Rule, headers};
 
 use crate::config::Entry;
-use crate::service::{DecideError, Decided, DescriptorOutcome, Service};
+use crate::service::{
+    DecideError, Decided, DescriptorOutcome, EnvoyHeaderNames, ResponseHeaders, Service,
+    ServiceOptions,
+};
 
 /// Decides one `RateLimitRequest`: every descriptor together, all-or-nothing.
 pub(crate) async fn should_rate_limit(
@@ -25,7 +28,7 @@ pub(crate) async fn should_rate_limit(
     let decided = service
         .decide(&request.domain, &descriptors, cost, None)
         .await?;
-    Ok(response(&decided, service.options().legacy_headers))
+    Ok(response(&decided, service.options()))
 }
 
 /// The request's descriptors as entries, and the one cost they share. Envoy: an unset
@@ -63,11 +66,17 @@ fn descriptors_and_cost(request: &RateLimitRequest) -> Result<(Vec<Vec<Entry>>, 
 }
 
 /// The answer: a status per descriptor, in request order, and the headers Envoy adds.
-fn response(decided: &Decided, legacy_headers: bool) -> RateLimitResponse {
+fn response(decided: &Decided, options: &ServiceOptions) -> RateLimitResponse {
+    let statuses: Vec<DescriptorStatus> = decided.descriptors.iter().map(status).collect();
+    let response_headers_to_add = match options.response_headers {
+        ResponseHeaders::None => Vec::new(),
+        ResponseHeaders::Envoy => envoy_headers(&statuses, &options.envoy_header_names),
+        ResponseHeaders::Ietf => ietf_headers(decided),
+    };
     RateLimitResponse {
         overall_code: code(!decided.allowed()).into(),
-        statuses: decided.descriptors.iter().map(status).collect(),
-        response_headers_to_add: response_headers(decided, legacy_headers),
+        statuses,
+        response_headers_to_add,
         ..RateLimitResponse::default()
     }
 }
@@ -154,9 +163,42 @@ fn header(key: &str, value: String) -> HeaderValue {
     }
 }
 
-/// `RateLimit`, `RateLimit-Policy` (and the legacy `X-RateLimit-*` when asked),
-/// `Retry-After` on a refusal, and who decided; none when no enforced limit was checked.
-fn response_headers(decided: &Decided, legacy_headers: bool) -> Vec<HeaderValue> {
+/// envoyproxy/ratelimit's three headers, all from one status: the last one over its
+/// limit, else the first with the least remaining; none when no status has a limit
+/// (envoyproxy/ratelimit@f2fb157 src/service/ratelimit.go:206-264). The reset is whole
+/// seconds, rounded up.
+fn envoy_headers(statuses: &[DescriptorStatus], names: &EnvoyHeaderNames) -> Vec<HeaderValue> {
+    let mut closest: Option<(&DescriptorStatus, &RateLimit)> = None;
+    let mut least_remaining = u32::MAX;
+    for status in statuses {
+        let Some(limit) = &status.current_limit else {
+            continue;
+        };
+        if status.code == i32::from(Code::OverLimit) {
+            closest = Some((status, limit));
+            least_remaining = 0;
+        } else if status.limit_remaining < least_remaining {
+            closest = Some((status, limit));
+            least_remaining = status.limit_remaining;
+        }
+    }
+    let Some((status, limit)) = closest else {
+        return Vec::new();
+    };
+    let reset = status
+        .duration_until_reset
+        .as_ref()
+        .map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
+    vec![
+        header(&names.limit, limit.requests_per_unit.to_string()),
+        header(&names.remaining, status.limit_remaining.to_string()),
+        header(&names.reset, reset.to_string()),
+    ]
+}
+
+/// `RateLimit`, `RateLimit-Policy`, `Retry-After` on a refusal, and who decided; none
+/// when no enforced limit was checked.
+fn ietf_headers(decided: &Decided) -> Vec<HeaderValue> {
     let Some(outcome) = &decided.outcome else {
         return Vec::new();
     };
@@ -176,15 +218,6 @@ fn response_headers(decided: &Decided, legacy_headers: bool) -> Vec<HeaderValue>
         ),
         header("RateLimit", headers::ratelimit(binding, &decision)),
     ];
-    if legacy_headers {
-        let reset = headers::seconds_up(decision.reset_after).to_string();
-        out.push(header("X-RateLimit-Limit", decision.limit.to_string()));
-        out.push(header(
-            "X-RateLimit-Remaining",
-            decision.remaining.to_string(),
-        ));
-        out.push(header("X-RateLimit-Reset", reset));
-    }
     if let Some(seconds) = headers::retry_after_seconds(decision.retry_after)
         && !decision.allowed
     {
