@@ -2,6 +2,7 @@
 //! `main` over [`cli::main`], and tests run the service in-process.
 
 pub mod cli;
+mod compat;
 mod config;
 mod envoy;
 mod grpc;
@@ -12,6 +13,7 @@ mod server;
 mod service;
 mod tools;
 
+pub use compat::Compat;
 pub use config::Config;
 pub use server::{
     ConnectionOptions, Listeners, Prepared, ServeOptions, TlsOptions, prepare, serve,

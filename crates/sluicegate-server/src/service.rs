@@ -9,6 +9,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use sluicegate::{AnyStore, Check, Decision, Limit, Limiter, Outcome, Rule, StoreError};
 
+use crate::compat::Compat;
 use crate::config::{Config, ConfiguredLimit, Entry, UnknownDomain};
 use crate::metrics::{Metrics, RuleMetrics};
 
@@ -52,6 +53,8 @@ impl Default for EnvoyHeaderNames {
 /// How the front ends answer, beside what the configuration says.
 #[derive(Clone, Debug)]
 pub struct ServiceOptions {
+    /// Whose semantics the answers keep (`--compat`).
+    pub compat: Compat,
     /// The longest descriptor key or value accepted, in bytes.
     pub max_entry_bytes: usize,
     /// The headers Envoy answers ask to add (gRPC and `/json`).
@@ -68,6 +71,7 @@ pub struct ServiceOptions {
 impl Default for ServiceOptions {
     fn default() -> Self {
         ServiceOptions {
+            compat: Compat::Sluicegate,
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
             response_headers: ResponseHeaders::None,
             envoy_header_names: EnvoyHeaderNames::default(),
@@ -98,6 +102,10 @@ pub(crate) struct DescriptorOutcome {
     /// The matched configuration path; `None` when nothing matched (or the match was
     /// replaced by another limit of the request).
     pub(crate) path: Option<String>,
+    /// The matched limit's `name`, when the configuration gives one.
+    pub(crate) name: Option<String>,
+    /// A matched block's unit in µs, when it names one.
+    pub(crate) block_window: Option<u64>,
     /// The matched rule; `None` for `unlimited`, for a block (`requests_per_unit: 0`),
     /// or no match.
     pub(crate) rule: Option<Rule>,
@@ -125,7 +133,8 @@ impl Decided {
     }
 }
 
-/// A block's decision: over the limit, and it will never pass.
+/// A block's decision: over the limit, and it will never pass. Its reset is the end of
+/// its unit's window, when it names a unit ([`Service::block`]).
 const BLOCKED: Decision = Decision {
     allowed: false,
     limit: 0,
@@ -339,7 +348,7 @@ impl Service {
             .zip(descriptors)
             .map(|((limit, slot), entries)| {
                 let decision = match (limit, slot) {
-                    (Some(l), _) if l.blocked => Some(BLOCKED),
+                    (Some(l), _) if l.blocked => Some(self.block(l)),
                     (_, Some((false, i))) => outcome.as_ref().map(|o| o.limits()[*i]),
                     (_, Some((true, i))) => shadow_outcome.as_ref().map(|o| o.limits()[*i]),
                     _ => None,
@@ -360,6 +369,8 @@ impl Service {
                 }
                 DescriptorOutcome {
                     path: limit.map(|l| l.path.clone()),
+                    name: limit.and_then(|l| l.name.clone()),
+                    block_window: limit.and_then(|l| l.block_window),
                     rule: limit.and_then(|l| l.rule.clone()),
                     decision,
                     unlimited: limit.is_some_and(|l| l.rule.is_none() && !l.blocked),
@@ -372,6 +383,16 @@ impl Service {
             outcome,
             blocked,
         })
+    }
+
+    /// A block's decision now: it resets when its unit's window, aligned to the epoch as a
+    /// fixed window's, ends (as envoyproxy/ratelimit reports it).
+    fn block(&self, limit: &ConfiguredLimit) -> Decision {
+        let now = self.limiter.clock().now_micros();
+        Decision {
+            reset_after: limit.block_window.map_or(0, |window| window - now % window),
+            ..BLOCKED
+        }
     }
 
     /// Forgets the state of every limit `descriptors` match, as if they had never been

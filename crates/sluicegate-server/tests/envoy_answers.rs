@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use server::Server;
@@ -164,4 +165,88 @@ async fn ietf_headers_when_asked() {
         "{got:?}"
     );
     assert!(got.iter().any(|(k, _)| k == "RateLimit"), "{got:?}");
+}
+
+/// `a` and `b` as [`CONFIG`], a named limit, a block with a unit, and a fixed window.
+const ANSWERS: &str = "domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: b
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: named
+    rate_limit: {name: my-limit, unit: second, requests_per_unit: 2}
+  - key: blocked
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: fixed
+    rate_limit: {algorithm: fixed-window, unit: minute, requests_per_unit: 5}
+";
+
+/// `keys` as [`request`] asks, each hit `hits` times.
+async fn call_hits(server: &Server, keys: &[&str], hits: u32) -> RateLimitResponse {
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.address))
+        .await
+        .unwrap();
+    let request = RateLimitRequest {
+        hits_addend: hits,
+        ..request(keys)
+    };
+    client
+        .should_rate_limit(request)
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// envoyproxy/ratelimit's answers (src/limiter/base_limiter.go:122-200): nothing remains
+/// of a limit refused, every limited status says when it resets, a block reports its
+/// limit of 0 in its unit, and a limit's name is the configuration's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_as_envoy_reads_them() {
+    let server = serve("answers", ANSWERS, &[]);
+    let ok = call(&server, &["a", "named"]).await;
+    let a = ok.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(a.name, "", "no name configured: {ok:?}");
+    assert_eq!(
+        ok.statuses[1].current_limit.as_ref().unwrap().name,
+        "my-limit"
+    );
+    // 2 of b's 3 taken; asking for 2 more is refused with 1 still there: envoy says 0.
+    call_hits(&server, &["b"], 2).await;
+    let over = call_hits(&server, &["b"], 2).await;
+    assert_eq!(over.statuses[0].code, i32::from(Code::OverLimit));
+    assert_eq!(over.statuses[0].limit_remaining, 0, "{over:?}");
+    assert!(over.statuses[0].duration_until_reset.is_some(), "{over:?}");
+    let blocked = call(&server, &["blocked"]).await;
+    let status = &blocked.statuses[0];
+    assert_eq!(status.code, i32::from(Code::OverLimit));
+    let limit = status.current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (0, Unit::Minute as i32)
+    );
+    let reset = status
+        .duration_until_reset
+        .as_ref()
+        .expect("a block resets");
+    assert!((0..=60).contains(&reset.seconds), "{reset:?}");
+    assert!(reset.seconds > 0 || reset.nanos > 0, "{reset:?}");
+}
+
+/// In compat mode the reset is whole seconds, as envoyproxy/ratelimit counts it; in
+/// sluicegate's own, to the µs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durations_are_whole_seconds_in_compat_mode() {
+    let envoy = serve("compat-durations", ANSWERS, &["--compat", "envoy"]);
+    let own = serve("own-durations", ANSWERS, &[]);
+    for (server, whole) in [(&envoy, true), (&own, false)] {
+        // Apart: a block refuses a request without asking the store for the others.
+        for key in ["fixed", "blocked"] {
+            let answer = call(server, &[key]).await;
+            let reset = answer.statuses[0].duration_until_reset.as_ref().unwrap();
+            assert!((0..=60).contains(&reset.seconds), "{answer:?}");
+            // A fixed window's reset falls on a whole second once in a million.
+            assert_eq!(reset.nanos == 0, whole, "{answer:?}");
+        }
+    }
 }

@@ -13,6 +13,7 @@ use sluicegate::{Algorithm, BreakerConfig, LimiterConfig, MemoryStoreConfig, Sto
 
 use super::args::{DurationArg, StoreArgs, parse_duration_arg};
 use super::runtime::runtime;
+use crate::compat::Compat;
 use crate::config::DEFAULT_MAX_NODES;
 use crate::server::{self, ConnectionOptions, Listeners, ServeOptions, TlsOptions};
 use crate::service::{DEFAULT_MAX_ENTRY_BYTES, EnvoyHeaderNames, ResponseHeaders, ServiceOptions};
@@ -20,6 +21,10 @@ use crate::service::{DEFAULT_MAX_ENTRY_BYTES, EnvoyHeaderNames, ResponseHeaders,
 #[derive(Args)]
 /// The flags of `sluicegate serve`.
 pub struct ServeArgs {
+    /// Whose semantics to keep where they differ: sluicegate (docs/SPEC.md) or envoy
+    /// (envoyproxy/ratelimit's, its environment variables read too).
+    #[arg(long, env = "SLUICEGATE_COMPAT", default_value = "sluicegate")]
+    compat: Compat,
     /// Descriptor configuration (YAML). Without it, the example rules of
     /// examples/sluicegate.yaml are served.
     #[arg(long, env = "SLUICEGATE_CONFIG")]
@@ -192,6 +197,7 @@ impl ServeArgs {
                 ..LimiterConfig::default()
             },
             service: ServiceOptions {
+                compat: self.compat,
                 max_entry_bytes: self.max_entry_bytes,
                 response_headers,
                 envoy_header_names,

@@ -10,6 +10,8 @@ pub(crate) struct ConfiguredLimit {
     pub(crate) rule: Option<Rule>,
     /// `requests_per_unit: 0`: every request over the limit (a block list).
     pub(crate) blocked: bool,
+    /// A block's `unit` in µs, when it names one.
+    pub(crate) block_window: Option<u64>,
     /// The descriptor path, `domain.key_value.key`, as envoyproxy/ratelimit names it.
     pub(crate) path: String,
     /// `rate_limit.name`, which `replaces` refers to.

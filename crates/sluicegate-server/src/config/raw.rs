@@ -43,6 +43,8 @@ pub(super) struct RawRateLimit {
     /// Whether `algorithm` was written; if not, the server's default applies.
     pub(super) algorithm_given: bool,
     pub(super) blocked: bool,
+    /// A block's `unit` in µs, when it names one: what its answers report.
+    pub(super) block_window: Option<u64>,
     pub(super) name: Option<String>,
     pub(super) replaces: Vec<String>,
     pub(super) on_store_error: Option<FailurePolicy>,
@@ -98,6 +100,7 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
                 spec: None,
                 algorithm_given: false,
                 blocked: false,
+                block_window: None,
                 name: f.name,
                 replaces: f.replaces.into_iter().map(|r| r.name).collect(),
                 on_store_error: None,
@@ -109,6 +112,7 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
                 spec: None,
                 algorithm_given: false,
                 blocked: true,
+                block_window: f.unit.as_deref().map(unit_micros).transpose()?,
                 name: f.name,
                 replaces: f.replaces.into_iter().map(|r| r.name).collect(),
                 on_store_error: None,
@@ -161,6 +165,7 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
             spec: Some(spec),
             algorithm_given,
             blocked: false,
+            block_window: None,
             name: f.name,
             replaces: f.replaces.into_iter().map(|r| r.name).collect(),
             on_store_error,

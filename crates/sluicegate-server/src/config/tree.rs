@@ -44,6 +44,7 @@ pub(super) fn build(
                 spec,
                 algorithm_given,
                 blocked,
+                block_window,
                 name,
                 replaces,
                 on_store_error,
@@ -67,6 +68,7 @@ pub(super) fn build(
                 Some(ConfiguredLimit {
                     rule,
                     blocked,
+                    block_window,
                     path: path.clone(),
                     name,
                     replaces,

@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluicegate::{Decision, Rule, headers};
 
+use crate::compat::Compat;
 use crate::config::Entry;
 use crate::service::{
     DecideError, Decided, DescriptorOutcome, EnvoyHeaderNames, ResponseHeaders, Service,
@@ -67,7 +68,11 @@ fn descriptors_and_cost(request: &RateLimitRequest) -> Result<(Vec<Vec<Entry>>, 
 
 /// The answer: a status per descriptor, in request order, and the headers Envoy adds.
 fn response(decided: &Decided, options: &ServiceOptions) -> RateLimitResponse {
-    let statuses: Vec<DescriptorStatus> = decided.descriptors.iter().map(status).collect();
+    let statuses: Vec<DescriptorStatus> = decided
+        .descriptors
+        .iter()
+        .map(|d| status(d, options.compat))
+        .collect();
     let response_headers_to_add = match options.response_headers {
         ResponseHeaders::None => Vec::new(),
         ResponseHeaders::Envoy => envoy_headers(&statuses, &options.envoy_header_names),
@@ -89,14 +94,18 @@ fn code(over_limit: bool) -> Code {
     }
 }
 
-/// The unit Envoy shows for a window, when it is exactly one; `Unknown` otherwise (a
-/// window of 90 s has none).
+/// The unit Envoy shows for a window, when it is exactly one (a month is 30 days and a
+/// year 365, as envoyproxy/ratelimit counts them); `Unknown` otherwise (a window of 90 s
+/// has none).
 fn unit_of(window: u64) -> Unit {
     match window {
         1_000_000 => Unit::Second,
         60_000_000 => Unit::Minute,
         3_600_000_000 => Unit::Hour,
         86_400_000_000 => Unit::Day,
+        604_800_000_000 => Unit::Week,
+        2_592_000_000_000 => Unit::Month,
+        31_536_000_000_000 => Unit::Year,
         _ => Unit::Unknown,
     }
 }
@@ -113,7 +122,10 @@ fn clamp_u32(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-fn status(descriptor: &DescriptorOutcome) -> DescriptorStatus {
+/// A descriptor's status, as envoyproxy/ratelimit gives it: a limited one always has its
+/// limit and the time until it resets; nothing remains of a limit refused (in shadow mode
+/// too, though let through); `name` is the configuration's, empty when it names none.
+fn status(descriptor: &DescriptorOutcome, compat: Compat) -> DescriptorStatus {
     if descriptor.unlimited {
         // As envoyproxy/ratelimit answers an unlimited descriptor.
         return DescriptorStatus {
@@ -128,29 +140,26 @@ fn status(descriptor: &DescriptorOutcome) -> DescriptorStatus {
             ..DescriptorStatus::default()
         };
     };
-    let Some(rule) = descriptor.rule.as_ref() else {
-        // A block: over the limit, with a limit of 0.
-        return DescriptorStatus {
-            code: Code::OverLimit.into(),
-            current_limit: Some(RateLimit {
-                name: descriptor.path.clone().unwrap_or_default(),
-                requests_per_unit: 0,
-                unit: Unit::Unknown.into(),
-            }),
-            ..DescriptorStatus::default()
-        };
+    let (requests_per_unit, window) = match &descriptor.rule {
+        // The rate, L per W: a token bucket's burst (the decision's `limit`) is not it.
+        Some(rule) => (clamp_u32(rule.limit()), Some(rule.window())),
+        // A block: a limit of 0, in the unit it names.
+        None => (0, descriptor.block_window),
     };
-    // Shadow mode: counted, reported, never enforced.
     DescriptorStatus {
+        // Shadow mode: counted, reported, never enforced.
         code: code(!d.allowed && !descriptor.shadow).into(),
         current_limit: Some(RateLimit {
-            name: rule.name().to_owned(),
-            // The rate, L per W: a token bucket's burst (the decision's `limit`) is not it.
-            requests_per_unit: clamp_u32(rule.limit()),
-            unit: unit_of(rule.window()).into(),
+            name: descriptor.name.clone().unwrap_or_default(),
+            requests_per_unit,
+            unit: window.map_or(Unit::Unknown, unit_of).into(),
         }),
-        limit_remaining: clamp_u32(d.remaining),
-        duration_until_reset: Some(proto_duration(d.reset_after)),
+        limit_remaining: if d.allowed { clamp_u32(d.remaining) } else { 0 },
+        duration_until_reset: Some(match compat {
+            // envoyproxy/ratelimit counts whole seconds (utils.CalculateReset).
+            Compat::Envoy => proto_duration(headers::seconds_up(d.reset_after) * 1_000_000),
+            Compat::Sluicegate => proto_duration(d.reset_after),
+        }),
         ..DescriptorStatus::default()
     }
 }
