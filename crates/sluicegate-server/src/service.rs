@@ -55,6 +55,8 @@ impl Default for EnvoyHeaderNames {
 pub struct ServiceOptions {
     /// Whose semantics the answers keep (`--compat`).
     pub compat: Compat,
+    /// Envoy answers are OK even over the limit (`--shadow-mode`).
+    pub shadow_mode: bool,
     /// The longest descriptor key or value accepted, in bytes.
     pub max_entry_bytes: usize,
     /// The headers Envoy answers ask to add (gRPC and `/json`).
@@ -72,6 +74,7 @@ impl Default for ServiceOptions {
     fn default() -> Self {
         ServiceOptions {
             compat: Compat::Sluicegate,
+            shadow_mode: false,
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
             response_headers: ResponseHeaders::None,
             envoy_header_names: EnvoyHeaderNames::default(),

@@ -1,7 +1,6 @@
 //! `sluicegate serve`: the service's flags, and the process around [`crate::serve`] —
 //! logging, the runtime, the listeners, and stopping on SIGTERM or SIGINT.
 
-use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,6 +11,7 @@ use clap::Args;
 use sluicegate::{Algorithm, BreakerConfig, LimiterConfig, MemoryStoreConfig, StoreOptions};
 
 use super::args::{DurationArg, StoreArgs, parse_duration_arg};
+use super::logging::LogArgs;
 use super::runtime::runtime;
 use crate::compat::Compat;
 use crate::config::DEFAULT_MAX_NODES;
@@ -34,6 +34,8 @@ pub struct ServeArgs {
     listen: SocketAddr,
     #[command(flatten)]
     store: StoreArgs,
+    #[command(flatten)]
+    log: LogArgs,
     /// When the store fails: error (answer 503), allow, deny, or local (an in-memory
     /// limiter allowing L / --instances). Rules may set their own (on_store_error).
     #[arg(long, env = "SLUICEGATE_ON_STORE_ERROR", default_value = "error")]
@@ -96,6 +98,10 @@ pub struct ServeArgs {
     /// The name of --response-headers envoy's reset header.
     #[arg(long, env = "SLUICEGATE_RESET_HEADER", default_value = "RateLimit-Reset", value_parser = parse_header_name)]
     reset_header: String,
+    /// Refuse nothing: every limit is counted and reported, and an Envoy answer over the
+    /// limit is OK all the same (envoyproxy/ratelimit's SHADOW_MODE).
+    #[arg(long, env = "SLUICEGATE_SHADOW_MODE")]
+    shadow_mode: bool,
     /// Deprecated: --response-headers envoy with X-RateLimit-Limit, -Remaining and -Reset.
     #[arg(
         long,
@@ -198,6 +204,7 @@ impl ServeArgs {
             },
             service: ServiceOptions {
                 compat: self.compat,
+                shadow_mode: self.shadow_mode,
                 max_entry_bytes: self.max_entry_bytes,
                 response_headers,
                 envoy_header_names,
@@ -314,14 +321,7 @@ const RUNTIME_STOP: Duration = Duration::from_secs(1);
 
 /// Runs the service in this process until SIGTERM or SIGINT.
 pub(super) fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(io::stderr)
-        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    args.log.init();
     let options = args.options()?;
     let runtime = runtime()?;
     let served = runtime.block_on(async {

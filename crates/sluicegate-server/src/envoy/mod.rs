@@ -79,7 +79,9 @@ fn response(decided: &Decided, options: &ServiceOptions) -> RateLimitResponse {
         ResponseHeaders::Ietf => ietf_headers(decided),
     };
     RateLimitResponse {
-        overall_code: code(!decided.allowed()).into(),
+        // Global shadow mode: the statuses say what was over, the answer lets it through
+        // (envoyproxy/ratelimit@f2fb157 src/service/ratelimit.go:266-270).
+        overall_code: code(!decided.allowed() && !options.shadow_mode).into(),
         statuses,
         response_headers_to_add,
         ..RateLimitResponse::default()
