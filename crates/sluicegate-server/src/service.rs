@@ -57,6 +57,8 @@ pub struct ServiceOptions {
     pub compat: Compat,
     /// Envoy answers are OK even over the limit (`--shadow-mode`).
     pub shadow_mode: bool,
+    /// A hit is near its limit past this share of it (`--near-limit-ratio`).
+    pub near_limit_ratio: f32,
     /// The longest descriptor key or value accepted, in bytes.
     pub max_entry_bytes: usize,
     /// The headers Envoy answers ask to add (gRPC and `/json`).
@@ -75,6 +77,7 @@ impl Default for ServiceOptions {
         ServiceOptions {
             compat: Compat::Sluicegate,
             shadow_mode: false,
+            near_limit_ratio: crate::metrics::DEFAULT_NEAR_LIMIT_RATIO,
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
             response_headers: ResponseHeaders::None,
             envoy_header_names: EnvoyHeaderNames::default(),
@@ -189,6 +192,19 @@ pub(crate) fn descriptor_key(entries: &[Entry]) -> String {
     key
 }
 
+/// A `detailed_metric` limit's stat key for one request descriptor: the domain, then each
+/// entry's `key_value`, as envoyproxy/ratelimit builds it (src/config/config_impl.go:480-498).
+fn detailed_key(domain: &str, entries: &[Entry]) -> String {
+    let mut key = domain.to_owned();
+    for entry in entries {
+        key.push('.');
+        key.push_str(&entry.key);
+        key.push('_');
+        key.push_str(&entry.value);
+    }
+    key
+}
+
 /// The most descriptors one request may carry.
 pub(crate) const MAX_DESCRIPTORS: usize = 64;
 /// The most entries one descriptor may carry.
@@ -213,7 +229,7 @@ impl Service {
         limiter: Arc<Limiter<AnyStore>>,
         options: ServiceOptions,
     ) -> Self {
-        let metrics = Metrics::default();
+        let metrics = Metrics::new(options.near_limit_ratio);
         let live = ArcSwap::from_pointee(Live::new(config, &metrics));
         Service {
             live,
@@ -357,17 +373,18 @@ impl Service {
                     _ => None,
                 };
                 if let (Some(l), Some(decision)) = (limit, &decision) {
-                    match (entries.last(), live.rule_metrics.get(&l.path)) {
-                        // Labelled by the request's value: looked up per decision.
-                        (Some(last), _) if l.detailed_metric => self
+                    match live.rule_metrics.get(&l.path) {
+                        // Labelled by the request's values: looked up per decision.
+                        _ if l.detailed_metric => self
                             .metrics
-                            .rule_metrics(&format!("{}_{}", l.path, last.value))
-                            .count(decision, l.shadow_mode),
-                        (_, Some(counters)) => counters.count(decision, l.shadow_mode),
-                        (_, None) => self
-                            .metrics
-                            .rule_metrics(&l.path)
-                            .count(decision, l.shadow_mode),
+                            .rule_metrics(&detailed_key(domain, entries))
+                            .count(decision, cost, l.shadow_mode),
+                        Some(counters) => counters.count(decision, cost, l.shadow_mode),
+                        None => {
+                            self.metrics
+                                .rule_metrics(&l.path)
+                                .count(decision, cost, l.shadow_mode)
+                        }
                     }
                 }
                 DescriptorOutcome {

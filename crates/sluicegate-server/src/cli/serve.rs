@@ -15,6 +15,7 @@ use super::logging::LogArgs;
 use super::runtime::runtime;
 use crate::compat::Compat;
 use crate::config::DEFAULT_MAX_NODES;
+use crate::metrics::DEFAULT_NEAR_LIMIT_RATIO;
 use crate::server::{self, ConnectionOptions, Listeners, ServeOptions, TlsOptions};
 use crate::service::{DEFAULT_MAX_ENTRY_BYTES, EnvoyHeaderNames, ResponseHeaders, ServiceOptions};
 
@@ -102,6 +103,10 @@ pub struct ServeArgs {
     /// limit is OK all the same (envoyproxy/ratelimit's SHADOW_MODE).
     #[arg(long, env = "SLUICEGATE_SHADOW_MODE")]
     shadow_mode: bool,
+    /// The share of a limit (above 0, at most 1) past which hits count as near_limit in
+    /// the metrics (envoyproxy/ratelimit's NEAR_LIMIT_RATIO).
+    #[arg(long, env = "SLUICEGATE_NEAR_LIMIT_RATIO", default_value_t = DEFAULT_NEAR_LIMIT_RATIO, value_parser = parse_near_limit_ratio)]
+    near_limit_ratio: f32,
     /// Deprecated: --response-headers envoy with X-RateLimit-Limit, -Remaining and -Reset.
     #[arg(
         long,
@@ -205,6 +210,7 @@ impl ServeArgs {
             service: ServiceOptions {
                 compat: self.compat,
                 shadow_mode: self.shadow_mode,
+                near_limit_ratio: self.near_limit_ratio,
                 max_entry_bytes: self.max_entry_bytes,
                 response_headers,
                 envoy_header_names,
@@ -298,6 +304,16 @@ fn parse_header_name(text: &str) -> Result<String, String> {
     axum::http::HeaderName::from_bytes(text.as_bytes())
         .map(|_| text.to_owned())
         .map_err(|_| format!("{text:?} is not an HTTP header name"))
+}
+
+/// clap's value parser for --near-limit-ratio: a share in (0, 1].
+fn parse_near_limit_ratio(text: &str) -> Result<f32, String> {
+    match text.parse::<f32>() {
+        Ok(ratio) if ratio > 0.0 && ratio <= 1.0 => Ok(ratio),
+        _ => Err(format!(
+            "{text:?} is not a share of a limit above 0 and at most 1, such as 0.8"
+        )),
+    }
 }
 
 /// clap's value parser for --breaker-failure-rate: a share in (0, 1].
