@@ -250,3 +250,20 @@ async fn durations_are_whole_seconds_in_compat_mode() {
         }
     }
 }
+
+/// `--shadow-mode` (envoy's SHADOW_MODE): an answer over the limit is OK all the same,
+/// its statuses still saying which limit was over (src/service/ratelimit.go:266-270).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_shadow_mode_lets_everything_through() {
+    let server = serve("global-shadow", CONFIG, &["--shadow-mode"]);
+    let over = call_hits(&server, &["b"], 4).await;
+    assert_eq!(over.overall_code, i32::from(Code::Ok), "{over:?}");
+    assert_eq!(
+        over.statuses[0].code,
+        i32::from(Code::OverLimit),
+        "{over:?}"
+    );
+    let without = serve("no-global-shadow", CONFIG, &[]);
+    let refused = call_hits(&without, &["b"], 4).await;
+    assert_eq!(refused.overall_code, i32::from(Code::OverLimit));
+}
