@@ -67,7 +67,7 @@ fn the_binary_runs_on_envoys_environment_alone() {
         "domain: envoy-env\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
     )
     .unwrap();
-    let (http, grpc, debug) = (free_port(), free_port(), free_port());
+    let (http, grpc, debug, prometheus) = (free_port(), free_port(), free_port(), free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
         .arg("serve")
         .env_clear()
@@ -86,6 +86,8 @@ fn the_binary_runs_on_envoys_environment_alone() {
             ("REDIS_URL", &format!("127.0.0.1:{}", redis.port)),
             ("REDIS_POOL_SIZE", "4"),
             ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", &format!("127.0.0.1:{prometheus}")),
             ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
             ("LOG_LEVEL", "info"),
             ("LOG_FORMAT", "json"),
@@ -126,6 +128,15 @@ fn the_binary_runs_on_envoys_environment_alone() {
     assert!(
         answers[0].contains("RateLimit-Remaining: 1\n"),
         "{answers:?}"
+    );
+    // envoy's counters where USE_PROMETHEUS puts them.
+    let (status, scraped) = curl(&format!("127.0.0.1:{prometheus}"), "/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        scraped.contains(
+            "ratelimit_service_rate_limit_total_hits{domain=\"envoy-env\",key1=\"user\"} 3"
+        ),
+        "{scraped}"
     );
     // Its state is in the Redis of REDIS_URL.
     let keys: u64 = redis.query(&cmd("DBSIZE")).unwrap();

@@ -77,6 +77,24 @@ pub(crate) const VARIABLES: &[EnvoyVariable] = &[
         "probes and metrics port",
     ),
     variable(
+        "USE_PROMETHEUS",
+        Some("false"),
+        Some("--metrics-listen"),
+        "true: /metrics on PROMETHEUS_ADDR too",
+    ),
+    variable(
+        "PROMETHEUS_ADDR",
+        Some(":9090"),
+        Some("--metrics-listen"),
+        "(see USE_PROMETHEUS)",
+    ),
+    variable(
+        "PROMETHEUS_PATH",
+        Some("/metrics"),
+        Some("--metrics-listen"),
+        "/metrics only",
+    ),
+    variable(
         "RUNTIME_ROOT",
         Some("/srv/runtime_data/current"),
         Some("--config"),
@@ -293,6 +311,21 @@ fn flag_from(flag: &str, env: &Environment<'_>) -> anyhow::Result<Option<Option<
             value(path.display().to_string())
         }
         "--store" => value(store_url(env)?),
+        "--metrics-listen" => {
+            if !env.flag("USE_PROMETHEUS")? {
+                return Ok(None);
+            }
+            let path = env.get("PROMETHEUS_PATH");
+            if path != "/metrics" {
+                bail!("PROMETHEUS_PATH={path:?}: metrics are served at /metrics only");
+            }
+            // Go's ":9090" is every interface.
+            let address = env.get("PROMETHEUS_ADDR");
+            match address.strip_prefix(':') {
+                Some(port) => value(format!("0.0.0.0:{port}")),
+                None => value(address),
+            }
+        }
         "--response-headers" => Ok(env
             .flag("LIMIT_RESPONSE_HEADERS_ENABLED")?
             .then(|| Some("envoy".to_owned()))),

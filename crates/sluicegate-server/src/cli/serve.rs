@@ -84,6 +84,10 @@ pub struct ServeArgs {
     /// decides or resets).
     #[arg(long, env = "SLUICEGATE_DEBUG_LISTEN")]
     debug_listen: Option<SocketAddr>,
+    /// Also serve /metrics alone on this address (for a scraper that expects its own
+    /// port, as envoyproxy/ratelimit's PROMETHEUS_ADDR).
+    #[arg(long, env = "SLUICEGATE_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
     /// The headers Envoy answers (gRPC, /json) ask Envoy to add to the client's response:
     /// none, envoy (envoyproxy/ratelimit's limit, remaining and reset, named by
     /// --limit-header, --remaining-header, --reset-header), or ietf (RateLimit,
@@ -283,18 +287,17 @@ impl ServeArgs {
                 .await
                 .with_context(|| format!("cannot listen on {address}"))
         };
-        let grpc_only = match self.grpc_listen {
-            Some(address) => Some(bind(address).await?),
-            None => None,
-        };
-        let debug = match self.debug_listen {
-            Some(address) => Some(bind(address).await?),
-            None => None,
+        let bind_if = |address: Option<SocketAddr>| async move {
+            match address {
+                Some(address) => bind(address).await.map(Some),
+                None => Ok(None),
+            }
         };
         Ok(Listeners {
             main: bind(self.listen).await?,
-            grpc_only,
-            debug,
+            grpc_only: bind_if(self.grpc_listen).await?,
+            debug: bind_if(self.debug_listen).await?,
+            metrics: bind_if(self.metrics_listen).await?,
         })
     }
 }

@@ -48,6 +48,14 @@ pub(crate) fn debug(service: Arc<Service>) -> Router {
     monitoring().with_state(service).fallback(unknown_path)
 }
 
+/// `/metrics` alone, for a scraper's own listener.
+pub(crate) fn metrics_only(service: Arc<Service>) -> Router {
+    Router::new()
+        .route("/metrics", get(probes::metrics))
+        .with_state(service)
+        .fallback(unknown_path)
+}
+
 /// The routes every HTTP listener has.
 fn monitoring() -> Router<Arc<Service>> {
     Router::new()

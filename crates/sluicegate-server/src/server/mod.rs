@@ -61,6 +61,8 @@ pub struct Listeners {
     pub grpc_only: Option<TcpListener>,
     /// The probes, metrics and rules alone (envoyproxy/ratelimit's debug port).
     pub debug: Option<TcpListener>,
+    /// `/metrics` alone (envoyproxy/ratelimit's Prometheus address).
+    pub metrics: Option<TcpListener>,
 }
 
 /// The service made and its configuration loaded, not yet listening: what can fail at
@@ -193,6 +195,11 @@ impl Prepared {
         if let Some(listener) = listeners.debug {
             tracing::info!(debug_address = %listener.local_addr()?, "probes and metrics on their own port");
             others.push(("debug", listener, http::debug(Arc::clone(&service))));
+        }
+        if let Some(listener) = listeners.metrics {
+            tracing::info!(metrics_address = %listener.local_addr()?, "/metrics on its own port");
+            let app = http::metrics_only(Arc::clone(&service));
+            others.push(("metrics", listener, app));
         }
         let others: Vec<_> = others
             .into_iter()

@@ -60,6 +60,19 @@ fn envoys_defaults_apply() {
     }
     assert!(!flags.iter().any(|f| f.starts_with("--response-headers")));
     assert!(!flags.iter().any(|f| f.starts_with("--shadow-mode")));
+    assert!(!flags.iter().any(|f| f.starts_with("--metrics-listen")));
+}
+
+#[test]
+fn use_prometheus_serves_metrics_on_its_address() {
+    let on = appended(&["--compat", "envoy"], &[("USE_PROMETHEUS", "true")]).unwrap();
+    assert!(
+        on.iter().any(|f| f == "--metrics-listen=0.0.0.0:9090"),
+        "{on:?}"
+    );
+    let path = [("USE_PROMETHEUS", "true"), ("PROMETHEUS_PATH", "/stats")];
+    let error = format!("{:#}", appended(&["--compat", "envoy"], &path).unwrap_err());
+    assert!(error.contains("PROMETHEUS_PATH=\"/stats\""), "{error}");
 }
 
 #[test]
