@@ -118,6 +118,19 @@ async fn envoys_counters_under_envoys_names() {
         [1, 0, 0, 1, 0]
     );
     assert!(text.contains("# TYPE ratelimit_service_rate_limit_total_hits counter\n"));
+    // The service's own, as envoy's mapping names them: 14 calls so far, one load.
+    assert!(
+        text.contains("ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} 14\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ratelimit_service_config_load_success 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ratelimit_service_config_load_error 0\n"),
+        "{text}"
+    );
     // sluicegate's own, beside them.
     assert!(
         text.contains(r#"sluicegate_rule_hits_total{rule="d.user",result="over_limit"} 1"#),

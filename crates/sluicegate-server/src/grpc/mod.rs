@@ -86,6 +86,7 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
 
     fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
         let service = Arc::clone(&self.0);
+        service.metrics().grpc_call();
         Box::pin(async move {
             envoy::should_rate_limit(&service, request.get_ref())
                 .await

@@ -77,10 +77,18 @@ type Labels = Vec<(&'static str, String)>;
 /// Every limit's counters, by its labels, sorted as they are written.
 type ByLabels = BTreeMap<Labels, Arc<EnvoyCounters>>;
 
-/// Every limit's counters.
+/// Every limit's counters, and the service's own that envoy's mapping names.
 #[derive(Debug, Default)]
 pub(crate) struct EnvoyMetrics {
     limits: RwLock<ByLabels>,
+    /// `ShouldRateLimit` calls over gRPC.
+    grpc_calls: AtomicU64,
+}
+
+/// What the service counts elsewhere that envoy's mapping also names.
+pub(crate) struct ServiceCounts {
+    pub(crate) config_loads: u64,
+    pub(crate) config_errors: u64,
 }
 
 impl EnvoyMetrics {
@@ -99,8 +107,39 @@ impl EnvoyMetrics {
         self.limits.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The counters in Prometheus' text format.
-    pub(crate) fn render(&self, out: &mut String) {
+    /// Counts a `ShouldRateLimit` call over gRPC whose request decoded, answered or failed
+    /// (`/json` calls are not among them, as in envoy).
+    pub(crate) fn grpc_call(&self) {
+        self.grpc_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counters in Prometheus' text format: the per-limit ones, then
+    /// `ratelimit_service_total_requests` and the configuration loads.
+    pub(crate) fn render(&self, service: &ServiceCounts, out: &mut String) {
+        let mut counter = |name: &str, help: &str, labels: &str, value: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}.\n# TYPE {name} counter\n{name}{labels} {value}"
+            );
+        };
+        counter(
+            "ratelimit_service_total_requests",
+            "ShouldRateLimit calls over gRPC",
+            "{grpc_method=\"ShouldRateLimit\"}",
+            self.grpc_calls.load(Ordering::Relaxed),
+        );
+        counter(
+            "ratelimit_service_config_load_success",
+            "Configurations loaded",
+            "",
+            service.config_loads,
+        );
+        counter(
+            "ratelimit_service_config_load_error",
+            "Configurations rejected",
+            "",
+            service.config_errors,
+        );
         let limits = self.read();
         for (i, (name, help)) in COUNTERS.iter().enumerate() {
             let name = format!("ratelimit_service_rate_limit_{name}");
@@ -261,7 +300,23 @@ mod tests {
             .counters("d.user")
             .count(&decision(true, 10, 9), 1, false, 0.8);
         let mut out = String::new();
-        metrics.render(&mut out);
+        let service = ServiceCounts {
+            config_loads: 2,
+            config_errors: 1,
+        };
+        metrics.grpc_call();
+        metrics.render(&service, &mut out);
+        assert!(
+            out.contains("ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} 1\n")
+        );
+        assert!(
+            out.contains("ratelimit_service_config_load_success 2\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("ratelimit_service_config_load_error 1\n"),
+            "{out}"
+        );
         assert!(out.contains("# TYPE ratelimit_service_rate_limit_total_hits counter\n"));
         assert!(
             out.contains("ratelimit_service_rate_limit_total_hits{domain=\"d\",key1=\"user\"} 1\n"),

@@ -22,7 +22,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use sluicegate::{AnyStore, BreakerState, DecidedBy, Decision, FailurePolicy, Limiter};
 
-use self::envoy::{EnvoyCounters, EnvoyMetrics};
+use self::envoy::{EnvoyCounters, EnvoyMetrics, ServiceCounts};
 use crate::config::Config;
 
 /// The content type of [`Metrics::render`]'s text.
@@ -364,6 +364,11 @@ impl Metrics {
         &self.connections
     }
 
+    /// Counts a `ShouldRateLimit` call over gRPC.
+    pub(crate) fn grpc_call(&self) {
+        self.envoy.grpc_call();
+    }
+
     /// Counts a configuration put in force.
     pub(crate) fn config_loaded(&self) {
         self.config_loads.inc();
@@ -380,7 +385,11 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_text::encode(&mut out, &self.registry);
         let _ = prometheus_text::encode(&mut out, &limiter_registry(limiter));
-        self.envoy.render(&mut out);
+        let counts = ServiceCounts {
+            config_loads: self.config_loads.get(),
+            config_errors: self.config_errors.get(),
+        };
+        self.envoy.render(&counts, &mut out);
         out
     }
 }
