@@ -227,7 +227,18 @@ pub(crate) fn with_envoy_env(
             }
             continue;
         };
-        if given(serve, arg.get_id().as_str()) {
+        // Given, or ruled out by a flag given (envoy's header names beside the
+        // deprecated --legacy-headers).
+        let ruled_out = serve_command
+            .get_arguments()
+            .filter(|other| given(serve, other.get_id().as_str()))
+            .any(|other| {
+                serve_command
+                    .get_arg_conflicts_with(other)
+                    .iter()
+                    .any(|c| c.get_id() == arg.get_id())
+            });
+        if ruled_out || given(serve, arg.get_id().as_str()) {
             continue;
         }
         let set = flag_from(flag, &env).with_context(|| format!("--compat envoy: {flag}"))?;

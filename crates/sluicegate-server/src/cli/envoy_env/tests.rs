@@ -140,6 +140,15 @@ fn explicit_flags_win() {
 }
 
 #[test]
+fn a_flag_given_rules_out_the_variables_it_conflicts_with() {
+    let flags = appended(&["--compat", "envoy", "--legacy-headers"], &[]).unwrap();
+    assert!(
+        !flags.iter().any(|f| f.starts_with("--limit-header")),
+        "{flags:?}"
+    );
+}
+
+#[test]
 fn redis_variables_make_the_store_url() {
     let tcp = [
         ("REDIS_SOCKET_TYPE", "tcp"),
