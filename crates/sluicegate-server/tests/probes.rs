@@ -25,9 +25,15 @@ fn curl(address: &str, path: &str) -> (u16, String) {
 /// grpcio's health Check of `service` at `address`: the status's name, or the failed
 /// call's code and message.
 fn grpc_health(address: &str, service: &str) -> String {
+    grpc_health_call(address, &[service])
+}
+
+/// health_check.py with `args` after the address.
+fn grpc_health_call(address: &str, args: &[&str]) -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/health_check.py");
     let out = Command::new("python3")
-        .args([script, address, service])
+        .args([script, address])
+        .args(args)
         .output()
         .expect("python3");
     assert!(
@@ -91,6 +97,11 @@ fn grpc_health_serves_ratelimit_and_the_server_on_both_grpc_ports() {
         assert!(
             grpc_health(address, "nosuch").starts_with("NOT_FOUND"),
             "{address}"
+        );
+        // A Watch opens with the status as it is.
+        assert_eq!(
+            grpc_health_call(address, &["ratelimit", "--watch"]),
+            "SERVING"
         );
     }
 }

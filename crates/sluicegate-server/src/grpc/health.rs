@@ -1,13 +1,18 @@
 //! gRPC's health protocol, `grpc.health.v1.Health`, for the names envoyproxy/ratelimit
 //! serves it under: `ratelimit` (envoyproxy/ratelimit@f2fb157 src/server/server_impl.go:293)
-//! and the server as a whole, `""`. Both follow [`readiness`], checked every
-//! [`HEALTH_INTERVAL`] off the request path, so `Check` and `Watch` answer from memory.
+//! and the server as a whole, `""`. Both are the service's [`readiness`], asked when a
+//! probe asks — nothing pings the store on its own — and, for a `Watch`, every
+//! [`WATCH_INTERVAL`] while the watcher stays, a message sent on each change.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tonic_health::ServingStatus;
-use tonic_health::server::HealthReporter;
+use tonic::codegen::BoxStream;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_server::{Health, HealthServer};
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 use crate::readiness::readiness;
 use crate::service::Service;
@@ -15,43 +20,77 @@ use crate::service::Service;
 /// The service names whose status is the service's readiness.
 const NAMES: [&str; 2] = ["", "ratelimit"];
 
-/// How often readiness is asked again.
-pub(crate) const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a `Watch` asks readiness again.
+const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The statuses every gRPC listener answers from, kept to the service's readiness by a
-/// task of their own from now on (ready or not as of now before this returns).
-pub(crate) async fn follow_readiness(service: Arc<Service>) -> HealthReporter {
-    let reporter = HealthReporter::new();
-    let mut reported = status(&service).await;
-    set(&reporter, reported).await;
-    let following = reporter.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(HEALTH_INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            // Watchers hear of changes only.
-            let now = status(&service).await;
-            if now != reported {
-                set(&following, now).await;
-                reported = now;
-            }
-        }
-    });
-    reporter
+/// The health service over `service`, for tonic's router.
+pub(super) fn server(service: Arc<Service>) -> HealthServer<ServiceHealth> {
+    HealthServer::new(ServiceHealth(service))
 }
 
-async fn status(service: &Service) -> ServingStatus {
-    if readiness(service).await.is_ready() {
+/// `grpc.health.v1.Health` answered from the service's readiness.
+pub(super) struct ServiceHealth(Arc<Service>);
+
+/// The status of `name`, or NOT_FOUND for a service this server does not have (as the
+/// protocol asks).
+async fn status(service: &Service, name: &str) -> Result<HealthCheckResponse, Status> {
+    if !NAMES.contains(&name) {
+        return Err(Status::not_found(format!("no service {name:?}")));
+    }
+    let status = if readiness(service).await.is_ready() {
         ServingStatus::Serving
     } else {
         ServingStatus::NotServing
-    }
+    };
+    Ok(HealthCheckResponse {
+        status: status.into(),
+    })
 }
 
-async fn set(reporter: &HealthReporter, status: ServingStatus) {
-    for name in NAMES {
-        reporter.set_service_status(name, status).await;
+#[tonic::async_trait]
+impl Health for ServiceHealth {
+    async fn check(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
+        status(&self.0, &request.get_ref().service)
+            .await
+            .map(Response::new)
+    }
+
+    type WatchStream = BoxStream<HealthCheckResponse>;
+
+    async fn watch(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let name = request.into_inner().service;
+        let first = status(&self.0, &name).await?;
+        let (sender, receiver) = tokio::sync::mpsc::channel(1);
+        let service = Arc::clone(&self.0);
+        tokio::spawn(async move {
+            let mut last = first.status;
+            if sender.send(Ok(first)).await.is_err() {
+                return;
+            }
+            let mut tick = tokio::time::interval(WATCH_INTERVAL);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = sender.closed() => return,
+                }
+                let Ok(now) = status(&service, &name).await else {
+                    return;
+                };
+                if now.status != last {
+                    last = now.status;
+                    if sender.send(Ok(now)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
 }

@@ -6,7 +6,7 @@
 //! `RateLimitRequest` with INTERNAL, as if the fault were the server's. It is the
 //! client's, so it answers INVALID_ARGUMENT saying what was wrong, as all bad input does.
 
-pub(crate) mod health;
+mod health;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,8 +18,6 @@ use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic::codegen::{Body, BoxFuture, StdError, http};
 use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Request, Response, Status};
-use tonic_health::pb::health_server::HealthServer;
-use tonic_health::server::{HealthReporter, HealthService};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 use crate::envoy;
@@ -28,11 +26,11 @@ use crate::service::{DecideError, Service};
 /// The one method's path.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-/// The gRPC services — the RLS and the health protocol, answering from `health` — as a
+/// The gRPC services — the RLS and the health protocol — as a
 /// router, to serve on its own or beside the HTTP API. Any other path is the caller's to
 /// answer (its fallback).
-pub(crate) fn router(service: Arc<Service>, health: &HealthReporter) -> axum::Router {
-    let health = HealthServer::new(HealthService::from_health_reporter(health.clone()));
+pub(crate) fn router(service: Arc<Service>) -> axum::Router {
+    let health = health::server(Arc::clone(&service));
     tonic::service::Routes::new(RlsServer { service })
         .add_service(health)
         .into_axum_router()

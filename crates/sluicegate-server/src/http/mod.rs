@@ -17,15 +17,14 @@ use axum::extract::Request;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use tonic_health::server::HealthReporter;
 
 pub(crate) use self::error::ApiError;
 use crate::service::Service;
 
 /// The service's routes: the HTTP API, and the gRPC services on the same port (gRPC
 /// needs HTTP/2, which the server speaks alongside HTTP/1.1).
-pub(crate) fn app(service: Arc<Service>, health: &HealthReporter) -> Router {
-    let grpc = crate::grpc::router(Arc::clone(&service), health);
+pub(crate) fn app(service: Arc<Service>) -> Router {
+    let grpc = crate::grpc::router(Arc::clone(&service));
     Router::new()
         .route("/v1/check", post(check::check))
         .route("/json", post(envoy_json::envoy_json))
@@ -38,8 +37,8 @@ pub(crate) fn app(service: Arc<Service>, health: &HealthReporter) -> Router {
 }
 
 /// The gRPC services alone, for a listener of their own.
-pub(crate) fn grpc_only(service: Arc<Service>, health: &HealthReporter) -> Router {
-    crate::grpc::router(service, health).fallback(unknown_path)
+pub(crate) fn grpc_only(service: Arc<Service>) -> Router {
+    crate::grpc::router(service).fallback(unknown_path)
 }
 
 /// What an operator's listener serves (envoyproxy/ratelimit's debug port): the probes,

@@ -211,10 +211,7 @@ fn app_with(config: &str, admin_token: Option<&str>) -> Router {
         response_headers: crate::service::ResponseHeaders::Ietf,
         ..ServiceOptions::default()
     };
-    app(
-        Arc::new(Service::new(config, limiter, options)),
-        &tonic_health::server::HealthReporter::new(),
-    )
+    app(Arc::new(Service::new(config, limiter, options)))
 }
 
 fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> String {

@@ -185,11 +185,10 @@ impl Prepared {
             shutdown.await;
             let _ = stop.send(true);
         });
-        let health = crate::grpc::health::follow_readiness(Arc::clone(&service)).await;
         let mut others = Vec::new();
         if let Some(listener) = listeners.grpc_only {
             tracing::info!(grpc_address = %listener.local_addr()?, "gRPC also on its own port");
-            let app = http::grpc_only(Arc::clone(&service), &health);
+            let app = http::grpc_only(Arc::clone(&service));
             others.push(("gRPC", listener, app));
         }
         if let Some(listener) = listeners.debug {
@@ -216,7 +215,7 @@ impl Prepared {
             .collect();
         accept::serve(
             listeners.main,
-            http::app(service, &health),
+            http::app(service),
             connections,
             slots,
             stopping,

@@ -1,9 +1,10 @@
 """One grpc.health.v1.Health/Check call from Python's grpcio, through the stubs of PyPI's
 grpcio-health-checking.
 
-Usage: health_check.py HOST:PORT SERVICE
-Prints the serving status's name (SERVING, NOT_SERVING, ...), or the gRPC status code
-name of a failed call and its message on the next line.
+Usage: health_check.py HOST:PORT SERVICE [--watch]
+Prints the serving status's name (SERVING, NOT_SERVING, ...) — with --watch, the first
+message of a Watch — or the gRPC status code name of a failed call and its message on
+the next line.
 """
 import sys
 
@@ -13,10 +14,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 def main():
     address, service = sys.argv[1], sys.argv[2]
+    watch = sys.argv[3:] == ["--watch"]
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service=service)
         try:
-            answer = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            if watch:
+                answer = next(iter(stub.Watch(request, timeout=5)))
+            else:
+                answer = stub.Check(request, timeout=5)
         except grpc.RpcError as error:
             print(error.code().name)
             print(error.details())
