@@ -11,6 +11,7 @@ mod http;
 mod limit_override;
 mod metrics;
 mod offenders;
+mod readiness;
 mod server;
 mod service;
 mod tools;
@@ -20,4 +21,4 @@ pub use config::Config;
 pub use server::{
     ConnectionOptions, Listeners, Prepared, ServeOptions, TlsOptions, prepare, serve,
 };
-pub use service::ServiceOptions;
+pub use service::{EnvoyHeaderNames, ResponseHeaders, ServiceOptions};

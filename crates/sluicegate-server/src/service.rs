@@ -20,13 +20,56 @@ use crate::limit_override::LimitOverride;
 use crate::metrics::{Metrics, RuleMetrics, RuleTotals};
 use crate::offenders::{DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD, Offenders, RuleOffenders};
 
+/// The rate-limit headers an Envoy answer asks Envoy to add to the client's response.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ResponseHeaders {
+    /// None: what a configuration names stays between Envoy and the service.
+    #[default]
+    None,
+    /// envoyproxy/ratelimit's three (`LIMIT_RESPONSE_HEADERS_ENABLED`), named by
+    /// [`EnvoyHeaderNames`], from the descriptor closest to its limit.
+    Envoy,
+    /// IETF `RateLimit` and `RateLimit-Policy`, `Retry-After` on a refusal, and who decided.
+    Ietf,
+}
+
+/// The names of envoyproxy/ratelimit's headers (`LIMIT_LIMIT_HEADER`,
+/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvoyHeaderNames {
+    /// The limit's requests per unit.
+    pub limit: String,
+    /// What remains of it.
+    pub remaining: String,
+    /// Whole seconds until it resets.
+    pub reset: String,
+}
+
+impl Default for EnvoyHeaderNames {
+    /// envoyproxy/ratelimit's defaults (envoyproxy/ratelimit@f2fb157
+    /// src/settings/settings.go:117-121).
+    fn default() -> Self {
+        EnvoyHeaderNames {
+            limit: "RateLimit-Limit".to_owned(),
+            remaining: "RateLimit-Remaining".to_owned(),
+            reset: "RateLimit-Reset".to_owned(),
+        }
+    }
+}
+
 /// How the front ends answer, beside what the configuration says.
 #[derive(Clone, Debug)]
 pub struct ServiceOptions {
+    /// Envoy answers are OK even over the limit (`--shadow-mode`).
+    pub shadow_mode: bool,
+    /// A hit is near its limit past this share of it (`--near-limit-ratio`).
+    pub near_limit_ratio: f32,
     /// The longest descriptor key or value accepted, in bytes.
     pub max_entry_bytes: usize,
-    /// Also answer the legacy `X-RateLimit-*` headers (gRPC headers to add).
-    pub legacy_headers: bool,
+    /// The headers Envoy answers ask to add (gRPC and `/json`).
+    pub response_headers: ResponseHeaders,
+    /// The names of [`ResponseHeaders::Envoy`]'s headers.
+    pub envoy_header_names: EnvoyHeaderNames,
     /// The bearer token `/v1/reset` needs; `None` turns it off.
     pub admin_token: Option<Arc<str>>,
     /// Not ready (`/readyz` 503) while a Redis server's `maxmemory-policy` may evict keys,
@@ -46,8 +89,11 @@ pub struct ServiceOptions {
 impl Default for ServiceOptions {
     fn default() -> Self {
         ServiceOptions {
+            shadow_mode: false,
+            near_limit_ratio: crate::metrics::DEFAULT_NEAR_LIMIT_RATIO,
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
-            legacy_headers: false,
+            response_headers: ResponseHeaders::None,
+            envoy_header_names: EnvoyHeaderNames::default(),
             admin_token: None,
             require_noeviction: false,
             ui: true,
@@ -116,6 +162,10 @@ pub(crate) struct DescriptorOutcome {
     /// The matched configuration path; `None` when nothing matched (or the match was
     /// replaced by another limit of the request).
     pub(crate) path: Option<String>,
+    /// The matched limit's `name`, when the configuration gives one.
+    pub(crate) name: Option<String>,
+    /// A matched block's unit in µs, when it names one.
+    pub(crate) block_window: Option<u64>,
     /// The matched rule; `None` for `unlimited`, for a block (`requests_per_unit: 0`),
     /// or no match.
     pub(crate) rule: Option<Rule>,
@@ -143,6 +193,8 @@ impl Decided {
     pub(crate) fn unlimited(count: usize) -> Self {
         let nothing = || DescriptorOutcome {
             path: None,
+            name: None,
+            block_window: None,
             rule: None,
             decision: None,
             unlimited: false,
@@ -160,7 +212,8 @@ impl Decided {
     }
 }
 
-/// A block's decision: over the limit, and it will never pass.
+/// A block's decision: over the limit, and it will never pass. Its reset is the end of
+/// its unit's window, when it names a unit ([`Service::block`]).
 const BLOCKED: Decision = Decision {
     allowed: false,
     limit: 0,
@@ -214,6 +267,19 @@ pub(crate) fn descriptor_key(entries: &[Entry]) -> String {
             key.push(':');
             key.push_str(part);
         }
+    }
+    key
+}
+
+/// A `detailed_metric` limit's stat key for one request descriptor: the domain, then each
+/// entry's `key_value`, as envoyproxy/ratelimit builds it (src/config/config_impl.go:480-498).
+fn detailed_key(domain: &str, entries: &[Entry]) -> String {
+    let mut key = domain.to_owned();
+    for entry in entries {
+        key.push('.');
+        key.push_str(&entry.key);
+        key.push('_');
+        key.push_str(&entry.value);
     }
     key
 }
@@ -275,7 +341,7 @@ impl Service {
         limiter: Arc<Limiter<AnyStore>>,
         options: ServiceOptions,
     ) -> Self {
-        let metrics = Metrics::default();
+        let metrics = Metrics::new(options.near_limit_ratio);
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
         let offenders = Offenders::new(Arc::clone(&clock), DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD);
         let live = ArcSwap::from_pointee(Live::new(config, &metrics, &offenders, 1));
@@ -461,21 +527,22 @@ impl Service {
             .zip(costs)
             .map(|(((limit, decision), entries), &cost)| {
                 let decision = match limit {
-                    Some(l) if l.blocked => Some(BLOCKED),
+                    Some(l) if l.blocked => Some(self.block(l)),
                     _ => decision,
                 };
                 if let (Some(l), Some(decision)) = (limit, &decision) {
-                    match (entries.last(), live.rule_metrics.get(&l.path)) {
-                        // Labelled by the request's value: looked up per decision.
-                        (Some(last), _) if l.detailed_metric => self
+                    match live.rule_metrics.get(&l.path) {
+                        // Labelled by the request's values: looked up per decision.
+                        _ if l.detailed_metric => self
                             .metrics
-                            .rule_metrics(&format!("{}_{}", l.path, last.value))
-                            .count(decision, l.shadow_mode),
-                        (_, Some(counters)) => counters.count(decision, l.shadow_mode),
-                        (_, None) => self
-                            .metrics
-                            .rule_metrics(&l.path)
-                            .count(decision, l.shadow_mode),
+                            .rule_metrics(&detailed_key(domain, entries))
+                            .count(decision, cost, l.shadow_mode),
+                        Some(counters) => counters.count(decision, cost, l.shadow_mode),
+                        None => {
+                            self.metrics
+                                .rule_metrics(&l.path)
+                                .count(decision, cost, l.shadow_mode)
+                        }
                     }
                     if !decision.allowed
                         && !l.shadow_mode
@@ -499,6 +566,8 @@ impl Service {
                 }
                 DescriptorOutcome {
                     path: limit.map(|l| l.path.clone()),
+                    name: limit.and_then(|l| l.name.clone()),
+                    block_window: limit.and_then(|l| l.block_window),
                     rule: limit.and_then(|l| l.rule.clone()),
                     decision,
                     unlimited: limit.is_some_and(|l| l.rule.is_none() && !l.blocked),
@@ -511,6 +580,16 @@ impl Service {
             outcome,
             blocked,
         })
+    }
+
+    /// A block's decision now: it resets when its unit's window, aligned to the epoch as a
+    /// fixed window's, ends (as envoyproxy/ratelimit reports it).
+    fn block(&self, limit: &ConfiguredLimit) -> Decision {
+        let now = self.limiter.clock().now_micros();
+        Decision {
+            reset_after: limit.block_window.map_or(0, |window| window - now % window),
+            ..BLOCKED
+        }
     }
 
     /// sluicegate's counting (and envoy's with `--stop-increment-when-over-limit`): the

@@ -3,6 +3,7 @@
 
 mod args;
 mod bench;
+mod envoy_env;
 mod load;
 mod logging;
 mod plan;
@@ -52,7 +53,16 @@ enum Command {
 
 /// Runs the command line: parses the arguments, runs the command, and says how it ended.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let argv = envoy_env::with_envoy_env(std::env::args_os().collect(), &|name| {
+        std::env::var(name).ok()
+    });
+    let cli = match argv {
+        Ok(argv) => Cli::parse_from(argv),
+        Err(error) => {
+            eprintln!("sluicegate: error: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = match cli.command {
         Command::Serve(args) => serve::serve(*args),
         Command::Replay(args) => replay::run(&args),

@@ -15,8 +15,9 @@ use super::logging::LogArgs;
 use super::runtime::runtime;
 use crate::compat::Compat;
 use crate::config::DEFAULT_MAX_NODES;
+use crate::metrics::DEFAULT_NEAR_LIMIT_RATIO;
 use crate::server::{self, ConnectionOptions, Listeners, ServeOptions, TlsOptions};
-use crate::service::{DEFAULT_MAX_ENTRY_BYTES, ServiceOptions};
+use crate::service::{DEFAULT_MAX_ENTRY_BYTES, EnvoyHeaderNames, ResponseHeaders, ServiceOptions};
 
 #[derive(Args)]
 /// The flags of `sluicegate serve`.
@@ -29,9 +30,9 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICEGATE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
     #[command(flatten)]
-    logging: LogArgs,
-    #[command(flatten)]
     store: StoreArgs,
+    #[command(flatten)]
+    log: LogArgs,
     /// When the store fails: error (answer 503), allow, deny, or local (an in-memory
     /// limiter allowing L / --instances). Rules may set their own (on_store_error).
     #[arg(long, env = "SLUICEGATE_ON_STORE_ERROR", default_value = "error")]
@@ -70,7 +71,7 @@ pub struct ServeArgs {
     default_algorithm: Option<Algorithm>,
     /// Whose semantics to keep: none (sluicegate's: refusals cost nothing, a request is
     /// all-or-nothing) or envoy (envoyproxy/ratelimit's: fixed windows, refused hits
-    /// counted, each descriptor counted on its own).
+    /// counted, each descriptor counted on its own; its environment variables read too).
     #[arg(long, env = "SLUICEGATE_COMPAT", default_value = "none")]
     compat: Compat,
     /// With --compat envoy: when a descriptor of a request goes over its limit, the
@@ -80,8 +81,44 @@ pub struct ServeArgs {
     /// Also serve gRPC alone on this address (it is always served on --listen too).
     #[arg(long, env = "SLUICEGATE_GRPC_LISTEN")]
     grpc_listen: Option<SocketAddr>,
-    /// Add the legacy X-RateLimit-Limit, -Remaining and -Reset to gRPC answers.
-    #[arg(long, env = "SLUICEGATE_LEGACY_HEADERS")]
+    /// Also serve the probes, /metrics and /v1/rules alone on this address (nothing that
+    /// decides or resets).
+    #[arg(long, env = "SLUICEGATE_DEBUG_LISTEN")]
+    debug_listen: Option<SocketAddr>,
+    /// Also serve /metrics alone on this address (for a scraper that expects its own
+    /// port, as envoyproxy/ratelimit's PROMETHEUS_ADDR).
+    #[arg(long, env = "SLUICEGATE_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+    /// The headers Envoy answers (gRPC, /json) ask Envoy to add to the client's response:
+    /// none, envoy (envoyproxy/ratelimit's limit, remaining and reset, named by
+    /// --limit-header, --remaining-header, --reset-header), or ietf (RateLimit,
+    /// RateLimit-Policy, Retry-After).
+    #[arg(long, env = "SLUICEGATE_RESPONSE_HEADERS", default_value = "none")]
+    response_headers: ResponseHeaders,
+    /// The name of --response-headers envoy's limit header.
+    #[arg(long, env = "SLUICEGATE_LIMIT_HEADER", default_value = "RateLimit-Limit", value_parser = parse_header_name)]
+    limit_header: String,
+    /// The name of --response-headers envoy's remaining header.
+    #[arg(long, env = "SLUICEGATE_REMAINING_HEADER", default_value = "RateLimit-Remaining", value_parser = parse_header_name)]
+    remaining_header: String,
+    /// The name of --response-headers envoy's reset header.
+    #[arg(long, env = "SLUICEGATE_RESET_HEADER", default_value = "RateLimit-Reset", value_parser = parse_header_name)]
+    reset_header: String,
+    /// Refuse nothing: every limit is counted and reported, and an Envoy answer over the
+    /// limit is OK all the same (envoyproxy/ratelimit's SHADOW_MODE).
+    #[arg(long, env = "SLUICEGATE_SHADOW_MODE")]
+    shadow_mode: bool,
+    /// The share of a limit (above 0, at most 1) past which hits count as near_limit in
+    /// the metrics (envoyproxy/ratelimit's NEAR_LIMIT_RATIO).
+    #[arg(long, env = "SLUICEGATE_NEAR_LIMIT_RATIO", default_value_t = DEFAULT_NEAR_LIMIT_RATIO, value_parser = parse_near_limit_ratio)]
+    near_limit_ratio: f32,
+    /// Deprecated: --response-headers envoy with X-RateLimit-Limit, -Remaining and -Reset.
+    #[arg(
+        long,
+        env = "SLUICEGATE_LEGACY_HEADERS",
+        hide = true,
+        conflicts_with_all = ["response_headers", "limit_header", "remaining_header", "reset_header"]
+    )]
     legacy_headers: bool,
     /// The longest descriptor key or value accepted, in bytes (longer: 400).
     #[arg(long, env = "SLUICEGATE_MAX_ENTRY_BYTES", default_value_t = DEFAULT_MAX_ENTRY_BYTES)]
@@ -159,6 +196,7 @@ impl ServeArgs {
             !self.breaker_window.duration().is_zero(),
             "--breaker-window must be longer than zero"
         );
+        let (response_headers, envoy_header_names) = self.response_headers();
         Ok(ServeOptions {
             config: self.config.clone(),
             default_algorithm: self.compat.default_algorithm(self.default_algorithm),
@@ -189,12 +227,15 @@ impl ServeArgs {
                 ..LimiterConfig::default()
             },
             service: ServiceOptions {
+                shadow_mode: self.shadow_mode,
+                near_limit_ratio: self.near_limit_ratio,
                 max_entry_bytes: self.max_entry_bytes,
-                legacy_headers: self.legacy_headers,
+                response_headers,
+                envoy_header_names,
                 admin_token: self.admin_token.as_deref().map(Arc::from),
                 require_noeviction: self.require_noeviction,
                 ui: !self.no_ui,
-                refusal_log_share: self.logging.log_refusals,
+                refusal_log_share: self.log.log_refusals,
                 compat: self.compat,
                 counting: self
                     .compat
@@ -222,6 +263,30 @@ impl ServeArgs {
         })
     }
 
+    /// --response-headers and the envoy headers' names, or the deprecated
+    /// --legacy-headers standing in for them.
+    fn response_headers(&self) -> (ResponseHeaders, EnvoyHeaderNames) {
+        if self.legacy_headers {
+            tracing::warn!(
+                "--legacy-headers is deprecated: read as --response-headers envoy \
+                 --limit-header X-RateLimit-Limit --remaining-header X-RateLimit-Remaining \
+                 --reset-header X-RateLimit-Reset"
+            );
+            let names = EnvoyHeaderNames {
+                limit: "X-RateLimit-Limit".to_owned(),
+                remaining: "X-RateLimit-Remaining".to_owned(),
+                reset: "X-RateLimit-Reset".to_owned(),
+            };
+            return (ResponseHeaders::Envoy, names);
+        }
+        let names = EnvoyHeaderNames {
+            limit: self.limit_header.clone(),
+            remaining: self.remaining_header.clone(),
+            reset: self.reset_header.clone(),
+        };
+        (self.response_headers, names)
+    }
+
     /// --breaker-min-calls, or the deprecated --breaker-failures standing in for it.
     fn breaker_min_calls(&self) -> u32 {
         match self.breaker_failures {
@@ -243,14 +308,35 @@ impl ServeArgs {
                 .await
                 .with_context(|| format!("cannot listen on {address}"))
         };
-        let grpc_only = match self.grpc_listen {
-            Some(address) => Some(bind(address).await?),
-            None => None,
+        let bind_if = |address: Option<SocketAddr>| async move {
+            match address {
+                Some(address) => bind(address).await.map(Some),
+                None => Ok(None),
+            }
         };
         Ok(Listeners {
             main: bind(self.listen).await?,
-            grpc_only,
+            grpc_only: bind_if(self.grpc_listen).await?,
+            debug: bind_if(self.debug_listen).await?,
+            metrics: bind_if(self.metrics_listen).await?,
         })
+    }
+}
+
+/// clap's value parser for the header-name flags: a name Envoy can add.
+fn parse_header_name(text: &str) -> Result<String, String> {
+    axum::http::HeaderName::from_bytes(text.as_bytes())
+        .map(|_| text.to_owned())
+        .map_err(|_| format!("{text:?} is not an HTTP header name"))
+}
+
+/// clap's value parser for --near-limit-ratio: a share in (0, 1].
+fn parse_near_limit_ratio(text: &str) -> Result<f32, String> {
+    match text.parse::<f32>() {
+        Ok(ratio) if ratio > 0.0 && ratio <= 1.0 => Ok(ratio),
+        _ => Err(format!(
+            "{text:?} is not a share of a limit above 0 and at most 1, such as 0.8"
+        )),
     }
 }
 
@@ -275,7 +361,7 @@ const RUNTIME_STOP: Duration = Duration::from_secs(1);
 
 /// Runs the service in this process until SIGTERM or SIGINT.
 pub(super) fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    args.logging.init()?;
+    args.log.init();
     let options = args.options()?;
     let runtime = runtime()?;
     let served = runtime.block_on(async {

@@ -13,9 +13,13 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluicegate::{Decision, Rule, headers};
 
+use crate::compat::Compat;
 use crate::config::Entry;
 use crate::limit_override::LimitOverride;
-use crate::service::{DecideError, Decided, DescriptorOutcome, Service};
+use crate::service::{
+    DecideError, Decided, DescriptorOutcome, EnvoyHeaderNames, ResponseHeaders, Service,
+    ServiceOptions,
+};
 
 /// Decides one `RateLimitRequest` (how its descriptors count: `--compat`).
 pub(crate) async fn should_rate_limit(
@@ -23,7 +27,7 @@ pub(crate) async fn should_rate_limit(
     request: &RateLimitRequest,
 ) -> Result<RateLimitResponse, DecideError> {
     // envoyproxy/ratelimit fails the call ("rate limit domain must not be empty",
-    // envoyproxy/ratelimit@f2fb157 src/service/ratelimit.go); here it is bad input, named.
+    // envoyproxy/ratelimit@f2fb157 src/service/ratelimit.go:189); here it is bad input.
     if request.domain.is_empty() {
         return Err(DecideError::Invalid("domain: must not be empty".into()));
     }
@@ -43,7 +47,7 @@ pub(crate) async fn should_rate_limit(
         Err(DecideError::UnknownDomain(_)) => Decided::unlimited(asked.entries.len()),
         decided => decided?,
     };
-    Ok(response(&decided, service.options().legacy_headers))
+    Ok(response(&decided, service.options()))
 }
 
 /// A request's descriptors, field by field, in request order.
@@ -90,11 +94,23 @@ fn descriptors_of(request: &RateLimitRequest) -> Result<Asked, DecideError> {
 }
 
 /// The answer: a status per descriptor, in request order, and the headers Envoy adds.
-fn response(decided: &Decided, legacy_headers: bool) -> RateLimitResponse {
+fn response(decided: &Decided, options: &ServiceOptions) -> RateLimitResponse {
+    let statuses: Vec<DescriptorStatus> = decided
+        .descriptors
+        .iter()
+        .map(|d| status(d, options.compat))
+        .collect();
+    let response_headers_to_add = match options.response_headers {
+        ResponseHeaders::None => Vec::new(),
+        ResponseHeaders::Envoy => envoy_headers(&statuses, &options.envoy_header_names),
+        ResponseHeaders::Ietf => ietf_headers(decided),
+    };
     RateLimitResponse {
-        overall_code: code(!decided.allowed()).into(),
-        statuses: decided.descriptors.iter().map(status).collect(),
-        response_headers_to_add: response_headers(decided, legacy_headers),
+        // Global shadow mode: the statuses say what was over, the answer lets it through
+        // (envoyproxy/ratelimit@f2fb157 src/service/ratelimit.go:266-270).
+        overall_code: code(!decided.allowed() && !options.shadow_mode).into(),
+        statuses,
+        response_headers_to_add,
         ..RateLimitResponse::default()
     }
 }
@@ -107,14 +123,18 @@ fn code(over_limit: bool) -> Code {
     }
 }
 
-/// The unit Envoy shows for a window, when it is exactly one; `Unknown` otherwise (a
-/// window of 90 s has none).
+/// The unit Envoy shows for a window, when it is exactly one (a month is 30 days and a
+/// year 365, as envoyproxy/ratelimit counts them); `Unknown` otherwise (a window of 90 s
+/// has none).
 fn unit_of(window: u64) -> Unit {
     match window {
         1_000_000 => Unit::Second,
         60_000_000 => Unit::Minute,
         3_600_000_000 => Unit::Hour,
         86_400_000_000 => Unit::Day,
+        604_800_000_000 => Unit::Week,
+        2_592_000_000_000 => Unit::Month,
+        31_536_000_000_000 => Unit::Year,
         _ => Unit::Unknown,
     }
 }
@@ -131,7 +151,10 @@ fn clamp_u32(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-fn status(descriptor: &DescriptorOutcome) -> DescriptorStatus {
+/// A descriptor's status, as envoyproxy/ratelimit gives it: a limited one always has its
+/// limit and the time until it resets; nothing remains of a limit refused (in shadow mode
+/// too, though let through); `name` is the configuration's, empty when it names none.
+fn status(descriptor: &DescriptorOutcome, compat: Compat) -> DescriptorStatus {
     if descriptor.unlimited {
         // As envoyproxy/ratelimit answers an unlimited descriptor.
         return DescriptorStatus {
@@ -146,29 +169,26 @@ fn status(descriptor: &DescriptorOutcome) -> DescriptorStatus {
             ..DescriptorStatus::default()
         };
     };
-    let Some(rule) = descriptor.rule.as_ref() else {
-        // A block: over the limit, with a limit of 0.
-        return DescriptorStatus {
-            code: Code::OverLimit.into(),
-            current_limit: Some(RateLimit {
-                name: descriptor.path.clone().unwrap_or_default(),
-                requests_per_unit: 0,
-                unit: Unit::Unknown.into(),
-            }),
-            ..DescriptorStatus::default()
-        };
+    let (requests_per_unit, window) = match &descriptor.rule {
+        // The rate, L per W: a token bucket's burst (the decision's `limit`) is not it.
+        Some(rule) => (clamp_u32(rule.limit()), Some(rule.window())),
+        // A block: a limit of 0, in the unit it names.
+        None => (0, descriptor.block_window),
     };
-    // Shadow mode: counted, reported, never enforced.
     DescriptorStatus {
+        // Shadow mode: counted, reported, never enforced.
         code: code(!d.allowed && !descriptor.shadow).into(),
         current_limit: Some(RateLimit {
-            name: rule.name().to_owned(),
-            // The rate, L per W: a token bucket's burst (the decision's `limit`) is not it.
-            requests_per_unit: clamp_u32(rule.limit()),
-            unit: unit_of(rule.window()).into(),
+            name: descriptor.name.clone().unwrap_or_default(),
+            requests_per_unit,
+            unit: window.map_or(Unit::Unknown, unit_of).into(),
         }),
-        limit_remaining: clamp_u32(d.remaining),
-        duration_until_reset: Some(proto_duration(d.reset_after)),
+        limit_remaining: if d.allowed { clamp_u32(d.remaining) } else { 0 },
+        duration_until_reset: Some(match compat {
+            // envoyproxy/ratelimit counts whole seconds (utils.CalculateReset).
+            Compat::Envoy => proto_duration(headers::seconds_up(d.reset_after) * 1_000_000),
+            Compat::None => proto_duration(d.reset_after),
+        }),
         ..DescriptorStatus::default()
     }
 }
@@ -181,9 +201,42 @@ fn header(key: &str, value: String) -> HeaderValue {
     }
 }
 
-/// `RateLimit`, `RateLimit-Policy` (and the legacy `X-RateLimit-*` when asked),
-/// `Retry-After` on a refusal, and who decided; none when no enforced limit was checked.
-fn response_headers(decided: &Decided, legacy_headers: bool) -> Vec<HeaderValue> {
+/// envoyproxy/ratelimit's three headers, all from one status: the last one over its
+/// limit, else the first with the least remaining; none when no status has a limit
+/// (envoyproxy/ratelimit@f2fb157 src/service/ratelimit.go:206-264). The reset is whole
+/// seconds, rounded up.
+fn envoy_headers(statuses: &[DescriptorStatus], names: &EnvoyHeaderNames) -> Vec<HeaderValue> {
+    let mut closest: Option<(&DescriptorStatus, &RateLimit)> = None;
+    let mut least_remaining = u32::MAX;
+    for status in statuses {
+        let Some(limit) = &status.current_limit else {
+            continue;
+        };
+        if status.code == i32::from(Code::OverLimit) {
+            closest = Some((status, limit));
+            least_remaining = 0;
+        } else if status.limit_remaining < least_remaining {
+            closest = Some((status, limit));
+            least_remaining = status.limit_remaining;
+        }
+    }
+    let Some((status, limit)) = closest else {
+        return Vec::new();
+    };
+    let reset = status
+        .duration_until_reset
+        .as_ref()
+        .map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
+    vec![
+        header(&names.limit, limit.requests_per_unit.to_string()),
+        header(&names.remaining, status.limit_remaining.to_string()),
+        header(&names.reset, reset.to_string()),
+    ]
+}
+
+/// `RateLimit`, `RateLimit-Policy`, `Retry-After` on a refusal, and who decided; none
+/// when no enforced limit was checked.
+fn ietf_headers(decided: &Decided) -> Vec<HeaderValue> {
     let Some(outcome) = &decided.outcome else {
         return Vec::new();
     };
@@ -203,15 +256,6 @@ fn response_headers(decided: &Decided, legacy_headers: bool) -> Vec<HeaderValue>
         ),
         header("RateLimit", headers::ratelimit(binding, &decision)),
     ];
-    if legacy_headers {
-        let reset = headers::seconds_up(decision.reset_after).to_string();
-        out.push(header("X-RateLimit-Limit", decision.limit.to_string()));
-        out.push(header(
-            "X-RateLimit-Remaining",
-            decision.remaining.to_string(),
-        ));
-        out.push(header("X-RateLimit-Reset", reset));
-    }
     if let Some(seconds) = headers::retry_after_seconds(decision.retry_after)
         && !decision.allowed
     {

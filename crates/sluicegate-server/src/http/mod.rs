@@ -1,6 +1,8 @@
-//! The HTTP JSON API — `POST /v1/check`, `POST /json`, `POST /v1/reset`, `GET /v1/rules`, `GET /v1/top`, `GET /v1/overview`, `GET /ui`,
-//! `GET /healthz`, `GET /readyz`, `GET /metrics` — and the gRPC rate-limit service beside
-//! it on the same port.
+//! The HTTP JSON API — `POST /v1/check`, `POST /json`, `POST /v1/reset`, `GET /v1/rules`,
+//! `GET /v1/top`, `GET /v1/overview`, `GET /ui`, `GET /healthz`, `GET /readyz`,
+//! `GET /healthcheck`, `GET /metrics` — and the gRPC services beside it on the same port.
+//! A path none of them has answers 404 (a gRPC call UNIMPLEMENTED), so a mistyped probe
+//! fails rather than passes.
 
 mod admin;
 mod body;
@@ -14,29 +16,74 @@ mod ui;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::Request;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 pub(crate) use self::error::ApiError;
 use crate::service::Service;
 
-/// The service's routes: the HTTP API, and Envoy's gRPC rate-limit service on the same
-/// port (gRPC needs HTTP/2, which the server speaks alongside HTTP/1.1).
+/// The service's routes: the HTTP API, and the gRPC services on the same port (gRPC
+/// needs HTTP/2, which the server speaks alongside HTTP/1.1).
 pub(crate) fn app(service: Arc<Service>) -> Router {
     let grpc = crate::grpc::router(Arc::clone(&service));
     Router::new()
         .route("/v1/check", post(check::check))
         .route("/json", post(envoy_json::envoy_json))
         .route("/v1/reset", post(admin::reset))
+        .merge(monitoring())
+        .with_state(service)
+        .layer(axum::extract::DefaultBodyLimit::max(body::MAX_BODY_BYTES))
+        .merge(grpc)
+        .fallback(unknown_path)
+}
+
+/// The gRPC services alone, for a listener of their own.
+pub(crate) fn grpc_only(service: Arc<Service>) -> Router {
+    crate::grpc::router(service).fallback(unknown_path)
+}
+
+/// What an operator's listener serves (envoyproxy/ratelimit's debug port): the probes,
+/// the metrics, the loaded rules and the live page, nothing that decides or forgets.
+pub(crate) fn debug(service: Arc<Service>) -> Router {
+    monitoring().with_state(service).fallback(unknown_path)
+}
+
+/// `/metrics` alone, for a scraper's own listener.
+pub(crate) fn metrics_only(service: Arc<Service>) -> Router {
+    Router::new()
+        .route("/metrics", get(probes::metrics))
+        .with_state(service)
+        .fallback(unknown_path)
+}
+
+/// The routes every HTTP listener has.
+fn monitoring() -> Router<Arc<Service>> {
+    Router::new()
         .route("/v1/rules", get(admin::rules))
         .route("/v1/top", get(top::top))
         .route("/v1/overview", get(ui::overview))
         .route("/ui", get(ui::page))
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
+        .route("/healthcheck", get(probes::healthcheck))
         .route("/metrics", get(probes::metrics))
-        .with_state(service)
-        .layer(axum::extract::DefaultBodyLimit::max(body::MAX_BODY_BYTES))
-        .merge(grpc)
+}
+
+/// No route has this path: 404 with the API's error body, or UNIMPLEMENTED to a gRPC
+/// client (which reads the status from the trailers, not the HTTP status).
+async fn unknown_path(request: Request) -> Response {
+    let grpc = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    let path = request.uri().path();
+    if grpc {
+        return crate::grpc::unimplemented(path).into_response();
+    }
+    ApiError::new(StatusCode::NOT_FOUND, format!("no such path: {path}")).into_response()
 }
 
 #[cfg(test)]

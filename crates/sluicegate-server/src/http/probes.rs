@@ -1,12 +1,13 @@
-//! What monitoring calls: `GET /healthz`, `GET /readyz`, `GET /metrics`.
+//! What monitoring calls: `GET /healthz`, `GET /readyz`, envoyproxy/ratelimit's
+//! `GET /healthcheck`, `GET /metrics`.
 
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use sluicegate::AnyStore;
 
+use crate::readiness::{Readiness, readiness};
 use crate::service::Service;
 
 /// Up while the process is.
@@ -17,22 +18,26 @@ pub(super) async fn healthz() -> &'static str {
 /// Ready when the store answers. A Redis that may evict keys is named in the body, and
 /// with `--require-noeviction` makes the service not ready.
 pub(super) async fn readyz(State(service): State<Arc<Service>>) -> Response {
-    let store = service.limiter().store();
-    if let Err(e) = store.ready().await {
-        let body = format!("not ready: {e}\n");
-        return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
-    }
-    let eviction_risk = match store {
-        AnyStore::Redis(redis) => redis.eviction().warning(),
-        AnyStore::Memory(_) => None,
-    };
-    match eviction_risk {
-        None => (StatusCode::OK, "ready\n").into_response(),
-        Some(risk) if service.options().require_noeviction => {
-            let body = format!("not ready (--require-noeviction): {risk}\n");
-            (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    match readiness(&service).await {
+        Readiness::Ready { warning: None } => (StatusCode::OK, "ready\n").into_response(),
+        Readiness::Ready {
+            warning: Some(risk),
+        } => (StatusCode::OK, format!("ready\nwarning: {risk}\n")).into_response(),
+        Readiness::NotReady(why) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response()
         }
-        Some(risk) => (StatusCode::OK, format!("ready\nwarning: {risk}\n")).into_response(),
+    }
+}
+
+/// envoyproxy/ratelimit's health check, as its probes expect it: `OK` while ready, and
+/// while not a 500 (envoyproxy/ratelimit@f2fb157 src/server/health.go:81-88), here with
+/// the reason as the body.
+pub(super) async fn healthcheck(State(service): State<Arc<Service>>) -> Response {
+    match readiness(&service).await {
+        Readiness::Ready { .. } => (StatusCode::OK, "OK").into_response(),
+        Readiness::NotReady(why) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("{why}\n")).into_response()
+        }
     }
 }
 

@@ -208,7 +208,7 @@ fn app_with(config: &str, admin_token: Option<&str>) -> Router {
     let limiter = Arc::new(Limiter::new(AnyStore::Memory(Default::default())));
     let options = ServiceOptions {
         admin_token: admin_token.map(Arc::from),
-        legacy_headers: true,
+        response_headers: crate::service::ResponseHeaders::Ietf,
         ..ServiceOptions::default()
     };
     app(Arc::new(Service::new(config, limiter, options)))

@@ -64,6 +64,10 @@ pub struct Listeners {
     pub main: TcpListener,
     /// gRPC alone, on a port of its own too.
     pub grpc_only: Option<TcpListener>,
+    /// The probes, metrics and rules alone (envoyproxy/ratelimit's debug port).
+    pub debug: Option<TcpListener>,
+    /// `/metrics` alone (envoyproxy/ratelimit's Prometheus address).
+    pub metrics: Option<TcpListener>,
 }
 
 /// The service made and its configuration loaded, not yet listening: what can fail at
@@ -200,19 +204,34 @@ impl Prepared {
             shutdown.await;
             let _ = stop.send(true);
         });
-        let grpc_only = match listeners.grpc_only {
-            Some(listener) => {
-                tracing::info!(grpc_address = %listener.local_addr()?, "gRPC also on its own port");
-                Some(tokio::spawn(accept::serve(
+        let mut others = Vec::new();
+        if let Some(listener) = listeners.grpc_only {
+            tracing::info!(grpc_address = %listener.local_addr()?, "gRPC also on its own port");
+            let app = http::grpc_only(Arc::clone(&service));
+            others.push(("gRPC", listener, app));
+        }
+        if let Some(listener) = listeners.debug {
+            tracing::info!(debug_address = %listener.local_addr()?, "probes and metrics on their own port");
+            others.push(("debug", listener, http::debug(Arc::clone(&service))));
+        }
+        if let Some(listener) = listeners.metrics {
+            tracing::info!(metrics_address = %listener.local_addr()?, "/metrics on its own port");
+            let app = http::metrics_only(Arc::clone(&service));
+            others.push(("metrics", listener, app));
+        }
+        let others: Vec<_> = others
+            .into_iter()
+            .map(|(name, listener, app)| {
+                let served = tokio::spawn(accept::serve(
                     listener,
-                    crate::grpc::router(Arc::clone(&service)),
+                    app,
                     Arc::clone(&connections),
                     Arc::clone(&slots),
                     stopping.clone(),
-                )))
-            }
-            None => None,
-        };
+                ));
+                (name, served)
+            })
+            .collect();
         accept::serve(
             listeners.main,
             http::app(service),
@@ -221,8 +240,10 @@ impl Prepared {
             stopping,
         )
         .await;
-        if let Some(grpc) = grpc_only {
-            grpc.await.context("gRPC listener failed")?;
+        for (name, served) in others {
+            served
+                .await
+                .with_context(|| format!("{name} listener failed"))?;
         }
         Ok(())
     }

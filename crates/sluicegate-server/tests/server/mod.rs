@@ -37,6 +37,8 @@ pub struct Server {
     pub address: String,
     /// With --grpc-listen: the gRPC-only address.
     pub grpc_address: Option<String>,
+    /// With --debug-listen: the probes' and metrics' own address.
+    pub debug_address: Option<String>,
 }
 
 /// How a server ended.
@@ -73,11 +75,15 @@ impl Server {
                 let prepared = sluicegate_server::prepare(flags.serve.options()?).await?;
                 let listeners = flags.serve.listeners().await?;
                 let main = listeners.main.local_addr()?.to_string();
-                let grpc = match &listeners.grpc_only {
-                    Some(listener) => Some(listener.local_addr()?.to_string()),
-                    None => None,
+                let address_of = |listener: &Option<tokio::net::TcpListener>| {
+                    listener
+                        .as_ref()
+                        .map(|l| l.local_addr().map(|a| a.to_string()))
+                        .transpose()
                 };
-                let _ = addresses.send((main, grpc));
+                let grpc = address_of(&listeners.grpc_only)?;
+                let debug = address_of(&listeners.debug)?;
+                let _ = addresses.send((main, grpc, debug));
                 prepared
                     .serve(listeners, async move {
                         let _ = stopped.await;
@@ -85,7 +91,7 @@ impl Server {
                     .await
             })
         });
-        let Ok((address, grpc_address)) = bound.recv() else {
+        let Ok((address, grpc_address, debug_address)) = bound.recv() else {
             let failed = thread.join().expect("the server thread does not panic");
             panic!("serve {args:?} did not start: {failed:?}");
         };
@@ -97,6 +103,7 @@ impl Server {
             },
             address,
             grpc_address,
+            debug_address,
         }
     }
 
@@ -124,6 +131,7 @@ impl Server {
 
     fn spawn(mut command: Command, args: &[&str]) -> Server {
         let wants_grpc = args.contains(&"--grpc-listen");
+        let wants_debug = args.contains(&"--debug-listen");
         let mut child = command
             .env("RUST_LOG", "info")
             .stderr(Stdio::piped())
@@ -131,7 +139,7 @@ impl Server {
             .unwrap();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
         let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (mut address, mut grpc_address) = (None, None);
+        let (mut address, mut grpc_address, mut debug_address) = (None, None, None);
         for line in lines.by_ref().map_while(Result::ok) {
             // Text lines carry `address=…`; JSON lines (`--log-format json`) a field.
             if let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) {
@@ -142,12 +150,17 @@ impl Server {
             for word in line.split_whitespace() {
                 if let Some(a) = word.strip_prefix("grpc_address=") {
                     grpc_address = Some(a.to_owned());
+                } else if let Some(a) = word.strip_prefix("debug_address=") {
+                    debug_address = Some(a.to_owned());
                 } else if let Some(a) = word.strip_prefix("address=") {
                     address = Some(a.to_owned());
                 }
             }
             logs.lock().unwrap().push(line);
-            if address.is_some() && (grpc_address.is_some() || !wants_grpc) {
+            if address.is_some()
+                && (grpc_address.is_some() || !wants_grpc)
+                && (debug_address.is_some() || !wants_debug)
+            {
                 break;
             }
         }
@@ -163,6 +176,7 @@ impl Server {
             running: Running::Binary(child),
             address: address.expect("the server logs its address"),
             grpc_address,
+            debug_address,
         }
     }
 

@@ -132,6 +132,11 @@ impl<S: Store> Limiter<S> {
         &self.store
     }
 
+    /// The clock this limiter's own timers run on.
+    pub fn clock(&self) -> &dyn Clock {
+        self.clock.as_ref()
+    }
+
     /// What the limiter has done so far.
     pub fn stats(&self) -> &LimiterStats {
         &self.stats

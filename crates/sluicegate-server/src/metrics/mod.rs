@@ -7,7 +7,10 @@
 //! `detailed_metric` rules, whose label is the request's value, go through the family's
 //! map. The limiter's own counters are read when the metrics are.
 
+mod envoy;
+
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -19,6 +22,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use sluicegate::{AnyStore, BreakerState, DecidedBy, Decision, FailurePolicy, Limiter};
 
+use self::envoy::{EnvoyCounters, EnvoyMetrics, ServiceCounts};
 use crate::config::Config;
 
 /// The content type of [`Metrics::render`]'s text.
@@ -29,9 +33,9 @@ const LATENCY_BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
-/// A decision counts as near the limit when at most this share of the limit remains
-/// (envoyproxy/ratelimit's near_limit, at its default 80 % threshold).
-const NEAR_LIMIT_SHARE: f64 = 0.2;
+/// A hit is near the limit past this share of it (envoyproxy/ratelimit's
+/// NEAR_LIMIT_RATIO default), unless `--near-limit-ratio` says otherwise.
+pub(crate) const DEFAULT_NEAR_LIMIT_RATIO: f32 = 0.8;
 
 /// Everyone who can decide a check, in the order the metrics list them.
 const DECIDERS: [DecidedBy; 5] = [
@@ -202,9 +206,12 @@ impl Drop for OpenConnection {
     }
 }
 
-/// One rule's hit counters, by result.
+/// One rule's hit counters, by result: sluicegate's (a decision each) and envoy's (a hit
+/// each, [`EnvoyCounters`]).
 #[derive(Clone, Debug)]
 pub(crate) struct RuleMetrics {
+    envoy: Arc<EnvoyCounters>,
+    near_limit_ratio: f32,
     total: Counter,
     over_limit: Counter,
     near_limit: Counter,
@@ -235,14 +242,18 @@ impl RuleMetrics {
         }
     }
 
-    /// Counts one decision of the rule.
-    pub(crate) fn count(&self, decision: &Decision, shadow: bool) {
+    /// Counts one decision of the rule, of `hits` hits.
+    pub(crate) fn count(&self, decision: &Decision, hits: u64, shadow: bool) {
+        self.envoy
+            .count(decision, hits, shadow, self.near_limit_ratio);
         self.total.inc();
         if !decision.allowed && shadow {
             self.shadow_mode.inc();
         } else if !decision.allowed {
             self.over_limit.inc();
-        } else if decision.remaining as f64 <= decision.limit as f64 * NEAR_LIMIT_SHARE {
+        } else if decision.remaining as f64
+            <= decision.limit as f64 * (1.0 - f64::from(self.near_limit_ratio))
+        {
             self.near_limit.inc();
         } else {
             self.within_limit.inc();
@@ -260,10 +271,19 @@ pub(crate) struct Metrics {
     config_loads: Counter,
     config_errors: Counter,
     connections: ConnectionMetrics,
+    envoy: EnvoyMetrics,
+    near_limit_ratio: f32,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
+        Metrics::new(DEFAULT_NEAR_LIMIT_RATIO)
+    }
+}
+
+impl Metrics {
+    /// The service's metrics, a hit near its limit past `near_limit_ratio` of it.
+    pub(crate) fn new(near_limit_ratio: f32) -> Self {
         let mut registry = Registry::default();
         let rule_hits = Family::<RuleLabels, Counter>::default();
         registry.register(
@@ -312,11 +332,10 @@ impl Default for Metrics {
             config_loads,
             config_errors,
             connections,
+            envoy: EnvoyMetrics::default(),
+            near_limit_ratio,
         }
     }
-}
-
-impl Metrics {
     /// The counters of the rule at `path` (or, for a `detailed_metric` rule, of one of
     /// its values): created on first use, shared afterwards.
     pub(crate) fn rule_metrics(&self, path: &str) -> RuleMetrics {
@@ -327,6 +346,8 @@ impl Metrics {
             })
         };
         RuleMetrics {
+            envoy: self.envoy.counters(path),
+            near_limit_ratio: self.near_limit_ratio,
             total: counter("total"),
             over_limit: counter("over_limit"),
             near_limit: counter("near_limit"),
@@ -348,7 +369,7 @@ impl Metrics {
     /// Counts one rule's decision (the slow path, through the family's map).
     #[cfg(test)]
     fn rule(&self, path: &str, decision: &Decision, shadow: bool) {
-        self.rule_metrics(path).count(decision, shadow);
+        self.rule_metrics(path).count(decision, 1, shadow);
     }
 
     /// Configurations loaded, and configurations rejected, so far.
@@ -369,6 +390,11 @@ impl Metrics {
         &self.connections
     }
 
+    /// Counts a `ShouldRateLimit` call over gRPC.
+    pub(crate) fn grpc_call(&self) {
+        self.envoy.grpc_call();
+    }
+
     /// Counts a configuration put in force.
     pub(crate) fn config_loaded(&self) {
         self.config_loads.inc();
@@ -385,6 +411,11 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_text::encode(&mut out, &self.registry);
         let _ = prometheus_text::encode(&mut out, &limiter_registry(limiter));
+        let counts = ServiceCounts {
+            config_loads: self.config_loads.get(),
+            config_errors: self.config_errors.get(),
+        };
+        self.envoy.render(&counts, &mut out);
         out
     }
 }

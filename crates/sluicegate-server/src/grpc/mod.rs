@@ -6,6 +6,8 @@
 //! `RateLimitRequest` with INTERNAL, as if the fault were the server's. It is the
 //! client's, so it answers INVALID_ARGUMENT saying what was wrong, as all bad input does.
 
+mod health;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -24,9 +26,19 @@ use crate::service::{DecideError, Service};
 /// The one method's path.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-/// The gRPC service as a router, to serve on its own or beside the HTTP API.
+/// The gRPC services — the RLS and the health protocol — as a
+/// router, to serve on its own or beside the HTTP API. Any other path is the caller's to
+/// answer (its fallback).
 pub(crate) fn router(service: Arc<Service>) -> axum::Router {
-    tonic::service::Routes::new(RlsServer { service }).into_axum_router()
+    let health = health::server(Arc::clone(&service));
+    tonic::service::Routes::new(RlsServer { service })
+        .add_service(health)
+        .into_axum_router()
+}
+
+/// The answer to a gRPC call of a method no service here has.
+pub(crate) fn unimplemented(path: &str) -> http::Response<tonic::body::Body> {
+    Status::unimplemented(format!("no method {path}")).into_http()
 }
 
 /// The RLS service over the shared service: routes `ShouldRateLimit`, refuses any other
@@ -55,10 +67,8 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         if request.uri().path() != SHOULD_RATE_LIMIT {
-            let method = request.uri().path().to_owned();
-            return Box::pin(async move {
-                Ok(Status::unimplemented(format!("no method {method}")).into_http())
-            });
+            let answer = unimplemented(request.uri().path());
+            return Box::pin(async move { Ok(answer) });
         }
         let method = ShouldRateLimit(Arc::clone(&self.service));
         Box::pin(async move { Ok(Grpc::new(RequestCodec).unary(method, request).await) })
@@ -74,6 +84,7 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
 
     fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
         let service = Arc::clone(&self.0);
+        service.metrics().grpc_call();
         Box::pin(async move {
             envoy::should_rate_limit(&service, request.get_ref())
                 .await

@@ -1,0 +1,40 @@
+//! Whether the service can decide: one answer for every probe — `/readyz`,
+//! envoyproxy/ratelimit's `/healthcheck` and gRPC's `grpc.health.v1.Health`.
+
+use sluicegate::AnyStore;
+
+use crate::service::Service;
+
+/// What the probes report.
+pub(crate) enum Readiness {
+    /// The store answers; `warning` names a risk that does not stop the service (a Redis
+    /// that may evict keys).
+    Ready { warning: Option<String> },
+    /// The store does not answer, or a risk the operator refused
+    /// (`--require-noeviction`): why.
+    NotReady(String),
+}
+
+impl Readiness {
+    pub(crate) fn is_ready(&self) -> bool {
+        matches!(self, Readiness::Ready { .. })
+    }
+}
+
+/// Asks the store now.
+pub(crate) async fn readiness(service: &Service) -> Readiness {
+    let store = service.limiter().store();
+    if let Err(e) = store.ready().await {
+        return Readiness::NotReady(format!("not ready: {e}"));
+    }
+    let eviction_risk = match store {
+        AnyStore::Redis(redis) => redis.eviction().warning(),
+        AnyStore::Memory(_) => None,
+    };
+    match eviction_risk {
+        Some(risk) if service.options().require_noeviction => {
+            Readiness::NotReady(format!("not ready (--require-noeviction): {risk}"))
+        }
+        warning => Readiness::Ready { warning },
+    }
+}

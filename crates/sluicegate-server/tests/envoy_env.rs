@@ -1,0 +1,152 @@
+//! `sluicegate serve` under envoyproxy/ratelimit's environment alone: the real binary,
+//! started with none of sluicegate's flags or variables — only `SLUICEGATE_COMPAT=envoy`
+//! and envoy's own — listens where envoy would, reads the configuration where envoy
+//! would, keeps its state in the Redis envoy's variables name, and answers as envoy's
+//! variables ask (Python's grpcio on the gRPC port, curl on the HTTP and debug ports).
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sluicegate_test_support::{RedisServer, cmd};
+
+/// A port free now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+/// `curl -s http://ADDRESS/PATH`: the status and the body; status 0 when nothing answers.
+fn curl(address: &str, path: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "5", "-w", "\n%{http_code}"])
+        .arg(format!("http://{address}{path}"))
+        .output()
+        .expect("curl (scripts/test installs it)");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (status.parse().unwrap_or(0), body.to_owned())
+}
+
+/// One ShouldRateLimit from Python's grpcio: the overall code, then the headers to add.
+fn rls(address: &str, domain: &str, key: &str, value: &str) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/rls_check.py");
+    let out = Command::new("python3")
+        .args([script, address, domain, key, value])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The binary, killed when dropped.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_binary_runs_on_envoys_environment_alone() {
+    let redis = RedisServer::start(&[]);
+    let root = std::env::temp_dir().join(format!("sluicegate-envoy-env-{}", std::process::id()));
+    let config_dir = root.join("ratelimit").join("config");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    std::fs::write(
+        config_dir.join("rl.yaml"),
+        "domain: envoy-env\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    let (http, grpc, debug, prometheus) = (free_port(), free_port(), free_port(), free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+        .arg("serve")
+        .env_clear()
+        .envs([
+            ("SLUICEGATE_COMPAT", "envoy"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", &http.to_string()),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", &grpc.to_string()),
+            ("DEBUG_HOST", "127.0.0.1"),
+            ("DEBUG_PORT", &debug.to_string()),
+            ("RUNTIME_ROOT", root.to_str().unwrap()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &format!("127.0.0.1:{}", redis.port)),
+            ("REDIS_POOL_SIZE", "4"),
+            ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", &format!("127.0.0.1:{prometheus}")),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LOG_LEVEL", "info"),
+            ("LOG_FORMAT", "json"),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = BufReader::new(child.stderr.take().unwrap());
+    let running = Running(child);
+    let (lines, read) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in log.lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let http = format!("127.0.0.1:{http}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while curl(&http, "/healthcheck").0 != 200 {
+        assert!(Instant::now() < deadline, "never answered on envoy's PORT");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(curl(&http, "/healthcheck").1, "OK");
+    let debug = format!("127.0.0.1:{debug}");
+    assert_eq!(curl(&debug, "/healthcheck"), (200, "OK".to_owned()));
+    assert!(
+        curl(&debug, "/metrics")
+            .1
+            .contains("sluicegate_config_loads_total 1")
+    );
+    // The configuration of RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config, on GRPC_PORT.
+    let grpc = format!("127.0.0.1:{grpc}");
+    let answers: Vec<String> = (0..3)
+        .map(|_| rls(&grpc, "envoy-env", "user", "u"))
+        .collect();
+    assert!(answers[0].starts_with("1\n"), "{answers:?}");
+    assert!(answers[2].starts_with("2\n"), "{answers:?}");
+    assert!(answers[0].contains("RateLimit-Limit: 2\n"), "{answers:?}");
+    assert!(
+        answers[0].contains("RateLimit-Remaining: 1\n"),
+        "{answers:?}"
+    );
+    // envoy's counters where USE_PROMETHEUS puts them.
+    let (status, scraped) = curl(&format!("127.0.0.1:{prometheus}"), "/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        scraped.contains(
+            "ratelimit_service_rate_limit_total_hits{domain=\"envoy-env\",key1=\"user\"} 3"
+        ),
+        "{scraped}"
+    );
+    // Its state is in the Redis of REDIS_URL.
+    let keys: u64 = redis.query(&cmd("DBSIZE")).unwrap();
+    assert!(keys > 0, "nothing in Redis");
+    // LOG_FORMAT=json at LOG_LEVEL=info: the start is one JSON object.
+    let started = read
+        .iter()
+        .map(|line| serde_json::from_str::<serde_json::Value>(&line).expect("a JSON line"))
+        .find(|event| event["fields"]["message"] == "sluicegate listening")
+        .expect("the start is logged");
+    assert_eq!(started["level"], "INFO", "{started}");
+    drop(running);
+}
