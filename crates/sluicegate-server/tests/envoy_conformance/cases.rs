@@ -217,7 +217,8 @@ pub(crate) struct Header {
     pub between: Option<(u64, u64)>,
 }
 
-/// The length in seconds of a unit of the proto, `None` for one without a fixed length.
+/// The length in seconds of a unit of the proto, as envoyproxy/ratelimit@f2fb157
+/// src/utils/utilities.go:20-38 divides time (a month 30 days, a year 365).
 pub(crate) fn unit_seconds(unit: &str) -> Option<u64> {
     match unit {
         "SECOND" => Some(1),
@@ -225,6 +226,8 @@ pub(crate) fn unit_seconds(unit: &str) -> Option<u64> {
         "HOUR" => Some(3600),
         "DAY" => Some(86_400),
         "WEEK" => Some(7 * 86_400),
+        "MONTH" => Some(30 * 86_400),
+        "YEAR" => Some(365 * 86_400),
         _ => None,
     }
 }

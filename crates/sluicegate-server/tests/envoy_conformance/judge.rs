@@ -178,8 +178,8 @@ fn check_statuses(
 }
 
 /// A limited status says when its window resets: within one unit, in whole seconds in
-/// envoy's mode (as envoyproxy/ratelimit's `CalculateReset`); a status without a limit
-/// says nothing.
+/// envoy's mode (as envoyproxy/ratelimit@f2fb157 src/utils/utilities.go:41-45
+/// `CalculateReset`); a status without a limit says nothing.
 fn check_reset(got: &DescriptorStatus, mode: Mode) -> Result<(), String> {
     let Some(limit) = &got.current_limit else {
         return match &got.duration_until_reset {
@@ -199,8 +199,9 @@ fn check_reset(got: &DescriptorStatus, mode: Mode) -> Result<(), String> {
             return Err(format!("{reset:?} exceeds the unit, {unit} s"));
         }
     }
-    if mode == Mode::Envoy && reset.nanos != 0 {
-        return Err(format!("{reset:?}, envoy sends whole seconds"));
+    // envoy's CalculateReset: the unit less the time into it, whole seconds, never 0.
+    if mode == Mode::Envoy && (reset.nanos != 0 || reset.seconds == 0) {
+        return Err(format!("{reset:?}, envoy sends whole seconds, at least 1"));
     }
     Ok(())
 }

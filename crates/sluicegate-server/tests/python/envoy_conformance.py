@@ -17,7 +17,16 @@ from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from google.protobuf import wrappers_pb2
 
-UNIT_SECONDS = {"SECOND": 1, "MINUTE": 60, "HOUR": 3600, "DAY": 86400, "WEEK": 7 * 86400}
+# As envoyproxy/ratelimit@f2fb157 src/utils/utilities.go:20-38 divides time.
+UNIT_SECONDS = {
+    "SECOND": 1,
+    "MINUTE": 60,
+    "HOUR": 3600,
+    "DAY": 86400,
+    "WEEK": 7 * 86400,
+    "MONTH": 30 * 86400,
+    "YEAR": 365 * 86400,
+}
 CODE = rls_pb2.RateLimitResponse.Code
 UNIT = rls_pb2.RateLimitResponse.RateLimit.Unit
 
@@ -77,8 +86,9 @@ def reset_difference(n, got, mode):
         return f"{at}: negative: {reset}"
     if unit is not None and reset.seconds * 10**9 + reset.nanos > unit * 10**9:
         return f"{at}: {reset.seconds}s {reset.nanos}ns exceeds the unit, {unit} s"
-    if mode == "envoy" and reset.nanos != 0:
-        return f"{at}: {reset.nanos} ns, envoy sends whole seconds"
+    # envoy's CalculateReset: the unit less the time into it, whole seconds, never 0.
+    if mode == "envoy" and (reset.nanos != 0 or reset.seconds == 0):
+        return f"{at}: {reset.seconds}s {reset.nanos}ns, envoy sends whole seconds, at least 1"
     return None
 
 
