@@ -9,6 +9,8 @@
 //! checked both ways: a listed case that passes fails the suite too, so the list only
 //! shrinks. A case marked `counting` depends on envoy's counting and is expected to differ
 //! in default mode. README.md of that directory lists every case (generated, checked here).
+//! `SLUICEGATE_CONFORMANCE_VERBOSE=1` prints why each expected failure fails (with
+//! `--nocapture`), to see what a change has left to do.
 
 use sluicegate_test_support as support;
 
@@ -182,6 +184,9 @@ fn problems(client: &mut dyn Client, store: &Store, only_load: bool) -> Vec<Stri
                     "- {{case: {id}, mode: {m}, reason: {}}}",
                     serde_json::Value::String(first_line(&e))
                 )),
+                (Err(e), _) if std::env::var_os("SLUICEGATE_CONFORMANCE_VERBOSE").is_some() => {
+                    eprintln!("{id} [{m}] fails as expected: {e}");
+                }
                 _ => {}
             }
         }
