@@ -56,13 +56,20 @@ impl Stopped {
 impl Server {
     /// Serves `--listen 127.0.0.1:0 ARGS` in this process and waits until it listens.
     pub fn start(args: &[&str]) -> Server {
+        Server::try_start(args).unwrap_or_else(|e| panic!("serve {args:?}: {e}"))
+    }
+
+    /// [`Server::start`], but flags that do not parse and a start that fails (a
+    /// configuration that does not load, a store that cannot be opened) are an `Err` with
+    /// the reason, for tests that expect some starts to fail.
+    pub fn try_start(args: &[&str]) -> Result<Server, String> {
         let flags = Flags::try_parse_from(
             ["serve", "--listen", "127.0.0.1:0"]
                 .iter()
                 .chain(args)
                 .copied(),
         )
-        .unwrap_or_else(|e| panic!("serve {args:?}: {e}"));
+        .map_err(|e| e.to_string())?;
         let (addresses, bound) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -93,9 +100,12 @@ impl Server {
         });
         let Ok((address, grpc_address, debug_address)) = bound.recv() else {
             let failed = thread.join().expect("the server thread does not panic");
-            panic!("serve {args:?} did not start: {failed:?}");
+            return Err(match failed {
+                Err(e) => format!("did not start: {e:#}"),
+                Ok(()) => "serve returned before it listened".to_owned(),
+            });
         };
-        Server {
+        Ok(Server {
             logs: Default::default(),
             running: Running::InProcess {
                 stop: Some(stop),
@@ -104,7 +114,7 @@ impl Server {
             address,
             grpc_address,
             debug_address,
-        }
+        })
     }
 
     /// Starts the real binary, `sluicegate serve --listen 127.0.0.1:0 ARGS`, and waits for
