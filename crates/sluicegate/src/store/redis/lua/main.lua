@@ -118,8 +118,9 @@ local function remember_request(r, request_id, reset, delay, margin)
   end
 end
 
--- The reply, made anew by every call.
-local results, result_count
+-- The reply, kept from call to call (a table grown anew to a reply's length would be
+-- rehashed at every power of two): a call clears what the last one left.
+local results, result_count = {}, 0
 
 -- One check of the given shape, its keys after KEYS index `k`; appends its numbers to
 -- `results`.
@@ -194,24 +195,31 @@ end
 -- The shapes of the call's checks: what a check asks, but for its keys. Checks that ask the
 -- same (the same rules, cost, mode, no request id, Redis TIME: the common case under load)
 -- share a shape, so a check costs one argument, and none when a call has one shape.
-local shapes, shape_count
+-- Like the rules' slots, the shapes' tables are kept from check to check and call to call,
+-- each field written before it is read.
+local shapes, shape_count = {}, 0
 -- Where in ARGV the shapes end: the number of checks is next.
 local p
 local function read_shapes()
-  shapes = {}
   p = 2 + RULE_VALUES * spec_count
   shape_count = tonumber(argv[p])
   for h = 1, shape_count do
     local rule_count, undo = tonumber(argv[p + 5]), argv[p + 4] == UNDO
+    local shape = shapes[h]
+    if not shape then
+      shape = {
+        t = false, margin = 0, cost = 0, request_id = '', undo = false, dry = false,
+        keys_per_rule = 1, rule_count = 0, specs = {}, undo_at = {},
+      }
+      shapes[h] = shape
+    end
     -- t: the client's time, or false for Redis TIME; margin: see ttl_ms. keys_per_rule: the
     -- state, and with a request id, its request ids and release times (KEYS). dry: any mode
     -- but CHECK and UNDO.
-    local shape = {
-      t = tonumber(argv[p + 1]) or false, margin = argv[p + 1] == '' and 0 or 60000,
-      cost = tonumber(argv[p + 2]), request_id = argv[p + 3],
-      undo = undo, dry = argv[p + 4] ~= CHECK, keys_per_rule = argv[p + 3] == '' and 1 or 3,
-      rule_count = rule_count, specs = {}, undo_at = undo and {},
-    }
+    shape.t, shape.margin = tonumber(argv[p + 1]) or false, argv[p + 1] == '' and 0 or 60000
+    shape.cost, shape.request_id = tonumber(argv[p + 2]), argv[p + 3]
+    shape.undo, shape.dry = undo, argv[p + 4] ~= CHECK
+    shape.keys_per_rule, shape.rule_count = argv[p + 3] == '' and 1 or 3, rule_count
     for i = 1, rule_count do
       if undo then
         shape.specs[i] = 1 + RULE_VALUES * (tonumber(argv[p + 4 + 2 * i]) - 1)
@@ -220,7 +228,6 @@ local function read_shapes()
         shape.specs[i] = 1 + RULE_VALUES * (tonumber(argv[p + 5 + i]) - 1)
       end
     end
-    shapes[h] = shape
     p = p + 5 + rule_count * (undo and 2 or 1)
   end
 end
@@ -246,7 +253,10 @@ local function check(call_keys, call_argv)
     bind_globals()
   end
   keys, argv, server_time = call_keys, call_argv, false
-  results, result_count = {}, 0
+  for i = result_count, 1, -1 do
+    results[i] = nil
+  end
+  result_count = 0
   for i = 1, #rule_slots do
     rule_slots[i].spec = false
   end
