@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use sluicegate::store::redis::{KeyKind, hash_slot, redis_key};
+use sluicegate::store::redis::{KeyKind, Scripting, hash_slot, redis_key};
 use sluicegate::{
     Algorithm, Charge, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig,
     Outcome, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
@@ -251,6 +251,17 @@ async fn standalone_store(test: &str) -> RedisStore {
     store_at(&support::standalone().url(), test).await
 }
 
+/// A store on the standalone server that sends its checks with EVALSHA.
+async fn evalsha_store(test: &str) -> RedisStore {
+    let mut config = RedisStoreConfig::new(&support::standalone().url());
+    config.prefix = prefix(test);
+    config.timeout = std::time::Duration::from_secs(2);
+    config.scripting = Scripting::Eval;
+    let store = RedisStore::connect(config).await.expect("connect");
+    assert!(!store.uses_functions());
+    store
+}
+
 async fn cluster_store(test: &str) -> RedisStore {
     store_at(&support::cluster().url(), test).await
 }
@@ -283,12 +294,22 @@ async fn agrees_with_the_reference(store: &RedisStore, first_seed: u64, seeds: u
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_agrees_with_the_reference() {
     let store = standalone_store("differential").await;
+    assert!(store.uses_functions());
+    agrees_with_the_reference(&store, 7919, 4, 600).await;
+}
+
+/// The same traces through EVALSHA, the path of servers without functions: the same
+/// decisions, bit for bit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_through_evalsha_agrees_with_the_reference() {
+    let store = evalsha_store("differential-evalsha").await;
     agrees_with_the_reference(&store, 7919, 4, 600).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_agrees_with_the_reference() {
     let store = cluster_store("differential").await;
+    assert!(store.uses_functions());
     agrees_with_the_reference(&store, 104_729, 2, 500).await;
 }
 
@@ -430,23 +451,31 @@ async fn a_key_of_the_wrong_type_is_a_typed_error() {
 #[tokio::test]
 async fn checks_in_flight_together_share_a_call_and_agree_with_the_reference() {
     const ROUNDS: usize = 60;
-    let store = standalone_store("batched").await;
-    let lanes: Vec<Trace> = (0..42)
-        .map(|lane| {
-            let (algorithm, layout) = CASES[lane % CASES.len()];
-            Trace::new(algorithm, layout, 9_000 + lane as u64)
-        })
-        .collect();
-    let lane_count = lanes.len();
-    let before = store.script_calls();
-    in_shared_calls(&store, lanes, ROUNDS).await;
-    let after = store.script_calls();
-    let (calls, checks) = (after.calls - before.calls, after.checks - before.checks);
-    assert_eq!(checks, (ROUNDS * lane_count) as u64);
-    assert!(
-        calls * 10 <= checks,
-        "{checks} checks in {calls} script calls: they were not batched"
-    );
+    const LANES: usize = 42;
+    let lanes = || -> Vec<Trace> {
+        (0..LANES)
+            .map(|lane| {
+                let (algorithm, layout) = CASES[lane % CASES.len()];
+                Trace::new(algorithm, layout, 9_000 + lane as u64)
+            })
+            .collect()
+    };
+    // As a function, and through EVALSHA.
+    for store in [
+        standalone_store("batched").await,
+        evalsha_store("batched-evalsha").await,
+    ] {
+        let lane_count = LANES;
+        let before = store.script_calls();
+        in_shared_calls(&store, lanes(), ROUNDS).await;
+        let after = store.script_calls();
+        let (calls, checks) = (after.calls - before.calls, after.checks - before.checks);
+        assert_eq!(checks, (ROUNDS * lane_count) as u64);
+        assert!(
+            calls * 10 <= checks,
+            "{checks} checks in {calls} script calls: they were not batched"
+        );
+    }
 }
 
 /// Sends each lane's next check, all at once, `rounds` times, and holds every decision to

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use serde::Serialize;
-use sluicegate::{Algorithm, AnyStore, Check, Limit, Limiter, LimiterConfig, Rule};
+use sluicegate::store::redis::{ScriptCalls, ScriptTime};
+use sluicegate::{Algorithm, AnyStore, Check, Limit, Limiter, LimiterConfig, RedisStore, Rule};
 
 /// What one run measured.
 #[derive(Debug, Serialize)]
@@ -45,11 +46,76 @@ pub(crate) struct BenchReport {
     /// driving a service, whose store calls are its own.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) store_calls: Option<u64>,
+    /// What the run cost Redis, by its own account; `None` off Redis.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) redis: Option<RedisCost>,
     /// Latencies of answered checks only.
     pub(crate) p50_us: u64,
     pub(crate) p99_us: u64,
     pub(crate) p999_us: u64,
     pub(crate) max_us: u64,
+}
+
+/// What a run cost Redis by its own account: the time `INFO commandstats` reports for
+/// script calls over the run (every client's: run against a Redis of its own), per check
+/// the store's script calls carried (`usec_per_call` ÷ checks per call).
+#[derive(Debug, Serialize)]
+pub(crate) struct RedisCost {
+    /// How the checks were sent: `FCALL` or `EVALSHA`.
+    pub(crate) command: &'static str,
+    /// The store's script calls, and the checks they carried.
+    pub(crate) script_calls: u64,
+    pub(crate) checks: u64,
+    /// Microseconds Redis spent in script calls, per check carried.
+    pub(crate) us_per_decision: f64,
+}
+
+/// Readings of Redis' counters when a run starts.
+struct RedisReadings {
+    store: RedisStore,
+    time: ScriptTime,
+    calls: ScriptCalls,
+}
+
+impl RedisReadings {
+    /// Reads them now; `None` off Redis, or when Redis does not tell (an ACL may deny
+    /// `INFO`).
+    async fn take(store: &AnyStore) -> Option<RedisReadings> {
+        let AnyStore::Redis(store) = store else {
+            return None;
+        };
+        let time = store
+            .script_time()
+            .await
+            .inspect_err(|e| tracing::warn!("no Redis time per decision: {e}"))
+            .ok()?;
+        Some(RedisReadings {
+            store: store.clone(),
+            time,
+            calls: store.script_calls(),
+        })
+    }
+
+    /// What ran since these readings.
+    async fn cost(&self) -> Option<RedisCost> {
+        let time = self.store.script_time().await.ok()?.since(self.time);
+        let calls = self.store.script_calls();
+        let checks = calls.checks - self.calls.checks;
+        Some(RedisCost {
+            command: if self.store.uses_functions() {
+                "FCALL"
+            } else {
+                "EVALSHA"
+            },
+            script_calls: calls.calls - self.calls.calls,
+            checks,
+            us_per_decision: if checks == 0 {
+                0.0
+            } else {
+                time.micros as f64 / checks as f64
+            },
+        })
+    }
 }
 
 /// The settings of one run.
@@ -138,6 +204,7 @@ impl Driven {
             allowed: self.allowed,
             errors: self.errors.clone(),
             store_calls,
+            redis: None,
             p50_us: self.percentile(0.50),
             p99_us: self.percentile(0.99),
             p999_us: self.percentile(0.999),
@@ -229,6 +296,7 @@ where
 
 /// Checks against a store, through a limiter.
 pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchReport {
+    let readings = RedisReadings::take(&store).await;
     let limiter = Arc::new(Limiter::with_config(
         store,
         LimiterConfig {
@@ -256,13 +324,20 @@ pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchRe
         }
     };
     let driven = drive(&plan.drive, |_| call.clone()).await;
+    let redis = match &readings {
+        Some(readings) => readings.cost().await,
+        None => None,
+    };
     let store_calls = limiter.stats().store_decisions.load(Ordering::Relaxed);
     // A sliding log's layout decides what Redis does, so the report names it.
     let workload = match rule.algorithm() {
         Algorithm::SlidingLog => format!("{} ({})", rule.algorithm(), rule.layout().name()),
         other => other.to_string(),
     };
-    driven.report(plan.store_name, workload, &plan.drive, Some(store_calls))
+    BenchReport {
+        redis,
+        ..driven.report(plan.store_name, workload, &plan.drive, Some(store_calls))
+    }
 }
 
 impl BenchReport {
@@ -308,10 +383,16 @@ impl BenchReport {
             0 => "no errors".to_owned(),
             n => format!("{n} errors: {}", self.errors_text()),
         };
+        let redis = self.redis.as_ref().map_or(String::new(), |cost| {
+            format!(
+                "\nRedis time per decision: {:.2} µs ({}, {} checks in {} script calls)",
+                cost.us_per_decision, cost.command, cost.checks, cost.script_calls
+            )
+        });
         format!(
             "{} · {} · {} keys · concurrency {}\n\
              {} decisions in {:.2} s: {:.0} decisions/s ({} allowed; {}{})\n\
-             latency µs (answered checks): p50 {}  p99 {}  p999 {}  max {}",
+             latency µs (answered checks): p50 {}  p99 {}  p999 {}  max {}{}",
             self.target,
             self.workload,
             self.keys,
@@ -326,7 +407,8 @@ impl BenchReport {
             self.p50_us,
             self.p99_us,
             self.p999_us,
-            self.max_us
+            self.max_us,
+            redis
         )
     }
 }

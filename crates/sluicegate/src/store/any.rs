@@ -10,7 +10,7 @@ use super::check::{
 use super::error::StoreError;
 use super::memory::{MemoryStore, MemoryStoreConfig};
 #[cfg(feature = "redis")]
-use super::redis::RedisStore;
+use super::redis::{RedisStore, Scripting};
 use super::url::{StoreUrl, Target};
 use crate::clock::SystemClock;
 
@@ -76,6 +76,7 @@ impl AnyStore {
                 options.timeout,
                 options.tls_ca,
                 options.eviction_check_interval,
+                Scripting::Auto,
             )
             .await
             .map(AnyStore::Redis),

@@ -3,12 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Script;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::connect::Replaceable;
 use super::error::{CallError, bounded};
-use super::script::{CallCounters, ScriptCheck, ScriptRow, invocation, split_answers};
+use super::script::{CallCounters, ScriptCheck, ScriptRow, split_answers};
+use super::scripting::CheckScript;
 
 /// Most checks that are waiting together go to Redis together, in one script call (at most
 /// [`MAX_BATCH`]): a call's fixed costs (the command, the script's setup, `TIME`) are paid
@@ -46,7 +46,7 @@ impl Batcher {
     /// A call that has no answer within `hold` gives its place up (see [`call_hold`]).
     pub(super) fn start(
         connection: Replaceable,
-        script: Arc<Script>,
+        script: Arc<CheckScript>,
         counters: Arc<CallCounters>,
         hold: Duration,
     ) -> Batcher {
@@ -73,9 +73,8 @@ impl Batcher {
                 tokio::spawn(async move {
                     let (calls, answers): (Vec<ScriptCheck>, Vec<_>) =
                         batch.into_iter().map(|q| (q.call, q.answer)).unzip();
-                    let invocation = invocation(&script, &calls);
                     let replies =
-                        bounded(hold, invocation.invoke_async(&mut connection.current())).await;
+                        bounded(hold, script.call(&mut connection.current(), &calls)).await;
                     // Our bound or the manager's own response timeout, both the hold.
                     let silent = match &replies {
                         Err(CallError::Timeout) => true,

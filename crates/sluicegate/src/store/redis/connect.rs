@@ -7,14 +7,15 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use redis::TlsCertificates;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Script, TlsCertificates};
 
 use super::batcher::{Batcher, call_hold};
 use super::error::{CallError, bounded};
 use super::script::CallCounters;
+use super::scripting::{CheckScript, Scripting};
 use crate::store::error::StoreError;
 use crate::store::url::{RedisUrl, Topology};
 
@@ -37,7 +38,7 @@ impl Connection {
         url: &RedisUrl,
         timeout: Duration,
         tls_ca: Option<&[u8]>,
-        script: &Arc<Script>,
+        script: &Arc<CheckScript>,
         calls: &Arc<CallCounters>,
     ) -> Result<Connection, StoreError> {
         let unavailable = |message: String| StoreError::Unavailable {
@@ -93,6 +94,24 @@ impl Connection {
             ),
             manager,
         })
+    }
+
+    /// Chooses how `script` is called on this connection (see [`CheckScript::prepare`]),
+    /// within `timeout`.
+    pub(super) async fn prepare(
+        &self,
+        script: &CheckScript,
+        scripting: Scripting,
+        timeout: Duration,
+    ) -> Result<(), CallError> {
+        match self {
+            Connection::Single { manager, .. } => {
+                bounded(timeout, script.prepare(&mut manager.current(), scripting)).await
+            }
+            Connection::Cluster(c) => {
+                bounded(timeout, script.prepare(&mut c.clone(), scripting)).await
+            }
+        }
     }
 
     /// Sends one command, on whichever kind of connection, within `timeout`.

@@ -17,16 +17,16 @@ mod error;
 mod eviction;
 mod keys;
 mod script;
+mod scripting;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Script;
-
 pub use eviction::{Eviction, NO_EVICTION, NodePolicy};
 pub use keys::{KeyKind, hash_slot, identity_slot, key_pattern, redis_key};
-pub use script::ScriptCalls;
+pub use script::{ScriptCalls, ScriptTime};
+pub use scripting::Scripting;
 
 use super::check::{
     Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome,
@@ -39,7 +39,8 @@ use cluster::RunScript;
 use connect::Connection;
 use error::CallError;
 use eviction::EvictionWatch;
-use script::{CHECK_SCRIPT, CallCounters, Mode, Row, ScriptCheck, ScriptRow};
+use script::{CallCounters, Mode, Row, ScriptCheck, ScriptRow};
+use scripting::CheckScript;
 
 /// Settings of a [`RedisStore`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,6 +59,8 @@ pub struct RedisStoreConfig {
     /// How often the servers' `maxmemory-policy` is read again after connecting
     /// ([`RedisStore::eviction`]); zero reads it at connect only.
     pub eviction_check_interval: Duration,
+    /// How the check script is run: as a Redis Function where the server has them.
+    pub scripting: Scripting,
 }
 
 impl RedisStoreConfig {
@@ -70,6 +73,7 @@ impl RedisStoreConfig {
             timeout: DEFAULT_REDIS_TIMEOUT,
             tls_ca: None,
             eviction_check_interval: DEFAULT_EVICTION_CHECK_INTERVAL,
+            scripting: Scripting::Auto,
         }
     }
 }
@@ -78,7 +82,7 @@ impl RedisStoreConfig {
 #[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
-    script: Arc<Script>,
+    script: Arc<CheckScript>,
     calls: Arc<CallCounters>,
     prefix: String,
     timeout: Duration,
@@ -114,6 +118,7 @@ impl RedisStore {
                     config.timeout,
                     config.tls_ca,
                     config.eviction_check_interval,
+                    config.scripting,
                 )
                 .await
             }
@@ -131,12 +136,17 @@ impl RedisStore {
         timeout: Duration,
         tls_ca: Option<Vec<u8>>,
         eviction_check_interval: Duration,
+        scripting: Scripting,
     ) -> Result<RedisStore, StoreError> {
-        let script = Arc::new(Script::new(CHECK_SCRIPT));
+        let script = Arc::new(CheckScript::new());
         let calls = Arc::new(CallCounters::default());
         let connection = Connection::open(url, timeout, tls_ca.as_deref(), &script, &calls).await?;
         let server = url.shown.clone();
         ping(&connection, &server, timeout).await?;
+        connection
+            .prepare(&script, scripting, timeout.max(Duration::from_secs(1)))
+            .await
+            .map_err(|e| e.into_store_error(&server, timeout, None))?;
         // Off the decision path: as long as a first connection may take.
         let eviction = EvictionWatch::start(
             connection.clone(),
@@ -199,6 +209,25 @@ impl RedisStore {
         self.calls.read()
     }
 
+    /// Redis' own account (`INFO commandstats`) of the script calls it ran, on the server
+    /// or on every master of a cluster: with [`RedisStore::script_calls`] before and after,
+    /// what a decision costs Redis.
+    pub async fn script_time(&self) -> Result<ScriptTime, StoreError> {
+        let reply: redis::Value = self
+            .query(redis::cmd("INFO").arg("commandstats"))
+            .await
+            .map_err(|e| self.error(e, None))?;
+        let mut time = ScriptTime::default();
+        add_commandstats(&mut time, &reply);
+        Ok(time)
+    }
+
+    /// Whether checks are sent as a Redis Function (`FCALL`), rather than by `EVALSHA`:
+    /// see [`Scripting`].
+    pub fn uses_functions(&self) -> bool {
+        self.script.uses_functions()
+    }
+
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
@@ -221,9 +250,8 @@ impl RedisStore {
             Connection::Cluster(c) => {
                 let calls = std::slice::from_ref(&call);
                 self.calls.count(1);
-                let invocation = script::invocation(&self.script, calls);
                 let reply =
-                    error::bounded(self.timeout, invocation.invoke_async(&mut c.clone())).await?;
+                    error::bounded(self.timeout, self.script.call(&mut c.clone(), calls)).await?;
                 let mut answers = script::split_answers(reply, calls)?;
                 answers.pop().expect("one answer for one check")
             }
@@ -245,6 +273,21 @@ impl RedisStore {
             }
         }
         None
+    }
+}
+
+/// Adds the `INFO` texts in `reply`: one server's, or on a cluster one per master (a map
+/// of address to text).
+fn add_commandstats(time: &mut ScriptTime, reply: &redis::Value) {
+    match reply {
+        redis::Value::BulkString(text) => time.add_commandstats(&String::from_utf8_lossy(text)),
+        redis::Value::VerbatimString { text, .. } => time.add_commandstats(text),
+        redis::Value::Map(pairs) => {
+            for (_, value) in pairs {
+                add_commandstats(time, value);
+            }
+        }
+        _ => {}
     }
 }
 

@@ -1,10 +1,8 @@
 //! The check script and how it is spoken to: the keys and arguments of one call carrying
 //! one or more checks (the script's header describes them), and the reply split back into
-//! each check's rows.
+//! each check's rows. How the call reaches Redis (`FCALL` or `EVALSHA`) is `scripting`'s.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use redis::Script;
 
 use super::error::CallError;
 use super::keys::{KeyKind, redis_key};
@@ -12,9 +10,10 @@ use crate::decision::{Decision, RetryAfter};
 use crate::rule::{Algorithm, LogLayout, Rule};
 use crate::store::check::{Charge, Check};
 
-/// The check script, joined from its pieces in this order (each uses only the ones before
-/// it); see the header of `lua/prelude.lua` for the arguments.
-pub(super) const CHECK_SCRIPT: &str = concat!(
+/// The check script's library, joined from its pieces in this order (each uses only the
+/// ones before it): it defines `check`, which `scripting` registers as a function or calls
+/// from a script; see the header of `lua/prelude.lua` for the arguments.
+pub(super) const CHECK_LIBRARY: &str = concat!(
     include_str!("lua/prelude.lua"),
     include_str!("lua/sliding_log.lua"),
     include_str!("lua/sliding_counter.lua"),
@@ -196,14 +195,12 @@ impl ScriptCheck {
     }
 }
 
-/// One script call carrying `checks`, in order. Each distinct rule is described once, and
-/// so is each distinct shape of check (what it asks, but for its keys): checks of the same
-/// rules and cost, without request ids or times of their own, cost one argument each, and
-/// none when every check of the call has one shape.
-pub(super) fn invocation<'s>(
-    script: &'s Script,
-    checks: &[ScriptCheck],
-) -> redis::ScriptInvocation<'s> {
+/// One script call carrying `checks`, in order: `{verb} {name} {key count} {keys…}
+/// {arguments…}` (`FCALL` and `EVALSHA` read the same). Each distinct rule is described
+/// once, and so is each distinct shape of check (what it asks, but for its keys): checks of
+/// the same rules and cost, without request ids or times of their own, cost one argument
+/// each, and none when every check of the call has one shape.
+pub(super) fn command(verb: &str, name: &str, checks: &[ScriptCheck]) -> redis::Cmd {
     let mut specs: Vec<RuleSpec> = Vec::new();
     let mut shapes: Vec<&ScriptCheck> = Vec::new();
     let mut shape_numbers = Vec::with_capacity(checks.len());
@@ -222,25 +219,31 @@ pub(super) fn invocation<'s>(
         };
         shape_numbers.push(number);
     }
-    let mut invocation = script.prepare_invoke();
-    invocation.arg(specs.len());
+    let mut command = redis::cmd(verb);
+    command
+        .arg(name)
+        .arg(checks.iter().map(|check| check.keys.len()).sum::<usize>());
+    for check in checks {
+        command.arg(&check.keys);
+    }
+    command.arg(specs.len());
     for spec in &specs {
-        invocation.arg(&spec[..]);
+        command.arg(&spec[..]);
     }
     let shapes_count = shapes.len();
-    invocation.arg(shapes_count);
+    command.arg(shapes_count);
     for shape in shapes {
         match shape.at {
-            Some(at) => invocation.arg(at),
-            None => invocation.arg(""),
+            Some(at) => command.arg(at),
+            None => command.arg(""),
         };
         // '' for the cost: each rule's follows its number (and recorded time).
         if shape.costs.is_empty() {
-            invocation.arg(shape.cost);
+            command.arg(shape.cost);
         } else {
-            invocation.arg("");
+            command.arg("");
         }
-        invocation
+        command
             .arg(shape.request_id.as_deref().unwrap_or(""))
             .arg(shape.mode)
             .arg(shape.rules.len());
@@ -249,28 +252,23 @@ pub(super) fn invocation<'s>(
                 .iter()
                 .position(|known| known == spec)
                 .expect("every rule of every check was collected");
-            invocation.arg(number);
+            command.arg(number);
             if shape.mode == code::UNDO {
                 match recorded_at {
-                    Some(at) => invocation.arg(at),
-                    None => invocation.arg(""),
+                    Some(at) => command.arg(at),
+                    None => command.arg(""),
                 };
             }
             if let Some(cost) = shape.costs.get(i) {
-                invocation.arg(cost);
+                command.arg(cost);
             }
         }
     }
-    invocation.arg(checks.len());
+    command.arg(checks.len());
     if shapes_count > 1 {
-        invocation.arg(shape_numbers);
+        command.arg(shape_numbers);
     }
-    for check in checks {
-        for key in &check.keys {
-            invocation.key(key);
-        }
-    }
-    invocation
+    command
 }
 
 /// The script's reply to a call carrying `checks`, split per check: its rows (none for an
@@ -344,9 +342,76 @@ pub struct ScriptCalls {
     pub checks: u64,
 }
 
+/// What [`RedisStore::script_time`](super::RedisStore::script_time) reports: Redis' own
+/// account of the script calls it ran (`FCALL`, `EVALSHA`, `EVAL`), from `INFO
+/// commandstats`, summed over the servers asked. Counts every client's calls, not only
+/// this store's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScriptTime {
+    /// Script calls run.
+    pub calls: u64,
+    /// Microseconds spent running them, the commands they sent included.
+    pub micros: u64,
+}
+
+/// The script commands whose time `INFO commandstats` reports.
+const SCRIPT_COMMANDS: [&str; 3] = ["fcall", "evalsha", "eval"];
+
+impl ScriptTime {
+    /// Adds what one server's `INFO commandstats` says of the script commands (lines
+    /// `cmdstat_fcall:calls=3,usec=40,usec_per_call=13.33,…`).
+    pub(super) fn add_commandstats(&mut self, info: &str) {
+        for line in info.lines() {
+            let Some((name, fields)) = line.trim().split_once(':') else {
+                continue;
+            };
+            if !name
+                .strip_prefix("cmdstat_")
+                .is_some_and(|command| SCRIPT_COMMANDS.contains(&command))
+            {
+                continue;
+            }
+            for field in fields.split(',') {
+                match field.split_once('=') {
+                    Some(("calls", n)) => self.calls += n.parse::<u64>().unwrap_or(0),
+                    Some(("usec", n)) => self.micros += n.parse::<u64>().unwrap_or(0),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// What ran between `earlier` and this reading.
+    pub fn since(self, earlier: ScriptTime) -> ScriptTime {
+        ScriptTime {
+            calls: self.calls.saturating_sub(earlier.calls),
+            micros: self.micros.saturating_sub(earlier.micros),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn commandstats_sum_the_script_commands_only() {
+        let mut time = ScriptTime::default();
+        time.add_commandstats(
+            "# Commandstats\r\n\
+             cmdstat_fcall:calls=3,usec=40,usec_per_call=13.33,rejected_calls=0,failed_calls=0\r\n\
+             cmdstat_zadd:calls=9,usec=90,usec_per_call=10.00\r\n\
+             cmdstat_evalsha:calls=2,usec=7,usec_per_call=3.50\r\n\
+             cmdstat_function|load:calls=1,usec=500,usec_per_call=500.00\r\n",
+        );
+        assert_eq!(
+            time,
+            ScriptTime {
+                calls: 5,
+                micros: 47
+            }
+        );
+    }
 
     #[test]
     fn rows_become_decisions() {

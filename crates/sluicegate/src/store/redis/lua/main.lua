@@ -1,9 +1,10 @@
 -- The call: its arguments (see prelude.lua's header), its checks, in order, and the reply.
 
--- The rules of the check being decided, by position, reused from check to check: a table
--- built per check costs about as much as a Redis command. rule_of resets every field that
--- evaluating a rule reads before it writes; the algorithms' other fields are always
--- written first. A slot is built whole, once: fields added one by one would rehash it.
+-- The rules of the check being decided, by position, reused from check to check (and, in
+-- the library, from call to call): a table built per check costs about as much as a Redis
+-- command. rule_of resets every field that evaluating a rule reads before it writes; the
+-- algorithms' other fields are always written first. A slot is built whole, once: fields
+-- added one by one would rehash it.
 local rule_slots = {}
 local function new_rule_slot()
   return {
@@ -15,34 +16,42 @@ local function new_rule_slot()
   }
 end
 
--- The steps of each rule of the call, by where its RULE_VALUES values start in ARGV (its
--- spec), made once for each algorithm (and layout) the call's rules use (see prelude.lua):
--- {evaluate, record, answer, give_back}. Decided here, in the chunk itself rather than in
--- a function of it, the algorithms and their makers cost no upvalues.
-local spec_count = tonumber(argv[1])
-local steps_of_spec, made_steps = {}, {}
-for spec = 1, RULE_VALUES * spec_count, RULE_VALUES do
-  local algorithm, layout = tonumber(argv[spec + 1]), tonumber(argv[spec + 7])
-  local make
-  if algorithm == SLIDING_LOG and layout == ZSET then
-    make = zset_log_steps
-  elseif algorithm == SLIDING_LOG and layout == COMPACT then
-    make = compact_log_steps
-  elseif algorithm == SLIDING_COUNTER then
-    make = sliding_counter_steps
-  elseif algorithm == FIXED_WINDOW then
-    make = fixed_window_steps
-  elseif algorithm == TOKEN_BUCKET or algorithm == LEAKY_BUCKET then
-    make = gcra_steps
-  else
-    error(format('unknown algorithm %s (layout %s)', argv[spec + 1], argv[spec + 7]))
-  end
+-- The steps of each algorithm (and layout), made the first time a call's rules use it (see
+-- prelude.lua): {evaluate, record, answer, give_back}, by maker.
+local made_steps = {}
+local function steps_made_by(make)
   local steps = made_steps[make]
   if not steps then
     steps = {make()}
     made_steps[make] = steps
   end
-  steps_of_spec[spec] = steps
+  return steps
+end
+
+-- The steps of each rule of the call, by where its RULE_VALUES values start in ARGV (its
+-- spec). Every spec of a call is written before it is read, so one call's never reach the
+-- next.
+local spec_count
+local steps_of_spec = {}
+local function find_steps()
+  for spec = 1, RULE_VALUES * spec_count, RULE_VALUES do
+    local algorithm, layout = tonumber(argv[spec + 1]), tonumber(argv[spec + 7])
+    local make
+    if algorithm == SLIDING_LOG and layout == ZSET then
+      make = zset_log_steps
+    elseif algorithm == SLIDING_LOG and layout == COMPACT then
+      make = compact_log_steps
+    elseif algorithm == SLIDING_COUNTER then
+      make = sliding_counter_steps
+    elseif algorithm == FIXED_WINDOW then
+      make = fixed_window_steps
+    elseif algorithm == TOKEN_BUCKET or algorithm == LEAKY_BUCKET then
+      make = gcra_steps
+    else
+      error(format('unknown algorithm %s (layout %s)', argv[spec + 1], argv[spec + 7]))
+    end
+    steps_of_spec[spec] = steps_made_by(make)
+  end
 end
 
 -- Rule `i` of a check: its spec, its keys, and room for what evaluating it finds. A slot
@@ -110,6 +119,8 @@ local function remember_request(r, request_id, reset, delay, margin)
   end
 end
 
+-- The reply, kept from call to call (a table grown anew to a reply's length would be
+-- rehashed at every power of two): a call clears what the last one left.
 local results, result_count = {}, 0
 
 -- One check of the given shape, its keys after KEYS index `k`; appends its numbers to
@@ -195,45 +206,58 @@ end
 -- The shapes of the call's checks: what a check asks, but for its keys. Checks that ask the
 -- same (the same rules, cost, mode, no request id, Redis TIME: the common case under load)
 -- share a shape, so a check costs one argument, and none when a call has one shape.
-local shapes = {}
-local p = 2 + RULE_VALUES * spec_count
-local shape_count = tonumber(argv[p])
-for h = 1, shape_count do
-  local rule_count, undo = tonumber(argv[p + 5]), argv[p + 4] == UNDO
-  -- No cost for the shape: each rule's follows its number (and its recorded time).
-  local own_costs = argv[p + 2] == ''
-  local per_rule = 1 + (undo and 1 or 0) + (own_costs and 1 or 0)
-  -- t: the client's time, or false for Redis TIME; margin: see ttl_ms. keys_per_rule: the
-  -- state, and with a request id, its request ids and release times (KEYS). dry: any mode
-  -- but CHECK, CHARGE and UNDO. charge: a refusing fixed window records the cost.
-  local shape = {
-    t = tonumber(argv[p + 1]) or false, margin = argv[p + 1] == '' and 0 or 60000,
-    cost = tonumber(argv[p + 2]), request_id = argv[p + 3],
-    undo = undo, dry = argv[p + 4] ~= CHECK and argv[p + 4] ~= CHARGE,
-    charge = argv[p + 4] == CHARGE or argv[p + 4] == DRY_CHARGE, keys_per_rule = argv[p + 3] == '' and 1 or 3,
-    rule_count = rule_count, specs = {}, undo_at = undo and {}, costs = own_costs and {},
-  }
-  for i = 1, rule_count do
-    local q = p + 5 + (i - 1) * per_rule
-    shape.specs[i] = 1 + RULE_VALUES * (tonumber(argv[q + 1]) - 1)
-    if undo then
-      shape.undo_at[i] = tonumber(argv[q + 2])
+-- Like the rules' slots, the shapes' tables are kept from check to check and call to call,
+-- each field written before it is read.
+local shapes, shape_count = {}, 0
+-- Where in ARGV the shapes end: the number of checks is next.
+local p
+local function read_shapes()
+  p = 2 + RULE_VALUES * spec_count
+  shape_count = tonumber(argv[p])
+  for h = 1, shape_count do
+    local rule_count, undo = tonumber(argv[p + 5]), argv[p + 4] == UNDO
+    -- No cost for the shape: each rule's follows its number (and its recorded time).
+    local own_costs = argv[p + 2] == ''
+    local per_rule = 1 + (undo and 1 or 0) + (own_costs and 1 or 0)
+    local shape = shapes[h]
+    if not shape then
+      shape = {
+        t = false, margin = 0, cost = 0, request_id = '', undo = false, dry = false,
+        charge = false, keys_per_rule = 1, rule_count = 0, specs = {}, undo_at = {},
+        costs = false, cost_table = {},
+      }
+      shapes[h] = shape
     end
-    if own_costs then
-      shape.costs[i] = tonumber(argv[q + per_rule])
+    -- t: the client's time, or false for Redis TIME; margin: see ttl_ms. keys_per_rule: the
+    -- state, and with a request id, its request ids and release times (KEYS). dry: any mode
+    -- but CHECK, CHARGE and UNDO. charge: a refusing fixed window records the cost.
+    local mode = argv[p + 4]
+    shape.t, shape.margin = tonumber(argv[p + 1]) or false, argv[p + 1] == '' and 0 or 60000
+    shape.cost, shape.request_id = tonumber(argv[p + 2]), argv[p + 3]
+    shape.undo, shape.dry = undo, mode ~= CHECK and mode ~= CHARGE
+    shape.charge = mode == CHARGE or mode == DRY_CHARGE
+    shape.keys_per_rule, shape.rule_count = argv[p + 3] == '' and 1 or 3, rule_count
+    shape.costs = own_costs and shape.cost_table
+    for i = 1, rule_count do
+      local q = p + 5 + (i - 1) * per_rule
+      shape.specs[i] = 1 + RULE_VALUES * (tonumber(argv[q + 1]) - 1)
+      if undo then
+        shape.undo_at[i] = tonumber(argv[q + 2])
+      end
+      if own_costs then
+        shape.cost_table[i] = tonumber(argv[q + per_rule])
+      end
     end
+    p = p + 5 + rule_count * per_rule
   end
-  shapes[h] = shape
-  p = p + 5 + rule_count * per_rule
 end
 
 -- The checks, in order, each its shape's number. One pcall covers a run of checks (a pcall
 -- per check costs more than the rest of a check's Lua): when a check fails, its numbers
 -- are dropped, its error takes their place, and the run goes on from the next check.
-local check_count = tonumber(argv[p + 1])
-local done, k = 0, 0
+local check_count, done, k
 -- Where the current check's keys and answer start, and where the next check's keys do.
-local next_k, answer_start = 0, 0
+local next_k, answer_start
 local function run_checks()
   while done < check_count do
     local shape = shape_count == 1 and shapes[1] or shapes[tonumber(argv[p + 2 + done])]
@@ -243,16 +267,35 @@ local function run_checks()
     k, done = next_k, done + 1
   end
 end
-while done < check_count do
-  local ok, failure = pcall(run_checks)
-  if not ok then
-    -- A Redis error arrives as a table {err = text}; anything else is this script's bug.
-    for i = result_count, answer_start + 1, -1 do
-      results[i] = nil
-    end
-    result_count = answer_start + 1
-    results[result_count] = type(failure) == 'table' and failure.err or tostring(failure)
-    k, done = next_k, done + 1
+-- One call: `call_keys` and `call_argv` as prelude.lua's header describes them.
+local function check(call_keys, call_argv)
+  if not call then
+    bind_globals()
   end
+  keys, argv, server_time = call_keys, call_argv, false
+  for i = result_count, 1, -1 do
+    results[i] = nil
+  end
+  result_count = 0
+  for i = 1, #rule_slots do
+    rule_slots[i].spec = false
+  end
+  spec_count = tonumber(argv[1])
+  find_steps()
+  read_shapes()
+  check_count, done, k = tonumber(argv[p + 1]), 0, 0
+  next_k, answer_start = 0, 0
+  while done < check_count do
+    local ok, failure = pcall(run_checks)
+    if not ok then
+      -- A Redis error arrives as a table {err = text}; anything else is this script's bug.
+      for i = result_count, answer_start + 1, -1 do
+        results[i] = nil
+      end
+      result_count = answer_start + 1
+      results[result_count] = type(failure) == 'table' and failure.err or tostring(failure)
+      k, done = next_k, done + 1
+    end
+  end
+  return results
 end
-return results

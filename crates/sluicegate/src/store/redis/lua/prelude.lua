@@ -1,17 +1,27 @@
 -- sluicegate: checks of one or more rules each, every check atomic (docs/SPEC.md).
 --
--- One script in pieces, which store/redis/mod.rs joins in this order: prelude.lua (shared
--- helpers, the codes of the arguments), one piece per algorithm (sliding_log.lua,
--- sliding_counter.lua, fixed_window.lua, gcra.lua), and main.lua (the arguments, the
--- checks, the reply). A piece uses only what the pieces before it define. Joined, they
+-- One library in pieces, which store/redis/script.rs joins in this order: prelude.lua
+-- (shared helpers, the codes of the arguments), one piece per algorithm (sliding_log.lua,
+-- sliding_counter.lua, fixed_window.lua, gcra.lua), and main.lua (`check`: the arguments,
+-- the checks, the reply). A piece uses only what the pieces before it define. Joined, they
 -- are one chunk, so every name is one of its locals: a global lookup costs more.
+--
+-- The chunk runs two ways, the same code deciding: as a Redis Function library (Redis
+-- >= 7.0; store/redis/scripting.rs registers `check` under a name carrying the code's
+-- hash), loaded once, so its helpers and the algorithms' steps are made once and live on
+-- from call to call; or, where a server has no functions, as a script (EVALSHA) ending in
+-- `return check(KEYS, ARGV)`, which Lua runs anew, helpers and all, on every call. While a
+-- library loads, Redis offers no globals but `redis.register_function` and `redis.log`:
+-- the standard functions are bound on the first call (bind_globals), and nothing in the
+-- chunk calls a function until then. State one call leaves behind (the slots of rules,
+-- the steps made) is what the next call may reuse; whatever depends on the call (its
+-- arguments, Redis TIME, the reply) `check` sets anew.
 --
 -- An algorithm's piece is a function that makes its four steps, which a rule then calls as
 -- its methods: evaluate(r, t, units) reads the rule's state and says whether `units` fit;
 -- record(r, cost, margin) records an admission; answer(r, admitted, over, units) returns
 -- remaining, retry_after, reset_after and delay; give_back(r, at, cost) undoes an
--- admission. Lua makes a script's functions anew on every call (and each of their
--- upvalues): main.lua makes only the steps of the algorithms the call's rules use.
+-- admission. main.lua makes each algorithm's steps the first time a call's rules use it.
 --
 -- The Rust algorithms (crates/sluicegate/src/algorithm/) are the reference; this script
 -- re-implements them and differential tests hold the two together. In each check every
@@ -27,7 +37,7 @@
 -- few µs (measured; docs/BENCHMARKS.md). So a call describes its rules and its shapes of
 -- check once and checks refer to them, and tables are few. Times and TTLs are written with
 -- string.format('%d') (exact below 2^53 where Lua's integer format is 64-bit, checked
--- below; tostring keeps only 14 digits), once per call: glibc writes a 16-digit number
+-- below; tostring keeps only 14 digits), each once: glibc writes a 16-digit number
 -- through '%.0f', or through the "%.17g" Redis uses for a Lua number argument, three times
 -- slower. Offsets go as Lua numbers; exclusive bounds are written `x + 1` (every time is a
 -- whole µs).
@@ -59,7 +69,7 @@
 -- GIVEN_BACK; for a check that failed, in place of its numbers, the error's text. Every
 -- number stays below 2^53 (rules are validated for it).
 
--- The codes of the arguments and the reply, by name. store/redis/mod.rs (`mod code`)
+-- The codes of the arguments and the reply, by name. store/redis/script.rs (`mod code`)
 -- names the same codes: the two must match.
 local SLIDING_LOG, SLIDING_COUNTER, FIXED_WINDOW, TOKEN_BUCKET, LEAKY_BUCKET = 1, 2, 3, 4, 5
 local ZSET, COMPACT = 0, 1
@@ -73,25 +83,37 @@ local NEVER = -1
 local GIVEN_BACK = 1
 local RULE_VALUES = 7
 
-local call = redis.call
-local floor, max, min = math.floor, math.max, math.min
-local format, tonumber = string.format, tonumber
-local pack, unpack_struct = struct.pack, struct.unpack
-local argv, keys = ARGV, KEYS
-
+-- The standard functions the chunk uses, bound on the first call (see the header), and the
+-- call's keys and arguments (set by `check`).
+local call, floor, max, min, format, tonumber, pack, unpack_struct
+local argv, keys
 -- How a whole number is written: '%d' where Lua's integer format holds 2^53 exactly (a
 -- 64-bit long), '%.0f' otherwise.
-local INT = format('%d', 2 ^ 53) == '9007199254740992' and '%d' or '%.0f'
+local INT
 
--- Whole numbers as Redis arguments, each written once per call: a call's checks mostly
--- share their times (Redis TIME is read once per call), so the same few come up again
--- and again.
-local written = {}
+-- (`_G.tonumber`: the local of that name shadows the global here.)
+local function bind_globals()
+  call = redis.call
+  floor, max, min = math.floor, math.max, math.min
+  format, tonumber = string.format, _G.tonumber
+  pack, unpack_struct = struct.pack, struct.unpack
+  INT = format('%d', 2 ^ 53) == '9007199254740992' and '%d' or '%.0f'
+end
+
+-- Whole numbers as Redis arguments, each written once: a call's checks mostly share their
+-- times (Redis TIME is read once per call), so the same few come up again and again. The
+-- library keeps what it wrote from call to call, up to WRITTEN_MAX numbers.
+local WRITTEN_MAX = 4096
+local written, written_count = {}, 0
 local function int(x)
   local s = written[x]
   if not s then
+    if written_count >= WRITTEN_MAX then
+      written, written_count = {}, 0
+    end
     s = format(INT, x)
     written[x] = s
+    written_count = written_count + 1
   end
   return s
 end
@@ -107,6 +129,7 @@ local function div(x, y)
   return q
 end
 
+-- Redis TIME, read once per call (`check` forgets it).
 local server_time
 local function redis_time()
   if not server_time then

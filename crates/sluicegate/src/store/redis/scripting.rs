@@ -1,0 +1,155 @@
+//! How the check script reaches a server: as a Redis Function (`FCALL`, Redis ≥ 7.0) of a
+//! library loaded once, so that its helpers are made once rather than on every call; or,
+//! where a server has no functions, as a script by its SHA1 (`EVALSHA`). Both run the same
+//! Lua (`lua/`, joined in `script`). A server that lost the library or the script (a
+//! restart, a failover to a node without it, `FUNCTION FLUSH`, `SCRIPT FLUSH`) says so
+//! without running anything, and the call is loaded and sent again, once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redis::aio::ConnectionLike;
+use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+
+use super::script::{CHECK_LIBRARY, ScriptCheck, command};
+
+/// How a [`RedisStore`](super::RedisStore) runs its script.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Scripting {
+    /// As a function (`FCALL`) where the server has functions (Redis ≥ 7.0), else by
+    /// `EVALSHA`.
+    #[default]
+    Auto,
+    /// Always by `EVALSHA`, as on a server without functions.
+    Eval,
+}
+
+/// The check script, as a function library and as a script, and which of the two is in use.
+pub(super) struct CheckScript {
+    /// The library's source, headed with its name.
+    library: String,
+    /// The function's name: the library's, which carries the hash of the code, so that two
+    /// versions of sluicegate sharing a Redis each call their own.
+    function: String,
+    /// The script's source for `EVAL`, and its SHA1.
+    eval: String,
+    sha1: String,
+    /// Calls go as `FCALL` (else as `EVALSHA`).
+    functions: AtomicBool,
+}
+
+/// What the script answers when `FCALL` names a function the server does not have.
+const FUNCTION_NOT_FOUND: &str = "Function not found";
+/// What a server without functions answers to `FUNCTION` and `FCALL`.
+const UNKNOWN_COMMAND: &str = "unknown command";
+
+impl CheckScript {
+    pub(super) fn new() -> CheckScript {
+        let eval = format!("{CHECK_LIBRARY}return check(KEYS, ARGV)\n");
+        let sha1 = redis::Script::new(&eval).get_hash().to_owned();
+        let function = format!("sluicegate_{}", &sha1[..16]);
+        let library = format!(
+            "#!lua name={function}\n{CHECK_LIBRARY}\
+             redis.register_function{{function_name = '{function}', callback = check}}\n"
+        );
+        CheckScript {
+            library,
+            function,
+            eval,
+            sha1,
+            functions: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether calls go as `FCALL`.
+    pub(super) fn uses_functions(&self) -> bool {
+        self.functions.load(Ordering::Relaxed)
+    }
+
+    /// Chooses how to call, once connected: with [`Scripting::Auto`], loads the library
+    /// (on every master of a cluster), and uses `EVALSHA` if the server refuses it (Redis
+    /// 6 has no `FUNCTION`; an ACL may deny it). Fails only when the server did not
+    /// answer.
+    pub(super) async fn prepare(
+        &self,
+        connection: &mut impl ConnectionLike,
+        scripting: Scripting,
+    ) -> RedisResult<()> {
+        if scripting == Scripting::Eval {
+            return Ok(());
+        }
+        match self.load_library(connection).await {
+            Ok(()) => {
+                self.functions.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::Server(_)) => {
+                tracing::info!(
+                    "redis did not load the check as a function ({e}); checks are sent \
+                     with EVALSHA"
+                );
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn load_library(&self, connection: &mut impl ConnectionLike) -> RedisResult<()> {
+        redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(&self.library)
+            .query_async::<String>(connection)
+            .await
+            .map(drop)
+    }
+
+    /// Sends one call carrying `checks` and returns the script's reply. When the server
+    /// has lost the library (or the script), loads it and sends the call again, once;
+    /// when it no longer has functions at all (replaced by an older Redis), goes on with
+    /// `EVALSHA`.
+    pub(super) async fn call(
+        &self,
+        connection: &mut impl ConnectionLike,
+        checks: &[ScriptCheck],
+    ) -> RedisResult<Value> {
+        if self.uses_functions() {
+            match command("FCALL", &self.function, checks)
+                .query_async(connection)
+                .await
+            {
+                Err(e) if has_detail(&e, FUNCTION_NOT_FOUND) => {
+                    self.load_library(connection).await?;
+                    return command("FCALL", &self.function, checks)
+                        .query_async(connection)
+                        .await;
+                }
+                Err(e) if has_detail(&e, UNKNOWN_COMMAND) => {
+                    tracing::warn!("redis no longer has functions; checks go on with EVALSHA");
+                    self.functions.store(false, Ordering::Relaxed);
+                }
+                reply => return reply,
+            }
+        }
+        match command("EVALSHA", &self.sha1, checks)
+            .query_async(connection)
+            .await
+        {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(&self.eval)
+                    .query_async::<String>(connection)
+                    .await?;
+                command("EVALSHA", &self.sha1, checks)
+                    .query_async(connection)
+                    .await
+            }
+            reply => reply,
+        }
+    }
+}
+
+/// Whether `error` is a plain `ERR` whose text contains `text`.
+fn has_detail(error: &RedisError, text: &str) -> bool {
+    error.code() == Some("ERR") && error.detail().is_some_and(|detail| detail.contains(text))
+}

@@ -1,0 +1,183 @@
+//! The check script as a Redis Function: loaded once and called with FCALL, loaded again
+//! when the server lost it (FUNCTION FLUSH, a restart), and EVALSHA where the server has no
+//! functions — each against a redis-server of its own, whose INFO commandstats say which
+//! commands the store sent.
+
+#![cfg(feature = "redis")]
+
+use std::time::{Duration, Instant};
+
+use sluicegate::store::redis::Scripting;
+use sluicegate::{
+    Algorithm, Check, Limit, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
+};
+use sluicegate_test_support::{self as support, RedisServer, cmd};
+
+fn rule() -> Rule {
+    Rule::new(
+        "fn",
+        &RuleSpec::new(Algorithm::SlidingLog, 5, 3_600_000_000),
+    )
+    .unwrap()
+}
+
+async fn store_on(server: &RedisServer, scripting: Scripting) -> RedisStore {
+    let mut config = RedisStoreConfig::new(&server.url());
+    config.timeout = Duration::from_secs(2);
+    config.scripting = scripting;
+    RedisStore::connect(config).await.expect("connect")
+}
+
+/// One check of the rule for key `k`: its `remaining`.
+async fn remaining(store: &RedisStore, rule: &Rule) -> Result<u64, StoreError> {
+    let limits = [Limit { rule, key: "k" }];
+    let outcome = store.check(&Check::new(&limits, 1)).await?;
+    assert!(outcome.decision.allowed);
+    Ok(outcome.decision.remaining)
+}
+
+/// How many times the server ran `command` (lower case), from INFO commandstats.
+fn calls_of(server: &RedisServer, command: &str) -> u64 {
+    let info: String = server
+        .query(cmd("INFO").arg("commandstats"))
+        .expect("INFO commandstats");
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map_or(0, |rest| {
+            rest.split(',').next().unwrap().parse().expect("a count")
+        })
+}
+
+/// The names of the function libraries the server holds.
+fn libraries(server: &RedisServer) -> Vec<String> {
+    let listed: Vec<redis::Value> = server
+        .query(cmd("FUNCTION").arg("LIST"))
+        .expect("FUNCTION LIST");
+    listed
+        .iter()
+        .map(|library| {
+            let fields: Vec<redis::Value> = redis::from_redis_value_ref(library).unwrap();
+            redis::from_redis_value_ref(&fields[1]).unwrap()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn checks_are_calls_of_a_function_loaded_once() {
+    let server = RedisServer::start(&[]);
+    let store = store_on(&server, Scripting::Auto).await;
+    assert!(store.uses_functions());
+    let rule = rule();
+    for want in (0..5).rev() {
+        assert_eq!(remaining(&store, &rule).await.unwrap(), want);
+    }
+    assert_eq!(calls_of(&server, "fcall"), 5);
+    assert_eq!(calls_of(&server, "evalsha") + calls_of(&server, "eval"), 0);
+    assert_eq!(calls_of(&server, "function|load"), 1);
+    let libraries = libraries(&server);
+    assert_eq!(libraries.len(), 1, "{libraries:?}");
+    assert!(libraries[0].starts_with("sluicegate_"), "{libraries:?}");
+}
+
+#[tokio::test]
+async fn a_flushed_library_is_loaded_again_and_the_check_resent() {
+    let server = RedisServer::start(&[]);
+    let store = store_on(&server, Scripting::Auto).await;
+    let rule = rule();
+    assert_eq!(remaining(&store, &rule).await.unwrap(), 4);
+    server.query::<()>(cmd("FUNCTION").arg("FLUSH")).unwrap();
+    // The state stays; the check that found no function is sent again, counted once.
+    assert_eq!(remaining(&store, &rule).await.unwrap(), 3);
+    assert_eq!(remaining(&store, &rule).await.unwrap(), 2);
+    assert_eq!(libraries(&server).len(), 1);
+    assert_eq!(calls_of(&server, "function|load"), 2);
+}
+
+#[tokio::test]
+async fn a_flushed_script_is_loaded_again_and_the_check_resent() {
+    let server = RedisServer::start(&[]);
+    let store = store_on(&server, Scripting::Eval).await;
+    assert!(!store.uses_functions());
+    let rule = rule();
+    assert_eq!(remaining(&store, &rule).await.unwrap(), 4);
+    server.query::<()>(cmd("SCRIPT").arg("FLUSH")).unwrap();
+    assert_eq!(remaining(&store, &rule).await.unwrap(), 3);
+    assert_eq!(calls_of(&server, "fcall"), 0);
+    assert!(calls_of(&server, "evalsha") >= 2);
+}
+
+#[tokio::test]
+async fn a_restarted_server_gets_the_library_again() {
+    let server = RedisServer::start(&[]);
+    let store = store_on(&server, Scripting::Auto).await;
+    let rule = rule();
+    assert_eq!(remaining(&store, &rule).await.unwrap(), 4);
+    server.shutdown();
+    let port = server.port;
+    drop(server);
+    let restarted = RedisServer::start_at(port, &[]);
+    // Waiting for the store to reconnect to the real process; a fresh server (no
+    // persistence) has neither the state nor the library.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        match remaining(&store, &rule).await {
+            Ok(remaining) => break remaining,
+            Err(e) if Instant::now() < deadline => {
+                assert!(
+                    matches!(
+                        e,
+                        StoreError::Unavailable { .. } | StoreError::Timeout { .. }
+                    ),
+                    "{e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("no check succeeded after the restart: {e}"),
+        }
+    };
+    assert_eq!(first, 4);
+    assert!(store.uses_functions());
+    assert_eq!(libraries(&restarted).len(), 1);
+    assert!(calls_of(&restarted, "fcall") >= 2);
+}
+
+#[tokio::test]
+async fn a_server_without_functions_is_sent_evalsha() {
+    // What Redis 6 answers to FUNCTION and FCALL: unknown command.
+    let server = RedisServer::start(&[
+        "--rename-command",
+        "FUNCTION",
+        "",
+        "--rename-command",
+        "FCALL",
+        "",
+    ]);
+    let store = store_on(&server, Scripting::Auto).await;
+    assert!(!store.uses_functions());
+    let rule = rule();
+    for want in (0..5).rev() {
+        assert_eq!(remaining(&store, &rule).await.unwrap(), want);
+    }
+    assert!(calls_of(&server, "evalsha") >= 5);
+}
+
+/// Consistency of the cluster path: every master holds the library after connect.
+#[tokio::test]
+async fn every_master_of_a_cluster_holds_the_library() {
+    let cluster = support::cluster();
+    let mut config = RedisStoreConfig::new(&cluster.url());
+    config.timeout = Duration::from_secs(2);
+    config.prefix = format!("fn:{}:", std::process::id());
+    let store = RedisStore::connect(config).await.unwrap();
+    assert!(store.uses_functions());
+    for master in cluster.current_masters() {
+        let held = libraries(master);
+        assert!(
+            held.iter().any(|name| name.starts_with("sluicegate_")),
+            "master {} holds {held:?}",
+            master.port
+        );
+    }
+    assert!(remaining(&store, &rule()).await.is_ok());
+}
