@@ -10,7 +10,8 @@ use parking_lot::Mutex;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Script, TlsCertificates};
+use redis::io::tcp::TcpSettings;
+use redis::{IntoConnectionInfo, Script, TlsCertificates};
 
 use super::batcher::{Batcher, call_hold};
 use super::error::{CallError, bounded};
@@ -57,6 +58,7 @@ impl Connection {
             Topology::Server(server) => server,
             Topology::Cluster(nodes) => {
                 let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+                    .tcp_settings(tcp_settings())
                     .connection_timeout(connect_timeout)
                     .response_timeout(timeout);
                 if with_ca {
@@ -71,12 +73,8 @@ impl Connection {
                 return Ok(Connection::Cluster(connection));
             }
         };
-        let client = if with_ca {
-            redis::Client::build_with_tls(server.as_str(), certificates())
-        } else {
-            redis::Client::open(server.as_str())
-        }
-        .map_err(|e| unavailable(e.to_string()))?;
+        let client = server_client(server, with_ca.then(certificates))
+            .map_err(|e| unavailable(e.to_string()))?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(call_hold(timeout)))
@@ -107,6 +105,25 @@ impl Connection {
             }
             Connection::Cluster(c) => bounded(timeout, command.query_async(&mut c.clone())).await,
         }
+    }
+}
+
+/// Every Redis connection sends at once: a check is a few hundred bytes, and Nagle's
+/// algorithm would hold the next one back until the previous one's ACK.
+fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
+/// The client of one server named by `url`, checking its certificate against
+/// `certificates` when given.
+fn server_client(
+    url: &str,
+    certificates: Option<TlsCertificates>,
+) -> redis::RedisResult<redis::Client> {
+    let info = url.into_connection_info()?.set_tcp_settings(tcp_settings());
+    match certificates {
+        Some(certificates) => redis::Client::build_with_tls(info, certificates),
+        None => redis::Client::open(info),
     }
 }
 
@@ -198,4 +215,20 @@ fn install_crypto_provider() {
     ONCE.call_once(|| {
         let _already_installed = rustls::crypto::ring::default_provider().install_default();
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_server_connection_sets_tcp_nodelay() {
+        for url in ["redis://127.0.0.1:6379", "rediss://127.0.0.1:6379"] {
+            let client = server_client(url, None).unwrap();
+            assert!(
+                client.get_connection_info().tcp_settings().nodelay(),
+                "{url}"
+            );
+        }
+    }
 }
