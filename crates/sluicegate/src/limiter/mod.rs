@@ -9,6 +9,7 @@
 //! counts them.
 
 mod breaker;
+mod in_flight;
 mod local;
 mod negative_cache;
 mod room;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use breaker::{Breaker, Permit};
+use in_flight::{InFlight, Joined};
 use local::LocalFallback;
 use negative_cache::NegativeCache;
 
@@ -79,6 +81,9 @@ pub struct Limiter<S = MemoryStore> {
     config: LimiterConfig,
     breaker: Breaker,
     negative: Option<NegativeCache>,
+    /// Checks at the store, which later checks of the same limits wait for while the
+    /// negative cache is on.
+    in_flight: InFlight,
     local: LocalFallback,
     stats: LimiterStats,
     /// Times the breaker, the negative cache and the local fallback.
@@ -120,6 +125,7 @@ impl<S: Store> Limiter<S> {
             breaker: Breaker::new(config.breaker),
             negative: (config.negative_cache_entries > 0)
                 .then(|| NegativeCache::new(config.negative_cache_entries, Arc::clone(&clock))),
+            in_flight: InFlight::new(),
             local: LocalFallback::new(config.instances, config.local_seed_entries, &clock),
             config,
             stats: LimiterStats::default(),
@@ -159,14 +165,55 @@ impl<S: Store> Limiter<S> {
     /// caller's clock.
     pub async fn decide(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         check.validate()?;
-        let now = self.clock.now_micros();
-        if let Some(mut outcome) = self.negative.as_ref().and_then(|n| n.lookup(check, now)) {
-            self.stats
-                .negative_cache_hits
-                .fetch_add(1, Ordering::Relaxed);
-            outcome.decided_by = DecidedBy::NegativeCache;
-            return Ok(outcome);
+        let Some(negative) = self
+            .negative
+            .as_ref()
+            .filter(|_| NegativeCache::applies(check))
+        else {
+            return self.send(check, self.clock.now_micros()).await;
+        };
+        let hash = negative.hash(check.limits);
+        let mut now = self.clock.now_micros();
+        if let Some(refused) = self.cached_refusal(negative, check, hash, now) {
+            return Ok(refused);
         }
+        let leading = match self.in_flight.join(hash) {
+            Joined::Lead(leading) => Some(leading),
+            Joined::Wait(answered) => {
+                answered.await;
+                now = self.clock.now_micros();
+                if let Some(refused) = self.cached_refusal(negative, check, hash, now) {
+                    return Ok(refused);
+                }
+                None
+            }
+        };
+        let outcome = self.send(check, now).await;
+        // Only now, with its answer in the negative cache, may the checks waiting on it
+        // look again.
+        drop(leading);
+        outcome
+    }
+
+    /// The negative cache's refusal of `check` (its limits hashed to `hash`), counted.
+    fn cached_refusal(
+        &self,
+        negative: &NegativeCache,
+        check: &Check<'_>,
+        hash: u64,
+        now: u64,
+    ) -> Option<Outcome> {
+        let mut outcome = negative.lookup(check, hash, now)?;
+        self.stats
+            .negative_cache_hits
+            .fetch_add(1, Ordering::Relaxed);
+        outcome.decided_by = DecidedBy::NegativeCache;
+        Some(outcome)
+    }
+
+    /// Asks the store (through the breaker), sent at `now`; remembers its answer, or falls
+    /// back on a failure.
+    async fn send(&self, check: &Check<'_>, now: u64) -> Result<Outcome, StoreError> {
         let error = match self.breaker.permit(now) {
             Permit::Refuse => StoreError::breaker_open(format!(
                 "the store failed too often; next try in {:?}",
@@ -265,3 +312,6 @@ impl<S: Store> Limiter<S> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod in_flight_tests;
