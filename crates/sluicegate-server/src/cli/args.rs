@@ -50,7 +50,8 @@ pub(crate) fn parse_duration_arg(text: &str) -> Result<DurationArg, DurationErro
 #[derive(Args)]
 pub(crate) struct StoreArgs {
     /// memory, redis://host:port, rediss://host:port (TLS), redis+unix:///path,
-    /// redis-cluster://host:port,host:port or rediss-cluster://….
+    /// redis-cluster://host:port,host:port, rediss-cluster://…, or
+    /// redis+sentinel://host:port,host:port/master-name (rediss+sentinel://… for TLS).
     #[arg(long, env = "SLUICEGATE_STORE", default_value = "memory", value_parser = parse_store_url)]
     pub(crate) store: String,
     /// Prefix of every Redis key.

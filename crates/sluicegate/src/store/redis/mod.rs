@@ -17,6 +17,7 @@ mod error;
 mod eviction;
 mod keys;
 mod script;
+mod sentinel;
 
 use std::fmt;
 use std::sync::Arc;
@@ -45,8 +46,9 @@ use script::{CHECK_SCRIPT, CallCounters, Mode, Row, ScriptCheck, ScriptRow};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisStoreConfig {
     /// A Redis [`StoreUrl`]: `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS),
-    /// `redis+unix:///path/to.sock`, or `redis-cluster://[user:password@]host:port,…`
-    /// (seed nodes; `rediss-cluster://` for TLS).
+    /// `redis+unix:///path/to.sock`, `redis-cluster://[user:password@]host:port,…`
+    /// (seed nodes; `rediss-cluster://` for TLS), or
+    /// `redis+sentinel://[user:password@]host:port,…/master-name` (`rediss+sentinel://`).
     pub url: String,
     /// Prepended to every key, so several deployments can share one Redis.
     pub prefix: String,
