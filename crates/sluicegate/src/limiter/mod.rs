@@ -12,8 +12,10 @@ mod breaker;
 mod in_flight;
 mod local;
 mod negative_cache;
+mod precheck;
 mod room;
 mod seeds;
+mod share;
 
 pub use breaker::{BreakerConfig, BreakerState, BreakerTransitions};
 
@@ -24,6 +26,7 @@ use breaker::{Breaker, Permit};
 use in_flight::{InFlight, Joined};
 use local::LocalFallback;
 use negative_cache::NegativeCache;
+use precheck::Precheck;
 
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, RetryAfter};
@@ -47,6 +50,10 @@ pub struct LimiterConfig {
     /// Keys of `local` rules whose last store answer is remembered to start the `local`
     /// fallback from; past it, a new key starts the fallback empty.
     pub local_seed_entries: usize,
+    /// The local pre-check's factor: each instance refuses on its own what it would send
+    /// the store past factor × L / `instances` of a rule (at least 1; `None`, the default,
+    /// turns it off). See docs/SPEC.md for what it may refuse that the store would admit.
+    pub local_precheck: Option<f64>,
 }
 
 impl Default for LimiterConfig {
@@ -57,6 +64,7 @@ impl Default for LimiterConfig {
             breaker: BreakerConfig::default(),
             negative_cache_entries: 0,
             local_seed_entries: 100_000,
+            local_precheck: None,
         }
     }
 }
@@ -70,6 +78,8 @@ pub struct LimiterStats {
     pub store_errors: AtomicU64,
     /// Checks refused by the negative cache without a round trip.
     pub negative_cache_hits: AtomicU64,
+    /// Checks refused by the local pre-check without a round trip.
+    pub local_precheck_refusals: AtomicU64,
     /// Checks a fallback policy decided.
     pub fallback_decisions: AtomicU64,
 }
@@ -84,6 +94,7 @@ pub struct Limiter<S = MemoryStore> {
     /// Checks at the store, which later checks of the same limits wait for while the
     /// negative cache is on.
     in_flight: InFlight,
+    precheck: Option<Precheck>,
     local: LocalFallback,
     stats: LimiterStats,
     /// Times the breaker, the negative cache and the local fallback.
@@ -126,6 +137,9 @@ impl<S: Store> Limiter<S> {
             negative: (config.negative_cache_entries > 0)
                 .then(|| NegativeCache::new(config.negative_cache_entries, Arc::clone(&clock))),
             in_flight: InFlight::new(),
+            precheck: config
+                .local_precheck
+                .map(|factor| Precheck::new(factor, config.instances, &clock)),
             local: LocalFallback::new(config.instances, config.local_seed_entries, &clock),
             config,
             stats: LimiterStats::default(),
@@ -211,9 +225,16 @@ impl<S: Store> Limiter<S> {
         Some(outcome)
     }
 
-    /// Asks the store (through the breaker), sent at `now`; remembers its answer, or falls
-    /// back on a failure.
+    /// Asks the store (through the local pre-check and the breaker), sent at `now`;
+    /// remembers its answer, or falls back on a failure.
     async fn send(&self, check: &Check<'_>, now: u64) -> Result<Outcome, StoreError> {
+        if let Some(mut refused) = self.precheck.as_ref().and_then(|p| p.refusal(check)) {
+            self.stats
+                .local_precheck_refusals
+                .fetch_add(1, Ordering::Relaxed);
+            refused.decided_by = DecidedBy::LocalPrecheck;
+            return Ok(refused);
+        }
         let error = match self.breaker.permit(now) {
             Permit::Refuse => StoreError::breaker_open(format!(
                 "the store failed too often; next try in {:?}",
@@ -315,3 +336,6 @@ mod tests;
 
 #[cfg(test)]
 mod in_flight_tests;
+
+#[cfg(test)]
+mod precheck_tests;
