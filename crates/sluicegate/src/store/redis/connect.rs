@@ -287,19 +287,3 @@ fn install_crypto_provider() {
         let _already_installed = rustls::crypto::ring::default_provider().install_default();
     });
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_server_connection_sets_tcp_nodelay() {
-        for url in ["redis://127.0.0.1:6379", "rediss://127.0.0.1:6379"] {
-            let client = server_client(url, None).unwrap();
-            assert!(
-                client.get_connection_info().tcp_settings().nodelay(),
-                "{url}"
-            );
-        }
-    }
-}
