@@ -3,6 +3,8 @@
 //! failover under load — checks the old master can no longer take fail as errors, and once
 //! the sentinels name the new master, it decides.
 
+#![cfg(feature = "redis")]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
