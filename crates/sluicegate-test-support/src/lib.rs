@@ -25,6 +25,8 @@ mod poll;
 mod proxy;
 mod sentinel;
 mod server;
+#[cfg(target_os = "linux")]
+mod sockets;
 
 use std::sync::OnceLock;
 
@@ -33,6 +35,8 @@ pub use proxy::{Direction, FaultProxy};
 pub use redis::{Cmd, cmd};
 pub use sentinel::RedisSentinel;
 pub use server::RedisServer;
+#[cfg(target_os = "linux")]
+pub use sockets::{OwnSocket, own_tcp_sockets};
 
 /// A standalone server shared by every test of one test binary.
 pub fn standalone() -> &'static RedisServer {

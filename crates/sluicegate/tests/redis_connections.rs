@@ -111,3 +111,36 @@ async fn unix_socket() {
     )
     .await;
 }
+
+/// Every connection to Redis has Nagle's algorithm off: a check is a few hundred bytes, and
+/// with Nagle on, one sent while the previous one is unacknowledged waits for its ACK. Read
+/// back from the kernel on this process's own sockets to each server.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_connection_to_redis_sets_tcp_nodelay() {
+    let server = support::standalone();
+    let cluster = support::cluster();
+    let single = RedisStore::connect(config(&server.url(), "nodelay"))
+        .await
+        .unwrap();
+    let clustered = RedisStore::connect(config(&cluster.url(), "nodelay"))
+        .await
+        .unwrap();
+    decides(&single).await;
+    decides(&clustered).await;
+    let mut ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    ports.push(server.port);
+    let to_redis: Vec<_> = support::own_tcp_sockets()
+        .into_iter()
+        .filter(|s| ports.contains(&s.peer.port()))
+        .collect();
+    assert!(
+        to_redis.iter().any(|s| s.peer.port() == server.port),
+        "no connection to the server: {to_redis:?}"
+    );
+    assert!(
+        to_redis.iter().any(|s| s.peer.port() != server.port),
+        "no connection to the cluster: {to_redis:?}"
+    );
+    assert!(to_redis.iter().all(|s| s.nodelay), "{to_redis:?}");
+}

@@ -37,6 +37,36 @@ impl DurationArg {
     }
 }
 
+/// The local pre-check (two-tier limiting): `--local-precheck [FACTOR]`, shared by the
+/// commands that run a limiter.
+#[derive(Args)]
+pub(crate) struct PrecheckArgs {
+    /// Refuse on this instance alone what it would send the store past FACTOR × L /
+    /// --instances of a rule (1.2 when given without a value; off by default). Saves round
+    /// trips of clients far over their limit, but refuses what the limit would admit when
+    /// traffic is spread unevenly over the instances.
+    #[arg(
+        long,
+        env = "SLUICEGATE_LOCAL_PRECHECK",
+        value_name = "FACTOR",
+        num_args = 0..=1,
+        default_missing_value = "1.2",
+        value_parser = parse_precheck_factor
+    )]
+    pub(crate) local_precheck: Option<f64>,
+}
+
+/// A pre-check factor: a number of at least 1 (below 1 it would refuse evenly spread
+/// traffic the limit admits).
+fn parse_precheck_factor(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(factor) if factor.is_finite() && (1.0..=1000.0).contains(&factor) => Ok(factor),
+        _ => Err(format!(
+            "{text:?} is not a factor from 1 to 1000, such as 1.2"
+        )),
+    }
+}
+
 /// clap's value parser for duration flags (`value_parser = parse_duration_arg`): the
 /// value arrives parsed, and a bad one is reported by clap, naming the flag.
 pub(crate) fn parse_duration_arg(text: &str) -> Result<DurationArg, DurationError> {
@@ -50,7 +80,8 @@ pub(crate) fn parse_duration_arg(text: &str) -> Result<DurationArg, DurationErro
 #[derive(Args)]
 pub(crate) struct StoreArgs {
     /// memory, redis://host:port, rediss://host:port (TLS), redis+unix:///path,
-    /// redis-cluster://host:port,host:port or rediss-cluster://….
+    /// redis-cluster://host:port,host:port, rediss-cluster://…, or
+    /// redis+sentinel://host:port,host:port/master-name (rediss+sentinel://… for TLS).
     #[arg(long, env = "SLUICEGATE_STORE", default_value = "memory", value_parser = parse_store_url)]
     pub(crate) store: String,
     /// Prefix of every Redis key.

@@ -4,7 +4,7 @@ use anyhow::Result;
 use clap::Args;
 use sluicegate::AnyStore;
 
-use super::args::{PaceArgs, RuleArgs, StoreArgs};
+use super::args::{PaceArgs, PrecheckArgs, RuleArgs, StoreArgs};
 use super::runtime::runtime;
 use crate::tools::bench;
 
@@ -25,6 +25,11 @@ pub(super) struct BenchArgs {
     /// Answer repeated refusals locally, without a store call.
     #[arg(long)]
     negative_cache: bool,
+    #[command(flatten)]
+    precheck: PrecheckArgs,
+    /// How many instances the bench plays one of (for --local-precheck).
+    #[arg(long, env = "SLUICEGATE_INSTANCES", default_value_t = 1)]
+    instances: u32,
 }
 
 pub(super) fn run(args: &BenchArgs) -> Result<()> {
@@ -39,6 +44,8 @@ pub(super) fn run(args: &BenchArgs) -> Result<()> {
             store_name: args.store.store.clone(),
             drive,
             negative_cache: args.negative_cache,
+            local_precheck: args.precheck.local_precheck,
+            instances: args.instances.max(1),
         };
         let report = bench::run(store, rule, plan).await;
         report.print(args.pace.json)?;

@@ -173,10 +173,27 @@ fn store_url(env: &Environment<'_>) -> anyhow::Result<String> {
             };
             Ok(format!("{scheme}://{credentials}{url}"))
         }
-        "sentinel" => bail!(
-            "REDIS_TYPE=sentinel: not supported yet; give a single server or a cluster \
-             (REDIS_TYPE=single or cluster)"
-        ),
+        // envoy: "master-name,host:port,host:port" (src/redis/driver_impl.go).
+        "sentinel" => {
+            let Some((master, sentinels)) = url.split_once(',') else {
+                bail!("REDIS_URL={url:?}: REDIS_TYPE=sentinel needs master-name,host:port,…");
+            };
+            let scheme = if tls {
+                "rediss+sentinel"
+            } else {
+                "redis+sentinel"
+            };
+            let sentinel_auth = env.set("REDIS_SENTINEL_AUTH").unwrap_or_default();
+            let query = if sentinel_auth.is_empty() {
+                String::new()
+            } else {
+                format!("?sentinel_password={}", encode(&sentinel_auth))
+            };
+            Ok(format!(
+                "{scheme}://{credentials}{sentinels}/{}{query}",
+                encode(master)
+            ))
+        }
         other => bail!("REDIS_TYPE={other:?}: expected single, cluster or sentinel"),
     }
 }

@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use clap::Args;
 use sluicegate::{Algorithm, BreakerConfig, LimiterConfig, MemoryStoreConfig, StoreOptions};
 
-use super::args::{DurationArg, StoreArgs, parse_duration_arg};
+use super::args::{DurationArg, PrecheckArgs, StoreArgs, parse_duration_arg};
 use super::logging::LogArgs;
 use super::runtime::runtime;
 use crate::compat::Compat;
@@ -65,6 +65,8 @@ pub struct ServeArgs {
     /// Do not answer repeated refusals locally (the negative cache is on for Redis).
     #[arg(long, env = "SLUICEGATE_NO_NEGATIVE_CACHE")]
     no_negative_cache: bool,
+    #[command(flatten)]
+    precheck: PrecheckArgs,
     /// The algorithm of rules that name none [default: sliding-log; fixed-window with
     /// --compat envoy].
     #[arg(long, env = "SLUICEGATE_DEFAULT_ALGORITHM")]
@@ -224,6 +226,7 @@ impl ServeArgs {
                 } else {
                     0
                 },
+                local_precheck: self.precheck.local_precheck,
                 ..LimiterConfig::default()
             },
             service: ServiceOptions {
@@ -498,5 +501,24 @@ mod tests {
         }
         let error = breaker(&["--breaker-window", "0s"]).unwrap_err();
         assert!(error.contains("--breaker-window"), "{error}");
+    }
+
+    /// The local pre-check these flags turn on, or the error they get.
+    fn precheck(flags: &[&str]) -> Result<Option<f64>, String> {
+        let args = Serve::try_parse_from(std::iter::once("serve").chain(flags.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        Ok(args.args.options().unwrap().limiter.local_precheck)
+    }
+
+    #[test]
+    fn the_local_precheck_is_off_by_default_and_1_2_when_named_alone() {
+        assert_eq!(precheck(&[]), Ok(None));
+        assert_eq!(precheck(&["--local-precheck"]), Ok(Some(1.2)));
+        assert_eq!(precheck(&["--local-precheck", "1.5"]), Ok(Some(1.5)));
+        assert_eq!(precheck(&["--local-precheck=2"]), Ok(Some(2.0)));
+        for factor in ["0.5", "0", "-1", "NaN", "inf", "lots"] {
+            let error = precheck(&[&format!("--local-precheck={factor}")]).unwrap_err();
+            assert!(error.contains("--local-precheck"), "{factor}: {error}");
+        }
     }
 }

@@ -38,9 +38,10 @@ const LATENCY_BUCKETS: [f64; 12] = [
 pub(crate) const DEFAULT_NEAR_LIMIT_RATIO: f32 = 0.8;
 
 /// Everyone who can decide a check, in the order the metrics list them.
-const DECIDERS: [DecidedBy; 5] = [
+const DECIDERS: [DecidedBy; 6] = [
     DecidedBy::Store,
     DecidedBy::NegativeCache,
+    DecidedBy::LocalPrecheck,
     DecidedBy::Fallback(FailurePolicy::Allow),
     DecidedBy::Fallback(FailurePolicy::Deny),
     DecidedBy::Fallback(FailurePolicy::Local),
@@ -52,9 +53,10 @@ const fn decider_index(decided_by: DecidedBy) -> Option<usize> {
     match decided_by {
         DecidedBy::Store => Some(0),
         DecidedBy::NegativeCache => Some(1),
-        DecidedBy::Fallback(FailurePolicy::Allow) => Some(2),
-        DecidedBy::Fallback(FailurePolicy::Deny) => Some(3),
-        DecidedBy::Fallback(FailurePolicy::Local) => Some(4),
+        DecidedBy::LocalPrecheck => Some(2),
+        DecidedBy::Fallback(FailurePolicy::Allow) => Some(3),
+        DecidedBy::Fallback(FailurePolicy::Deny) => Some(4),
+        DecidedBy::Fallback(FailurePolicy::Local) => Some(5),
         _ => None,
     }
 }

@@ -124,6 +124,10 @@ pub(crate) struct BenchPlan {
     pub(crate) drive: Drive,
     /// Answer repeated refusals locally.
     pub(crate) negative_cache: bool,
+    /// The local pre-check's factor, if on.
+    pub(crate) local_precheck: Option<f64>,
+    /// Instances the bench plays one of.
+    pub(crate) instances: u32,
 }
 
 /// Why a call got no decision, as counted: a store error's kind, an HTTP status, a gRPC
@@ -301,6 +305,8 @@ pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchRe
         store,
         LimiterConfig {
             negative_cache_entries: if plan.negative_cache { 100_000 } else { 0 },
+            local_precheck: plan.local_precheck,
+            instances: plan.instances,
             ..LimiterConfig::default()
         },
     ));

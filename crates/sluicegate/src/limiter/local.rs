@@ -7,12 +7,10 @@
 //! never goes past L; n instances together admit at most L − R + n · min(L / n, R), which
 //! exceeds L by at most (n − 1) · R.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use super::seeds::Seeds;
+use super::share::Shares;
 use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
 use crate::policy::FailurePolicy;
@@ -21,11 +19,9 @@ use crate::store::{Check, Limit, MemoryStore, MemoryStoreConfig, StoreError};
 
 #[derive(Debug)]
 pub(crate) struct LocalFallback {
-    instances: u64,
     store: MemoryStore,
-    /// The scaled-down rules, by rule identity: (the original, its local share). The
-    /// original tells a rule whose numbers a reload changed from the one cached.
-    rules: Mutex<HashMap<String, (Rule, Rule)>>,
+    /// The rules cut to L / instances.
+    shares: Shares,
     seeds: Seeds,
 }
 
@@ -33,9 +29,8 @@ impl LocalFallback {
     /// `instances` share the store; `seeds` keys at most are remembered.
     pub(crate) fn new(instances: u32, seeds: usize, clock: &Arc<dyn Clock>) -> Self {
         LocalFallback {
-            instances: u64::from(instances.max(1)),
             store: MemoryStore::new(MemoryStoreConfig::default(), Arc::clone(clock)),
-            rules: Mutex::new(HashMap::new()),
+            shares: Shares::new(1000, instances, "@local"),
             seeds: Seeds::new(seeds, Arc::clone(clock)),
         }
     }
@@ -70,7 +65,7 @@ impl LocalFallback {
             .limits
             .iter()
             .zip(policies)
-            .map(|(l, p)| (*p == FailurePolicy::Local).then(|| self.rule(l.rule)))
+            .map(|(l, p)| (*p == FailurePolicy::Local).then(|| self.shares.of(l.rule)))
             .collect();
         let local_costs = check.costs_of(
             local_rules
@@ -141,31 +136,5 @@ impl LocalFallback {
                 let _ = self.store.check_now(&Check::new(&limits, taken));
             }
         });
-    }
-
-    /// `rule` with its limit (and burst or queue) divided by the number of instances.
-    fn rule(&self, rule: &Rule) -> Rule {
-        let mut cache = self.rules.lock();
-        if let Some((original, local)) = cache.get(rule.identity())
-            && original.same_rule(rule)
-        {
-            return local.clone();
-        }
-        let share = |n: u64| n.div_ceil(self.instances).max(1);
-        let mut spec = rule.spec();
-        spec.limit = share(spec.limit);
-        spec.burst = spec.burst.map(share);
-        spec.queue = spec.queue.map(|q| q.div_ceil(self.instances));
-        // Scaling down only shrinks every product, so the original's bounds still hold;
-        // should one not, the rule itself decides locally.
-        // In the original's scope: two domains' rules of one name fall back apart too.
-        let local = Rule::new(&format!("{}@local", rule.name()), &spec)
-            .map(|local| match rule.scope() {
-                Some(scope) => local.in_scope(scope),
-                None => local,
-            })
-            .unwrap_or_else(|_| rule.clone());
-        cache.insert(rule.identity().to_owned(), (rule.clone(), local.clone()));
-        local
     }
 }

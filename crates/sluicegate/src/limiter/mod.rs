@@ -9,10 +9,13 @@
 //! counts them.
 
 mod breaker;
+mod in_flight;
 mod local;
 mod negative_cache;
+mod precheck;
 mod room;
 mod seeds;
+mod share;
 
 pub use breaker::{BreakerConfig, BreakerState, BreakerTransitions};
 
@@ -20,8 +23,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use breaker::{Breaker, Permit};
+use in_flight::{InFlight, Joined};
 use local::LocalFallback;
 use negative_cache::NegativeCache;
+use precheck::Precheck;
 
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, RetryAfter};
@@ -45,6 +50,10 @@ pub struct LimiterConfig {
     /// Keys of `local` rules whose last store answer is remembered to start the `local`
     /// fallback from; past it, a new key starts the fallback empty.
     pub local_seed_entries: usize,
+    /// The local pre-check's factor: each instance refuses on its own what it would send
+    /// the store past factor × L / `instances` of a rule (at least 1; `None`, the default,
+    /// turns it off). See docs/SPEC.md for what it may refuse that the store would admit.
+    pub local_precheck: Option<f64>,
 }
 
 impl Default for LimiterConfig {
@@ -55,6 +64,7 @@ impl Default for LimiterConfig {
             breaker: BreakerConfig::default(),
             negative_cache_entries: 0,
             local_seed_entries: 100_000,
+            local_precheck: None,
         }
     }
 }
@@ -68,6 +78,8 @@ pub struct LimiterStats {
     pub store_errors: AtomicU64,
     /// Checks refused by the negative cache without a round trip.
     pub negative_cache_hits: AtomicU64,
+    /// Checks refused by the local pre-check without a round trip.
+    pub local_precheck_refusals: AtomicU64,
     /// Checks a fallback policy decided.
     pub fallback_decisions: AtomicU64,
 }
@@ -79,6 +91,10 @@ pub struct Limiter<S = MemoryStore> {
     config: LimiterConfig,
     breaker: Breaker,
     negative: Option<NegativeCache>,
+    /// Checks at the store, which later checks of the same limits wait for while the
+    /// negative cache is on.
+    in_flight: InFlight,
+    precheck: Option<Precheck>,
     local: LocalFallback,
     stats: LimiterStats,
     /// Times the breaker, the negative cache and the local fallback.
@@ -120,6 +136,10 @@ impl<S: Store> Limiter<S> {
             breaker: Breaker::new(config.breaker),
             negative: (config.negative_cache_entries > 0)
                 .then(|| NegativeCache::new(config.negative_cache_entries, Arc::clone(&clock))),
+            in_flight: InFlight::new(),
+            precheck: config
+                .local_precheck
+                .map(|factor| Precheck::new(factor, config.instances, &clock)),
             local: LocalFallback::new(config.instances, config.local_seed_entries, &clock),
             config,
             stats: LimiterStats::default(),
@@ -164,13 +184,61 @@ impl<S: Store> Limiter<S> {
     /// caller's clock.
     pub async fn decide(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         check.validate()?;
-        let now = self.clock.now_micros();
-        if let Some(mut outcome) = self.negative.as_ref().and_then(|n| n.lookup(check, now)) {
+        let Some(negative) = self
+            .negative
+            .as_ref()
+            .filter(|_| NegativeCache::applies(check))
+        else {
+            return self.send(check, self.clock.now_micros()).await;
+        };
+        let hash = negative.hash(check.limits);
+        let mut now = self.clock.now_micros();
+        if let Some(refused) = self.cached_refusal(negative, check, hash, now) {
+            return Ok(refused);
+        }
+        let leading = match self.in_flight.join(hash) {
+            Joined::Lead(leading) => Some(leading),
+            Joined::Wait(answered) => {
+                answered.await;
+                now = self.clock.now_micros();
+                if let Some(refused) = self.cached_refusal(negative, check, hash, now) {
+                    return Ok(refused);
+                }
+                None
+            }
+        };
+        let outcome = self.send(check, now).await;
+        // Only now, with its answer in the negative cache, may the checks waiting on it
+        // look again.
+        drop(leading);
+        outcome
+    }
+
+    /// The negative cache's refusal of `check` (its limits hashed to `hash`), counted.
+    fn cached_refusal(
+        &self,
+        negative: &NegativeCache,
+        check: &Check<'_>,
+        hash: u64,
+        now: u64,
+    ) -> Option<Outcome> {
+        let mut outcome = negative.lookup(check, hash, now)?;
+        self.stats
+            .negative_cache_hits
+            .fetch_add(1, Ordering::Relaxed);
+        outcome.decided_by = DecidedBy::NegativeCache;
+        Some(outcome)
+    }
+
+    /// Asks the store (through the local pre-check and the breaker), sent at `now`;
+    /// remembers its answer, or falls back on a failure.
+    async fn send(&self, check: &Check<'_>, now: u64) -> Result<Outcome, StoreError> {
+        if let Some(mut refused) = self.precheck.as_ref().and_then(|p| p.refusal(check)) {
             self.stats
-                .negative_cache_hits
+                .local_precheck_refusals
                 .fetch_add(1, Ordering::Relaxed);
-            outcome.decided_by = DecidedBy::NegativeCache;
-            return Ok(outcome);
+            refused.decided_by = DecidedBy::LocalPrecheck;
+            return Ok(refused);
         }
         let error = match self.breaker.permit(now) {
             Permit::Refuse => StoreError::breaker_open(format!(
@@ -270,3 +338,9 @@ impl<S: Store> Limiter<S> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod in_flight_tests;
+
+#[cfg(test)]
+mod precheck_tests;

@@ -89,7 +89,8 @@ impl NegativeCache {
         }
     }
 
-    fn applies(check: &Check<'_>) -> bool {
+    /// Whether the cache answers checks of this shape at all.
+    pub(crate) fn applies(check: &Check<'_>) -> bool {
         check.request_id.is_none()
             && check.at.is_none()
             && check.limits.len() <= MAX_LIMITS
@@ -101,7 +102,7 @@ impl NegativeCache {
 
     /// Each limit's rule fingerprint and key, length-prefixed so that no two lists of
     /// limits feed the hasher the same bytes.
-    fn hash(&self, limits: &[Limit<'_>]) -> u64 {
+    pub(crate) fn hash(&self, limits: &[Limit<'_>]) -> u64 {
         let mut hasher = self.table.hasher();
         for limit in limits {
             hasher.write_u64(limit.rule.fingerprint());
@@ -111,12 +112,12 @@ impl NegativeCache {
         hasher.finish()
     }
 
-    /// The cached refusal of `check`, with its waits shortened by the time since.
-    pub(crate) fn lookup(&self, check: &Check<'_>, now: u64) -> Option<Outcome> {
+    /// The cached refusal of `check`, whose limits hash to `hash`, with its waits shortened
+    /// by the time since.
+    pub(crate) fn lookup(&self, check: &Check<'_>, hash: u64, now: u64) -> Option<Outcome> {
         if !Self::applies(check) {
             return None;
         }
-        let hash = self.hash(check.limits);
         let shard = self.table.shard(hash).lock();
         let entry = shard.find(hash, |e| e.holds(check.limits))?;
         if now >= entry.until || check.cost.max(1) != entry.cost {

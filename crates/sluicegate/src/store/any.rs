@@ -19,8 +19,8 @@ use crate::clock::SystemClock;
 pub enum AnyStore {
     /// `memory`.
     Memory(MemoryStore),
-    /// `redis://…`, `rediss://…`, `redis+unix://…`, `redis-cluster://…` or
-    /// `rediss-cluster://…`.
+    /// `redis://…`, `rediss://…`, `redis+unix://…`, `redis-cluster://…`,
+    /// `rediss-cluster://…`, `redis+sentinel://…` or `rediss+sentinel://…`.
     #[cfg(feature = "redis")]
     Redis(RedisStore),
 }
@@ -29,7 +29,8 @@ pub enum AnyStore {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreOptions {
     /// A [`StoreUrl`]: `memory`, `redis://…`, `rediss://…`, `redis+unix://…`,
-    /// `redis-cluster://host:port,…`, `rediss-cluster://…`.
+    /// `redis-cluster://host:port,…`, `rediss-cluster://…`,
+    /// `redis+sentinel://host:port,…/master-name`, `rediss+sentinel://…`.
     pub url: String,
     /// Redis key prefix (kept without the `redis` feature, which has no use for it, so
     /// that code setting it builds either way).

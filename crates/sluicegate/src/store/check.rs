@@ -153,16 +153,20 @@ pub enum DecidedBy {
     /// The limiter's negative cache: the store refused the same check moments ago and said
     /// when it could pass; until then the limiter refuses without asking.
     NegativeCache,
+    /// The limiter's local pre-check: this instance alone has sent the store more than its
+    /// share of the limit (factor × L / instances).
+    LocalPrecheck,
     /// The store failed and this policy decided.
     Fallback(FailurePolicy),
 }
 
 impl DecidedBy {
-    /// `store`, `negative-cache`, `fallback-allow`, `fallback-deny`, `fallback-local`.
+    /// `store`, `negative-cache`, `local-precheck`, `fallback-allow`, `fallback-deny`, `fallback-local`.
     pub fn name(self) -> &'static str {
         match self {
             DecidedBy::Store => "store",
             DecidedBy::NegativeCache => "negative-cache",
+            DecidedBy::LocalPrecheck => "local-precheck",
             DecidedBy::Fallback(FailurePolicy::Allow) => "fallback-allow",
             DecidedBy::Fallback(FailurePolicy::Deny) => "fallback-deny",
             DecidedBy::Fallback(FailurePolicy::Local) => "fallback-local",

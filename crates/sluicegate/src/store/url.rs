@@ -9,7 +9,12 @@ use std::str::FromStr;
 /// - `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS),
 ///   `redis+unix:///path/to.sock` (or `unix://…`): one Redis server;
 /// - `redis-cluster://[user:password@]host:port,host:port,…`, `rediss-cluster://…` (TLS):
-///   the seed nodes of a Redis Cluster.
+///   the seed nodes of a Redis Cluster;
+/// - `redis+sentinel://[user:password@]host:port[,host:port…]/master-name`,
+///   `rediss+sentinel://…` (TLS to the sentinels and the master): the master the
+///   sentinels at those addresses know by that name, followed through failovers. The
+///   credentials are the master's; `?sentinel_username=…&sentinel_password=…` gives the
+///   sentinels' own.
 ///
 /// Shown (`Display`, `Debug`) without its password, so it can be logged and named in
 /// errors.
@@ -45,6 +50,22 @@ pub(crate) enum Topology {
     Server(String),
     /// The seed nodes, each with the cluster URL's credentials.
     Cluster(Vec<String>),
+    Sentinel(SentinelUrl),
+}
+
+/// A master found through sentinels.
+#[cfg(feature = "redis")]
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct SentinelUrl {
+    /// The sentinels, each `host:port`.
+    pub(crate) sentinels: Vec<String>,
+    /// The name the sentinels know the master by.
+    pub(crate) master_name: String,
+    /// The master's user and password, as the URL wrote them (`user:password`), if any.
+    pub(crate) master_credentials: Option<String>,
+    /// The sentinels' own user and password, if any.
+    pub(crate) sentinel_username: Option<String>,
+    pub(crate) sentinel_password: Option<String>,
 }
 
 /// A Redis URL scheme, and what it says about the connection.
@@ -58,16 +79,25 @@ pub(crate) enum Topology {
 struct RedisScheme {
     scheme: &'static str,
     tls: bool,
-    cluster: bool,
+    kind: Kind,
 }
 
-const REDIS_SCHEMES: [RedisScheme; 6] = [
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Server,
+    Cluster,
+    Sentinel,
+}
+
+const REDIS_SCHEMES: [RedisScheme; 8] = [
     RedisScheme::server("redis://", false),
     RedisScheme::server("rediss://", true),
     RedisScheme::server("redis+unix://", false),
     RedisScheme::server("unix://", false),
     RedisScheme::cluster("redis-cluster://", false),
     RedisScheme::cluster("rediss-cluster://", true),
+    RedisScheme::sentinel("redis+sentinel://", false),
+    RedisScheme::sentinel("rediss+sentinel://", true),
 ];
 
 impl RedisScheme {
@@ -75,7 +105,7 @@ impl RedisScheme {
         RedisScheme {
             scheme,
             tls,
-            cluster: false,
+            kind: Kind::Server,
         }
     }
 
@@ -83,7 +113,15 @@ impl RedisScheme {
         RedisScheme {
             scheme,
             tls,
-            cluster: true,
+            kind: Kind::Cluster,
+        }
+    }
+
+    const fn sentinel(scheme: &'static str, tls: bool) -> Self {
+        RedisScheme {
+            scheme,
+            tls,
+            kind: Kind::Sentinel,
         }
     }
 }
@@ -107,7 +145,7 @@ impl StoreUrl {
             None => Err(error(Reason::Unknown)),
             #[cfg(feature = "redis")]
             Some(scheme) => Ok(StoreUrl {
-                target: Target::Redis(RedisUrl::parse(url, scheme)),
+                target: Target::Redis(RedisUrl::parse(url, scheme).map_err(error)?),
             }),
             #[cfg(not(feature = "redis"))]
             Some(_) => Err(error(Reason::WithoutRedis)),
@@ -127,29 +165,73 @@ impl StoreUrl {
 #[cfg(feature = "redis")]
 impl RedisUrl {
     /// `url`, which starts with `scheme`.
-    fn parse(url: &str, scheme: &RedisScheme) -> RedisUrl {
-        let topology = if scheme.cluster {
-            let seeds = &url[scheme.scheme.len()..];
-            let node_scheme = if scheme.tls { "rediss://" } else { "redis://" };
-            let (credentials, hosts) = match seeds.rsplit_once('@') {
-                Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
-                None => (String::new(), seeds),
-            };
-            Topology::Cluster(
-                hosts
-                    .split(',')
-                    .map(|host| format!("{node_scheme}{credentials}{}", host.trim()))
-                    .collect(),
-            )
-        } else {
-            Topology::Server(url.to_owned())
+    fn parse(url: &str, scheme: &RedisScheme) -> Result<RedisUrl, Reason> {
+        let rest = &url[scheme.scheme.len()..];
+        let (credentials, hosts) = match rest.rsplit_once('@') {
+            Some((credentials, hosts)) => (Some(credentials), hosts),
+            None => (None, rest),
         };
-        RedisUrl {
+        let topology = match scheme.kind {
+            Kind::Server => Topology::Server(url.to_owned()),
+            Kind::Cluster => {
+                let node_scheme = if scheme.tls { "rediss://" } else { "redis://" };
+                let credentials = credentials.map(|c| format!("{c}@")).unwrap_or_default();
+                Topology::Cluster(
+                    hosts
+                        .split(',')
+                        .map(|host| format!("{node_scheme}{credentials}{}", host.trim()))
+                        .collect(),
+                )
+            }
+            Kind::Sentinel => Topology::Sentinel(SentinelUrl::parse(credentials, hosts)?),
+        };
+        Ok(RedisUrl {
             shown: redact(url),
             tls: scheme.tls,
             topology,
-        }
+        })
     }
+}
+
+#[cfg(feature = "redis")]
+impl SentinelUrl {
+    /// `hosts` is `host:port[,host:port…]/master-name[?sentinel_username=…&sentinel_password=…]`.
+    fn parse(credentials: Option<&str>, hosts: &str) -> Result<SentinelUrl, Reason> {
+        let (hosts, query) = hosts.split_once('?').unwrap_or((hosts, ""));
+        let (hosts, master_name) = hosts.split_once('/').ok_or(Reason::NoMasterName)?;
+        if master_name.is_empty() || master_name.contains('/') {
+            return Err(Reason::NoMasterName);
+        }
+        let sentinels: Vec<String> = hosts.split(',').map(|h| h.trim().to_owned()).collect();
+        if sentinels.iter().any(|h| !is_host_and_port(h)) {
+            return Err(Reason::BadSentinel);
+        }
+        let (mut sentinel_username, mut sentinel_password) = (None, None);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("sentinel_username", user)) => sentinel_username = Some(user.to_owned()),
+                Some(("sentinel_password", password)) => {
+                    sentinel_password = Some(password.to_owned());
+                }
+                _ => return Err(Reason::UnknownParameter),
+            }
+        }
+        Ok(SentinelUrl {
+            sentinels,
+            master_name: master_name.to_owned(),
+            master_credentials: credentials.map(str::to_owned),
+            sentinel_username,
+            sentinel_password,
+        })
+    }
+}
+
+/// `host:port`, the port a number.
+#[cfg(feature = "redis")]
+fn is_host_and_port(address: &str) -> bool {
+    address
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
 }
 
 impl FromStr for StoreUrl {
@@ -187,6 +269,12 @@ pub struct StoreUrlError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reason {
     Unknown,
+    #[cfg(feature = "redis")]
+    NoMasterName,
+    #[cfg(feature = "redis")]
+    BadSentinel,
+    #[cfg(feature = "redis")]
+    UnknownParameter,
     #[cfg(not(feature = "redis"))]
     WithoutRedis,
 }
@@ -205,8 +293,26 @@ impl fmt::Display for StoreUrlError {
             Reason::Unknown => write!(
                 f,
                 "unknown store {url:?}: expected memory, redis://host:port, rediss://host:port, \
-                 redis+unix:///path, redis-cluster://host:port,host:port or \
-                 rediss-cluster://host:port,host:port"
+                 redis+unix:///path, redis-cluster://host:port,host:port, \
+                 rediss-cluster://host:port,host:port or \
+                 redis+sentinel://host:port,host:port/master-name"
+            ),
+            #[cfg(feature = "redis")]
+            Reason::NoMasterName => write!(
+                f,
+                "store {url:?} names no master: expected \
+                 redis+sentinel://host:port[,host:port]/master-name"
+            ),
+            #[cfg(feature = "redis")]
+            Reason::BadSentinel => write!(
+                f,
+                "store {url:?}: every sentinel must be host:port, the port a number"
+            ),
+            #[cfg(feature = "redis")]
+            Reason::UnknownParameter => write!(
+                f,
+                "store {url:?}: the only parameters are sentinel_username and \
+                 sentinel_password"
             ),
             #[cfg(not(feature = "redis"))]
             Reason::WithoutRedis => write!(
@@ -220,13 +326,28 @@ impl fmt::Display for StoreUrlError {
 
 impl std::error::Error for StoreUrlError {}
 
-/// The URL without its password, for error messages and logs.
+/// The URL without its passwords (the user's, and a sentinel's in the query), for error
+/// messages and logs.
 fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let url = match (url.find("://"), url.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
             format!("{}://{}", &url[..scheme_end], &url[at + 1..])
         }
         _ => url.to_owned(),
+    };
+    match url.split_once('?') {
+        Some((base, query)) => {
+            let kept: Vec<&str> = query
+                .split('&')
+                .filter(|pair| !pair.starts_with("sentinel_password="))
+                .collect();
+            if kept.is_empty() {
+                base.to_owned()
+            } else {
+                format!("{base}?{}", kept.join("&"))
+            }
+        }
+        None => url,
     }
 }
 
@@ -298,6 +419,46 @@ mod tests {
         let redis = parsed("redis-cluster://a:7000");
         assert!(!redis.tls);
         assert!(redis.topology == Topology::Cluster(vec!["redis://a:7000".to_owned()]));
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_sentinel_url_names_its_sentinels_master_and_credentials() {
+        let url = "rediss+sentinel://app:secret@a:26379, b:26380/mymaster\
+                   ?sentinel_username=watch&sentinel_password=hidden";
+        let Target::Redis(redis) = StoreUrl::parse(url).unwrap().target else {
+            panic!("{url} is not memory");
+        };
+        assert!(redis.tls);
+        assert_eq!(
+            redis.shown,
+            "rediss+sentinel://a:26379, b:26380/mymaster?sentinel_username=watch"
+        );
+        let Topology::Sentinel(sentinel) = redis.topology else {
+            panic!("{url} is not a sentinel URL");
+        };
+        assert_eq!(sentinel.sentinels, ["a:26379", "b:26380"]);
+        assert_eq!(sentinel.master_name, "mymaster");
+        assert_eq!(sentinel.master_credentials.as_deref(), Some("app:secret"));
+        assert_eq!(sentinel.sentinel_username.as_deref(), Some("watch"));
+        assert_eq!(sentinel.sentinel_password.as_deref(), Some("hidden"));
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_sentinel_url_without_a_master_or_with_a_bad_sentinel_is_refused() {
+        for (url, says) in [
+            ("redis+sentinel://a:26379", "names no master"),
+            ("redis+sentinel://a:26379/", "names no master"),
+            ("redis+sentinel://a:26379/m/0", "names no master"),
+            ("redis+sentinel://a:26379,b/m", "host:port"),
+            ("redis+sentinel://:x:secret@a:huge/m", "host:port"),
+            ("redis+sentinel://a:26379/m?db=2", "only parameters"),
+        ] {
+            let err = StoreUrl::parse(url).unwrap_err().to_string();
+            assert!(err.contains(says), "{url}: {err}");
+            assert!(!err.contains("secret"), "{err}");
+        }
     }
 
     #[cfg(feature = "redis")]

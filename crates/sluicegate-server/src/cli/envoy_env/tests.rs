@@ -150,6 +150,17 @@ fn a_flag_given_rules_out_the_variables_it_conflicts_with() {
 
 #[test]
 fn redis_variables_make_the_store_url() {
+    let sentinel = [
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+        ("REDIS_AUTH", "pw"),
+        ("REDIS_SENTINEL_AUTH", "sp"),
+    ];
+    assert_eq!(
+        store(&sentinel).unwrap(),
+        "redis+sentinel://:pw@s1:26379,s2:26379/mymaster?sentinel_password=sp"
+    );
     let tcp = [
         ("REDIS_SOCKET_TYPE", "tcp"),
         ("REDIS_URL", "redis.local:6379"),
@@ -193,8 +204,8 @@ fn variables_envoy_would_refuse_are_refused_naming_them() {
             "SHADOW_MODE=\"yes\": not a boolean",
         ),
         (
-            vec![("REDIS_TYPE", "sentinel")],
-            "REDIS_TYPE=sentinel: not supported yet",
+            vec![("REDIS_TYPE", "sentinel"), ("REDIS_URL", "a:26379")],
+            "REDIS_TYPE=sentinel needs master-name,host:port",
         ),
         (vec![("REDIS_TYPE", "ring")], "REDIS_TYPE=\"ring\""),
         (

@@ -129,19 +129,25 @@ pub(super) const VARIABLES: &[EnvoyVariable] = &[
         "REDIS_TYPE",
         Some("SINGLE"),
         Some("--store"),
-        "single, cluster (sentinel: not yet)",
+        "single, cluster or sentinel",
     ),
     variable(
         "REDIS_URL",
         Some("/var/run/nutcracker/ratelimit.sock"),
         Some("--store"),
-        "host:port, a socket path, or host:port,… for a cluster",
+        "host:port, a socket path, host:port,… for a cluster, master-name,host:port,… for sentinel",
     ),
     variable(
         "REDIS_AUTH",
         Some(""),
         Some("--store"),
         "password, or user:password",
+    ),
+    variable(
+        "REDIS_SENTINEL_AUTH",
+        None,
+        Some("--store"),
+        "the sentinels' own password",
     ),
     variable(
         "REDIS_TLS",

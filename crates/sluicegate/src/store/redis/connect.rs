@@ -1,21 +1,25 @@
-//! Reaching Redis: a single server through a connection manager (its checks batched), or a
-//! Redis Cluster through the cluster client; TLS with rustls.
+//! Reaching Redis: a single server through a connection manager (its checks batched) — named
+//! directly, or found through Sentinel — or a Redis Cluster through the cluster client; TLS
+//! with rustls.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use redis::TlsCertificates;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
+use redis::io::tcp::TcpSettings;
+use redis::sentinel::SentinelClient;
+use redis::{IntoConnectionInfo, TlsCertificates};
 
 use super::batcher::{Batcher, call_hold};
 use super::error::{CallError, bounded};
 use super::script::CallCounters;
 use super::scripting::{CheckScript, Scripting};
+use super::sentinel;
 use crate::store::error::StoreError;
 use crate::store::url::{RedisUrl, Topology};
 
@@ -54,10 +58,27 @@ impl Connection {
             install_crypto_provider();
         }
         let with_ca = url.tls && tls_ca.is_some();
-        let server = match &url.topology {
-            Topology::Server(server) => server,
+        let mut sentinels = None;
+        let client = match &url.topology {
+            Topology::Server(server) => server_client(server, with_ca.then(certificates))
+                .map_err(|e| unavailable(e.to_string()))?,
+            Topology::Sentinel(names) => {
+                let mut client = sentinel::sentinels(
+                    names,
+                    url.tls,
+                    with_ca.then(certificates).as_ref(),
+                    &tcp_settings(),
+                )
+                .map_err(|e| unavailable(e.to_string()))?;
+                let master = sentinel::master(&mut client, connect_timeout)
+                    .await
+                    .map_err(unavailable)?;
+                sentinels = Some(client);
+                master
+            }
             Topology::Cluster(nodes) => {
                 let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+                    .tcp_settings(tcp_settings())
                     .connection_timeout(connect_timeout)
                     .response_timeout(timeout);
                 if with_ca {
@@ -72,12 +93,6 @@ impl Connection {
                 return Ok(Connection::Cluster(connection));
             }
         };
-        let client = if with_ca {
-            redis::Client::build_with_tls(server.as_str(), certificates())
-        } else {
-            redis::Client::open(server.as_str())
-        }
-        .map_err(|e| unavailable(e.to_string()))?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(call_hold(timeout)))
@@ -85,6 +100,13 @@ impl Connection {
         let manager = Replaceable::connect(client, manager_config, connect_timeout)
             .await
             .map_err(unavailable)?;
+        if let Some(sentinels) = sentinels {
+            tokio::spawn(ReplaceableInner::follow(
+                sentinels,
+                Arc::downgrade(&manager.0),
+                connect_timeout,
+            ));
+        }
         Ok(Connection::Single {
             batcher: Batcher::start(
                 manager.clone(),
@@ -129,19 +151,40 @@ impl Connection {
     }
 }
 
+/// Every Redis connection sends at once: a check is a few hundred bytes, and Nagle's
+/// algorithm would hold the next one back until the previous one's ACK.
+fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
+/// The client of one server named by `url`, checking its certificate against
+/// `certificates` when given.
+fn server_client(
+    url: &str,
+    certificates: Option<TlsCertificates>,
+) -> redis::RedisResult<redis::Client> {
+    let info = url.into_connection_info()?.set_tcp_settings(tcp_settings());
+    match certificates {
+        Some(certificates) => redis::Client::build_with_tls(info, certificates),
+        None => redis::Client::open(info),
+    }
+}
+
 /// A single server's connection manager, replaced by a new connection when Redis stays
 /// silent on it for a script call's whole hold. The manager reconnects by itself when its
 /// connection breaks (a reset, a close), but not when it merely goes quiet: a peer gone
 /// without a FIN or RST, or a middlebox that forgot the flow, would otherwise fail every
-/// check for as long as TCP takes to notice (hours). Only the batcher's task and the
-/// occasional command take the lock, each to clone the manager.
+/// check for as long as TCP takes to notice (hours). Behind Sentinel, it also moves to the
+/// master the sentinels name. Only the batcher's task and the occasional command take the
+/// lock, each to clone the manager.
 #[derive(Clone)]
 pub(super) struct Replaceable(Arc<ReplaceableInner>);
 
 struct ReplaceableInner {
     current: Mutex<ConnectionManager>,
-    /// What a new connection is made from.
-    client: redis::Client,
+    /// What a new connection is made from: the server's client (behind Sentinel, the
+    /// master's, as last named).
+    client: Mutex<redis::Client>,
     config: ConnectionManagerConfig,
     connect_timeout: Duration,
     /// A new connection is being made.
@@ -157,7 +200,7 @@ impl Replaceable {
         let manager = Replaceable::new_manager(&client, &config, connect_timeout).await?;
         Ok(Replaceable(Arc::new(ReplaceableInner {
             current: Mutex::new(manager),
-            client,
+            client: Mutex::new(client),
             config,
             connect_timeout,
             replacing: AtomicBool::new(false),
@@ -192,7 +235,8 @@ impl Replaceable {
         }
         let this = Arc::clone(&self.0);
         tokio::spawn(async move {
-            match Replaceable::new_manager(&this.client, &this.config, this.connect_timeout).await {
+            let client = this.client.lock().clone();
+            match Replaceable::new_manager(&client, &this.config, this.connect_timeout).await {
                 Ok(manager) => {
                     tracing::warn!(
                         "redis did not answer on its connection for a whole call hold; \
@@ -207,6 +251,50 @@ impl Replaceable {
             }
             this.replacing.store(false, Ordering::Release);
         });
+    }
+}
+
+impl ReplaceableInner {
+    /// Asks `sentinels` every [`sentinel::LOOKUP_EVERY`] which server is the master, and
+    /// moves `connection` there when it is another; ends when the connection is dropped.
+    async fn follow(
+        mut sentinels: SentinelClient,
+        connection: Weak<ReplaceableInner>,
+        timeout: Duration,
+    ) {
+        let mut ticks = tokio::time::interval(sentinel::LOOKUP_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let master = sentinel::master(&mut sentinels, timeout).await;
+            let Some(connection) = connection.upgrade() else {
+                return;
+            };
+            match master {
+                Ok(master) => connection.move_to(master).await,
+                Err(e) => tracing::warn!("cannot find the Redis master: {e}"),
+            }
+        }
+    }
+
+    /// Moves to `master` if it is another server than the current one's; if it cannot
+    /// connect there, stays, to try again at the next lookup.
+    async fn move_to(&self, master: redis::Client) {
+        let address = master.get_connection_info().addr().clone();
+        if *self.client.lock().get_connection_info().addr() == address {
+            return;
+        }
+        match Replaceable::new_manager(&master, &self.config, self.connect_timeout).await {
+            Ok(manager) => {
+                tracing::warn!(master = %address, "the sentinels name a new Redis master; moved to it");
+                *self.client.lock() = master;
+                *self.current.lock() = manager;
+            }
+            Err(e) => tracing::warn!(
+                master = %address,
+                "the sentinels name a new Redis master, and connecting to it failed: {e}"
+            ),
+        }
     }
 }
 

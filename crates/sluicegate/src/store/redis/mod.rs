@@ -18,6 +18,7 @@ mod eviction;
 mod keys;
 mod script;
 mod scripting;
+mod sentinel;
 
 use std::fmt;
 use std::sync::Arc;
@@ -46,8 +47,9 @@ use scripting::CheckScript;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisStoreConfig {
     /// A Redis [`StoreUrl`]: `redis://[user:password@]host:port[/db]`, `rediss://…` (TLS),
-    /// `redis+unix:///path/to.sock`, or `redis-cluster://[user:password@]host:port,…`
-    /// (seed nodes; `rediss-cluster://` for TLS).
+    /// `redis+unix:///path/to.sock`, `redis-cluster://[user:password@]host:port,…`
+    /// (seed nodes; `rediss-cluster://` for TLS), or
+    /// `redis+sentinel://[user:password@]host:port,…/master-name` (`rediss+sentinel://`).
     pub url: String,
     /// Prepended to every key, so several deployments can share one Redis.
     pub prefix: String,

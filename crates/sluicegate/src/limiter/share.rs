@@ -1,0 +1,65 @@
+//! Rules cut to one instance's share of a store: the limit (and burst, queue) times a
+//! factor, divided by the number of instances, rounded up — what the `local` fallback
+//! (factor 1) and the local pre-check (factor ≥ 1) decide with. Each rule's share is made
+//! once and kept, by rule identity, in shards: no lock is shared by every check.
+
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+
+use super::room::SHARDS;
+use crate::rule::Rule;
+
+#[derive(Debug)]
+pub(crate) struct Shares {
+    /// The factor, in thousandths.
+    per_mille: u64,
+    instances: u64,
+    /// Appended to a rule's name to name its share.
+    suffix: &'static str,
+    /// By rule identity: (the original, its share). The original tells a rule whose
+    /// numbers a reload changed (same identity) from the one cached.
+    shards: Box<[Mutex<HashMap<String, (Rule, Rule)>>]>,
+}
+
+impl Shares {
+    /// Shares of `per_mille` / 1000 × L / `instances`, named `{rule}{suffix}`.
+    pub(crate) fn new(per_mille: u64, instances: u32, suffix: &'static str) -> Self {
+        Shares {
+            per_mille,
+            instances: u64::from(instances.max(1)),
+            suffix,
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+
+    fn share(&self, n: u64) -> u64 {
+        let share = (u128::from(n) * u128::from(self.per_mille))
+            .div_ceil(1000 * u128::from(self.instances));
+        u64::try_from(share).unwrap_or(u64::MAX)
+    }
+
+    /// `rule` cut to this instance's share.
+    pub(crate) fn of(&self, rule: &Rule) -> Rule {
+        let mut cache = self.shards[(rule.fingerprint() >> 32) as usize % SHARDS].lock();
+        if let Some((original, share)) = cache.get(rule.identity())
+            && original.same_rule(rule)
+        {
+            return share.clone();
+        }
+        let mut spec = rule.spec();
+        spec.limit = self.share(spec.limit).max(1);
+        spec.burst = spec.burst.map(|b| self.share(b).max(1));
+        spec.queue = spec.queue.map(|q| self.share(q));
+        // A share that breaks a bound of its own (one grown past a maximum) is the rule
+        // itself. In the original's scope: two domains' rules of one name stay apart.
+        let share = Rule::new(&format!("{}{}", rule.name(), self.suffix), &spec)
+            .map(|share| match rule.scope() {
+                Some(scope) => share.in_scope(scope),
+                None => share,
+            })
+            .unwrap_or_else(|_| rule.clone());
+        cache.insert(rule.identity().to_owned(), (rule.clone(), share.clone()));
+        share
+    }
+}

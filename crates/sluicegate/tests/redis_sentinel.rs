@@ -1,0 +1,222 @@
+//! The Redis store behind Sentinel, against real redis-server processes in server and
+//! sentinel mode: it finds the master through the sentinels and follows it through a
+//! failover under load — checks the old master can no longer take fail as errors, and once
+//! the sentinels name the new master, it decides.
+
+#![cfg(feature = "redis")]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use sluicegate::{
+    Algorithm, Check, Limit, Limiter, LimiterConfig, RedisStore, RedisStoreConfig, Rule, RuleSpec,
+    StoreError,
+};
+use sluicegate_test_support::{RedisSentinel, RedisServer, cmd};
+use tokio::time::Instant;
+
+/// A failover takes the sentinels a second to see the master down, then an election and a
+/// promotion: generous on a loaded machine.
+const FAILOVER_WITHIN: Duration = Duration::from_secs(40);
+
+fn sentinel_url(deployment: &RedisSentinel) -> String {
+    let sentinels: Vec<String> = deployment
+        .sentinels
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port))
+        .collect();
+    format!(
+        "redis+sentinel://{}/{}",
+        sentinels.join(","),
+        RedisSentinel::MASTER_NAME
+    )
+}
+
+async fn limiter_on(deployment: &RedisSentinel, test: &str) -> Arc<Limiter<RedisStore>> {
+    let mut config = RedisStoreConfig::new(&sentinel_url(deployment));
+    config.prefix = format!("sentinel:{test}:");
+    config.timeout = Duration::from_millis(500);
+    let store = RedisStore::connect(config)
+        .await
+        .expect("connects through the sentinels");
+    Arc::new(Limiter::with_config(store, LimiterConfig::default()))
+}
+
+/// What the load saw: checks decided, and checks that failed.
+#[derive(Default)]
+struct Tally {
+    decided: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// Four tasks checking one key without pause until `stop`; every answer is either a
+/// decision (all allowed: the limit is far away) or a store error, never anything else.
+fn load(
+    limiter: &Arc<Limiter<RedisStore>>,
+    stop: &Arc<AtomicBool>,
+) -> (Arc<Tally>, Vec<tokio::task::JoinHandle<()>>) {
+    let tally = Arc::new(Tally::default());
+    let rule = Rule::new(
+        "load",
+        &RuleSpec::new(Algorithm::FixedWindow, 1_000_000_000, 3_600_000_000),
+    )
+    .unwrap();
+    let tasks = (0..4)
+        .map(|_| {
+            let (limiter, stop, tally, rule) = (
+                Arc::clone(limiter),
+                Arc::clone(stop),
+                Arc::clone(&tally),
+                rule.clone(),
+            );
+            tokio::spawn(async move {
+                let limits = [Limit {
+                    rule: &rule,
+                    key: "steady",
+                }];
+                while !stop.load(Ordering::Relaxed) {
+                    match limiter.decide(&Check::new(&limits, 1)).await {
+                        Ok(outcome) => {
+                            assert!(outcome.decision.allowed, "{outcome:?}");
+                            tally.decided.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(StoreError::InvalidCheck(e)) => panic!("{e}"),
+                        Err(_) => {
+                            tally.failed.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    (tally, tasks)
+}
+
+/// Waits, boundedly, until `new` is the master and `old` (if still up) is not, then until a
+/// check of `limiter` is decided — which only the new master can do. Returns the checks
+/// that failed meanwhile.
+async fn until_decided_on(
+    new: &RedisServer,
+    old: Option<&RedisServer>,
+    limiter: &Limiter<RedisStore>,
+    rule: &Rule,
+) -> u64 {
+    let deadline = Instant::now() + FAILOVER_WITHIN;
+    while !new.is_master() || old.is_some_and(RedisServer::is_master) {
+        assert!(Instant::now() < deadline, "no failover to {}", new.port);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut failed = 0;
+    while limiter.check(rule, "probe", 1).await.is_err() {
+        failed += 1;
+        assert!(
+            Instant::now() < deadline,
+            "no check decided after the failover to {}",
+            new.port
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    failed
+}
+
+/// After the failover, a fresh key is counted where the new master keeps it: three of a
+/// limit of three admitted, the fourth refused, and the key in the new master's keyspace.
+async fn counted_on(server: &RedisServer, limiter: &Limiter<RedisStore>, test: &str) {
+    let rule = Rule::new(
+        "after",
+        &RuleSpec::new(Algorithm::SlidingLog, 3, 60_000_000),
+    )
+    .unwrap();
+    for n in 0..4 {
+        let decision = limiter.check(&rule, "fresh", 1).await.expect("decided");
+        assert_eq!(decision.allowed, n < 3, "check {n}: {decision:?}");
+    }
+    let keys: Vec<String> = server
+        .query(cmd("KEYS").arg(format!("sentinel:{test}:*fresh*")))
+        .unwrap();
+    assert!(
+        !keys.is_empty(),
+        "the new master holds no key of the checks"
+    );
+}
+
+/// Runs `fail_over` on a deployment under load; `old_stays_up` when the old master lives
+/// on as a replica.
+async fn through_a_failover(
+    test: &str,
+    old_stays_up: bool,
+    fail_over: impl FnOnce(&RedisSentinel),
+) {
+    let deployment = RedisSentinel::start(3);
+    let limiter = limiter_on(&deployment, test).await;
+    let probe = Rule::new(
+        "probe",
+        &RuleSpec::new(Algorithm::FixedWindow, 1_000_000_000, 3_600_000_000),
+    )
+    .unwrap();
+    limiter
+        .check(&probe, "probe", 1)
+        .await
+        .expect("decided by the first master");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tally, tasks) = load(&limiter, &stop);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = tally.decided.load(Ordering::Relaxed);
+    assert!(before > 0, "no check decided before the failover");
+
+    fail_over(&deployment);
+    let old = old_stays_up.then_some(&deployment.master);
+    let failed_probes = until_decided_on(&deployment.replica, old, &limiter, &probe).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("no load task panicked");
+    }
+    counted_on(&deployment.replica, &limiter, test).await;
+
+    let (decided, failed) = (
+        tally.decided.load(Ordering::Relaxed),
+        tally.failed.load(Ordering::Relaxed),
+    );
+    assert!(decided > before, "no check decided after the failover");
+    // A dead master fails the checks sent to it; a demoted one may take them until the
+    // sentinels reconfigure it (what it took is lost with its data, Sentinel's own window).
+    assert!(
+        old_stays_up || failed > 0,
+        "the failover went by without a failed check"
+    );
+    // The limiter counted every failure as an error, none as a decision.
+    let stats = limiter.stats();
+    assert_eq!(
+        stats.store_errors.load(Ordering::Relaxed),
+        failed + failed_probes
+    );
+    assert_eq!(stats.fallback_decisions.load(Ordering::Relaxed), 0);
+}
+
+/// The master dies: the connection to it is refused until the sentinels promote the
+/// replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_follows_sentinel_when_the_master_dies_under_load() {
+    through_a_failover("killed", false, |deployment| deployment.master.shutdown()).await;
+}
+
+/// `SENTINEL FAILOVER`: the old master stays up as a replica and answers writes with
+/// READONLY until the store moves to the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_follows_sentinel_when_the_master_is_demoted_under_load() {
+    through_a_failover("demoted", true, |deployment| {
+        let started: String = deployment.sentinels[0]
+            .query(
+                cmd("SENTINEL")
+                    .arg("FAILOVER")
+                    .arg(RedisSentinel::MASTER_NAME),
+            )
+            .expect("SENTINEL FAILOVER");
+        assert_eq!(started, "OK");
+    })
+    .await;
+}
