@@ -24,9 +24,12 @@ use crate::service::{DecideError, Service};
 /// The one method's path.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-/// The gRPC service as a router, to serve on its own or beside the HTTP API.
+mod reflection;
+
+/// The gRPC service, with server reflection, as a router to serve on its own or beside
+/// the HTTP API.
 pub(crate) fn router(service: Arc<Service>) -> axum::Router {
-    tonic::service::Routes::new(RlsServer { service }).into_axum_router()
+    reflection::add_to(tonic::service::Routes::new(RlsServer { service })).into_axum_router()
 }
 
 /// The RLS service over the shared service: routes `ShouldRateLimit`, refuses any other
