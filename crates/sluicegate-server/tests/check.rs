@@ -1,0 +1,103 @@
+//! `sluicegate check` against a served instance, over HTTP and over gRPC: the decision it
+//! prints and the exit status that says it (0 allowed, 1 over the limit, 2 no decision).
+
+mod server;
+
+use server::Server;
+
+use std::process::{Command, Output};
+
+fn check(target: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+        .args(["check", "--target", target])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The printed answer, as JSON, and the exit status.
+fn answer(out: &Output) -> (serde_json::Value, Option<i32>) {
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let value = serde_json::from_str(&printed).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {printed}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (value, out.status.code())
+}
+
+/// The example rules allow 5 per 10 s per user: a cost of 4 over HTTP, then 1 over gRPC
+/// fill it; the next is over the limit on either protocol.
+#[test]
+fn check_prints_decisions_over_http_and_grpc() {
+    let server = Server::start(&[]);
+    let target = server.address.as_str();
+    let user = ["--domain", "example", "--descriptor", "user=dana"];
+
+    let (http, status) = answer(&check(target, &[&user[..], &["--hits", "4"]].concat()));
+    assert_eq!(status, Some(0), "{http}");
+    assert_eq!(http["decision"]["remaining"], 1, "{http}");
+    assert_eq!(http["descriptors"][0]["rule"], "example.user", "{http}");
+
+    let (grpc, status) = answer(&check(target, &[&["--grpc"], &user[..]].concat()));
+    assert_eq!(status, Some(0), "{grpc}");
+    assert_eq!(grpc["overallCode"], "OK", "{grpc}");
+    assert_eq!(grpc["statuses"][0]["currentLimit"]["requestsPerUnit"], 5);
+
+    let (grpc, status) = answer(&check(target, &[&["--grpc"], &user[..]].concat()));
+    assert_eq!(
+        (grpc["overallCode"].as_str(), status),
+        (Some("OVER_LIMIT"), Some(1))
+    );
+    let (http, status) = answer(&check(target, &user));
+    assert_eq!((http["allowed"].as_bool(), status), (Some(false), Some(1)));
+
+    // Two descriptors, one of two entries: a nested rule and the per-user one together.
+    let (both, status) = answer(&check(
+        target,
+        &[
+            "--domain",
+            "example",
+            "--descriptor",
+            "user=erin",
+            "--descriptor",
+            "api=search,user=erin",
+        ],
+    ));
+    assert_eq!(status, Some(0), "{both}");
+    assert_eq!(
+        both["descriptors"].as_array().map(Vec::len),
+        Some(2),
+        "{both}"
+    );
+}
+
+/// No decision is never printed as one: exit status 2 and the reason, on either protocol.
+#[test]
+fn check_without_a_decision_says_why() {
+    let server = Server::start(&[]);
+    for protocol in [&[][..], &["--grpc"][..]] {
+        let unknown = [protocol, &["--domain", "nope", "--descriptor", "user=a"]].concat();
+        let out = check(&server.address, &unknown);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(out.stdout.is_empty());
+        assert!(stderr.contains("unknown domain \"nope\""), "{stderr}");
+
+        // A port nothing listens on: bound, then closed.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let out = check(&address, &unknown);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("Connection refused"), "{stderr}");
+    }
+    let out = check(
+        &server.address,
+        &["--domain", "example", "--descriptor", "user"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"user\" is not key=value"));
+}
