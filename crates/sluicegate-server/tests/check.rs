@@ -4,6 +4,7 @@
 mod server;
 
 use server::Server;
+use sluicegate_test_support::certificates::Authority;
 
 use std::process::{Command, Output};
 
@@ -100,4 +101,43 @@ fn check_without_a_decision_says_why() {
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("\"user\" is not key=value"));
+}
+
+/// With `--tls-ca`, over TLS on both protocols, trusting the service's authority; without
+/// it a TLS service gives no decision.
+#[test]
+fn check_over_tls() {
+    let dir = std::env::temp_dir().join(format!("sluicegate-check-tls-{}", std::process::id()));
+    let authority = Authority::new(&dir, "ca");
+    let pair = authority.issue("server");
+    let server = Server::start(&[
+        "--tls-cert",
+        pair.cert.to_str().unwrap(),
+        "--tls-key",
+        pair.key.to_str().unwrap(),
+    ]);
+    let ca = authority.cert();
+    let user = ["--domain", "example", "--descriptor", "user=frank"];
+    let tls = ["--tls-ca", ca.to_str().unwrap()];
+    let (http, status) = answer(&check(&server.address, &[&user[..], &tls].concat()));
+    assert_eq!(
+        (http["allowed"].as_bool(), status),
+        (Some(true), Some(0)),
+        "{http}"
+    );
+    let (grpc, status) = answer(&check(
+        &server.address,
+        &[&user[..], &tls, &["--grpc"]].concat(),
+    ));
+    assert_eq!(
+        (grpc["overallCode"].as_str(), status),
+        (Some("OK"), Some(0)),
+        "{grpc}"
+    );
+
+    for protocol in [&[][..], &["--grpc"][..]] {
+        let out = check(&server.address, &[&user[..], protocol].concat());
+        assert_eq!(out.status.code(), Some(2), "{protocol:?} without TLS");
+        assert!(out.stdout.is_empty());
+    }
 }
