@@ -277,6 +277,8 @@ fn the_load_generator_drives_both_protocols() {
         let out = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
             .args(["load", "--target", &server.address, "--protocol", protocol])
             .args([
+                "--key",
+                "user",
                 "--values",
                 "50",
                 "--concurrency",
