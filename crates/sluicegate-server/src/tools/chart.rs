@@ -124,15 +124,26 @@ impl Chart<'_> {
             let limit = self.limit as f64;
             let colour = COLOURS[index % COLOURS.len()];
             let values: Vec<f64> = values.iter().map(|&v| v as f64).collect();
+            // Each run of steps over L is one region, between the limit line and the steps.
             let mut over = String::new();
-            for (bucket, &v) in values.iter().enumerate().filter(|(_, v)| **v > limit) {
+            let mut bucket = 0;
+            while bucket < values.len() {
+                if values[bucket] <= limit {
+                    bucket += 1;
+                    continue;
+                }
+                let start = bucket;
+                while bucket < values.len() && values[bucket] > limit {
+                    bucket += 1;
+                }
                 let _ = write!(
                     over,
-                    r#"<rect class="over-limit" x="{:.1}" y="{:.1}" width="{:.2}" height="{:.1}" fill="{OVER_COLOUR}" fill-opacity="0.45"/>"#,
+                    r#"<polygon class="over-limit" fill="{OVER_COLOUR}" fill-opacity="0.45" points="{:.1},{:.1} {} {:.1},{:.1}"/>"#,
+                    x(start),
+                    y(limit),
+                    steps(&values[start..bucket], &|i| x(start + i), y),
                     x(bucket),
-                    y(v),
-                    x(bucket + 1) - x(bucket),
-                    y(limit) - y(v)
+                    y(limit)
                 );
             }
             let _ = writeln!(
