@@ -72,8 +72,10 @@ fn a_burst_on_slow_waits_in_its_queue() {
         .map(|(response, _)| response)
         .filter(|response| response.starts_with("HTTP/1.1 429"))
         .collect();
-    // One goes at once and five wait in the queue; the queue refuses the rest itself.
-    assert_eq!((served.len(), refused.len()), (6, 2), "{answers:?}");
+    // One goes at once and five wait in the queue; the queue refuses the rest itself (on
+    // a machine so loaded that the burst spreads over half a second, one more drains in).
+    assert_eq!(served.len() + refused.len(), 8, "{answers:?}");
+    assert!(served.len() >= 6 && !refused.is_empty(), "{answers:?}");
     for response in refused {
         assert!(response.contains("\"shaped\""), "{response}");
         assert!(!response.contains("per-client"), "{response}");
