@@ -4,7 +4,7 @@
 mod server;
 
 use server::Server;
-use sluicegate_test_support::certificates::Authority;
+use sluicegate_test_support::{self as support, certificates::Authority};
 
 use std::process::{Command, Output};
 
@@ -74,26 +74,37 @@ fn check_prints_decisions_over_http_and_grpc() {
     );
 }
 
-/// No decision is never printed as one: exit status 2 and the reason, on either protocol.
+/// No decision is never printed as one: exit status 2 and the reason, on either protocol —
+/// for a store that failed (a real redis-server, shut down), and a port nothing serves.
 #[test]
 fn check_without_a_decision_says_why() {
-    let server = Server::start(&[]);
-    for protocol in [&[][..], &["--grpc"][..]] {
-        let unknown = [protocol, &["--domain", "nope", "--descriptor", "user=a"]].concat();
-        let out = check(&server.address, &unknown);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{stderr}");
-        assert!(out.stdout.is_empty());
-        assert!(stderr.contains("unknown domain \"nope\""), "{stderr}");
-
-        // A port nothing listens on: bound, then closed.
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = closed.local_addr().unwrap().to_string();
-        drop(closed);
-        let out = check(&address, &unknown);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{stderr}");
-        assert!(stderr.contains("Connection refused"), "{stderr}");
+    let redis = support::RedisServer::start(&[]);
+    let server = Server::start(&["--store", &redis.url(), "--store-timeout", "100ms"]);
+    let user = ["--domain", "example", "--descriptor", "user=gina"];
+    let (_, status) = answer(&check(&server.address, &user));
+    assert_eq!(status, Some(0), "decided while Redis runs");
+    redis.shutdown();
+    // A port nothing listens on: bound, then closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    // How each protocol says the store failed: HTTP's 503, gRPC's UNAVAILABLE.
+    for (protocol, store_failed) in [(&[][..], "503"), (&["--grpc"][..], "Unavailable")] {
+        let args = [protocol, &user].concat();
+        for (target, reason) in [
+            (&server.address, store_failed),
+            (&nowhere, "Connection refused"),
+        ] {
+            let out = check(target, &args);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "{protocol:?} {target}: {stderr}"
+            );
+            assert!(out.stdout.is_empty(), "{protocol:?} {target}");
+            assert!(stderr.contains(reason), "{protocol:?} {target}: {stderr}");
+        }
     }
     let out = check(
         &server.address,
