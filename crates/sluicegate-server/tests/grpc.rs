@@ -180,6 +180,34 @@ fn rls_from_python_grpcio() {
     }
 }
 
+/// Server reflection: grpcio-reflection's client (what grpcurl does) lists the rate-limit
+/// service, resolves its messages through reflection alone and calls it.
+#[test]
+fn reflection_lists_and_describes_the_rls_service() {
+    let server = Server::start(&[]);
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/python/reflection_call.py"
+    );
+    let out = Command::new("python3")
+        .args([script, &server.address, "example", "user", "carol"])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "reflection client failed (scripts/test installs grpcio-reflection): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = printed.lines().collect();
+    assert!(
+        lines.contains(&"envoy.service.ratelimit.v3.RateLimitService"),
+        "{printed}"
+    );
+    assert!(lines.contains(&"method ShouldRateLimit"), "{printed}");
+    assert_eq!(lines.last(), Some(&"overall_code 1"), "{printed}");
+}
+
 /// Bytes that are no RateLimitRequest, and an empty one, are the client's error: each
 /// INVALID_ARGUMENT saying what was wrong; another method of the service is UNIMPLEMENTED.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -272,6 +300,8 @@ fn the_load_generator_drives_both_protocols() {
         let out = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
             .args(["load", "--target", &server.address, "--protocol", protocol])
             .args([
+                "--key",
+                "user",
                 "--values",
                 "50",
                 "--concurrency",

@@ -75,3 +75,26 @@ fn requests_per_connection_opens_new_connections_and_requests_bounds_the_run() {
         );
     }
 }
+
+/// The default workload measures admissions, not refusals: 12,000 requests, more than twice
+/// what the example rules' per-user limit would let 1,000 values through, are nearly all
+/// allowed; the header says what was asked.
+#[test]
+fn the_default_workload_is_mostly_admitted() {
+    let server = Server::start(&[]);
+    let out = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+        .args(["load", "--target", &server.address, "--requests", "12000"])
+        .args(["--concurrency", &TASKS.to_string(), "--json"])
+        .output()
+        .expect("run sluicegate load");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (decisions, allowed) = (report["decisions"].as_u64(), report["allowed"].as_u64());
+    assert_eq!(decisions, Some(12_000), "{report}");
+    assert!(allowed.unwrap() >= 11_400, "{report}");
+    assert_eq!(
+        report["workload"], "http example remote_address=load-0…load-199999",
+        "{report}"
+    );
+}

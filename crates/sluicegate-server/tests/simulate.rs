@@ -99,7 +99,9 @@ fn a_boundary_attack_doubles_fixed_windows_and_not_the_log() {
     assert_svg(&chart);
 }
 
-/// The chart is well-formed XML with one labelled series per algorithm.
+/// The chart is well-formed XML: the offered load on a panel of its own, then one panel
+/// per algorithm on shared axes with the limit line, the exact log as the reference and
+/// marks where it admitted more than L; axes and legend labelled.
 fn assert_svg(path: &Path) {
     let svg = std::fs::read_to_string(path).unwrap();
     assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
@@ -117,6 +119,15 @@ fn assert_svg(path: &Path) {
         rest = &rest[end + 1..];
     }
     assert!(open.is_empty(), "unclosed {open:?}");
+    let panel = |name: &str| {
+        let start = svg
+            .find(&format!("<g class=\"panel\" data-panel=\"{name}\">"))
+            .unwrap_or_else(|| panic!("no panel for {name}"));
+        &svg[start..start + svg[start..].find("</g>").unwrap()]
+    };
+    // The offered load has a panel of its own, with its unit.
+    assert!(panel("offered").contains(">units/s</text>"));
+    assert_eq!(svg.matches("<g class=\"panel\"").count(), 6, "offered + 5");
     for algorithm in [
         "sliding-log",
         "sliding-counter",
@@ -124,17 +135,39 @@ fn assert_svg(path: &Path) {
         "token-bucket",
         "leaky-bucket",
     ] {
-        assert_eq!(
-            svg.matches(&format!("<polyline data-series=\"{algorithm}\""))
-                .count(),
-            1,
-            "{algorithm}"
-        );
-        assert!(
-            svg.contains(&format!(">{algorithm}</text>")),
-            "label for {algorithm}"
-        );
+        let panel = panel(algorithm);
+        for part in [
+            format!("<polyline class=\"series\" data-series=\"{algorithm}\""),
+            "<line class=\"limit\"".to_owned(),
+            "<polygon class=\"reference\"".to_owned(),
+            ">units in 1m, one key</text>".to_owned(),
+            format!(">{algorithm}</tspan>"),
+        ] {
+            assert_eq!(panel.matches(&part).count(), 1, "{algorithm}: {part}");
+        }
+        // Over-admission is marked exactly where an algorithm passes L.
+        let marked = panel.contains("class=\"over-limit\"");
+        let exceeds = !matches!(algorithm, "sliding-log" | "leaky-bucket");
+        assert_eq!(marked, exceeds, "{algorithm}: over-limit marks");
     }
+    // Every panel's limit line is at the same height: the axes are shared.
+    let limit_heights: std::collections::BTreeSet<String> = svg
+        .match_indices("<line class=\"limit\"")
+        .map(|(at, _)| {
+            let y1 = &svg[at..][svg[at..].find("y1=\"").unwrap() + 4..];
+            let y1 = &y1[..y1.find('"').unwrap()];
+            let top = svg[..at].rfind("<rect class=\"frame\"").unwrap();
+            let top = &svg[top..][svg[top..].find("y=\"").unwrap() + 3..];
+            let offset =
+                y1.parse::<f64>().unwrap() - top[..top.find('"').unwrap()].parse::<f64>().unwrap();
+            format!("{offset:.1}")
+        })
+        .collect();
+    assert_eq!(limit_heights.len(), 1, "{limit_heights:?}");
+    assert!(svg.contains("limit L = 100</text>"), "the legend names L");
+    assert!(svg.contains(">exact sliding log (reference)</text>"));
+    assert!(svg.contains("time since the trace's first request"));
+    assert!(svg.contains(">9m</text>"), "time ticks");
 }
 
 #[test]

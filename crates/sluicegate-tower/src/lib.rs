@@ -37,6 +37,13 @@
 
 mod rate_limit;
 
+/// The workspace README's Rust blocks, compiled (and run, unless marked `no_run`) as this
+/// crate's doctests so that they keep compiling as printed. Only under `cfg(doctest)`, so
+/// the crate's documentation does not carry the README.
+#[cfg(all(doctest, feature = "axum"))]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(feature = "axum")]
 pub use rate_limit::{ForwardedHeader, IpNet};
 pub use rate_limit::{KeyExtractor, MissingKey, RateLimit, RateLimitLayer};

@@ -7,7 +7,10 @@
 //!
 //! - `GET /` — 5 requests per 10 s per client address (exact sliding window);
 //! - `GET /api/{item}` — also 100 per minute per `x-api-key` and route;
-//! - `GET /slow` — shaped, not refused: 2 per second, a queue of 5.
+//! - `GET /slow` — shaped, not refused: 2 per second, a queue of 5, and no per-client
+//!   limit in front, so the queue is what you see: 8 at once (`seq 8 | xargs -P8 -I{}
+//!   curl -s -w ' %{http_code} %{time_total}s\n' localhost:3000/slow`) are answered
+//!   half a second apart, and the two the queue has no room for are refused.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -51,22 +54,26 @@ async fn main() -> Result<(), String> {
         KeyExtractor::global(),
     );
 
-    let app = Router::new()
+    let per_client_routes = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .route(
             "/api/{item}",
             get(|| async { "an item\n" }).route_layer(per_key),
         )
-        .route(
-            "/slow",
-            get(|| async { "worth the wait\n" }).route_layer(shaped),
-        )
         .layer(per_client);
+    // Beside the per-client routes rather than under their layer, whose 5 per 10 s would
+    // refuse a burst before its queue could be seen.
+    let app = per_client_routes.route(
+        "/slow",
+        get(|| async { "worth the wait\n" }).route_layer(shaped),
+    );
 
     let address = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let listener = tokio::net::TcpListener::bind(&address)
         .await
         .map_err(|e| format!("cannot listen on {address}: {e}"))?;
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    // The bound address, so that LISTEN=127.0.0.1:0 tells which port it got.
     println!("listening on http://{address} ({url} store)");
     axum::serve(
         listener,

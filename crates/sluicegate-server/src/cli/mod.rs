@@ -3,6 +3,7 @@
 
 mod args;
 mod bench;
+mod check;
 mod envoy_env;
 mod load;
 mod logging;
@@ -49,6 +50,9 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Drive a running service over HTTP or gRPC: decisions per second and latency.
     Load(load::LoadArgs),
+    /// Ask a running service for one decision, over HTTP or gRPC, and print it. Exit
+    /// status as grep's: 0 allowed, 1 over the limit, 2 no decision.
+    Check(check::CheckArgs),
 }
 
 /// Runs the command line: parses the arguments, runs the command, and says how it ended.
@@ -71,13 +75,23 @@ pub fn main() -> ExitCode {
         Command::Trace(args) => trace::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Load(args) => load::run(args),
+        Command::Check(args) => {
+            return match check::run(&args) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(error) => failed(&error, ExitCode::from(2)),
+            };
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            // `:#` writes the whole chain: what was being done, then why it failed.
-            eprintln!("sluicegate: error: {error:#}");
-            ExitCode::FAILURE
-        }
+        Err(error) => failed(&error, ExitCode::FAILURE),
     }
+}
+
+/// Says why a command failed, and ends with `code`.
+fn failed(error: &anyhow::Error, code: ExitCode) -> ExitCode {
+    // `:#` writes the whole chain: what was being done, then why it failed.
+    eprintln!("sluicegate: error: {error:#}");
+    code
 }

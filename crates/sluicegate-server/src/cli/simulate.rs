@@ -23,7 +23,8 @@ pub(super) struct SimulateArgs {
     key_field: KeyField,
     #[command(flatten)]
     shape: RuleShape,
-    /// Write an SVG chart of admitted requests over time here.
+    /// Write an SVG chart here: per algorithm, the most units one key had admitted within
+    /// a window over time, against the limit and the exact log; the offered load apart.
     #[arg(long)]
     chart: Option<PathBuf>,
 }

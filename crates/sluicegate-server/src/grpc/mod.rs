@@ -26,13 +26,15 @@ use crate::service::{DecideError, Service};
 /// The one method's path.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-/// The gRPC services — the RLS and the health protocol — as a
-/// router, to serve on its own or beside the HTTP API. Any other path is the caller's to
-/// answer (its fallback).
+mod reflection;
+
+/// The gRPC services — the RLS, the health protocol and server reflection — as a router,
+/// to serve on its own or beside the HTTP API. Any other path is the caller's to answer
+/// (its fallback). The services share one `Routes`: two tonic routers merged would each
+/// bring a fallback.
 pub(crate) fn router(service: Arc<Service>) -> axum::Router {
     let health = health::server(Arc::clone(&service));
-    tonic::service::Routes::new(RlsServer { service })
-        .add_service(health)
+    reflection::add_to(tonic::service::Routes::new(RlsServer { service }).add_service(health))
         .into_axum_router()
 }
 

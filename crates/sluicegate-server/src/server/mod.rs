@@ -21,6 +21,7 @@ pub use self::connection::ConnectionOptions;
 use self::connection::Connections;
 use self::tls::Tls;
 pub use self::tls::TlsOptions;
+pub(crate) use self::tls::trusted_roots;
 use crate::config::{self, Config, LoadOptions};
 use crate::http;
 use crate::service::{Service, ServiceOptions};

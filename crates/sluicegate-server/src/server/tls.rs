@@ -48,12 +48,7 @@ impl Tls {
             .context("TLS protocol versions")?;
         let builder = match &options.client_ca {
             Some(path) => {
-                let mut roots = RootCertStore::empty();
-                for cert in read_certs(path)? {
-                    roots
-                        .add(cert)
-                        .with_context(|| format!("{}: not a CA certificate", path.display()))?;
-                }
+                let roots = trusted_roots(path)?;
                 let verifier =
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                         .build()
@@ -148,6 +143,18 @@ fn read_pair(
         )
     })?;
     Ok((pair, (cert_pem, key_pem)))
+}
+
+/// The authorities of a PEM file, to trust: the server's client authority for mTLS, and
+/// the authority `sluicegate check --tls-ca` trusts.
+pub(crate) fn trusted_roots(path: &Path) -> anyhow::Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    for cert in read_certs(path)? {
+        roots
+            .add(cert)
+            .with_context(|| format!("{}: not a CA certificate", path.display()))?;
+    }
+    Ok(roots)
 }
 
 fn read_certs(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {

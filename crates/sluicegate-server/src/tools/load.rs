@@ -117,7 +117,14 @@ pub(crate) async fn run(target: Target, load: Drive) -> Result<BenchReport> {
             .await
         }
     };
-    let workload = format!("{:?}", target.protocol).to_lowercase();
+    // What was asked, in the report's header: protocol, domain and descriptor.
+    let workload = format!(
+        "{} {} {}=load-0…load-{}",
+        format!("{:?}", target.protocol).to_lowercase(),
+        target.domain,
+        target.key,
+        load.keys - 1
+    );
     Ok(driven.report(target.address, workload, &load, None))
 }
 

@@ -48,7 +48,7 @@ pub(crate) fn run(
     }
     print!("{}", table(&sim, spec.limit));
     if let Some(path) = chart {
-        std::fs::write(path, sim.chart()).with_context(|| path.display().to_string())?;
+        std::fs::write(path, sim.chart(spec.limit)).with_context(|| path.display().to_string())?;
         println!("chart written to {}", path.display());
     }
     Ok(())
@@ -78,12 +78,13 @@ struct Run {
     /// Units per key within the last W.
     live: HashMap<u32, u64>,
     live_units: u64,
-    /// Admitted units per chart bucket.
-    series: Vec<u64>,
+    /// Per chart bucket, the most units one key held within its window.
+    window_peaks: Vec<u64>,
 }
 
 impl Run {
-    fn record(&mut self, t: u64, key: u32, units: u64, window: u64) {
+    /// Forgets the admissions that have left the window `(t − window, t]`.
+    fn expire(&mut self, t: u64, window: u64) {
         while let Some(&(at, old_key, old_units)) = self.recent.front() {
             if at + window > t {
                 break;
@@ -97,17 +98,29 @@ impl Run {
                 }
             }
         }
+    }
+
+    /// Records `units` admitted for `key` at `t` (after [`Run::expire`] to `t`); returns
+    /// what `key` now holds within its window.
+    fn admit(&mut self, t: u64, key: u32, units: u64) -> u64 {
         if units == 0 {
-            return;
+            return self.live.get(&key).copied().unwrap_or(0);
         }
         self.recent.push_back((t, key, units));
         self.live_units += units;
         let count = self.live.entry(key).or_default();
         *count += units;
+        let count = *count;
         let report = &mut self.report;
-        report.max_in_window = report.max_in_window.max(*count);
+        report.max_in_window = report.max_in_window.max(count);
         report.peak_keys = report.peak_keys.max(self.live.len() as u64);
         report.peak_live_units = report.peak_live_units.max(self.live_units);
+        count
+    }
+
+    /// The most any key holds within its window now.
+    fn busiest(&self) -> u64 {
+        self.live.values().copied().max().unwrap_or(0)
     }
 }
 
@@ -152,7 +165,7 @@ impl Simulation {
                     recent: VecDeque::new(),
                     live: HashMap::default(),
                     live_units: 0,
-                    series: Vec::new(),
+                    window_peaks: Vec::new(),
                 })
             })
             .collect::<Result<Vec<Run>>>()?;
@@ -180,6 +193,17 @@ impl Simulation {
         };
         let start = *self.start.get_or_insert(t);
         let bucket = (t.saturating_sub(start) / self.bucket_width) as usize;
+        // Every bucket since the last request's (those without requests too) is sampled at
+        // its start for what each key still holds; counts only rise at admissions, so that
+        // and the admissions give each bucket's peak.
+        let unsampled = self.offered.len()..bucket + 1;
+        for run in &mut self.runs {
+            for earlier in unsampled.clone() {
+                run.expire(start + earlier as u64 * self.bucket_width, self.window);
+                let busiest = run.busiest();
+                raise(&mut run.window_peaks, earlier, busiest);
+            }
+        }
         bump(&mut self.offered, bucket, cost.max(1));
         let mut exact = None;
         for run in &mut self.runs {
@@ -197,14 +221,15 @@ impl Simulation {
             let report = &mut run.report;
             if allowed {
                 report.allowed += 1;
-                bump(&mut run.series, bucket, cost);
             }
             match (allowed, reference) {
                 (true, false) => report.wrongly_allowed += 1,
                 (false, true) => report.wrongly_rejected += 1,
                 _ => {}
             }
-            run.record(t, id, if allowed { cost } else { 0 }, self.window);
+            run.expire(t, self.window);
+            let held = run.admit(t, id, if allowed { cost } else { 0 });
+            raise(&mut run.window_peaks, bucket, held);
         }
         Ok(())
     }
@@ -237,24 +262,40 @@ impl Simulation {
         run.report.peak_keys * redis_bytes(&run.rule, layout, entries_per_key)
     }
 
-    /// An SVG chart of admitted units over time, one labelled series per algorithm, plus
-    /// the offered load.
-    fn chart(&self) -> String {
-        let mut series: Vec<(&str, &[u64])> = vec![("offered", &self.offered)];
-        series.extend(
-            self.runs
-                .iter()
-                .map(|run| (run.rule.algorithm().name(), run.series.as_slice())),
-        );
-        chart::svg(&series, self.bucket_width)
+    /// The SVG chart: per algorithm, the most units one key held within its window over
+    /// time, against L and the exact log; the offered load apart.
+    fn chart(&self, limit: u64) -> String {
+        let algorithms: Vec<(&str, &[u64])> = self
+            .runs
+            .iter()
+            .map(|run| (run.rule.algorithm().name(), run.window_peaks.as_slice()))
+            .collect();
+        chart::Chart {
+            bucket_width: self.bucket_width,
+            window: self.window,
+            limit,
+            offered: &self.offered,
+            algorithms: &algorithms,
+        }
+        .svg()
     }
 }
 
 fn bump(series: &mut Vec<u64>, bucket: usize, units: u64) {
+    grown(series, bucket)[bucket] += units;
+}
+
+fn raise(series: &mut Vec<u64>, bucket: usize, value: u64) {
+    let slot = &mut grown(series, bucket)[bucket];
+    *slot = (*slot).max(value);
+}
+
+/// `series` with room for `bucket`.
+fn grown(series: &mut Vec<u64>, bucket: usize) -> &mut Vec<u64> {
     if series.len() <= bucket {
         series.resize(bucket + 1, 0);
     }
-    series[bucket] += units;
+    series
 }
 
 /// The report table.

@@ -127,6 +127,16 @@ impl Server {
         Server::spawn(command, args)
     }
 
+    /// [`Server::binary`] with these environment variables set.
+    pub fn binary_with_env(args: &[&str], env: &[(String, String)]) -> Server {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluicegate"));
+        command
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .envs(env.iter().map(|(name, value)| (name, value)));
+        Server::spawn(command, args)
+    }
+
     /// [`Server::binary`] under a descriptor limit set by the shell's `ulimit` (`-Sn 64`:
     /// the soft limit only; `-n 64`: soft and hard).
     pub fn binary_with_ulimit(ulimit: &str, args: &[&str]) -> Server {

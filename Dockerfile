@@ -1,0 +1,24 @@
+# The sluicegate service as an image: built with the workspace's locked dependencies, run
+# as a non-root user on a distroless base (glibc and nothing else: no shell, no package
+# manager). Build: docker build -t sluicegate .   Run: docker run -p 8080:8080 sluicegate
+# Probes: GET /healthz (the process is up), GET /readyz (the store answers) on port 8080;
+# there is no shell to run a HEALTHCHECK in, so orchestrators probe over HTTP
+# (deploy/kubernetes/deployment.yaml).
+
+FROM rust:1.89-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p sluicegate-server \
+    && install -D target/release/sluicegate /out/sluicegate
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /out/sluicegate /usr/local/bin/sluicegate
+# envoyproxy/ratelimit's layout: descriptor files under /data/ratelimit/config. The image
+# carries the example rules there; mount a directory of your own over it.
+COPY examples/sluicegate.yaml /data/ratelimit/config/example.yaml
+USER nonroot:nonroot
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/sluicegate"]
+CMD ["serve", "--listen", "0.0.0.0:8080", "--config", "/data/ratelimit/config"]
