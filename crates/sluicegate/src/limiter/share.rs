@@ -10,6 +10,9 @@ use parking_lot::Mutex;
 use super::room::SHARDS;
 use crate::rule::Rule;
 
+/// A rule as it was cut (to tell a reload's new numbers from it), and its share.
+type CachedShare = (Rule, Rule);
+
 #[derive(Debug)]
 pub(crate) struct Shares {
     /// The factor, in thousandths.
@@ -19,7 +22,7 @@ pub(crate) struct Shares {
     suffix: &'static str,
     /// By rule identity: (the original, its share). The original tells a rule whose
     /// numbers a reload changed (same identity) from the one cached.
-    shards: Box<[Mutex<HashMap<String, (Rule, Rule)>>]>,
+    shards: Box<[Mutex<HashMap<String, CachedShare>>]>,
 }
 
 impl Shares {
