@@ -496,27 +496,15 @@ impl Service {
             Counting::EachDescriptor => {
                 self.decide_each(&matched, &keys, costs, request_id).await?
             }
-            Counting::AllOrNothing => {
-                self.decide_together(
-                    &matched,
-                    &keys,
-                    costs,
-                    request_id,
-                    blocked,
-                    Charge::Admitted,
-                )
-                .await?
-            }
-            Counting::StopIncrementWhenOverLimit => {
-                self.decide_together(
-                    &matched,
-                    &keys,
-                    costs,
-                    request_id,
-                    blocked,
-                    Charge::Attempted,
-                )
-                .await?
+            together => {
+                // envoy's stop-increment counts the refused hits of those over their limit.
+                let charge = if together == Counting::StopIncrementWhenOverLimit {
+                    Charge::Attempted
+                } else {
+                    Charge::Admitted
+                };
+                self.decide_together(&matched, &keys, costs, request_id, blocked, charge)
+                    .await?
             }
         };
 
