@@ -8,101 +8,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
-use sluicegate::{
-    AnyStore, Charge, Check, Clock, DecidedBy, Decision, Limit, Limiter, Outcome, Rule, StoreError,
-    SystemClock,
-};
+use sluicegate::{AnyStore, Charge, Clock, Limiter, SystemClock};
 
-use crate::compat::{Compat, Counting};
+use crate::compat::Counting;
 use crate::config::{Config, ConfiguredLimit, Entry, UnknownDomain};
 use crate::history::History;
 use crate::limit_override::LimitOverride;
 use crate::metrics::{Metrics, RuleMetrics, RuleTotals};
 use crate::offenders::{DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD, Offenders, RuleOffenders};
 
-/// The rate-limit headers an Envoy answer asks Envoy to add to the client's response.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum ResponseHeaders {
-    /// None: what a configuration names stays between Envoy and the service.
-    #[default]
-    None,
-    /// envoyproxy/ratelimit's three (`LIMIT_RESPONSE_HEADERS_ENABLED`), named by
-    /// [`EnvoyHeaderNames`], from the descriptor closest to its limit.
-    Envoy,
-    /// IETF `RateLimit` and `RateLimit-Policy`, `Retry-After` on a refusal, and who decided.
-    Ietf,
-}
+mod answer;
+mod counting;
+mod options;
 
-/// The names of envoyproxy/ratelimit's headers (`LIMIT_LIMIT_HEADER`,
-/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EnvoyHeaderNames {
-    /// The limit's requests per unit.
-    pub limit: String,
-    /// What remains of it.
-    pub remaining: String,
-    /// Whole seconds until it resets.
-    pub reset: String,
-}
-
-impl Default for EnvoyHeaderNames {
-    /// envoyproxy/ratelimit's defaults (envoyproxy/ratelimit@f2fb157
-    /// src/settings/settings.go:117-121).
-    fn default() -> Self {
-        EnvoyHeaderNames {
-            limit: "RateLimit-Limit".to_owned(),
-            remaining: "RateLimit-Remaining".to_owned(),
-            reset: "RateLimit-Reset".to_owned(),
-        }
-    }
-}
-
-/// How the front ends answer, beside what the configuration says.
-#[derive(Clone, Debug)]
-pub struct ServiceOptions {
-    /// Envoy answers are OK even over the limit (`--shadow-mode`).
-    pub shadow_mode: bool,
-    /// A hit is near its limit past this share of it (`--near-limit-ratio`).
-    pub near_limit_ratio: f32,
-    /// The longest descriptor key or value accepted, in bytes.
-    pub max_entry_bytes: usize,
-    /// The headers Envoy answers ask to add (gRPC and `/json`).
-    pub response_headers: ResponseHeaders,
-    /// The names of [`ResponseHeaders::Envoy`]'s headers.
-    pub envoy_header_names: EnvoyHeaderNames,
-    /// The bearer token `/v1/reset` needs; `None` turns it off.
-    pub admin_token: Option<Arc<str>>,
-    /// Not ready (`/readyz` 503) while a Redis server's `maxmemory-policy` may evict keys,
-    /// or cannot be read.
-    pub require_noeviction: bool,
-    /// Serve the live page at `GET /ui`.
-    pub ui: bool,
-    /// The share of refusals logged, one line each (`--log-refusals`, 0 to 1).
-    pub refusal_log_share: f64,
-    /// Whose semantics the service keeps (`--compat`).
-    pub compat: Compat,
-    /// How a request's descriptors are counted (`--compat` and
-    /// `--stop-increment-when-over-limit`, resolved by [`Compat::counting`]).
-    pub counting: Counting,
-}
-
-impl Default for ServiceOptions {
-    fn default() -> Self {
-        ServiceOptions {
-            shadow_mode: false,
-            near_limit_ratio: crate::metrics::DEFAULT_NEAR_LIMIT_RATIO,
-            max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
-            response_headers: ResponseHeaders::None,
-            envoy_header_names: EnvoyHeaderNames::default(),
-            admin_token: None,
-            require_noeviction: false,
-            ui: true,
-            refusal_log_share: 0.0,
-            compat: Compat::None,
-            counting: Counting::AllOrNothing,
-        }
-    }
-}
+pub(crate) use answer::{DecideError, Decided, DescriptorOutcome};
+pub use options::{EnvoyHeaderNames, ResponseHeaders, ServiceOptions};
 
 /// A configuration in force, with the counters of its rules.
 pub(crate) struct Live {
@@ -154,93 +74,6 @@ impl EvenSample {
         }
         let n = self.seen.fetch_add(1, Ordering::Relaxed) as f64;
         ((n + 1.0) * self.share).floor() > (n * self.share).floor()
-    }
-}
-
-/// What became of each request descriptor.
-pub(crate) struct DescriptorOutcome {
-    /// The matched configuration path; `None` when nothing matched (or the match was
-    /// replaced by another limit of the request).
-    pub(crate) path: Option<String>,
-    /// The matched limit's `name`, when the configuration gives one.
-    pub(crate) name: Option<String>,
-    /// A matched block's unit in µs, when it names one.
-    pub(crate) block_window: Option<u64>,
-    /// The matched rule; `None` for `unlimited`, for a block (`requests_per_unit: 0`),
-    /// or no match.
-    pub(crate) rule: Option<Rule>,
-    /// The rule's decision; `None` when no limited rule matched.
-    pub(crate) decision: Option<Decision>,
-    /// The matched limit is `unlimited`.
-    pub(crate) unlimited: bool,
-    /// The limit is in shadow mode: decided and counted, never enforced.
-    pub(crate) shadow: bool,
-}
-
-/// The answer to one request.
-pub(crate) struct Decided {
-    pub(crate) descriptors: Vec<DescriptorOutcome>,
-    /// The enforced limits' outcome; `None` when no descriptor matched an enforced,
-    /// limited rule.
-    pub(crate) outcome: Option<Outcome>,
-    /// A matched block (`requests_per_unit: 0`) refuses the request.
-    pub(crate) blocked: bool,
-}
-
-impl Decided {
-    /// The answer when no limit applies to any of `count` descriptors: allowed, no store
-    /// asked.
-    pub(crate) fn unlimited(count: usize) -> Self {
-        let nothing = || DescriptorOutcome {
-            path: None,
-            name: None,
-            block_window: None,
-            rule: None,
-            decision: None,
-            unlimited: false,
-            shadow: false,
-        };
-        Decided {
-            descriptors: (0..count).map(|_| nothing()).collect(),
-            outcome: None,
-            blocked: false,
-        }
-    }
-
-    pub(crate) fn allowed(&self) -> bool {
-        !self.blocked && self.outcome.as_ref().is_none_or(|o| o.decision.allowed)
-    }
-}
-
-/// A block's decision: over the limit, and it will never pass. Its reset is the end of
-/// its unit's window, when it names a unit ([`Service::block`]).
-const BLOCKED: Decision = Decision {
-    allowed: false,
-    limit: 0,
-    remaining: 0,
-    retry_after: sluicegate::RetryAfter::Never,
-    reset_after: 0,
-    delay: 0,
-};
-
-/// Why a request could not be decided.
-pub(crate) enum DecideError {
-    /// The request is malformed: say what is wrong.
-    Invalid(String),
-    /// The request names a domain no configuration declares; the message says which.
-    /// Envoy's protocol answers it OK with no limit, as envoyproxy/ratelimit does;
-    /// sluicegate's own API refuses it as bad input.
-    UnknownDomain(String),
-    /// The store could not decide and no policy decided for it.
-    Store(StoreError),
-}
-
-impl From<StoreError> for DecideError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::InvalidCheck(message) => DecideError::Invalid(message),
-            other => DecideError::Store(other),
-        }
     }
 }
 
@@ -570,130 +403,6 @@ impl Service {
         })
     }
 
-    /// A block's decision now: it resets when its unit's window, aligned to the epoch as a
-    /// fixed window's, ends (as envoyproxy/ratelimit reports it).
-    fn block(&self, limit: &ConfiguredLimit) -> Decision {
-        let now = self.limiter.clock().now_micros();
-        Decision {
-            reset_after: limit.block_window.map_or(0, |window| window - now % window),
-            ..BLOCKED
-        }
-    }
-
-    /// sluicegate's counting (and envoy's with `--stop-increment-when-over-limit`): the
-    /// enforced limits in one check, under `charge`; shadow ones in another, so that they
-    /// can never refuse or hold back the others. Two descriptors that land on the same
-    /// rule and key share one limit and one answer (their costs: below). A block refuses
-    /// the request without
-    /// asking the store. Each descriptor's decision, and the enforced limits' outcome.
-    async fn decide_together(
-        &self,
-        matched: &[Option<&ConfiguredLimit>],
-        keys: &[String],
-        costs: &[u64],
-        request_id: Option<&str>,
-        blocked: bool,
-        charge: Charge,
-    ) -> Result<(Vec<Option<Decision>>, Option<Outcome>), DecideError> {
-        // Each limit at its own cost: two descriptors on one rule and key are one limit,
-        // at the larger of their costs; under envoy's counting at their sum, as envoy
-        // counts each.
-        let mut enforced: Vec<(Limit<'_>, u64)> = Vec::new();
-        let mut shadow: Vec<(Limit<'_>, u64)> = Vec::new();
-        let mut slot_of: Vec<Option<(bool, usize)>> = Vec::new();
-        for ((limit, key), &cost) in matched.iter().zip(keys).zip(costs) {
-            let slot = limit.and_then(|l| {
-                let rule = l.rule.as_ref()?;
-                let list = if l.shadow_mode {
-                    &mut shadow
-                } else {
-                    &mut enforced
-                };
-                let index = match list
-                    .iter()
-                    .position(|(x, _)| x.key == key && x.rule.same_identity(rule))
-                {
-                    Some(i) => {
-                        list[i].1 = if charge == Charge::Attempted {
-                            list[i].1.saturating_add(cost)
-                        } else {
-                            list[i].1.max(cost)
-                        };
-                        i
-                    }
-                    None => {
-                        list.push((Limit { rule, key }, cost));
-                        list.len() - 1
-                    }
-                };
-                Some((l.shadow_mode, index))
-            });
-            slot_of.push(slot);
-        }
-        let outcome = if enforced.is_empty() || blocked {
-            None
-        } else {
-            Some(self.run_costed(&enforced, request_id, charge).await?)
-        };
-        let shadow_outcome = if shadow.is_empty() {
-            None
-        } else {
-            Some(self.run_costed(&shadow, request_id, charge).await?)
-        };
-        let decisions = slot_of
-            .iter()
-            .map(|slot| match slot {
-                Some((false, i)) => outcome.as_ref().map(|o| o.limits()[*i]),
-                Some((true, i)) => shadow_outcome.as_ref().map(|o| o.limits()[*i]),
-                None => None,
-            })
-            .collect();
-        Ok((decisions, outcome))
-    }
-
-    /// envoy's counting: each limited descriptor a check of its own, at its own cost, its
-    /// refusal charged; in request order, as envoy's pipeline runs. The outcome combines
-    /// the enforced ones (docs/SPEC.md, "Several rules in one check", for the fields).
-    async fn decide_each(
-        &self,
-        matched: &[Option<&ConfiguredLimit>],
-        keys: &[String],
-        costs: &[u64],
-        request_id: Option<&str>,
-    ) -> Result<(Vec<Option<Decision>>, Option<Outcome>), DecideError> {
-        let mut decisions = Vec::with_capacity(matched.len());
-        let mut enforced = Vec::new();
-        let mut decided_by = DecidedBy::Store;
-        for ((limit, key), &cost) in matched.iter().zip(keys).zip(costs) {
-            let Some((l, rule)) = limit.and_then(|l| Some(l).zip(l.rule.as_ref())) else {
-                decisions.push(None);
-                continue;
-            };
-            let outcome = self
-                .run(
-                    &[Limit { rule, key }],
-                    cost,
-                    &[],
-                    request_id,
-                    Charge::Attempted,
-                )
-                .await?;
-            if !l.shadow_mode {
-                enforced.push(outcome.decision);
-                if outcome.decided_by != DecidedBy::Store {
-                    decided_by = outcome.decided_by;
-                }
-            }
-            decisions.push(Some(outcome.decision));
-        }
-        let outcome = Decision::combine(&enforced).map(|decision| {
-            let mut outcome = Outcome::single(decision);
-            outcome.decided_by = decided_by;
-            outcome
-        });
-        Ok((decisions, outcome))
-    }
-
     /// Forgets the state of every limit `descriptors` match, as if they had never been
     /// used; the paths of the limits forgotten.
     pub(crate) async fn forget(
@@ -717,47 +426,6 @@ impl Service {
             }
         }
         Ok(forgotten)
-    }
-
-    /// One check of `limits`, each at its own cost.
-    async fn run_costed(
-        &self,
-        limits: &[(Limit<'_>, u64)],
-        request_id: Option<&str>,
-        charge: Charge,
-    ) -> Result<Outcome, DecideError> {
-        let (limits, costs): (Vec<Limit<'_>>, Vec<u64>) = limits.iter().copied().unzip();
-        // One cost for all, the common case, keeps the check's cheaper shape.
-        let uniform = costs.iter().all(|&c| c == costs[0]);
-        self.run(
-            &limits,
-            costs[0],
-            if uniform { &[] } else { &costs },
-            request_id,
-            charge,
-        )
-        .await
-    }
-
-    /// One check of `limits`, timed and counted.
-    async fn run(
-        &self,
-        limits: &[Limit<'_>],
-        cost: u64,
-        costs: &[u64],
-        request_id: Option<&str>,
-        charge: Charge,
-    ) -> Result<Outcome, DecideError> {
-        let check = Check {
-            costs,
-            request_id,
-            charge,
-            ..Check::new(limits, cost)
-        };
-        let started = std::time::Instant::now();
-        let outcome = self.limiter.decide(&check).await?;
-        self.metrics.check(outcome.decided_by, started.elapsed());
-        Ok(outcome)
     }
 }
 

@@ -1,0 +1,91 @@
+//! What a request gets: each descriptor's outcome, the request's, or why it could not be
+//! decided.
+
+use sluicegate::{Decision, Outcome, Rule, StoreError};
+
+/// What became of each request descriptor.
+pub(crate) struct DescriptorOutcome {
+    /// The matched configuration path; `None` when nothing matched (or the match was
+    /// replaced by another limit of the request).
+    pub(crate) path: Option<String>,
+    /// The matched limit's `name`, when the configuration gives one.
+    pub(crate) name: Option<String>,
+    /// A matched block's unit in µs, when it names one.
+    pub(crate) block_window: Option<u64>,
+    /// The matched rule; `None` for `unlimited`, for a block (`requests_per_unit: 0`),
+    /// or no match.
+    pub(crate) rule: Option<Rule>,
+    /// The rule's decision; `None` when no limited rule matched.
+    pub(crate) decision: Option<Decision>,
+    /// The matched limit is `unlimited`.
+    pub(crate) unlimited: bool,
+    /// The limit is in shadow mode: decided and counted, never enforced.
+    pub(crate) shadow: bool,
+}
+
+/// The answer to one request.
+pub(crate) struct Decided {
+    pub(crate) descriptors: Vec<DescriptorOutcome>,
+    /// The enforced limits' outcome; `None` when no descriptor matched an enforced,
+    /// limited rule.
+    pub(crate) outcome: Option<Outcome>,
+    /// A matched block (`requests_per_unit: 0`) refuses the request.
+    pub(crate) blocked: bool,
+}
+
+impl Decided {
+    /// The answer when no limit applies to any of `count` descriptors: allowed, no store
+    /// asked.
+    pub(crate) fn unlimited(count: usize) -> Self {
+        let nothing = || DescriptorOutcome {
+            path: None,
+            name: None,
+            block_window: None,
+            rule: None,
+            decision: None,
+            unlimited: false,
+            shadow: false,
+        };
+        Decided {
+            descriptors: (0..count).map(|_| nothing()).collect(),
+            outcome: None,
+            blocked: false,
+        }
+    }
+
+    pub(crate) fn allowed(&self) -> bool {
+        !self.blocked && self.outcome.as_ref().is_none_or(|o| o.decision.allowed)
+    }
+}
+
+/// A block's decision: over the limit, and it will never pass. Its reset is the end of
+/// its unit's window, when it names a unit ([`Service::block`]).
+pub(super) const BLOCKED: Decision = Decision {
+    allowed: false,
+    limit: 0,
+    remaining: 0,
+    retry_after: sluicegate::RetryAfter::Never,
+    reset_after: 0,
+    delay: 0,
+};
+
+/// Why a request could not be decided.
+pub(crate) enum DecideError {
+    /// The request is malformed: say what is wrong.
+    Invalid(String),
+    /// The request names a domain no configuration declares; the message says which.
+    /// Envoy's protocol answers it OK with no limit, as envoyproxy/ratelimit does;
+    /// sluicegate's own API refuses it as bad input.
+    UnknownDomain(String),
+    /// The store could not decide and no policy decided for it.
+    Store(StoreError),
+}
+
+impl From<StoreError> for DecideError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::InvalidCheck(message) => DecideError::Invalid(message),
+            other => DecideError::Store(other),
+        }
+    }
+}
