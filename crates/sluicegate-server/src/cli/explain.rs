@@ -48,12 +48,17 @@ fn in_words(answer: &Value) -> String {
         let entries = field(d, "entries");
         let line = match (d.get("state"), d.get("numbers")) {
             (Some(state), Some(numbers)) => format!(
-                "{}: {} ({} {} per {}µs): {}",
+                "{}: {} ({} {} per {}): {}",
                 entries,
                 field(d, "rule"),
                 field(numbers, "algorithm"),
                 numbers.get("limit").unwrap_or(&Value::Null),
-                numbers.get("window_us").unwrap_or(&Value::Null),
+                window(
+                    numbers
+                        .get("window_us")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0)
+                ),
                 field(state, "words")
             ),
             _ => format!("{entries}: {}", field(d, "why")),
@@ -66,6 +71,15 @@ fn in_words(answer: &Value) -> String {
         out.push_str(&format!("  {line}{refuses}\n"));
     }
     out
+}
+
+/// A window in whole seconds when it is one, else in µs.
+fn window(us: u64) -> String {
+    if us.is_multiple_of(1_000_000) {
+        format!("{}s", us / 1_000_000)
+    } else {
+        format!("{us}µs")
+    }
 }
 
 #[cfg(test)]
@@ -85,8 +99,8 @@ mod tests {
         });
         assert_eq!(
             in_words(&answer),
-            "a cost of 1 would be refused by d.user\n  user=a: d.user (sliding-log 2 per \
-             1000000µs): 2 of 2 in use [refuses]\n  x=y: no rule matched: …\n"
+            "a cost of 1 would be refused by d.user\n  user=a: d.user (sliding-log 2 per 1s): 2 of \
+             2 in use [refuses]\n  x=y: no rule matched: …\n"
         );
     }
 }

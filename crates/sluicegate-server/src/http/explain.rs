@@ -135,10 +135,18 @@ fn state_body(rule: &Rule, state: &Outcome, units: u64) -> Value {
     } else {
         format!("{units} would fit")
     };
+    // A peek answers as a cost of 1: when it fits, its reset counts that unit taken.
+    let reset = if d.allowed {
+        format!(
+            "with one more unit, empty again in {}",
+            duration(d.reset_after)
+        )
+    } else {
+        format!("empty again in {}", duration(d.reset_after))
+    };
     let words = format!(
-        "{in_use} of {} in use, {available} available; {next_free}; empty again in {}; {verdict}",
-        d.limit,
-        duration(d.reset_after)
+        "{in_use} of {} in use, {available} available; {next_free}; {reset}; {verdict}",
+        d.limit
     );
     let mut body = json!({
         "capacity": d.limit,
