@@ -48,11 +48,10 @@ fn json(out: &Output) -> serde_json::Value {
     })
 }
 
-fn serve_rules(store: &[&str]) -> (Server, std::path::PathBuf) {
+fn serve_rules(store: &[&str], run: &str) -> (Server, std::path::PathBuf) {
     let path = std::env::temp_dir().join(format!(
-        "sluicegate-explain-{}-{}.yaml",
-        std::process::id(),
-        store.len()
+        "sluicegate-explain-{}-{run}.yaml",
+        std::process::id()
     ));
     std::fs::write(&path, RULES).unwrap();
     let config = path.to_str().unwrap().to_owned();
@@ -64,7 +63,7 @@ fn serve_rules(store: &[&str]) -> (Server, std::path::PathBuf) {
 /// exit status and numbers always say what the check then does. Keys are prefixed by
 /// `run` so that runs sharing a Redis do not meet.
 fn explains_then_checks(store: &[&str], run: &str) {
-    let (server, path) = serve_rules(store);
+    let (server, path) = serve_rules(store, run);
     let target = server.address.as_str();
     for key in ALGORITHMS {
         let explained = format!("{key}={run}-explained");
@@ -188,4 +187,11 @@ fn explain_predicts_checks_on_a_redis_cluster() {
         &["--store", &cluster.url(), "--store-timeout", "2s"],
         "cluster",
     );
+}
+
+/// Envoy's counting (each descriptor on its own, a fixed window's refusals charged):
+/// explain still says what the next check does.
+#[test]
+fn explain_predicts_checks_under_envoy_counting() {
+    explains_then_checks(&["--compat", "envoy"], "envoy");
 }

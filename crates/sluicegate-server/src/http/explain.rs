@@ -182,3 +182,6 @@ fn duration(us: u64) -> String {
         format!("{:.1}s", us as f64 / 1e6)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -89,4 +89,4 @@ async fn unknown_path(request: Request) -> Response {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;
