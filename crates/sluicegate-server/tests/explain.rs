@@ -8,7 +8,7 @@ mod server;
 use std::process::{Command, Output};
 
 use server::Server;
-use sluicegate_test_support as support;
+use sluicegate_test_support::{self as support, certificates::Authority};
 
 /// One rule per algorithm, slow to refill (a unit per 20 s at most) so that the real
 /// clock moving between two calls changes no answer.
@@ -87,6 +87,9 @@ fn explains_then_checks(store: &[&str], run: &str) {
                 "{key} step {step}: explained {said}, decided {decided}"
             );
             let state = &said["descriptors"][0]["state"];
+            if key == "counter" {
+                assert_eq!(state["estimate"]["rounded_up"], state["in_use"], "{said}");
+            }
             let remaining = &decided["descriptors"][0]["decision"]["remaining"];
             if check.status.code() == Some(0) {
                 assert_eq!(
@@ -194,4 +197,39 @@ fn explain_predicts_checks_on_a_redis_cluster() {
 #[test]
 fn explain_predicts_checks_under_envoy_counting() {
     explains_then_checks(&["--compat", "envoy"], "envoy");
+}
+
+/// Over TLS with --tls-ca, as check; without it a TLS service gives no explanation.
+#[test]
+fn explain_over_tls() {
+    let dir = std::env::temp_dir().join(format!("sluicegate-explain-tls-{}", std::process::id()));
+    let authority = Authority::new(&dir, "ca");
+    let pair = authority.issue("server");
+    let server = Server::start(&[
+        "--tls-cert",
+        pair.cert.to_str().unwrap(),
+        "--tls-key",
+        pair.key.to_str().unwrap(),
+    ]);
+    let ca = authority.cert();
+    let explain = |tls: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+            .args([
+                "explain",
+                "--target",
+                &server.address,
+                "--domain",
+                "example",
+            ])
+            .args(["--descriptor", "user=tls"])
+            .args(tls)
+            .output()
+            .unwrap()
+    };
+    let out = explain(&["--tls-ca", ca.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(json(&out)["descriptors"][0]["rule"], "example.user");
+    let out = explain(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
 }

@@ -36,6 +36,9 @@ descriptors:
   - key: plan
     value: gold
     rate_limit: {name: gold, window: 10s, requests_per_unit: 9}
+  - key: watch
+    rate_limit: {window: 10s, requests_per_unit: 1}
+    shadow_mode: true
   - key: vip
     rate_limit: {window: 10s, requests_per_unit: 20, replaces: [{name: gold}]}
 ";
@@ -188,4 +191,11 @@ fn explain_names_what_matched_and_why_not() {
         .unwrap();
     assert!(matches!(blocked.descriptors[0].matched, Match::Block));
     assert!(!blocked.allowed && blocked.descriptors[0].would_refuse);
+    // A shadow limit's refusal is said, and not enforced.
+    let watched = runtime()
+        .block_on(service.explain("d", &[entry("watch", "x")], 2))
+        .ok()
+        .unwrap();
+    let watch = &watched.descriptors[0];
+    assert!(watch.shadow && watch.would_refuse && watched.allowed);
 }
