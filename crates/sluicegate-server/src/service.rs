@@ -261,16 +261,17 @@ fn matched<'c>(
 
 /// envoyproxy/ratelimit's `replaces`: a matched limit that names another one takes its
 /// place for this request. The replaced matches become `None`.
-fn apply_replaces(matched: &mut [Option<&ConfiguredLimit>]) {
-    let replaced: Vec<String> = matched
+fn apply_replaces<'c>(matched: &mut [Option<&'c ConfiguredLimit>]) {
+    let replaced: Vec<&'c str> = matched
         .iter()
         .flatten()
-        .flat_map(|l| l.replaces.iter().cloned())
+        .copied()
+        .flat_map(|l| l.replaces.iter().map(String::as_str))
         .collect();
     for limit in matched {
         if limit
             .and_then(|l| l.name.as_deref())
-            .is_some_and(|n| replaced.iter().any(|r| r == n))
+            .is_some_and(|n| replaced.contains(&n))
         {
             *limit = None;
         }
