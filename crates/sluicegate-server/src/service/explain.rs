@@ -129,7 +129,7 @@ impl Service {
                 ),
             };
             let state = match &matched {
-                Match::Rule(rule) => Some(self.peek(rule, &keys[i]).await?),
+                Match::Rule(rule) => Some(self.peek(rule, &keys[i], cost).await?),
                 _ => None,
             };
             let would_refuse = match (&matched, &state) {
@@ -156,9 +156,11 @@ impl Service {
         })
     }
 
-    /// One rule's state under `key`, read with a peek that records nothing.
-    async fn peek(&self, rule: &Rule, key: &str) -> Result<Outcome, DecideError> {
+    /// One rule's state under `key`, read with a peek that records nothing; a `cost` the
+    /// check would reject is rejected alike.
+    async fn peek(&self, rule: &Rule, key: &str, cost: u64) -> Result<Outcome, DecideError> {
         let limits = [Limit { rule, key }];
+        Check::new(&limits, cost).validate()?;
         Ok(self.limiter.decide(&Check::new(&limits, 0)).await?)
     }
 }

@@ -84,3 +84,17 @@ async fn bad_input_is_a_clear_400() {
         assert!(said["error"].as_str().unwrap().starts_with(error), "{said}");
     }
 }
+
+/// A cost the check rejects is rejected by explain with the same words.
+#[tokio::test]
+async fn a_cost_the_check_rejects_is_rejected_alike() {
+    let app = test_app();
+    let body = user_check("ann", 1 << 53);
+    let (checked, refusal) = post(&app, &body).await;
+    let (explained, said) = explain(&app, &body).await;
+    assert_eq!(
+        (checked, explained),
+        (StatusCode::BAD_REQUEST, StatusCode::BAD_REQUEST)
+    );
+    assert_eq!(said, refusal);
+}
