@@ -1,5 +1,6 @@
 //! `sluicegate check`: one decision from a running service, from a shell — over HTTP
-//! (`POST /v1/check`) or over gRPC (Envoy's `ShouldRateLimit`) — printed as JSON.
+//! (`POST /v1/check`) or over gRPC (Envoy's `ShouldRateLimit`) — printed as JSON. Its
+//! request flags and HTTP client serve `sluicegate explain` too.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,13 +27,20 @@ use crate::server::trusted_roots;
 
 #[derive(Args)]
 pub(super) struct CheckArgs {
-    /// The service's address, host:port.
-    #[arg(long, env = "SLUICEGATE_CHECK_TARGET")]
-    target: String,
+    #[command(flatten)]
+    request: Request,
     /// Ask over gRPC (Envoy's RateLimitService/ShouldRateLimit) instead of HTTP's
     /// POST /v1/check.
     #[arg(long, env = "SLUICEGATE_CHECK_GRPC")]
     grpc: bool,
+}
+
+/// One request to a running service, as `check` and `explain` send it.
+#[derive(Args)]
+pub(super) struct Request {
+    /// The service's address, host:port.
+    #[arg(long, env = "SLUICEGATE_CHECK_TARGET")]
+    target: String,
     /// The descriptors' domain.
     #[arg(long, env = "SLUICEGATE_CHECK_DOMAIN")]
     domain: String,
@@ -62,7 +70,7 @@ struct Connector {
 
 impl Connector {
     /// `alpn`: the one protocol to offer over TLS (gRPC needs `h2`).
-    fn new(args: &CheckArgs, alpn: &[u8]) -> Result<Connector> {
+    fn new(args: &Request, alpn: &[u8]) -> Result<Connector> {
         let tls = match &args.tls_ca {
             Some(path) => {
                 let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -124,58 +132,67 @@ fn parse_descriptor(text: &str) -> Result<Descriptor, String> {
 pub(super) fn run(args: &CheckArgs) -> Result<bool> {
     let runtime = runtime()?;
     let (answer, allowed) = if args.grpc {
-        runtime.block_on(over_grpc(args))?
+        runtime.block_on(over_grpc(&args.request))?
     } else {
-        runtime.block_on(over_http(args))?
+        runtime.block_on(over_http(&args.request))?
     };
     println!("{answer}");
     Ok(allowed)
 }
 
 /// `POST /v1/check`: the service's answer as it sent it, and whether it allowed.
-async fn over_http(args: &CheckArgs) -> Result<(String, bool)> {
-    let descriptors: Vec<Value> = args
-        .descriptor
-        .iter()
-        .map(|Descriptor(entries)| {
-            let entries: Vec<Value> = entries
-                .iter()
-                .map(|(key, value)| json!({"key": key, "value": value}))
-                .collect();
-            json!({ "entries": entries })
-        })
-        .collect();
-    let body = json!({"domain": args.domain, "descriptors": descriptors, "cost": args.hits});
-    let request = hyper::Request::post("/v1/check")
-        .header(hyper::header::HOST, &args.target)
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .with_context(|| format!("--target {}", args.target))?;
-    let stream = Connector::new(args, b"http/1.1")?.open().await?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .with_context(|| format!("HTTP with {}", args.target))?;
-    tokio::spawn(connection);
-    let response = sender
-        .send_request(request)
-        .await
-        .with_context(|| format!("no answer from {}", args.target))?;
-    let status = response.status();
-    let body = response.into_body().collect().await?.to_bytes();
-    let text = String::from_utf8_lossy(&body).into_owned();
-    let answer: Value = serde_json::from_str(&text)
-        .map_err(|_| anyhow!("{} answered {status}: {text}", args.target))?;
-    if !status.is_success() {
-        let reason = answer.get("error").and_then(Value::as_str).unwrap_or(&text);
-        bail!("{} answered {status}: {reason}", args.target);
-    }
+async fn over_http(args: &Request) -> Result<(String, bool)> {
+    let (text, answer) = args.post("/v1/check").await?;
     let allowed = answer.get("allowed").and_then(Value::as_bool);
     let allowed = allowed.ok_or_else(|| anyhow!("the answer has no \"allowed\": {text}"))?;
     Ok((text, allowed))
 }
 
+impl Request {
+    /// Posts this request as a `/v1/check` body to `path`: the answer as sent, and as
+    /// JSON; an error unless the service answered 2xx in JSON.
+    pub(super) async fn post(&self, path: &str) -> Result<(String, Value)> {
+        let descriptors: Vec<Value> = self
+            .descriptor
+            .iter()
+            .map(|Descriptor(entries)| {
+                let entries: Vec<Value> = entries
+                    .iter()
+                    .map(|(key, value)| json!({"key": key, "value": value}))
+                    .collect();
+                json!({ "entries": entries })
+            })
+            .collect();
+        let body = json!({"domain": self.domain, "descriptors": descriptors, "cost": self.hits});
+        let request = hyper::Request::post(path)
+            .header(hyper::header::HOST, &self.target)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .with_context(|| format!("--target {}", self.target))?;
+        let stream = Connector::new(self, b"http/1.1")?.open().await?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .with_context(|| format!("HTTP with {}", self.target))?;
+        tokio::spawn(connection);
+        let response = sender
+            .send_request(request)
+            .await
+            .with_context(|| format!("no answer from {}", self.target))?;
+        let status = response.status();
+        let body = response.into_body().collect().await?.to_bytes();
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let answer: Value = serde_json::from_str(&text)
+            .map_err(|_| anyhow!("{} answered {status}: {text}", self.target))?;
+        if !status.is_success() {
+            let reason = answer.get("error").and_then(Value::as_str).unwrap_or(&text);
+            bail!("{} answered {status}: {reason}", self.target);
+        }
+        Ok((text, answer))
+    }
+}
+
 /// `ShouldRateLimit`: the response in proto3's JSON mapping, and whether it was OK.
-async fn over_grpc(args: &CheckArgs) -> Result<(String, bool)> {
+async fn over_grpc(args: &Request) -> Result<(String, bool)> {
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", args.target))
         .map_err(|e| anyhow!("--target {}: {e}", args.target))?;
     let connector = Connector::new(args, b"h2")?;

@@ -5,6 +5,7 @@ mod args;
 mod bench;
 mod check;
 mod envoy_env;
+mod explain;
 mod load;
 mod logging;
 mod plan;
@@ -53,6 +54,10 @@ enum Command {
     /// Ask a running service for one decision, over HTTP or gRPC, and print it. Exit
     /// status as grep's: 0 allowed, 1 over the limit, 2 no decision.
     Check(check::CheckArgs),
+    /// Ask a running service why it would allow or refuse a request (POST /v1/explain),
+    /// counting nothing, and print the explanation. Exit status as check's: 0 would be
+    /// admitted, 1 would be refused, 2 no explanation.
+    Explain(explain::ExplainArgs),
 }
 
 /// Runs the command line: parses the arguments, runs the command, and says how it ended.
@@ -75,17 +80,21 @@ pub fn main() -> ExitCode {
         Command::Trace(args) => trace::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Load(args) => load::run(args),
-        Command::Check(args) => {
-            return match check::run(&args) {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => ExitCode::FAILURE,
-                Err(error) => failed(&error, ExitCode::from(2)),
-            };
-        }
+        Command::Check(args) => return verdict(check::run(&args)),
+        Command::Explain(args) => return verdict(explain::run(&args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => failed(&error, ExitCode::FAILURE),
+    }
+}
+
+/// A yes-or-no command's exit status, as grep's: 0 yes, 1 no, 2 no answer.
+fn verdict(answer: anyhow::Result<bool>) -> ExitCode {
+    match answer {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => failed(&error, ExitCode::from(2)),
     }
 }
 

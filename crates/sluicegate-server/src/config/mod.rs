@@ -191,6 +191,11 @@ impl Config {
             .collect())
     }
 
+    /// Why a request descriptor of `domain` matches no limit, in words (`explain`).
+    pub(crate) fn miss(&self, domain: &str, entries: &[Entry]) -> Result<String, UnknownDomain> {
+        Ok(self.domains.get(domain).ok_or(UnknownDomain)?.miss(entries))
+    }
+
     /// Every configured limit, for listing.
     pub(crate) fn limits(&self) -> Vec<&ConfiguredLimit> {
         let mut out = Vec::new();

@@ -121,8 +121,45 @@ impl DescriptorTree {
     /// (see the module's comment for how a level is matched); the limit is that of the
     /// node reached by the last entry.
     pub(super) fn find(&self, entries: &[Entry]) -> Option<&ConfiguredLimit> {
+        self.walk(entries).ok()?.limit.as_ref()
+    }
+
+    /// Why one request descriptor matches no limit, in words: where the walk stopped.
+    pub(super) fn miss(&self, entries: &[Entry]) -> String {
+        match self.walk(entries) {
+            Ok(node) => match &node.limit {
+                Some(_) => format!("{} has a limit", node.path),
+                None => format!("{} has no rate_limit of its own", node.path),
+            },
+            Err((i, level)) => {
+                let Some(entry) = entries.get(i) else {
+                    return "a descriptor needs at least one entry".to_owned();
+                };
+                let known = level.by_key_value.contains_key(&entry.key)
+                    || level.wildcards.contains_key(&entry.key);
+                let place = if i == 0 {
+                    "the domain".to_owned()
+                } else {
+                    format!("entries[{}]'s node", i - 1)
+                };
+                if known {
+                    format!(
+                        "entries[{i}]: {place} has rules for key {:?}, none for value {:?} \
+                         and none for the key alone",
+                        entry.key, entry.value
+                    )
+                } else {
+                    format!("entries[{i}]: {place} has no rule for key {:?}", entry.key)
+                }
+            }
+        }
+    }
+
+    /// The node the last of `entries` reaches, or the index of the entry no node of its
+    /// level matches, with that level.
+    fn walk(&self, entries: &[Entry]) -> Result<&Node, (usize, &DescriptorTree)> {
         let mut level = self;
-        let mut found = None;
+        let mut reached = None;
         for (i, entry) in entries.iter().enumerate() {
             let exact = level
                 .by_key_value
@@ -138,14 +175,14 @@ impl DescriptorTree {
             };
             let index = exact
                 .or_else(wildcard)
-                .or_else(|| level.by_key.get(&entry.key))?;
+                .or_else(|| level.by_key.get(&entry.key))
+                .ok_or((i, level))?;
             let node = &level.nodes[*index];
-            if i + 1 == entries.len() {
-                found = node.limit.as_ref();
-            }
+            reached = Some(node);
             level = &node.children;
         }
-        found
+        // A request descriptor has at least one entry (Service::validate).
+        reached.ok_or((0, self))
     }
 
     /// Appends every limit of the tree to `out`.

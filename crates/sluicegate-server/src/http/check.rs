@@ -19,7 +19,7 @@ pub(super) struct CheckRequest {
     pub(super) domain: String,
     descriptors: Vec<RequestDescriptor>,
     #[serde(default = "one")]
-    cost: u64,
+    pub(super) cost: u64,
     request_id: Option<String>,
 }
 

@@ -1,4 +1,4 @@
-//! The HTTP JSON API — `POST /v1/check`, `POST /json`, `POST /v1/reset`, `GET /v1/rules`,
+//! The HTTP JSON API — `POST /v1/check`, `POST /v1/explain`, `POST /json`, `POST /v1/reset`, `GET /v1/rules`,
 //! `GET /v1/top`, `GET /v1/overview`, `GET /ui`, `GET /healthz`, `GET /readyz`,
 //! `GET /healthcheck`, `GET /metrics` — and the gRPC services beside it on the same port.
 //! A path none of them has answers 404 (a gRPC call UNIMPLEMENTED), so a mistyped probe
@@ -9,6 +9,7 @@ mod body;
 mod check;
 mod envoy_json;
 mod error;
+mod explain;
 mod probes;
 mod top;
 mod ui;
@@ -30,6 +31,7 @@ pub(crate) fn app(service: Arc<Service>) -> Router {
     let grpc = crate::grpc::router(Arc::clone(&service));
     Router::new()
         .route("/v1/check", post(check::check))
+        .route("/v1/explain", post(explain::explain))
         .route("/json", post(envoy_json::envoy_json))
         .route("/v1/reset", post(admin::reset))
         .merge(monitoring())
@@ -87,4 +89,4 @@ async fn unknown_path(request: Request) -> Response {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

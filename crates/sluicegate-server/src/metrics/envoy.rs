@@ -59,7 +59,13 @@ impl EnvoyCounters {
             // Nothing was taken: what remains is what remained before.
             let before = limit.saturating_sub(decision.remaining);
             let after = before + hits;
-            let over = if before >= limit { hits } else { after - limit };
+            // Its own hits may stop short of the limit: a descriptor listed twice is
+            // refused for their sum (`--stop-increment-when-over-limit`).
+            let over = if before >= limit {
+                hits
+            } else {
+                after.saturating_sub(limit)
+            };
             self.add(1, over);
             if before < limit {
                 self.add(2, limit - before.max(near));
@@ -266,6 +272,15 @@ mod tests {
         let block = EnvoyCounters::default();
         block.count(&decision(false, 0, 0), 3, false, 0.8);
         assert_eq!(counts(&block), [3, 3, 0, 0, 0]);
+    }
+
+    /// One of two descriptors on the same key, 3 hits each against a limit of 5: refused for
+    /// the sum, nothing over by its own hits (it used to overflow).
+    #[test]
+    fn a_refusal_short_of_the_limit_counts_nothing_over() {
+        let c = EnvoyCounters::default();
+        c.count(&decision(false, 5, 5), 3, false, 0.8);
+        assert_eq!(counts(&c), [3, 0, 1, 0, 0]);
     }
 
     #[test]

@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use sluicegate::{AnyStore, Charge, Clock, Limiter, SystemClock};
 
+pub(crate) mod explain;
+
 use crate::compat::Counting;
 use crate::config::{Config, ConfiguredLimit, Entry, UnknownDomain};
 use crate::history::History;
@@ -88,6 +90,38 @@ fn matched<'c>(
         .map_err(|UnknownDomain| {
             DecideError::UnknownDomain(format!("domain: unknown domain {domain:?}"))
         })
+}
+
+/// envoyproxy/ratelimit's `replaces`: a matched limit that names another one takes its
+/// place for this request. The replaced matches become `None`.
+fn apply_replaces<'c>(matched: &mut [Option<&'c ConfiguredLimit>]) {
+    let replaced: Vec<&'c str> = matched
+        .iter()
+        .flatten()
+        .copied()
+        .flat_map(|l| l.replaces.iter().map(String::as_str))
+        .collect();
+    for limit in matched {
+        if limit
+            .and_then(|l| l.name.as_deref())
+            .is_some_and(|n| replaced.contains(&n))
+        {
+            *limit = None;
+        }
+    }
+}
+
+/// The key each descriptor counts under in its limit: its entries, but a
+/// `share_threshold` wildcard's values count as one (ConfiguredLimit::counted_entries).
+fn counted_keys(descriptors: &[Vec<Entry>], matched: &[Option<&ConfiguredLimit>]) -> Vec<String> {
+    descriptors
+        .iter()
+        .zip(matched)
+        .map(|(d, limit)| match limit {
+            Some(l) => descriptor_key(&l.counted_entries(d)),
+            None => descriptor_key(d),
+        })
+        .collect()
 }
 
 /// The identity of a request descriptor within its rule: every entry, length-prefixed, so
@@ -233,16 +267,8 @@ impl Service {
         &self.options
     }
 
-    /// Matches every descriptor and decides all the limited ones in one check, all-or-nothing.
-    /// Two descriptors that land on the same rule and key share one limit and one answer.
-    pub(crate) async fn decide(
-        &self,
-        domain: &str,
-        descriptors: &[Vec<Entry>],
-        costs: &[u64],
-        overrides: &[Option<LimitOverride>],
-        request_id: Option<&str>,
-    ) -> Result<Decided, DecideError> {
+    /// Refuses a request too large or empty to decide, naming the field.
+    fn validate(&self, descriptors: &[Vec<Entry>]) -> Result<(), DecideError> {
         if descriptors.is_empty() {
             return Err(DecideError::Invalid(
                 "descriptors: at least one is required".into(),
@@ -274,6 +300,20 @@ impl Service {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Matches every descriptor and decides all the limited ones in one check, all-or-nothing.
+    /// Two descriptors that land on the same rule and key share one limit and one answer.
+    pub(crate) async fn decide(
+        &self,
+        domain: &str,
+        descriptors: &[Vec<Entry>],
+        costs: &[u64],
+        overrides: &[Option<LimitOverride>],
+        request_id: Option<&str>,
+    ) -> Result<Decided, DecideError> {
+        self.validate(descriptors)?;
         let live = self.live();
         let config = &live.config;
         let mut matched = matched(config, domain, descriptors)?;
@@ -295,36 +335,13 @@ impl Service {
                 *limit = Some(overridden);
             }
         }
-        // envoyproxy/ratelimit's `replaces`: a matched limit that names another one takes its
-        // place for this request.
-        let replaced: Vec<&str> = matched
-            .iter()
-            .flatten()
-            .flat_map(|l| l.replaces.iter().map(String::as_str))
-            .collect();
-        for limit in &mut matched {
-            if limit
-                .and_then(|l| l.name.as_deref())
-                .is_some_and(|n| replaced.contains(&n))
-            {
-                *limit = None;
-            }
-        }
+        apply_replaces(&mut matched);
         let blocked = matched
             .iter()
             .flatten()
             .any(|l| l.blocked && !l.shadow_mode);
 
-        // A descriptor counts under its limit by its entries, but a `share_threshold`
-        // wildcard's values count as one (ConfiguredLimit::counted_entries).
-        let keys: Vec<String> = descriptors
-            .iter()
-            .zip(&matched)
-            .map(|(d, limit)| match limit {
-                Some(l) => descriptor_key(&l.counted_entries(d)),
-                None => descriptor_key(d),
-            })
-            .collect();
+        let keys = counted_keys(descriptors, &matched);
         let (decisions, outcome) = match self.options.counting {
             Counting::EachDescriptor => {
                 self.decide_each(&matched, &keys, costs, request_id).await?
