@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use sluicegate::{
@@ -185,6 +186,9 @@ pub(crate) struct Decided {
     pub(crate) outcome: Option<Outcome>,
     /// A matched block (`requests_per_unit: 0`) refuses the request.
     pub(crate) blocked: bool,
+    /// How long the limiter's part took: the store's round trips (or what stood in for
+    /// the store); next to nothing when no limited rule matched.
+    pub(crate) store_time: Duration,
 }
 
 impl Decided {
@@ -204,6 +208,7 @@ impl Decided {
             descriptors: (0..count).map(|_| nothing()).collect(),
             outcome: None,
             blocked: false,
+            store_time: Duration::ZERO,
         }
     }
 
@@ -492,6 +497,7 @@ impl Service {
                 None => descriptor_key(d),
             })
             .collect();
+        let asked = Instant::now();
         let (decisions, outcome) = match self.options.counting {
             Counting::EachDescriptor => {
                 self.decide_each(&matched, &keys, costs, request_id).await?
@@ -519,6 +525,7 @@ impl Service {
                 .await?
             }
         };
+        let store_time = asked.elapsed();
 
         let descriptors = matched
             .iter()
@@ -579,6 +586,7 @@ impl Service {
             descriptors,
             outcome,
             blocked,
+            store_time,
         })
     }
 
@@ -766,7 +774,7 @@ impl Service {
             charge,
             ..Check::new(limits, cost)
         };
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let outcome = self.limiter.decide(&check).await?;
         self.metrics.check(outcome.decided_by, started.elapsed());
         Ok(outcome)
