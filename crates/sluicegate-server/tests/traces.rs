@@ -338,14 +338,18 @@ fn spans_are_sent_while_serving() {
     assert!(server.stop().success());
 }
 
-/// A collector that is not there: every check is answered as without traces, and the
-/// service still stops cleanly, within the exporter's bounded last flush.
+/// A collector that is not there: every check is answered as without traces, the failed
+/// export is logged (the operator's clue), and the service still stops cleanly, within
+/// the exporter's bounded last flush.
 #[test]
 fn a_collector_that_is_down_costs_the_checks_nothing() {
     let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("http://{}", nobody.local_addr().unwrap());
     drop(nobody);
-    let server = Server::start(&["--otlp-endpoint", &endpoint]);
+    let server = Server::binary_with_env(
+        &["--otlp-endpoint", &endpoint],
+        &[("OTEL_BSP_SCHEDULE_DELAY".to_owned(), "100".to_owned())],
+    );
     for _ in 0..5 {
         let (status, body) = server.request("POST", "/v1/check", &check_body("erin"));
         assert!(
@@ -358,6 +362,8 @@ fn a_collector_that_is_down_costs_the_checks_nothing() {
         status == 200 && body.contains(r#""allowed":false"#),
         "{body}"
     );
+    let logged = server.wait_for_log(|line| line.contains("BatchSpanProcessor.ExportError"));
+    assert!(logged.contains("Connection refused"), "{logged}");
     let stopping = Instant::now();
     assert!(server.stop().success());
     assert!(
