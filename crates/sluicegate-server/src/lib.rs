@@ -14,6 +14,7 @@ mod offenders;
 mod readiness;
 mod server;
 mod service;
+mod telemetry;
 mod tools;
 
 pub use compat::{Compat, Counting};

@@ -135,6 +135,10 @@ pub struct ServeArgs {
     /// Do not serve the live page (GET /ui); /v1/overview stays.
     #[arg(long, env = "SLUICEGATE_NO_UI")]
     no_ui: bool,
+    /// Send a trace span per check to this OTLP/gRPC collector (http://host:4317); no
+    /// traces without it.
+    #[arg(long, env = "SLUICEGATE_OTLP_ENDPOINT", value_name = "URL")]
+    otlp_endpoint: Option<String>,
     /// How often to look for edits of the --config files and the TLS certificate and
     /// key (SIGHUP reloads the configuration at once).
     #[arg(long, env = "SLUICEGATE_RELOAD_INTERVAL", default_value = "1s", value_parser = parse_duration_arg)]
@@ -263,6 +267,7 @@ impl ServeArgs {
                 }),
                 _ => None,
             },
+            otlp_endpoint: self.otlp_endpoint.clone(),
         })
     }
 

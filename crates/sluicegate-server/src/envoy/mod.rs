@@ -20,12 +20,22 @@ use crate::service::{
     DecideError, Decided, DescriptorOutcome, EnvoyHeaderNames, ResponseHeaders, Service,
     ServiceOptions,
 };
+use crate::telemetry::CheckSpan;
 
-/// Decides one `RateLimitRequest` (how its descriptors count: `--compat`).
+/// Decides one `RateLimitRequest` (how its descriptors count: `--compat`), what it came
+/// to recorded in `span`.
 pub(crate) async fn should_rate_limit(
     service: &Service,
     request: &RateLimitRequest,
+    span: CheckSpan,
 ) -> Result<RateLimitResponse, DecideError> {
+    let decided = decide(service, request).await;
+    span.end(&request.domain, decided.as_ref());
+    Ok(response(&decided?, service.options()))
+}
+
+/// What the service decided for `request`.
+async fn decide(service: &Service, request: &RateLimitRequest) -> Result<Decided, DecideError> {
     // envoyproxy/ratelimit fails the call ("rate limit domain must not be empty",
     // envoyproxy/ratelimit@f2fb157 src/service/ratelimit.go:189); here it is bad input.
     if request.domain.is_empty() {
@@ -34,7 +44,7 @@ pub(crate) async fn should_rate_limit(
     let asked = descriptors_of(request)?;
     // An unknown domain is OK with no limit: envoyproxy/ratelimit finds no limit for any
     // descriptor of it (envoyproxy/ratelimit@f2fb157 src/config/config_impl.go:451-457).
-    let decided = match service
+    match service
         .decide(
             &request.domain,
             &asked.entries,
@@ -44,10 +54,9 @@ pub(crate) async fn should_rate_limit(
         )
         .await
     {
-        Err(DecideError::UnknownDomain(_)) => Decided::unlimited(asked.entries.len()),
-        decided => decided?,
-    };
-    Ok(response(&decided, service.options()))
+        Err(DecideError::UnknownDomain(_)) => Ok(Decided::unlimited(asked.entries.len())),
+        decided => decided,
+    }
 }
 
 /// A request's descriptors, field by field, in request order.

@@ -22,6 +22,7 @@ use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 use crate::envoy;
 use crate::service::{DecideError, Service};
+use crate::telemetry::Telemetry;
 
 /// The one method's path.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -31,11 +32,11 @@ mod reflection;
 /// The gRPC services — the RLS, the health protocol and server reflection — as a router,
 /// to serve on its own or beside the HTTP API. Any other path is the caller's to answer
 /// (its fallback). The services share one `Routes`: two tonic routers merged would each
-/// bring a fallback.
-pub(crate) fn router(service: Arc<Service>) -> axum::Router {
+/// bring a fallback. `ShouldRateLimit` calls are traced to `telemetry`.
+pub(crate) fn router(service: Arc<Service>, telemetry: Telemetry) -> axum::Router {
     let health = health::server(Arc::clone(&service));
-    reflection::add_to(tonic::service::Routes::new(RlsServer { service }).add_service(health))
-        .into_axum_router()
+    let rls = RlsServer { service, telemetry };
+    reflection::add_to(tonic::service::Routes::new(rls).add_service(health)).into_axum_router()
 }
 
 /// The answer to a gRPC call of a method no service here has.
@@ -48,6 +49,7 @@ pub(crate) fn unimplemented(path: &str) -> http::Response<tonic::body::Body> {
 #[derive(Clone)]
 struct RlsServer {
     service: Arc<Service>,
+    telemetry: Telemetry,
 }
 
 impl NamedService for RlsServer {
@@ -72,23 +74,34 @@ where
             let answer = unimplemented(request.uri().path());
             return Box::pin(async move { Ok(answer) });
         }
-        let method = ShouldRateLimit(Arc::clone(&self.service));
+        let method = ShouldRateLimit {
+            service: Arc::clone(&self.service),
+            telemetry: self.telemetry.clone(),
+        };
         Box::pin(async move { Ok(Grpc::new(RequestCodec).unary(method, request).await) })
     }
 }
 
 /// `ShouldRateLimit` itself.
-struct ShouldRateLimit(Arc<Service>);
+struct ShouldRateLimit {
+    service: Arc<Service>,
+    telemetry: Telemetry,
+}
 
 impl UnaryService<RateLimitRequest> for ShouldRateLimit {
     type Response = RateLimitResponse;
     type Future = BoxFuture<Response<RateLimitResponse>, Status>;
 
     fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
-        let service = Arc::clone(&self.0);
+        let service = Arc::clone(&self.service);
         service.metrics().grpc_call();
+        // The span is named as OpenTelemetry names RPC spans: the path without its slash.
+        let span = self.telemetry.check_span(
+            SHOULD_RATE_LIMIT.trim_start_matches('/'),
+            request.metadata().as_ref(),
+        );
         Box::pin(async move {
-            envoy::should_rate_limit(&service, request.get_ref())
+            envoy::should_rate_limit(&service, request.get_ref(), span)
                 .await
                 .map(Response::new)
                 .map_err(|e| match e {

@@ -9,6 +9,7 @@ use sluicegate::Decision;
 
 use super::body::Body;
 use super::error::ApiError;
+use super::span::HttpSpan;
 use crate::config::Entry;
 use crate::service::Service;
 
@@ -88,6 +89,7 @@ struct CheckResponse {
 
 pub(super) async fn check(
     State(service): State<Arc<Service>>,
+    HttpSpan(span): HttpSpan,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     let request: CheckRequest = serde_json::from_slice(&body)
@@ -101,7 +103,9 @@ pub(super) async fn check(
             &[],
             request.request_id.as_deref(),
         )
-        .await?;
+        .await;
+    span.end(&request.domain, decided.as_ref());
+    let decided = decided?;
     let descriptors = decided
         .descriptors
         .iter()

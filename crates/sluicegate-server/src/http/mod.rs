@@ -11,6 +11,7 @@ mod envoy_json;
 mod error;
 mod explain;
 mod probes;
+mod span;
 mod top;
 mod ui;
 
@@ -24,26 +25,29 @@ use axum::routing::{get, post};
 
 pub(crate) use self::error::ApiError;
 use crate::service::Service;
+use crate::telemetry::Telemetry;
 
 /// The service's routes: the HTTP API, and the gRPC services on the same port (gRPC
-/// needs HTTP/2, which the server speaks alongside HTTP/1.1).
-pub(crate) fn app(service: Arc<Service>) -> Router {
-    let grpc = crate::grpc::router(Arc::clone(&service));
-    Router::new()
+/// needs HTTP/2, which the server speaks alongside HTTP/1.1). Checks are traced to
+/// `telemetry`.
+pub(crate) fn app(service: Arc<Service>, telemetry: Telemetry) -> Router {
+    let grpc = crate::grpc::router(Arc::clone(&service), telemetry.clone());
+    let api = Router::new()
         .route("/v1/check", post(check::check))
         .route("/v1/explain", post(explain::explain))
         .route("/json", post(envoy_json::envoy_json))
         .route("/v1/reset", post(admin::reset))
         .merge(monitoring())
         .with_state(service)
-        .layer(axum::extract::DefaultBodyLimit::max(body::MAX_BODY_BYTES))
+        .layer(axum::extract::DefaultBodyLimit::max(body::MAX_BODY_BYTES));
+    span::traced(api, telemetry)
         .merge(grpc)
         .fallback(unknown_path)
 }
 
 /// The gRPC services alone, for a listener of their own.
-pub(crate) fn grpc_only(service: Arc<Service>) -> Router {
-    crate::grpc::router(service).fallback(unknown_path)
+pub(crate) fn grpc_only(service: Arc<Service>, telemetry: Telemetry) -> Router {
+    crate::grpc::router(service, telemetry).fallback(unknown_path)
 }
 
 /// What an operator's listener serves (envoyproxy/ratelimit's debug port): the probes,

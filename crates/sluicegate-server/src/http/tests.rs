@@ -211,7 +211,10 @@ fn app_with(config: &str, admin_token: Option<&str>) -> Router {
         response_headers: crate::service::ResponseHeaders::Ietf,
         ..ServiceOptions::default()
     };
-    app(Arc::new(Service::new(config, limiter, options)))
+    app(
+        Arc::new(Service::new(config, limiter, options)),
+        crate::telemetry::Telemetry::default(),
+    )
 }
 
 fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> String {

@@ -25,6 +25,7 @@ pub(crate) use self::tls::trusted_roots;
 use crate::config::{self, Config, LoadOptions};
 use crate::http;
 use crate::service::{Service, ServiceOptions};
+use crate::telemetry::Telemetry;
 
 /// The example configuration served when no configuration path is given (examples/).
 const EXAMPLE_CONFIG: &str = include_str!("../../../../examples/sluicegate.yaml");
@@ -57,6 +58,8 @@ pub struct ServeOptions {
     pub connections: ConnectionOptions,
     /// TLS on every listener; plain TCP without it.
     pub tls: Option<TlsOptions>,
+    /// The OTLP/gRPC collector the check spans go to; none without it.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Where the service listens.
@@ -75,6 +78,8 @@ pub struct Listeners {
 /// start has failed by now.
 pub struct Prepared {
     service: Arc<Service>,
+    /// Where the check spans go (`--otlp-endpoint`).
+    telemetry: Telemetry,
     /// Where the configuration came from, for the log.
     config_name: PathBuf,
     store_url: String,
@@ -117,6 +122,12 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
             }
         });
     }
+    let telemetry = options
+        .otlp_endpoint
+        .as_deref()
+        .map(Telemetry::otlp)
+        .transpose()?
+        .unwrap_or_default();
     let service = Arc::new(Service::new(config, limiter, options.service.clone()));
     service.metrics().config_loaded();
     let sampled = Arc::clone(&service);
@@ -144,6 +155,7 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
     }
     Ok(Prepared {
         service,
+        telemetry,
         config_name: options
             .config
             .unwrap_or_else(|| PathBuf::from(EXAMPLE_CONFIG_NAME)),
@@ -174,6 +186,7 @@ impl Prepared {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let service = self.service;
+        let telemetry = self.telemetry;
         let address = listeners.main.local_addr()?;
         tracing::info!(
             address = %address,
@@ -208,7 +221,7 @@ impl Prepared {
         let mut others = Vec::new();
         if let Some(listener) = listeners.grpc_only {
             tracing::info!(grpc_address = %listener.local_addr()?, "gRPC also on its own port");
-            let app = http::grpc_only(Arc::clone(&service));
+            let app = http::grpc_only(Arc::clone(&service), telemetry.clone());
             others.push(("gRPC", listener, app));
         }
         if let Some(listener) = listeners.debug {
@@ -235,7 +248,7 @@ impl Prepared {
             .collect();
         accept::serve(
             listeners.main,
-            http::app(service),
+            http::app(service, telemetry.clone()),
             connections,
             slots,
             stopping,
@@ -246,6 +259,7 @@ impl Prepared {
                 .await
                 .with_context(|| format!("{name} listener failed"))?;
         }
+        telemetry.shutdown().await;
         Ok(())
     }
 }

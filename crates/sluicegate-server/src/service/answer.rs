@@ -1,6 +1,8 @@
 //! What a request gets: each descriptor's outcome, the request's, or why it could not be
 //! decided.
 
+use std::time::Duration;
+
 use sluicegate::{Decision, Outcome, Rule, StoreError};
 
 /// What became of each request descriptor.
@@ -31,6 +33,9 @@ pub(crate) struct Decided {
     pub(crate) outcome: Option<Outcome>,
     /// A matched block (`requests_per_unit: 0`) refuses the request.
     pub(crate) blocked: bool,
+    /// How long the limiter's part took: the store's round trips (or what stood in for
+    /// the store); next to nothing when no limited rule matched.
+    pub(crate) store_time: Duration,
 }
 
 impl Decided {
@@ -50,6 +55,7 @@ impl Decided {
             descriptors: (0..count).map(|_| nothing()).collect(),
             outcome: None,
             blocked: false,
+            store_time: Duration::ZERO,
         }
     }
 

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use sluicegate::{AnyStore, Charge, Clock, Limiter, SystemClock};
@@ -342,6 +343,7 @@ impl Service {
             .any(|l| l.blocked && !l.shadow_mode);
 
         let keys = counted_keys(descriptors, &matched);
+        let asked = Instant::now();
         let (decisions, outcome) = match self.options.counting {
             Counting::EachDescriptor => {
                 self.decide_each(&matched, &keys, costs, request_id).await?
@@ -357,6 +359,7 @@ impl Service {
                     .await?
             }
         };
+        let store_time = asked.elapsed();
 
         let descriptors = matched
             .iter()
@@ -417,6 +420,7 @@ impl Service {
             descriptors,
             outcome,
             blocked,
+            store_time,
         })
     }
 

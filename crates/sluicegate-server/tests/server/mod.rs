@@ -260,11 +260,26 @@ impl Server {
     /// One HTTP/1.1 request, from a real client on a connection of its own: the status and
     /// the body. Blocks; call it from a test thread, not from inside a runtime.
     pub fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        self.request_with_headers(method, path, body, &[])
+    }
+
+    /// [`Server::request`] with these headers added.
+    pub fn request_with_headers(
+        &self,
+        method: &str,
+        path: &str,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> (u16, String) {
         let uri = format!("http://{}{path}", self.address);
-        let request = axum::http::Request::builder()
+        let mut request = axum::http::Request::builder()
             .method(method)
             .uri(uri)
-            .header("content-type", "application/json")
+            .header("content-type", "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request
             .body(Full::new(axum::body::Bytes::from(body.to_owned())))
             .unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread()
