@@ -1,6 +1,8 @@
 //! The binary's logs: `--log-format json` writes one JSON object per line, refusals get a
 //! line each at the share `--log-refusals` asks, and a reload names what it changed.
 
+use sluicegate_test_support as support;
+
 mod server;
 
 use serde_json::Value;
@@ -22,13 +24,25 @@ fn check(server: &Server, user: &str) -> bool {
 }
 
 #[test]
-fn json_lines_sampled_refusals_and_what_a_reload_changed() {
-    let dir = std::env::temp_dir().join(format!("sluicegate-logs-{}", std::process::id()));
+fn json_lines_sampled_refusals_and_what_a_reload_changed_on_memory() {
+    json_lines_sampled_refusals_and_what_a_reload_changed("memory", "memory");
+}
+
+#[test]
+fn json_lines_sampled_refusals_and_what_a_reload_changed_on_redis() {
+    let redis = support::RedisServer::start(&[]);
+    json_lines_sampled_refusals_and_what_a_reload_changed("redis", &redis.url());
+}
+
+fn json_lines_sampled_refusals_and_what_a_reload_changed(tag: &str, store: &str) {
+    let dir = std::env::temp_dir().join(format!("sluicegate-logs-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("shop.yaml");
     let plan = "  - key: plan\n    rate_limit: {unit: second, requests_per_unit: 9}\n";
     std::fs::write(&path, config(2, plan)).unwrap();
     let server = Server::binary(&[
+        "--store",
+        store,
         "--config",
         path.to_str().unwrap(),
         "--log-format",
