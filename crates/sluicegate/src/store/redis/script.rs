@@ -184,6 +184,11 @@ impl ScriptCheck {
         }
     }
 
+    /// The check's keys, as the call declares them.
+    pub(super) fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
     /// Whether the script would read `other` exactly as this check, but for the keys.
     fn same_shape(&self, other: &ScriptCheck) -> bool {
         self.at == other.at

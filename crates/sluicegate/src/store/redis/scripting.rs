@@ -8,6 +8,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis::aio::ConnectionLike;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use super::script::{CHECK_LIBRARY, ScriptCheck, command};
@@ -146,6 +148,50 @@ impl CheckScript {
             }
             reply => reply,
         }
+    }
+}
+
+impl CheckScript {
+    /// Sends a call that a cluster node answered with `ASK` (its slot is migrating and
+    /// some of the call's keys are on the node importing it) to that node, as `ASKING`
+    /// and the call in one pipeline. The cluster client follows `ASK` itself, but sends
+    /// its `ASKING` apart from the command: on a connection shared with other calls,
+    /// another call can come between and spend it, the node then answers `MOVED` back,
+    /// and the call goes round until its retries run out. Written together, the two reach
+    /// the node back to back. `None` when `error` is not an `ASK`.
+    pub(super) async fn call_asked(
+        &self,
+        cluster: &mut ClusterConnection,
+        error: &RedisError,
+        checks: &[ScriptCheck],
+    ) -> Option<RedisResult<Value>> {
+        if error.kind() != ErrorKind::Server(ServerErrorKind::Ask) {
+            return None;
+        }
+        let (address, _slot) = error.redirect_node()?;
+        let (host, port) = address.rsplit_once(':')?;
+        let port = port.parse().ok()?;
+        let call = if self.uses_functions() {
+            command("FCALL", &self.function, checks)
+        } else {
+            command("EVALSHA", &self.sha1, checks)
+        };
+        let mut pipeline = redis::pipe();
+        pipeline.cmd("ASKING").add_command(call);
+        let route = SingleNodeRoutingInfo::ByAddress {
+            host: host.to_owned(),
+            port,
+        };
+        Some(
+            cluster
+                .route_pipeline(pipeline, 1, 1, route)
+                .await
+                .and_then(|mut replies| {
+                    replies.pop().ok_or_else(|| {
+                        RedisError::from((ErrorKind::Client, "no reply to an ASK's call"))
+                    })
+                }),
+        )
     }
 }
 
