@@ -3,6 +3,7 @@
 
 #![cfg(feature = "redis")]
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sluicegate::store::redis::identity_slot;
@@ -31,20 +32,35 @@ async fn check_one(
 }
 
 /// `count` checks of one unit on each of `keys`, all in flight at once: each key's
-/// admissions, and every error.
+/// admissions, and every error. With `request_ids`, the checks on every other key carry
+/// request ids of their own (each a new one), which gives them two more keys.
 async fn at_once(
     store: &RedisStore,
     rule: &Rule,
     keys: &[String],
     count: usize,
+    request_ids: bool,
 ) -> (Vec<u64>, Vec<StoreError>) {
+    static REQUESTS: AtomicU64 = AtomicU64::new(0);
     let mut tasks = Vec::new();
     for (k, key) in keys.iter().enumerate() {
         for _ in 0..count {
             let (store, rule, key) = (store.clone(), rule.clone(), key.clone());
+            let request_id = (request_ids && k % 2 == 1)
+                .then(|| format!("request-{}", REQUESTS.fetch_add(1, Ordering::Relaxed)));
             tasks.push((
                 k,
-                tokio::spawn(async move { check_one(&store, &rule, &key, 1).await }),
+                tokio::spawn(async move {
+                    let limits = [Limit {
+                        rule: &rule,
+                        key: &key,
+                    }];
+                    let check = Check {
+                        request_id: request_id.as_deref(),
+                        ..Check::new(&limits, 1)
+                    };
+                    store.check(&check).await
+                }),
             ));
         }
     }
@@ -80,7 +96,7 @@ async fn checks_of_one_slot_share_a_call() {
     )
     .unwrap();
     let before = store.script_calls();
-    let (admitted, errors) = at_once(&store, &rule, &["alice".to_owned()], 200).await;
+    let (admitted, errors) = at_once(&store, &rule, &["alice".to_owned()], 200, false).await;
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(admitted, [50]);
     let after = store.script_calls();
@@ -104,9 +120,37 @@ async fn checks_of_many_slots_are_each_decided_on_their_own() {
     )
     .unwrap();
     let keys: Vec<String> = (0..40).map(|i| format!("user:{i}")).collect();
-    let (admitted, errors) = at_once(&store, &rule, &keys, 10).await;
+    let (admitted, errors) = at_once(&store, &rule, &keys, 10, true).await;
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(admitted, vec![7; keys.len()]);
+}
+
+/// Checks of many identities (each its own slot, nearly always) in flight together share
+/// calls by node: routed by one key, the others passed as arguments, each decided alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_of_one_node_share_a_call_across_slots() {
+    let store = cluster_store("by-node").await;
+    let rule = Rule::new(
+        "n",
+        &RuleSpec::new(Algorithm::FixedWindow, 1, 3_600_000_000),
+    )
+    .unwrap();
+    let keys: Vec<String> = (0..300).map(|i| format!("visitor:{i}")).collect();
+    let before = store.script_calls();
+    let (admitted, errors) = at_once(&store, &rule, &keys, 1, true).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(admitted, vec![1; keys.len()]);
+    let after = store.script_calls();
+    let (calls, checks) = (after.calls - before.calls, after.checks - before.checks);
+    assert!(
+        calls < checks / 2,
+        "{checks} checks of {} identities took {calls} calls",
+        keys.len()
+    );
+    // Each answered alone: a second round refuses every one.
+    let (admitted, errors) = at_once(&store, &rule, &keys, 1, true).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(admitted, vec![0; keys.len()]);
 }
 
 /// The node id of `server`.
@@ -129,7 +173,9 @@ fn keys_of_one_slot(first: &str, count: usize) -> Vec<String> {
 /// A slot moves from one master to another (`CLUSTER SETSLOT … IMPORTING/MIGRATING`,
 /// `MIGRATE` key by key, then `SETSLOT … NODE`) while checks on several of its identities
 /// are in flight: every check is answered, none is lost or counted twice, and afterwards
-/// every identity's state is on the new master and shows exactly what was admitted.
+/// every identity's state is on the new master and shows exactly what was admitted. (No
+/// request ids: a check of several keys, some not yet written, is refused with `TRYAGAIN`
+/// by Redis for as long as its slot migrates.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migrating_under_checks_loses_and_doubles_nothing() {
     let store = cluster_store("migration").await;
@@ -141,7 +187,7 @@ async fn a_slot_migrating_under_checks_loses_and_doubles_nothing() {
     let keys = keys_of_one_slot("migrant", 8);
     let slot = identity_slot(&keys[0]);
     // Seed every key, so that the migration has keys to move while checks arrive.
-    let (seeded, errors) = at_once(&store, &rule, &keys, 1).await;
+    let (seeded, errors) = at_once(&store, &rule, &keys, 1, false).await;
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(seeded, vec![1; keys.len()]);
     let cluster = support::cluster();
@@ -172,7 +218,7 @@ async fn a_slot_migrating_under_checks_loses_and_doubles_nothing() {
             let mut admitted = vec![1; keys.len()];
             let mut errors = Vec::new();
             for _ in 0..30 {
-                let (more, failed) = at_once(&store, &rule, &keys, 4).await;
+                let (more, failed) = at_once(&store, &rule, &keys, 4, false).await;
                 for (total, more) in admitted.iter_mut().zip(more) {
                     *total += more;
                 }

@@ -95,7 +95,7 @@ impl Connection {
                         .map_err(|e| unavailable(e.to_string()))?;
                 return Ok(Connection::Cluster {
                     batcher: Batcher::start(
-                        Target::Cluster(connection.clone()),
+                        Target::cluster(connection.clone()),
                         Arc::clone(script),
                         Arc::clone(calls),
                         call_hold(timeout),

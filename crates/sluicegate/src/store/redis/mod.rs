@@ -1,7 +1,7 @@
 //! The Redis store: one Lua script decides each check (`lua/`), Redis `TIME` as the
 //! clock, on a single server or a Redis Cluster. The checks in flight together share script
-//! calls (see `batcher`; on a cluster, those of one hash slot); each is still decided alone
-//! and atomically.
+//! calls (see `batcher`; on a cluster, those of one node); each is still decided alone and
+//! atomically.
 //!
 //! Keys: `{prefix}{TAG}:{kind}:{rule identity length}:{rule identity}:{key}`. `TAG` is a
 //! hash of the user's key alone, so every rule's state for one identity lives in one hash
@@ -20,6 +20,7 @@ mod keys;
 mod script;
 mod scripting;
 mod sentinel;
+mod slots;
 
 use std::fmt;
 use std::sync::Arc;
@@ -207,7 +208,7 @@ impl RedisStore {
     }
 
     /// How many script calls this store (and its clones) made, and how many checks they
-    /// carried: checks in flight together share a call (on a cluster, those of one slot).
+    /// carried: checks in flight together share a call (on a cluster, those of one node).
     pub fn script_calls(&self) -> ScriptCalls {
         self.calls.read()
     }
