@@ -1,14 +1,19 @@
-//! Checks in flight together on one server share script calls.
+//! Checks in flight together share script calls: on one server, any checks; on a Redis
+//! Cluster, the checks of one node.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use redis::cluster_async::ClusterConnection;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use super::connect::Replaceable;
 use super::error::{CallError, bounded};
+use super::keys::hash_slot;
 use super::script::{CallCounters, ScriptCheck, ScriptRow, split_answers};
 use super::scripting::CheckScript;
+use super::slots::SlotMap;
 
 /// Most checks that are waiting together go to Redis together, in one script call (at most
 /// [`MAX_BATCH`]): a call's fixed costs (the command, the script's setup, `TIME`) are paid
@@ -16,6 +21,9 @@ use super::scripting::CheckScript;
 /// waits for others to join: while fewer than [`BATCHES_IN_FLIGHT`] calls are in flight it
 /// leaves at once, alone if it is alone; checks only gather while the calls in flight are
 /// out. Each check in a call is decided as if it were alone, in order.
+///
+/// On a Redis Cluster, the checks gathered are split by node, by the slot map as last read
+/// ([`Target::split`]); docs/SPEC.md, "Redis Cluster: shared calls and moving slots".
 #[derive(Clone)]
 pub(super) struct Batcher {
     queue: mpsc::UnboundedSender<Queued>,
@@ -33,8 +41,156 @@ pub(super) fn call_hold(check_timeout: Duration) -> Duration {
 
 /// Checks per script call, at most.
 const MAX_BATCH: usize = 64;
-/// Script calls in flight on the connection at once.
+/// Script calls in flight on a single server's connection at once.
 const BATCHES_IN_FLIGHT: usize = 4;
+/// Script calls in flight on a cluster at once: more than on one server, as checks of
+/// different keys cannot share a call there.
+const CLUSTER_BATCHES_IN_FLIGHT: usize = 16;
+
+/// Where a batcher sends its calls.
+#[derive(Clone)]
+pub(super) enum Target {
+    Server(Replaceable),
+    Cluster {
+        connection: ClusterConnection,
+        /// A node refused a routed check (the slot map is out of date): read it again.
+        stale: Arc<AtomicBool>,
+    },
+}
+
+/// Checks that go in one call, and how.
+struct Group<T> {
+    members: Vec<T>,
+    /// Checks of several slots of one node: the node's address, where the call is sent
+    /// with every key an argument (`check_routed`).
+    routed_to: Option<(String, u16)>,
+}
+
+/// What a check of a cluster is grouped by.
+#[derive(PartialEq)]
+enum Lane<'a> {
+    /// The node its slot is on, by the slot map.
+    Node(u16),
+    /// Its own keys: where the map does not tell, for an undo, and without functions.
+    Keys(&'a [String]),
+}
+
+impl Target {
+    pub(super) fn cluster(connection: ClusterConnection) -> Target {
+        Target::Cluster {
+            connection,
+            stale: Arc::new(AtomicBool::new(true)),
+        }
+    }
+
+    fn batches_in_flight(&self) -> usize {
+        match self {
+            Target::Server(_) => BATCHES_IN_FLIGHT,
+            Target::Cluster { .. } => CLUSTER_BATCHES_IN_FLIGHT,
+        }
+    }
+
+    /// `calls` split into the groups that may share a call, each in queue order: all of
+    /// them on one server. On a cluster, with functions, the checks of one node by `slots`
+    /// go in one routed call (see [`routed_command`](super::script::routed_command)) —
+    /// unless they are all of the same keys, which go declared; without functions, or
+    /// where the map does not tell, only checks of the very same keys share a (declared)
+    /// call. A declared call whose keys are all one check's is refused or redirected
+    /// (`MOVED`, `ASK`, `TRYAGAIN` while its slot migrates) exactly when that check alone
+    /// would be.
+    fn split<T>(
+        &self,
+        calls: Vec<T>,
+        call: impl Fn(&T) -> &ScriptCheck,
+        slots: &SlotMap,
+        routes: bool,
+    ) -> Vec<Group<T>> {
+        if let Target::Server(_) = self {
+            return vec![Group {
+                members: calls,
+                routed_to: None,
+            }];
+        }
+        fn lane<'a>(check: &'a ScriptCheck, slots: &SlotMap, routes: bool) -> Lane<'a> {
+            let node = check
+                .keys()
+                .first()
+                .and_then(|key| slots.node_of(hash_slot(key)));
+            match node {
+                Some(node) if routes && !check.is_undo() => Lane::Node(node),
+                _ => Lane::Keys(check.keys()),
+            }
+        }
+        let mut groups: Vec<Group<T>> = Vec::new();
+        for queued in calls {
+            let found = groups.iter_mut().find(|group| {
+                lane(call(&group.members[0]), slots, routes) == lane(call(&queued), slots, routes)
+            });
+            match found {
+                Some(group) => {
+                    if group.routed_to.is_none()
+                        && call(&group.members[0]).keys() != call(&queued).keys()
+                        && let Lane::Node(node) = lane(call(&queued), slots, routes)
+                    {
+                        group.routed_to = slots
+                            .address(node)
+                            .map(|(host, port)| (host.to_owned(), port));
+                    }
+                    group.members.push(queued);
+                }
+                None => groups.push(Group {
+                    members: vec![queued],
+                    routed_to: None,
+                }),
+            }
+        }
+        groups
+    }
+
+    /// Sends one call carrying `calls`, bounded by `hold`; replaces a single server's
+    /// connection when Redis stayed silent for the whole hold.
+    async fn send(
+        &self,
+        script: &CheckScript,
+        calls: &[ScriptCheck],
+        routed_to: Option<&(String, u16)>,
+        hold: Duration,
+    ) -> Result<redis::Value, CallError> {
+        match self {
+            Target::Server(connection) => {
+                let reply = bounded(hold, script.call(&mut connection.current(), calls)).await;
+                // Our bound or the manager's own response timeout, both the hold.
+                let silent = match &reply {
+                    Err(CallError::Timeout) => true,
+                    Err(CallError::Redis(e)) => e.is_timeout(),
+                    _ => false,
+                };
+                if silent {
+                    connection.replace_silent();
+                }
+                reply
+            }
+            Target::Cluster { connection, .. } => {
+                bounded(hold, async {
+                    let mut connection = connection.clone();
+                    if let Some((host, port)) = routed_to {
+                        return script
+                            .call_routed(&mut connection, calls, (host, *port))
+                            .await;
+                    }
+                    match script.call(&mut connection, calls).await {
+                        Err(e) => match script.call_asked(&mut connection, &e, calls).await {
+                            Some(reply) => reply,
+                            None => Err(e),
+                        },
+                        reply => reply,
+                    }
+                })
+                .await
+            }
+        }
+    }
+}
 
 struct Queued {
     call: ScriptCheck,
@@ -45,14 +201,19 @@ impl Batcher {
     /// Starts the task that sends queued checks; it ends when every store clone is gone.
     /// A call that has no answer within `hold` gives its place up (see [`call_hold`]).
     pub(super) fn start(
-        connection: Replaceable,
+        target: Target,
         script: Arc<CheckScript>,
         counters: Arc<CallCounters>,
         hold: Duration,
     ) -> Batcher {
         let (queue, mut waiting) = mpsc::unbounded_channel::<Queued>();
         tokio::spawn(async move {
-            let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+            let in_flight = Arc::new(Semaphore::new(target.batches_in_flight()));
+            // On a cluster: the slot map as last read, and the readings coming in (`None`
+            // for one that failed), one at a time.
+            let mut slots = SlotMap::unknown();
+            let (maps_in, mut maps) = mpsc::unbounded_channel::<Option<SlotMap>>();
+            let mut reading = false;
             loop {
                 let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
                     return;
@@ -68,37 +229,35 @@ impl Batcher {
                 if batch.is_empty() {
                     continue;
                 }
-                counters.count(batch.len());
-                let (connection, script) = (connection.clone(), Arc::clone(&script));
-                tokio::spawn(async move {
-                    let (calls, answers): (Vec<ScriptCheck>, Vec<_>) =
-                        batch.into_iter().map(|q| (q.call, q.answer)).unzip();
-                    let replies =
-                        bounded(hold, script.call(&mut connection.current(), &calls)).await;
-                    // Our bound or the manager's own response timeout, both the hold.
-                    let silent = match &replies {
-                        Err(CallError::Timeout) => true,
-                        Err(CallError::Redis(e)) => e.is_timeout(),
-                        _ => false,
+                if let Target::Cluster { connection, stale } = &target {
+                    while let Ok(map) = maps.try_recv() {
+                        reading = false;
+                        match map {
+                            Some(map) => slots = map,
+                            None => stale.store(true, Ordering::Relaxed),
+                        }
+                    }
+                    if script.routes() && !reading && stale.swap(false, Ordering::Relaxed) {
+                        reading = true;
+                        tokio::spawn(read_slots(connection.clone(), maps_in.clone(), hold));
+                    }
+                }
+                let mut permit = Some(permit);
+                let groups = target.split(batch, |queued| &queued.call, &slots, script.routes());
+                for group in groups {
+                    let permit = match permit.take() {
+                        Some(permit) => permit,
+                        None => match Arc::clone(&in_flight).acquire_owned().await {
+                            Ok(permit) => permit,
+                            Err(_) => return,
+                        },
                     };
-                    if silent {
-                        connection.replace_silent();
-                    }
-                    let replies = replies.and_then(|reply| split_answers(reply, &calls));
-                    drop(permit);
-                    match replies {
-                        Ok(replies) => {
-                            for (answer, reply) in answers.into_iter().zip(replies) {
-                                let _caller_gone = answer.send(reply);
-                            }
-                        }
-                        Err(e) => {
-                            for answer in answers {
-                                let _caller_gone = answer.send(Err(e.clone()));
-                            }
-                        }
-                    }
-                });
+                    let (target, script, counters) =
+                        (target.clone(), Arc::clone(&script), Arc::clone(&counters));
+                    tokio::spawn(async move {
+                        send_group(&target, &script, &counters, group, hold, permit).await;
+                    });
+                }
             }
         });
         Batcher { queue }
@@ -120,4 +279,95 @@ impl Batcher {
             Err(_) => Err(CallError::Timeout),
         }
     }
+}
+
+/// Reads the slot map (`CLUSTER SLOTS`, from any node) and sends it to the batcher.
+async fn read_slots(
+    mut connection: ClusterConnection,
+    maps: mpsc::UnboundedSender<Option<SlotMap>>,
+    hold: Duration,
+) {
+    let reply = bounded(
+        hold,
+        redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async::<redis::Value>(&mut connection),
+    )
+    .await;
+    let map = reply.ok().and_then(|reply| SlotMap::from_reply(&reply));
+    let _batcher_gone = maps.send(map);
+}
+
+/// Whether a routed check failed because the node it went to does not hold one of its
+/// keys (the slot moved, or is migrating and the key has gone): Redis 7 says "non local
+/// key"; a redirection is named for what it is. The check wrote nothing (`check_routed`
+/// reads every key before its first write).
+fn misrouted(error: &CallError) -> bool {
+    match error {
+        CallError::Check(message) => {
+            message.contains("non local key")
+                || message.starts_with("MOVED ")
+                || message.starts_with("ASK ")
+        }
+        _ => false,
+    }
+}
+
+/// Sends `group` as one call and answers each of its checks. A routed check that reached
+/// a node that no longer holds its keys is sent again on its own, declared (the cluster
+/// client finds its node), and the slot map is read again.
+async fn send_group(
+    target: &Target,
+    script: &CheckScript,
+    counters: &CallCounters,
+    group: Group<Queued>,
+    hold: Duration,
+    permit: OwnedSemaphorePermit,
+) {
+    let (calls, answers): (Vec<ScriptCheck>, Vec<_>) = group
+        .members
+        .into_iter()
+        .map(|q| (q.call, q.answer))
+        .unzip();
+    counters.count(calls.len());
+    let routed = group.routed_to.is_some();
+    let reply = target
+        .send(script, &calls, group.routed_to.as_ref(), hold)
+        .await;
+    let replies = match reply.and_then(|reply| split_answers(reply, &calls)) {
+        Ok(replies) => replies,
+        Err(e) => {
+            drop(permit);
+            for answer in answers {
+                let _caller_gone = answer.send(Err(e.clone()));
+            }
+            return;
+        }
+    };
+    let mut resend = Vec::new();
+    for ((call, answer), reply) in calls.into_iter().zip(answers).zip(replies) {
+        match reply {
+            Err(e) if routed && misrouted(&e) => resend.push((call, answer)),
+            reply => {
+                let _caller_gone = answer.send(reply);
+            }
+        }
+    }
+    if let (false, Target::Cluster { stale, .. }) = (resend.is_empty(), target) {
+        stale.store(true, Ordering::Relaxed);
+    }
+    for (call, answer) in resend {
+        if answer.is_closed() {
+            continue;
+        }
+        let calls = std::slice::from_ref(&call);
+        counters.count(1);
+        let reply = target.send(script, calls, None, hold).await;
+        let mut replies = match reply.and_then(|reply| split_answers(reply, calls)) {
+            Ok(replies) => replies,
+            Err(e) => vec![Err(e)],
+        };
+        let _caller_gone = answer.send(replies.pop().expect("one answer for one check"));
+    }
+    drop(permit);
 }

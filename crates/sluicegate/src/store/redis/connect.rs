@@ -1,6 +1,6 @@
-//! Reaching Redis: a single server through a connection manager (its checks batched) — named
-//! directly, or found through Sentinel — or a Redis Cluster through the cluster client; TLS
-//! with rustls.
+//! Reaching Redis: a single server through a connection manager — named directly, or found
+//! through Sentinel — or a Redis Cluster through the cluster client, the checks batched on
+//! either; TLS with rustls.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -15,7 +15,7 @@ use redis::io::tcp::TcpSettings;
 use redis::sentinel::SentinelClient;
 use redis::{IntoConnectionInfo, TlsCertificates};
 
-use super::batcher::{Batcher, call_hold};
+use super::batcher::{Batcher, Target, call_hold};
 use super::error::{CallError, bounded};
 use super::script::CallCounters;
 use super::scripting::{CheckScript, Scripting};
@@ -30,7 +30,10 @@ pub(super) enum Connection {
         manager: Replaceable,
         batcher: Batcher,
     },
-    Cluster(ClusterConnection),
+    Cluster {
+        client: ClusterConnection,
+        batcher: Batcher,
+    },
 }
 
 impl Connection {
@@ -90,7 +93,15 @@ impl Connection {
                         .await
                         .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
                         .map_err(|e| unavailable(e.to_string()))?;
-                return Ok(Connection::Cluster(connection));
+                return Ok(Connection::Cluster {
+                    batcher: Batcher::start(
+                        Target::cluster(connection.clone()),
+                        Arc::clone(script),
+                        Arc::clone(calls),
+                        call_hold(timeout),
+                    ),
+                    client: connection,
+                });
             }
         };
         let manager_config = ConnectionManagerConfig::new()
@@ -109,7 +120,7 @@ impl Connection {
         }
         Ok(Connection::Single {
             batcher: Batcher::start(
-                manager.clone(),
+                Target::Server(manager.clone()),
                 Arc::clone(script),
                 Arc::clone(calls),
                 call_hold(timeout),
@@ -130,8 +141,8 @@ impl Connection {
             Connection::Single { manager, .. } => {
                 bounded(timeout, script.prepare(&mut manager.current(), scripting)).await
             }
-            Connection::Cluster(c) => {
-                bounded(timeout, script.prepare(&mut c.clone(), scripting)).await
+            Connection::Cluster { client, .. } => {
+                bounded(timeout, script.prepare(&mut client.clone(), scripting)).await
             }
         }
     }
@@ -146,7 +157,9 @@ impl Connection {
             Connection::Single { manager, .. } => {
                 bounded(timeout, command.query_async(&mut manager.current())).await
             }
-            Connection::Cluster(c) => bounded(timeout, command.query_async(&mut c.clone())).await,
+            Connection::Cluster { client, .. } => {
+                bounded(timeout, command.query_async(&mut client.clone())).await
+            }
         }
     }
 }

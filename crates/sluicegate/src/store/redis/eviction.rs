@@ -191,7 +191,9 @@ async fn on_each_node(
             let reply = connection.query::<Value>(command, timeout).await;
             vec![(server.to_owned(), reply.map_err(failed))]
         }
-        Connection::Cluster(cluster) => {
+        Connection::Cluster {
+            client: cluster, ..
+        } => {
             let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
             let reply = bounded(
                 timeout,

@@ -1,6 +1,7 @@
 //! The Redis store: one Lua script decides each check (`lua/`), Redis `TIME` as the
-//! clock, on a single server or a Redis Cluster. On a single server the checks in flight
-//! together share script calls (see `batcher`); each is still decided alone and atomically.
+//! clock, on a single server or a Redis Cluster. The checks in flight together share script
+//! calls (see `batcher`; on a cluster, those of one node); each is still decided alone and
+//! atomically.
 //!
 //! Keys: `{prefix}{TAG}:{kind}:{rule identity length}:{rule identity}:{key}`. `TAG` is a
 //! hash of the user's key alone, so every rule's state for one identity lives in one hash
@@ -19,6 +20,7 @@ mod keys;
 mod script;
 mod scripting;
 mod sentinel;
+mod slots;
 
 use std::fmt;
 use std::sync::Arc;
@@ -206,7 +208,7 @@ impl RedisStore {
     }
 
     /// How many script calls this store (and its clones) made, and how many checks they
-    /// carried: on a single server, checks in flight together share a call.
+    /// carried: checks in flight together share a call (on a cluster, those of one node).
     pub fn script_calls(&self) -> ScriptCalls {
         self.calls.read()
     }
@@ -244,18 +246,11 @@ impl RedisStore {
         error.into_store_error(&self.server, self.timeout, key)
     }
 
-    /// Sends one check to the script and returns its rows: on a single server through the
-    /// batcher, on a cluster alone (a call's keys must share a slot there).
+    /// Sends one check to the script, through the batcher, and returns its rows.
     async fn call_script(&self, call: ScriptCheck) -> Result<Vec<ScriptRow>, CallError> {
         match &self.connection {
-            Connection::Single { batcher, .. } => batcher.call(call, self.timeout).await,
-            Connection::Cluster(c) => {
-                let calls = std::slice::from_ref(&call);
-                self.calls.count(1);
-                let reply =
-                    error::bounded(self.timeout, self.script.call(&mut c.clone(), calls)).await?;
-                let mut answers = script::split_answers(reply, calls)?;
-                answers.pop().expect("one answer for one check")
+            Connection::Single { batcher, .. } | Connection::Cluster { batcher, .. } => {
+                batcher.call(call, self.timeout).await
             }
         }
     }
@@ -328,7 +323,7 @@ impl RunScript for RedisStore {
 impl Store for RedisStore {
     async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         check.validate()?;
-        if let Connection::Cluster(_) = self.connection {
+        if let Connection::Cluster { .. } = self.connection {
             let groups = cluster::slot_groups(check);
             if groups.len() > 1 {
                 return cluster::check_across_slots(self, check, &groups)

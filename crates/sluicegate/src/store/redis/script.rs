@@ -184,6 +184,17 @@ impl ScriptCheck {
         }
     }
 
+    /// The check's keys.
+    pub(super) fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// Whether the check gives back an admission: never routed (`check_routed` guards
+    /// only what a check does).
+    pub(super) fn is_undo(&self) -> bool {
+        self.mode == code::UNDO
+    }
+
     /// Whether the script would read `other` exactly as this check, but for the keys.
     fn same_shape(&self, other: &ScriptCheck) -> bool {
         self.at == other.at
@@ -201,6 +212,32 @@ impl ScriptCheck {
 /// the same rules and cost, without request ids or times of their own, cost one argument
 /// each, and none when every check of the call has one shape.
 pub(super) fn command(verb: &str, name: &str, checks: &[ScriptCheck]) -> redis::Cmd {
+    let mut command = redis::cmd(verb);
+    command
+        .arg(name)
+        .arg(checks.iter().map(|check| check.keys.len()).sum::<usize>());
+    for check in checks {
+        command.arg(&check.keys);
+    }
+    add_arguments(&mut command, checks);
+    command
+}
+
+/// [`command`] for `check_routed`: no key declared (the call is sent to a node by its
+/// address); every check's keys follow the arguments, then their number.
+pub(super) fn routed_command(verb: &str, name: &str, checks: &[ScriptCheck]) -> redis::Cmd {
+    let mut command = redis::cmd(verb);
+    command.arg(name).arg(0);
+    add_arguments(&mut command, checks);
+    for check in checks {
+        command.arg(&check.keys);
+    }
+    command.arg(checks.iter().map(|check| check.keys.len()).sum::<usize>());
+    command
+}
+
+/// The arguments of a call carrying `checks`, but for their keys.
+fn add_arguments(command: &mut redis::Cmd, checks: &[ScriptCheck]) {
     let mut specs: Vec<RuleSpec> = Vec::new();
     let mut shapes: Vec<&ScriptCheck> = Vec::new();
     let mut shape_numbers = Vec::with_capacity(checks.len());
@@ -218,13 +255,6 @@ pub(super) fn command(verb: &str, name: &str, checks: &[ScriptCheck]) -> redis::
             }
         };
         shape_numbers.push(number);
-    }
-    let mut command = redis::cmd(verb);
-    command
-        .arg(name)
-        .arg(checks.iter().map(|check| check.keys.len()).sum::<usize>());
-    for check in checks {
-        command.arg(&check.keys);
     }
     command.arg(specs.len());
     for spec in &specs {
@@ -268,7 +298,6 @@ pub(super) fn command(verb: &str, name: &str, checks: &[ScriptCheck]) -> redis::
     if shapes_count > 1 {
         command.arg(shape_numbers);
     }
-    command
 }
 
 /// The script's reply to a call carrying `checks`, split per check: its rows (none for an

@@ -8,9 +8,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis::aio::ConnectionLike;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
-use super::script::{CHECK_LIBRARY, ScriptCheck, command};
+use super::script::{CHECK_LIBRARY, ScriptCheck, command, routed_command};
 
 /// How a [`RedisStore`](super::RedisStore) runs its script.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -30,6 +32,10 @@ pub(super) struct CheckScript {
     /// The function's name: the library's, which carries the hash of the code, so that two
     /// versions of sluicegate sharing a Redis each call their own.
     function: String,
+    /// The function that takes its keys in its arguments (`check_routed`), registered with
+    /// `allow-cross-slot-keys`: on a Redis Cluster, one call reaches the keys of several
+    /// slots of the node it is routed to.
+    routed_function: String,
     /// The script's source for `EVAL`, and its SHA1.
     eval: String,
     sha1: String,
@@ -47,13 +53,17 @@ impl CheckScript {
         let eval = format!("{CHECK_LIBRARY}return check(KEYS, ARGV)\n");
         let sha1 = redis::Script::new(&eval).get_hash().to_owned();
         let function = format!("sluicegate_{}", &sha1[..16]);
+        let routed_function = format!("{function}_routed");
         let library = format!(
             "#!lua name={function}\n{CHECK_LIBRARY}\
-             redis.register_function{{function_name = '{function}', callback = check}}\n"
+             redis.register_function{{function_name = '{function}', callback = check}}\n\
+             redis.register_function{{function_name = '{routed_function}', \
+             callback = check_routed, flags = {{'allow-cross-slot-keys'}}}}\n"
         );
         CheckScript {
             library,
             function,
+            routed_function,
             eval,
             sha1,
             functions: AtomicBool::new(false),
@@ -146,6 +156,83 @@ impl CheckScript {
             }
             reply => reply,
         }
+    }
+
+    /// Whether calls can be routed (several slots' checks in one call): with functions.
+    pub(super) fn routes(&self) -> bool {
+        self.uses_functions()
+    }
+
+    /// Sends one call carrying `checks`, of several slots, to the cluster node at `host`
+    /// and `port`, as `check_routed` with no key declared: Redis then checks each key as
+    /// the script reaches it, and a check with a key the node does not hold (its slot
+    /// moved, or is migrating and the key has gone) fails before it writes, alone. No key
+    /// is declared, so that no redirection (`ASK`, whose `ASKING` would let the importing
+    /// node take every key of the slot, present or not) is ever followed for the call.
+    pub(super) async fn call_routed(
+        &self,
+        cluster: &mut ClusterConnection,
+        checks: &[ScriptCheck],
+        (host, port): (&str, u16),
+    ) -> RedisResult<Value> {
+        let route = || {
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                host: host.to_owned(),
+                port,
+            })
+        };
+        let call = || routed_command("FCALL", &self.routed_function, checks);
+        match cluster.route_command(call(), route()).await {
+            Err(e) if has_detail(&e, FUNCTION_NOT_FOUND) => {
+                self.load_library(cluster).await?;
+                cluster.route_command(call(), route()).await
+            }
+            reply => reply,
+        }
+    }
+}
+
+impl CheckScript {
+    /// Sends a call that a cluster node answered with `ASK` (its slot is migrating and
+    /// some of the call's keys are on the node importing it) to that node, as `ASKING`
+    /// and the call in one pipeline. The cluster client follows `ASK` itself, but sends
+    /// its `ASKING` apart from the command: on a connection shared with other calls,
+    /// another call can come between and spend it, the node then answers `MOVED` back,
+    /// and the call goes round until its retries run out. Written together, the two reach
+    /// the node back to back. `None` when `error` is not an `ASK`.
+    pub(super) async fn call_asked(
+        &self,
+        cluster: &mut ClusterConnection,
+        error: &RedisError,
+        checks: &[ScriptCheck],
+    ) -> Option<RedisResult<Value>> {
+        if error.kind() != ErrorKind::Server(ServerErrorKind::Ask) {
+            return None;
+        }
+        let (address, _slot) = error.redirect_node()?;
+        let (host, port) = address.rsplit_once(':')?;
+        let port = port.parse().ok()?;
+        let call = if self.uses_functions() {
+            command("FCALL", &self.function, checks)
+        } else {
+            command("EVALSHA", &self.sha1, checks)
+        };
+        let mut pipeline = redis::pipe();
+        pipeline.cmd("ASKING").add_command(call);
+        let route = SingleNodeRoutingInfo::ByAddress {
+            host: host.to_owned(),
+            port,
+        };
+        Some(
+            cluster
+                .route_pipeline(pipeline, 1, 1, route)
+                .await
+                .and_then(|mut replies| {
+                    replies.pop().ok_or_else(|| {
+                        RedisError::from((ErrorKind::Client, "no reply to an ASK's call"))
+                    })
+                }),
+        )
     }
 }
 

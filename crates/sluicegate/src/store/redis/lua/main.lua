@@ -119,6 +119,9 @@ local function remember_request(r, request_id, reset, delay, margin)
   end
 end
 
+-- The call is routed (check_routed): its keys came in ARGV.
+local routed = false
+
 -- The reply, kept from call to call (a table grown anew to a reply's length would be
 -- rehashed at every power of two): a call clears what the last one left.
 local results, result_count = {}, 0
@@ -140,6 +143,13 @@ local function run_check(shape, k)
   local all_allow = not shape.dry
   for i = 1, rule_count do
     local r = rule_of(i, specs[i], k + (i - 1) * keys_per_rule, keys_per_rule)
+    -- A routed call's keys are not checked by Redis up front: a key this node does not
+    -- hold (its slot moved, or is migrating and the key is gone) fails at its first
+    -- command. Every key of a check is read in this phase but the release times (read on
+    -- a repeat only): touched here, so that a check fails before it writes anything.
+    if routed and request_id ~= '' then
+      call('EXISTS', r.releases)
+    end
     -- Each rule's own cost when the check gives them, else the check's.
     local rule_cost = costs and costs[i] or cost
     local units = max(rule_cost, 1)
@@ -268,11 +278,12 @@ local function run_checks()
   end
 end
 -- One call: `call_keys` and `call_argv` as prelude.lua's header describes them.
-local function check(call_keys, call_argv)
+-- `is_routed`: called by check_routed.
+local function check(call_keys, call_argv, is_routed)
   if not call then
     bind_globals()
   end
-  keys, argv, server_time = call_keys, call_argv, false
+  keys, argv, server_time, routed = call_keys, call_argv, false, is_routed or false
   for i = result_count, 1, -1 do
     results[i] = nil
   end
@@ -298,4 +309,22 @@ local function check(call_keys, call_argv)
     end
   end
   return results
+end
+
+-- One call routed by KEYS[1] alone, every check's keys at the end of ARGV (prelude.lua's
+-- header): on a Redis Cluster, checks of several slots of one node in one call.
+local routed_keys = {}
+local function check_routed(call_keys, call_argv)
+  if not call then
+    bind_globals()
+  end
+  local n = tonumber(call_argv[#call_argv])
+  local first = #call_argv - n - 1
+  for i = 1, n do
+    routed_keys[i] = call_argv[first + i]
+  end
+  for i = #routed_keys, n + 1, -1 do
+    routed_keys[i] = nil
+  end
+  return check(routed_keys, call_argv, true)
 end

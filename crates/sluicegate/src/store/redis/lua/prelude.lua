@@ -61,7 +61,10 @@
 --          Then the number of checks C, and when H > 1, per check the number of its shape
 --          (from 1).
 -- KEYS     per check and rule: the state; and when the check has a request id, its
---          request ids (zset id -> expiry) and release times (hash) too.
+--          request ids (zset id -> expiry) and release times (hash) too. Called as
+--          `check_routed` (on a Redis Cluster, registered with `allow-cross-slot-keys`),
+--          KEYS is only the key the call is routed by, and these keys are ARGV's last
+--          values, followed by their number.
 --
 -- Returns one flat array: per check, 6 numbers per rule {status (ALLOWS if the rule
 -- allows, plus RECORDED if this call recorded units), remaining, retry_after (NEVER if no

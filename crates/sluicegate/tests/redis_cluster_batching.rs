@@ -1,0 +1,285 @@
+//! Checks in flight together on a real three-master Redis Cluster share script calls by
+//! hash slot, decided exactly as one by one, through a slot migration too.
+
+#![cfg(feature = "redis")]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sluicegate::store::redis::identity_slot;
+use sluicegate::{
+    Algorithm, Check, Limit, Outcome, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store,
+    StoreError,
+};
+use sluicegate_test_support::{self as support, RedisServer, cmd};
+
+async fn cluster_store(test: &str) -> RedisStore {
+    let mut config = RedisStoreConfig::new(&support::cluster().url());
+    config.prefix = format!("test:{test}:{}:", std::process::id());
+    config.timeout = Duration::from_secs(5);
+    RedisStore::connect(config)
+        .await
+        .expect("connect to the cluster")
+}
+
+async fn check_one(
+    store: &RedisStore,
+    rule: &Rule,
+    key: &str,
+    cost: u64,
+) -> Result<Outcome, StoreError> {
+    store.check(&Check::new(&[Limit { rule, key }], cost)).await
+}
+
+/// `count` checks of one unit on each of `keys`, all in flight at once: each key's
+/// admissions, and every error. With `request_ids`, the checks on every other key carry
+/// request ids of their own (each a new one), which gives them two more keys.
+async fn at_once(
+    store: &RedisStore,
+    rule: &Rule,
+    keys: &[String],
+    count: usize,
+    request_ids: bool,
+) -> (Vec<u64>, Vec<StoreError>) {
+    static REQUESTS: AtomicU64 = AtomicU64::new(0);
+    let mut tasks = Vec::new();
+    for (k, key) in keys.iter().enumerate() {
+        for _ in 0..count {
+            let (store, rule, key) = (store.clone(), rule.clone(), key.clone());
+            let request_id = (request_ids && k % 2 == 1)
+                .then(|| format!("request-{}", REQUESTS.fetch_add(1, Ordering::Relaxed)));
+            tasks.push((
+                k,
+                tokio::spawn(async move {
+                    let limits = [Limit {
+                        rule: &rule,
+                        key: &key,
+                    }];
+                    let check = Check {
+                        request_id: request_id.as_deref(),
+                        ..Check::new(&limits, 1)
+                    };
+                    store.check(&check).await
+                }),
+            ));
+        }
+    }
+    let mut admitted = vec![0; keys.len()];
+    let mut errors = Vec::new();
+    for (k, task) in tasks {
+        match task.await.unwrap() {
+            Ok(outcome) => admitted[k] += u64::from(outcome.decision.allowed),
+            Err(e) => errors.push(e),
+        }
+    }
+    (admitted, errors)
+}
+
+/// What a check of nothing says is left of `key`: it answers as a check of one unit
+/// would, so one less than is free.
+async fn remaining(store: &RedisStore, rule: &Rule, key: &str) -> u64 {
+    check_one(store, rule, key, 0)
+        .await
+        .expect("peek")
+        .decision
+        .remaining
+}
+
+/// Checks on one identity (one slot) in flight together share calls, and exactly the
+/// limit is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_of_one_slot_share_a_call() {
+    let store = cluster_store("one-slot").await;
+    let rule = Rule::new(
+        "b",
+        &RuleSpec::new(Algorithm::SlidingLog, 50, 3_600_000_000),
+    )
+    .unwrap();
+    let before = store.script_calls();
+    let (admitted, errors) = at_once(&store, &rule, &["alice".to_owned()], 200, false).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(admitted, [50]);
+    let after = store.script_calls();
+    let (calls, checks) = (after.calls - before.calls, after.checks - before.checks);
+    assert_eq!(checks, 200);
+    assert!(
+        calls < checks / 2,
+        "{checks} checks of one slot took {calls} calls"
+    );
+    assert_eq!(remaining(&store, &rule, "alice").await, 0);
+}
+
+/// Checks on identities of many slots, in flight together: each is decided as if alone
+/// (each key admits exactly its limit), whichever slot and master it lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_of_many_slots_are_each_decided_on_their_own() {
+    let store = cluster_store("many-slots").await;
+    let rule = Rule::new(
+        "m",
+        &RuleSpec::new(Algorithm::TokenBucket, 7, 3_600_000_000),
+    )
+    .unwrap();
+    let keys: Vec<String> = (0..40).map(|i| format!("user:{i}")).collect();
+    let (admitted, errors) = at_once(&store, &rule, &keys, 10, true).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(admitted, vec![7; keys.len()]);
+}
+
+/// Checks of many identities (each its own slot, nearly always) in flight together share
+/// calls by node: routed by one key, the others passed as arguments, each decided alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_of_one_node_share_a_call_across_slots() {
+    let store = cluster_store("by-node").await;
+    let rule = Rule::new(
+        "n",
+        &RuleSpec::new(Algorithm::FixedWindow, 1, 3_600_000_000),
+    )
+    .unwrap();
+    let keys: Vec<String> = (0..300).map(|i| format!("visitor:{i}")).collect();
+    let before = store.script_calls();
+    let (admitted, errors) = at_once(&store, &rule, &keys, 1, true).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(admitted, vec![1; keys.len()]);
+    let after = store.script_calls();
+    let (calls, checks) = (after.calls - before.calls, after.checks - before.checks);
+    assert!(
+        calls < checks / 2,
+        "{checks} checks of {} identities took {calls} calls",
+        keys.len()
+    );
+    // Each answered alone: a second round refuses every one.
+    let (admitted, errors) = at_once(&store, &rule, &keys, 1, true).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(admitted, vec![0; keys.len()]);
+}
+
+/// The node id of `server`.
+fn node_id(server: &RedisServer) -> String {
+    server
+        .query::<String>(cmd("CLUSTER").arg("MYID"))
+        .expect("CLUSTER MYID")
+}
+
+/// Keys whose identities share the slot of `first`.
+fn keys_of_one_slot(first: &str, count: usize) -> Vec<String> {
+    let slot = identity_slot(first);
+    (0..)
+        .map(|i| format!("{first}:{i}"))
+        .filter(|key| identity_slot(key) == slot)
+        .take(count)
+        .collect()
+}
+
+/// A slot moves from one master to another (`CLUSTER SETSLOT … IMPORTING/MIGRATING`,
+/// `MIGRATE` key by key, then `SETSLOT … NODE`) while checks on several of its identities
+/// are in flight: every check is answered, none is lost or counted twice, and afterwards
+/// every identity's state is on the new master and shows exactly what was admitted. (No
+/// request ids: a check of several keys, some not yet written, is refused with `TRYAGAIN`
+/// by Redis for as long as its slot migrates.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migrating_under_checks_loses_and_doubles_nothing() {
+    let store = cluster_store("migration").await;
+    let rule = Rule::new(
+        "g",
+        &RuleSpec::new(Algorithm::SlidingLog, 1000, 3_600_000_000),
+    )
+    .unwrap();
+    let keys = keys_of_one_slot("migrant", 8);
+    let slot = identity_slot(&keys[0]);
+    // Seed every key, so that the migration has keys to move while checks arrive.
+    let (seeded, errors) = at_once(&store, &rule, &keys, 1, false).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(seeded, vec![1; keys.len()]);
+    let cluster = support::cluster();
+    let masters = cluster.current_masters();
+    let owner_of = |key: &str| -> &RedisServer {
+        let state = store.state_key(&rule, key);
+        masters
+            .iter()
+            .copied()
+            // A master that no longer owns the slot answers MOVED.
+            .find(|m| {
+                m.query::<u64>(cmd("EXISTS").arg(&state))
+                    .is_ok_and(|n| n == 1)
+            })
+            .expect("a master holds the key")
+    };
+    let source = owner_of(&keys[0]);
+    let target = masters
+        .iter()
+        .copied()
+        .find(|m| m.port != source.port)
+        .unwrap();
+    let (source_id, target_id) = (node_id(source), node_id(target));
+
+    let checks = {
+        let (store, rule, keys) = (store.clone(), rule.clone(), keys.clone());
+        tokio::spawn(async move {
+            let mut admitted = vec![1; keys.len()];
+            let mut errors = Vec::new();
+            for _ in 0..30 {
+                let (more, failed) = at_once(&store, &rule, &keys, 4, false).await;
+                for (total, more) in admitted.iter_mut().zip(more) {
+                    *total += more;
+                }
+                errors.extend(failed);
+            }
+            (admitted, errors)
+        })
+    };
+    // Moves the slot's keys one at a time, each once the checks have made a few more calls,
+    // so that checks meet every stage of the migration.
+    let checks_move_on = |since: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while store.script_calls().calls < since + 5 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let migrate = || {
+        let setslot = |node: &RedisServer, how: &str, id: &str| {
+            node.query::<()>(cmd("CLUSTER").arg("SETSLOT").arg(slot).arg(how).arg(id))
+                .unwrap_or_else(|e| panic!("SETSLOT {how} on {}: {e}", node.port));
+        };
+        setslot(target, "IMPORTING", &source_id);
+        setslot(source, "MIGRATING", &target_id);
+        loop {
+            let moving: Vec<String> = source
+                .query(cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(1))
+                .unwrap();
+            if moving.is_empty() {
+                break;
+            }
+            checks_move_on(store.script_calls().calls);
+            source
+                .query::<()>(
+                    cmd("MIGRATE")
+                        .arg("127.0.0.1")
+                        .arg(target.port)
+                        .arg("")
+                        .arg(0)
+                        .arg(5000)
+                        .arg("KEYS")
+                        .arg(&moving),
+                )
+                .expect("MIGRATE");
+        }
+        for master in &masters {
+            setslot(master, "NODE", &target_id);
+        }
+    };
+    migrate();
+    let (admitted, errors) = checks.await.unwrap();
+    assert!(
+        errors.is_empty(),
+        "checks failed during the migration: {errors:?}"
+    );
+    for (key, admitted) in keys.iter().zip(admitted) {
+        assert_eq!(admitted, 1 + 30 * 4, "{key}");
+        assert_eq!(
+            remaining(&store, &rule, key).await,
+            1000 - admitted - 1,
+            "{key}"
+        );
+        assert_eq!(owner_of(key).port, target.port, "{key} did not move");
+    }
+}
