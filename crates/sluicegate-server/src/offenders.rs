@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde::Serialize;
-use sluicegate::Clock;
 
 /// Counters a rule's sketch keeps by default: keys refused more than 1/64 of the rule's
 /// refusals are never missed.
@@ -181,34 +180,28 @@ impl RuleOffenders {
 /// Every limited rule's tracker, by configuration path.
 #[derive(Debug)]
 pub(crate) struct Offenders {
-    clock: Arc<dyn Clock>,
     capacity: usize,
     period: u64,
     rules: Mutex<HashMap<String, Arc<RuleOffenders>>>,
 }
 
 impl Offenders {
-    pub(crate) fn new(clock: Arc<dyn Clock>, capacity: usize, period: u64) -> Self {
+    pub(crate) fn new(capacity: usize, period: u64) -> Self {
         Offenders {
-            clock,
             capacity,
             period,
             rules: Mutex::new(HashMap::new()),
         }
     }
 
-    pub(crate) fn now(&self) -> u64 {
-        self.clock.now_micros()
-    }
-
-    /// The trackers of `paths`, for a configuration being put in force: a path the last
+    /// The trackers of `paths`, for a configuration being put in force at `now`: a path the last
     /// configuration had keeps its tracker; the others start empty, and the trackers of
     /// paths no longer configured are dropped.
     pub(crate) fn for_paths<'p>(
         &self,
         paths: impl IntoIterator<Item = &'p str>,
+        now: u64,
     ) -> HashMap<String, Arc<RuleOffenders>> {
-        let now = self.now();
         let mut rules = self.rules.lock();
         let kept: HashMap<String, Arc<RuleOffenders>> = paths
             .into_iter()
@@ -228,7 +221,6 @@ impl Offenders {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use sluicegate::ManualClock;
 
     proptest! {
         /// The Space-Saving guarantees, against exact counts: every held key's count is
@@ -264,8 +256,7 @@ mod tests {
 
     #[test]
     fn the_report_spans_this_period_and_the_last_then_forgets() {
-        let clock = ManualClock::new(1_000);
-        let tracker = RuleOffenders::new(4, 10, clock.now_micros());
+        let tracker = RuleOffenders::new(4, 10, 1_000);
         tracker.record("user=a", 3, 1_000);
         tracker.record("user=b", 1, 1_005);
         // The next period: a and b carry over as the previous one.
@@ -289,11 +280,10 @@ mod tests {
 
     #[test]
     fn a_reload_keeps_the_trackers_of_paths_still_configured() {
-        let clock = ManualClock::new(0);
-        let offenders = Offenders::new(Arc::new(clock), 4, 1_000);
-        let first = offenders.for_paths(["a", "b"]);
+        let offenders = Offenders::new(4, 1_000);
+        let first = offenders.for_paths(["a", "b"], 0);
         first["a"].record("user=x", 2, 0);
-        let second = offenders.for_paths(["a", "c"]);
+        let second = offenders.for_paths(["a", "c"], 0);
         assert!(Arc::ptr_eq(&first["a"], &second["a"]));
         assert_eq!(second["a"].top(1, 0).0[0].refused, 2);
         assert!(!second.contains_key("b"));

@@ -135,8 +135,8 @@ impl DescriptorTree {
                 let Some(entry) = entries.get(i) else {
                     return "a descriptor needs at least one entry".to_owned();
                 };
-                let known = level.by_key_value.contains_key(&entry.key)
-                    || level.wildcards.contains_key(&entry.key);
+                // Wildcard values are filed among the values too.
+                let known = level.by_key_value.contains_key(&entry.key);
                 let place = if i == 0 {
                     "the domain".to_owned()
                 } else {

@@ -44,7 +44,7 @@ pub(super) async fn top(
         )));
     }
     let live = service.live();
-    let now = service.offenders().now();
+    let now = service.now_micros();
     let report = |(rule, tracker): (&String, &Arc<crate::offenders::RuleOffenders>)| {
         let (offenders, since_us) = tracker.top(n, now);
         RuleTop {

@@ -178,7 +178,8 @@ pub(super) async fn overview(
     top.truncate(TOP_KEYS);
     let (config_loads, config_errors) = service.metrics().config_counts();
     let store = service.limiter().store();
-    let ready = store.ready().await;
+    // The one answer every probe gives (eviction risk and --require-noeviction included).
+    let ready = crate::readiness::readiness(&service).await;
     Ok(axum::Json(Overview {
         now_us,
         version: live.version,
@@ -190,8 +191,11 @@ pub(super) async fn overview(
                 AnyStore::Memory(_) => "memory",
                 AnyStore::Redis(_) => "redis",
             },
-            ready: ready.is_ok(),
-            error: ready.err().map(|e| e.to_string()),
+            ready: ready.is_ready(),
+            error: match ready {
+                crate::readiness::Readiness::NotReady(why) => Some(why),
+                _ => None,
+            },
             breaker: service.limiter().breaker_state().name(),
         },
         sample_period_s: SAMPLE_PERIOD.as_secs(),

@@ -151,6 +151,9 @@ pub(crate) struct Metrics {
     connections: ConnectionMetrics,
     envoy: EnvoyMetrics,
     near_limit_ratio: f32,
+    /// The counters of `detailed_metric` rules' values, by detailed key, once made: a
+    /// decision finds them with one read lock instead of building every label again.
+    detailed: parking_lot::RwLock<HashMap<String, RuleMetrics>>,
 }
 
 impl Default for Metrics {
@@ -212,8 +215,23 @@ impl Metrics {
             connections,
             envoy: EnvoyMetrics::default(),
             near_limit_ratio,
+            detailed: parking_lot::RwLock::default(),
         }
     }
+
+    /// The counters of a `detailed_metric` rule's value at `key` (what
+    /// [`Metrics::rule_metrics`] makes of it), made on first use.
+    pub(crate) fn detailed_rule_metrics(&self, key: &str) -> RuleMetrics {
+        if let Some(metrics) = self.detailed.read().get(key) {
+            return metrics.clone();
+        }
+        let metrics = self.rule_metrics(key);
+        self.detailed
+            .write()
+            .insert(key.to_owned(), metrics.clone());
+        metrics
+    }
+
     /// The counters of the rule at `path` (or, for a `detailed_metric` rule, of one of
     /// its values): created on first use, shared afterwards.
     pub(crate) fn rule_metrics(&self, path: &str) -> RuleMetrics {

@@ -98,6 +98,8 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         .map(Tls::load)
         .transpose()?
         .map(Arc::new);
+    // A zero interval would spin the watch.
+    let reload_interval = options.reload_interval.max(Duration::from_millis(1));
     let load = LoadOptions {
         default_algorithm: options.default_algorithm,
         max_nodes: options.max_config_nodes,
@@ -147,7 +149,7 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
                 path,
                 seen: loaded_files.unwrap_or_default(),
                 load,
-                interval: options.reload_interval.max(Duration::from_millis(1)),
+                interval: reload_interval,
             },
             Arc::clone(&service),
             hangup,
@@ -162,7 +164,7 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         store_url: options.store.url,
         connections: options.connections,
         tls,
-        reload_interval: options.reload_interval.max(Duration::from_millis(1)),
+        reload_interval,
     })
 }
 

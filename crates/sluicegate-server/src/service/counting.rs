@@ -68,16 +68,24 @@ impl Service {
             });
             slot_of.push(slot);
         }
-        let outcome = if enforced.is_empty() || blocked {
-            None
-        } else {
-            Some(self.run_costed(&enforced, request_id, charge).await?)
+        // Both checks in flight at once: the store may share one round trip between them.
+        let enforced_check = async {
+            if enforced.is_empty() || blocked {
+                Ok(None)
+            } else {
+                self.run_costed(&enforced, request_id, charge)
+                    .await
+                    .map(Some)
+            }
         };
-        let shadow_outcome = if shadow.is_empty() {
-            None
-        } else {
-            Some(self.run_costed(&shadow, request_id, charge).await?)
+        let shadow_check = async {
+            if shadow.is_empty() {
+                Ok(None)
+            } else {
+                self.run_costed(&shadow, request_id, charge).await.map(Some)
+            }
         };
+        let (outcome, shadow_outcome) = tokio::try_join!(enforced_check, shadow_check)?;
         let decisions = slot_of
             .iter()
             .map(|slot| match slot {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use sluicegate::{AnyStore, Charge, Clock, Limiter, SystemClock};
+use sluicegate::{AnyStore, Charge, Limiter};
 
 pub(crate) mod explain;
 
@@ -49,7 +49,6 @@ pub(crate) struct Service {
     offenders: Offenders,
     /// The last minutes of every rule's counters, for the live page.
     history: History,
-    clock: Arc<dyn Clock>,
     /// Which refusals get a log line.
     refusal_log: EvenSample,
     options: ServiceOptions,
@@ -128,12 +127,16 @@ fn counted_keys(descriptors: &[Vec<Entry>], matched: &[Option<&ConfiguredLimit>]
 /// The identity of a request descriptor within its rule: every entry, length-prefixed, so
 /// that no two different descriptors encode alike whatever characters they hold.
 pub(crate) fn descriptor_key(entries: &[Entry]) -> String {
-    let mut key = String::new();
+    use std::fmt::Write as _;
+    let bytes: usize = entries
+        .iter()
+        .map(|e| e.key.len() + e.value.len() + 12)
+        .sum();
+    let mut key = String::with_capacity(bytes);
     for entry in entries {
         for part in [&entry.key, &entry.value] {
-            key.push_str(&part.len().to_string());
-            key.push(':');
-            key.push_str(part);
+            // Writing to a String cannot fail.
+            let _ = write!(key, "{}:{part}", part.len());
         }
     }
     key
@@ -165,15 +168,21 @@ pub(crate) const MAX_ENTRIES: usize = 16;
 pub(crate) const DEFAULT_MAX_ENTRY_BYTES: usize = 64 * 1024;
 
 impl Live {
-    fn new(config: Config, metrics: &Metrics, offenders: &Offenders, version: u64) -> Self {
+    fn new(
+        config: Config,
+        metrics: &Metrics,
+        offenders: &Offenders,
+        version: u64,
+        loaded_at_us: u64,
+    ) -> Self {
         let rule_metrics = metrics.rules_of(&config);
-        let loaded_at_us = offenders.now();
         let limits = config.limits();
         let offenders = offenders.for_paths(
             limits
                 .iter()
                 .filter(|l| l.rule.is_some() || l.blocked)
                 .map(|l| l.path.as_str()),
+            loaded_at_us,
         );
         Live {
             config,
@@ -195,11 +204,16 @@ impl Live {
 
 /// A request descriptor as people read it: `key=value` entries joined by `,`.
 pub(crate) fn descriptor_text(entries: &[Entry]) -> String {
-    let parts: Vec<String> = entries
-        .iter()
-        .map(|e| format!("{}={}", e.key, e.value))
-        .collect();
-    parts.join(",")
+    let mut text = String::new();
+    for (i, e) in entries.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        text.push_str(&e.key);
+        text.push('=');
+        text.push_str(&e.value);
+    }
+    text
 }
 
 impl Service {
@@ -210,16 +224,15 @@ impl Service {
         options: ServiceOptions,
     ) -> Self {
         let metrics = Metrics::new(options.near_limit_ratio);
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
-        let offenders = Offenders::new(Arc::clone(&clock), DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD);
-        let live = ArcSwap::from_pointee(Live::new(config, &metrics, &offenders, 1));
+        let offenders = Offenders::new(DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD);
+        let now = limiter.clock().now_micros();
+        let live = ArcSwap::from_pointee(Live::new(config, &metrics, &offenders, 1, now));
         Service {
             live,
             limiter,
             metrics,
             offenders,
             history: History::default(),
-            clock,
             refusal_log: EvenSample::new(options.refusal_log_share),
             options,
         }
@@ -233,7 +246,13 @@ impl Service {
     /// Puts `config` in force for every request that starts from now on.
     pub(crate) fn replace_config(&self, config: Config) {
         let version = self.live.load().version + 1;
-        let live = Live::new(config, &self.metrics, &self.offenders, version);
+        let live = Live::new(
+            config,
+            &self.metrics,
+            &self.offenders,
+            version,
+            self.now_micros(),
+        );
         self.live.store(Arc::new(live));
     }
 
@@ -249,19 +268,16 @@ impl Service {
     /// [`crate::history::SAMPLE_PERIOD`]).
     pub(crate) fn sample_history(&self) {
         let totals = self.live().rule_totals();
-        self.history.record(self.clock.now_micros(), totals);
+        self.history.record(self.now_micros(), totals);
     }
 
     pub(crate) fn history(&self) -> &History {
         &self.history
     }
 
+    /// Now, on the limiter's clock: what every part of the service reads the time from.
     pub(crate) fn now_micros(&self) -> u64 {
-        self.clock.now_micros()
-    }
-
-    pub(crate) fn offenders(&self) -> &Offenders {
-        &self.offenders
+        self.limiter.clock().now_micros()
     }
 
     pub(crate) fn options(&self) -> &ServiceOptions {
@@ -318,19 +334,24 @@ impl Service {
         let live = self.live();
         let config = &live.config;
         let mut matched = matched(config, domain, descriptors)?;
-        // A descriptor's `limit` takes the place of what it matched (limit_override.rs).
-        let overridden = descriptors
-            .iter()
-            .zip(&matched)
-            .zip(overrides)
-            .enumerate()
-            .map(|(i, ((entries, configured), limit))| {
-                limit
-                    .map(|o| o.apply(domain, entries, *configured))
-                    .transpose()
-                    .map_err(|e| DecideError::Invalid(format!("descriptors[{i}].{e}")))
-            })
-            .collect::<Result<Vec<Option<ConfiguredLimit>>, DecideError>>()?;
+        // A descriptor's `limit` takes the place of what it matched (limit_override.rs);
+        // Envoy sends none on most requests.
+        let overridden = if overrides.iter().all(Option::is_none) {
+            Vec::new()
+        } else {
+            descriptors
+                .iter()
+                .zip(&matched)
+                .zip(overrides)
+                .enumerate()
+                .map(|(i, ((entries, configured), limit))| {
+                    limit
+                        .map(|o| o.apply(domain, entries, *configured))
+                        .transpose()
+                        .map_err(|e| DecideError::Invalid(format!("descriptors[{i}].{e}")))
+                })
+                .collect::<Result<Vec<Option<ConfiguredLimit>>, DecideError>>()?
+        };
         for (limit, overridden) in matched.iter_mut().zip(&overridden) {
             if let Some(overridden) = overridden {
                 *limit = Some(overridden);
@@ -372,18 +393,17 @@ impl Service {
                     _ => decision,
                 };
                 if let (Some(l), Some(decision)) = (limit, &decision) {
-                    match live.rule_metrics.get(&l.path) {
+                    if l.detailed_metric {
                         // Labelled by the request's values: looked up per decision.
-                        _ if l.detailed_metric => self
-                            .metrics
-                            .rule_metrics(&detailed_key(domain, entries))
-                            .count(decision, cost, l.shadow_mode),
-                        Some(counters) => counters.count(decision, cost, l.shadow_mode),
-                        None => {
-                            self.metrics
-                                .rule_metrics(&l.path)
-                                .count(decision, cost, l.shadow_mode)
-                        }
+                        self.metrics
+                            .detailed_rule_metrics(&detailed_key(domain, entries))
+                            .count(decision, cost, l.shadow_mode);
+                    } else if let Some(counters) = live.rule_metrics.get(&l.path) {
+                        counters.count(decision, cost, l.shadow_mode);
+                    } else {
+                        self.metrics
+                            .rule_metrics(&l.path)
+                            .count(decision, cost, l.shadow_mode);
                     }
                     if !decision.allowed
                         && !l.shadow_mode
@@ -402,7 +422,7 @@ impl Service {
                                 "refused"
                             );
                         }
-                        tracker.record(&descriptor, cost, self.offenders.now());
+                        tracker.record(&descriptor, cost, self.now_micros());
                     }
                 }
                 DescriptorOutcome {
