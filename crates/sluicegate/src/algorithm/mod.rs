@@ -126,6 +126,16 @@ impl Evaluation {
         self.cost > 0
     }
 
+    /// Whether this evaluation records units: on an admission of the check (`admitted`),
+    /// unless it is a peek; on a refusal, when `charge` counts this rule's refused units.
+    pub(crate) fn records(&self, admitted: bool, charge: Charge) -> bool {
+        if admitted {
+            self.records_admission()
+        } else {
+            self.charged(charge)
+        }
+    }
+
     /// Whether this rule's own refusal records its units under `charge`.
     pub(crate) fn charged(&self, charge: Charge) -> bool {
         charge == Charge::Attempted

@@ -189,7 +189,7 @@ impl<S: Store> Limiter<S> {
             .as_ref()
             .filter(|_| NegativeCache::applies(check))
         else {
-            return self.send(check, self.clock.now_micros()).await;
+            return self.send(check, self.clock.now_micros(), None).await;
         };
         let hash = negative.hash(check.limits);
         let mut now = self.clock.now_micros();
@@ -207,7 +207,7 @@ impl<S: Store> Limiter<S> {
                 None
             }
         };
-        let outcome = self.send(check, now).await;
+        let outcome = self.send(check, now, Some(hash)).await;
         // Only now, with its answer in the negative cache, may the checks waiting on it
         // look again.
         drop(leading);
@@ -231,8 +231,14 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Asks the store (through the local pre-check and the breaker), sent at `now`;
-    /// remembers its answer, or falls back on a failure.
-    async fn send(&self, check: &Check<'_>, now: u64) -> Result<Outcome, StoreError> {
+    /// remembers its answer — in the negative cache under `cached`, the hash of its limits,
+    /// when the cache applies to it — or falls back on a failure.
+    async fn send(
+        &self,
+        check: &Check<'_>,
+        now: u64,
+        cached: Option<u64>,
+    ) -> Result<Outcome, StoreError> {
         if let Some(mut refused) = self.precheck.as_ref().and_then(|p| p.refusal(check)) {
             self.stats
                 .local_precheck_refusals
@@ -249,9 +255,9 @@ impl<S: Store> Limiter<S> {
                 Ok(outcome) => {
                     ticket.finish(true, self.clock.now_micros());
                     self.stats.store_decisions.fetch_add(1, Ordering::Relaxed);
-                    if let Some(negative) = &self.negative {
-                        negative.remember(check, now, outcome.decision, outcome.limits());
-                        negative.remember_admission(check, now, outcome.decision);
+                    if let (Some(negative), Some(hash)) = (&self.negative, cached) {
+                        negative.remember(check, hash, now, outcome.decision, outcome.limits());
+                        negative.remember_admission(check, hash, now, outcome.decision);
                     }
                     self.local
                         .remember(check, self.policies(check), now, outcome.limits());

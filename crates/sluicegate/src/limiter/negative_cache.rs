@@ -113,11 +113,9 @@ impl NegativeCache {
     }
 
     /// The cached refusal of `check`, whose limits hash to `hash`, with its waits shortened
-    /// by the time since.
+    /// by the time since. Here and below, `check` is one the cache [applies](Self::applies)
+    /// to: the limiter asks that once per check.
     pub(crate) fn lookup(&self, check: &Check<'_>, hash: u64, now: u64) -> Option<Outcome> {
-        if !Self::applies(check) {
-            return None;
-        }
         let shard = self.table.shard(hash).lock();
         let entry = shard.find(hash, |e| e.holds(check.limits))?;
         if now >= entry.until || check.cost.max(1) != entry.cost {
@@ -143,6 +141,7 @@ impl NegativeCache {
     pub(crate) fn remember(
         &self,
         check: &Check<'_>,
+        hash: u64,
         sent: u64,
         combined: Decision,
         limits: &[Decision],
@@ -150,23 +149,25 @@ impl NegativeCache {
         let RetryAfter::Micros(wait) = combined.retry_after else {
             return;
         };
-        if combined.allowed || wait == 0 || !Self::applies(check) {
+        if combined.allowed || wait == 0 {
             return;
         }
-        self.insert(check, sent, wait, limits);
+        self.insert(check, hash, sent, wait, limits);
     }
 
     /// Predicts a refusal from an admission of a one-limit check that left too little for
     /// another of the same cost, where the algorithm can tell the next opening from the
     /// decision alone (the same argument as above: with other traffic, later still).
-    pub(crate) fn remember_admission(&self, check: &Check<'_>, sent: u64, decision: Decision) {
+    pub(crate) fn remember_admission(
+        &self,
+        check: &Check<'_>,
+        hash: u64,
+        sent: u64,
+        decision: Decision,
+    ) {
         let [limit] = check.limits else { return };
         let units = check.cost.max(1);
-        if !decision.allowed
-            || check.cost == 0
-            || decision.remaining >= units
-            || !Self::applies(check)
-        {
+        if !decision.allowed || check.cost == 0 || decision.remaining >= units {
             return;
         }
         let Some(refused) = algorithm::refusal_after_admission(limit.rule, decision, units) else {
@@ -175,19 +176,18 @@ impl NegativeCache {
         if let RetryAfter::Micros(wait) = refused.retry_after
             && wait > 0
         {
-            self.insert(check, sent, wait, &[refused]);
+            self.insert(check, hash, sent, wait, &[refused]);
         }
     }
 
     /// Caches `decisions` (one per limit) for `check` until `wait` µs after `sent`,
     /// replacing what the same limits had cached, if the cache has room.
-    fn insert(&self, check: &Check<'_>, sent: u64, wait: u64, decisions: &[Decision]) {
+    fn insert(&self, check: &Check<'_>, hash: u64, sent: u64, wait: u64, decisions: &[Decision]) {
         // Room is taken before an entry for the same limits is replaced, so a full cache
         // of live refusals keeps them as they are.
         if !self.table.reserve() {
             return;
         }
-        let hash = self.hash(check.limits);
         let entry = Entry {
             hash,
             cost: check.cost.max(1),

@@ -226,11 +226,7 @@ impl MemoryStore {
         }
         let mut state = RuleState::new(rule);
         let eval = state.evaluate(rule, t, check.cost_of(0), check.request_id);
-        let records = if eval.allows() {
-            eval.records_admission()
-        } else {
-            eval.charged(check.charge)
-        };
+        let records = eval.records(eval.allows(), check.charge);
         if records {
             self.reserve_keys(&mut shard, t, 1)?;
         }
@@ -263,7 +259,8 @@ impl MemoryStore {
         let eval = slot
             .state
             .evaluate(rule, t, check.cost_of(0), check.request_id);
-        (!eval.allows() && !eval.charged(check.charge)).then(|| slot.state.refuse(rule, &eval))
+        (!eval.allows() && !eval.records(false, check.charge))
+            .then(|| slot.state.refuse(rule, &eval))
     }
 
     /// A check of several limits, maybe in several shards: lock every shard it touches in
@@ -319,13 +316,7 @@ impl MemoryStore {
         // refusals of a refused one.
         let records: Vec<bool> = evaluations
             .iter()
-            .map(|e| {
-                if admits {
-                    e.records_admission()
-                } else {
-                    e.charged(check.charge)
-                }
-            })
+            .map(|e| e.records(admits, check.charge))
             .collect();
         let new_keys = held
             .iter()
