@@ -48,7 +48,7 @@ pub struct Check<'a> {
     /// The caller's clock (µs since the epoch), for replay, simulation and tests; `None`
     /// uses the store's own clock.
     pub at: Option<u64>,
-    /// What a refusal records: by default nothing.
+    /// The mode: by default a check, whose refusal records nothing (docs/SPEC.md, "Usage").
     pub charge: Charge,
 }
 
@@ -103,6 +103,9 @@ impl<'a> Check<'a> {
             && at >= MAX_TIME
         {
             return invalid(format!("time {at} µs is not below 2^52 µs (the year 2112)"));
+        }
+        if self.request_id.is_none() && self.charge.needs_request_id() {
+            return invalid(format!("a {} needs a request id", self.charge.name()));
         }
         if let Some(id) = self.request_id
             && (id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES)
