@@ -206,6 +206,49 @@ fn a_swapped_certificate_is_used_for_new_handshakes() {
     assert_eq!(healthz(&server, &first_ca, None).0, 60);
 }
 
+/// A certificate file half-written by a deployment is rejected once, logged, and the pair in
+/// force keeps serving; the finished file is then put in force.
+#[test]
+fn a_broken_certificate_keeps_the_previous_one_serving() {
+    let dir = scratch("broken");
+    let (first_ca, second_ca) = (
+        Authority::new(&dir, "first"),
+        Authority::new(&dir, "second"),
+    );
+    let (first, second) = (first_ca.issue("one"), second_ca.issue("two"));
+    let live = Issued {
+        cert: dir.join("live.crt"),
+        key: dir.join("live.key"),
+    };
+    std::fs::copy(&first.key, &live.key).unwrap();
+    std::fs::copy(&first.cert, &live.cert).unwrap();
+    // The real binary: its log is read.
+    let server = Server::binary(&[
+        "--tls-cert",
+        text(&live.cert),
+        "--tls-key",
+        text(&live.key),
+        "--reload-interval",
+        "100ms",
+    ]);
+
+    let half = std::fs::read(&second.cert).unwrap();
+    std::fs::write(&live.cert, &half[..half.len() / 2]).unwrap();
+    server.wait_for_log(|line| line.contains("TLS certificate rejected"));
+    assert_eq!(healthz(&server, &first_ca, None).0, 0);
+
+    std::fs::copy(&second.key, &live.key).unwrap();
+    std::fs::copy(&second.cert, &live.cert).unwrap();
+    server.wait_for_log(|line| line.contains("TLS certificate reloaded"));
+    assert_eq!(healthz(&server, &second_ca, None).0, 0);
+    let rejections = server
+        .logs()
+        .iter()
+        .filter(|line| line.contains("TLS certificate rejected"))
+        .count();
+    assert_eq!(rejections, 1, "one broken file is logged once");
+}
+
 /// Certificate files that cannot be read stop the start, saying which.
 #[test]
 fn a_missing_certificate_stops_the_start() {

@@ -33,13 +33,17 @@ pub(super) struct Tls {
     acceptor: TlsAcceptor,
     certificate: Arc<Certificate>,
     options: TlsOptions,
+    /// The files' bytes the pair in force was parsed from: an edit made between the start
+    /// and the first look is still an edit.
+    loaded: PemFiles,
 }
 
 impl Tls {
     /// Loads the files: what is wrong with them is an error now, at start.
     pub(super) fn load(options: TlsOptions) -> anyhow::Result<Self> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let (pair, _) = read_pair(&options, &provider)?;
+        let loaded = read_files(&options)?;
+        let pair = parse_pair(&options, &loaded, &provider)?;
         let certificate = Arc::new(Certificate {
             current: ArcSwap::from_pointee(pair),
         });
@@ -65,6 +69,7 @@ impl Tls {
             acceptor: TlsAcceptor::from(Arc::new(config)),
             certificate,
             options,
+            loaded,
         })
     }
 
@@ -76,26 +81,34 @@ impl Tls {
     /// for the handshakes that follow.
     pub(super) async fn reload_on_change(self: Arc<Self>, interval: Duration) {
         let provider = rustls::crypto::ring::default_provider();
-        let mut loaded = file_contents(&self.options);
+        // What the files held at the last look, or why they could not be read: an edit, or
+        // a failure, is acted on once. The bytes that tell an edit are the bytes parsed.
+        let look = || read_files(&self.options).map_err(|e| format!("{e:#}"));
+        let mut loaded = Ok(self.loaded.clone());
         let mut tick = tokio::time::interval(interval);
         loop {
             tick.tick().await;
-            let now = file_contents(&self.options);
+            let now = look();
             if now == loaded {
                 continue;
             }
-            match read_pair(&self.options, &provider) {
-                Ok((pair, contents)) => {
+            match now
+                .as_ref()
+                .map(|files| parse_pair(&self.options, files, &provider))
+            {
+                Ok(Ok(pair)) => {
                     self.certificate.current.store(Arc::new(pair));
-                    loaded = Some(contents);
                     tracing::info!(cert = %self.options.cert.display(), "TLS certificate reloaded");
                 }
-                Err(e) => {
-                    // Files half-written by a deployment land here once, then load next time.
-                    loaded = now;
+                // Files half-written by a deployment land here once, then load next time.
+                Ok(Err(e)) => {
                     tracing::error!(error = %format!("{e:#}"), "TLS certificate rejected; the previous one keeps serving");
                 }
+                Err(e) => {
+                    tracing::error!(error = %e, "TLS certificate unreadable; the previous one keeps serving");
+                }
             }
+            loaded = now;
         }
     }
 }
@@ -115,34 +128,30 @@ impl ResolvesServerCert for Certificate {
     }
 }
 
-/// The certificate and key files' bytes, to tell an edit; `None` when one is unreadable.
-fn file_contents(options: &TlsOptions) -> Option<PemFiles> {
-    Some((
-        std::fs::read(&options.cert).ok()?,
-        std::fs::read(&options.key).ok()?,
-    ))
+/// The certificate and key files' bytes.
+fn read_files(options: &TlsOptions) -> anyhow::Result<PemFiles> {
+    let read = |path: &Path| {
+        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    Ok((read(&options.cert)?, read(&options.key)?))
 }
 
-/// The certificate and key, checked to belong together, and the bytes they came from.
-fn read_pair(
+/// The certificate and key in `files`, checked to belong together.
+fn parse_pair(
     options: &TlsOptions,
+    (cert_pem, key_pem): &PemFiles,
     provider: &CryptoProvider,
-) -> anyhow::Result<(CertifiedKey, PemFiles)> {
-    let cert_pem = std::fs::read(&options.cert)
-        .with_context(|| format!("cannot read {}", options.cert.display()))?;
-    let key_pem = std::fs::read(&options.key)
-        .with_context(|| format!("cannot read {}", options.key.display()))?;
-    let certs = parse_certs(&cert_pem, &options.cert)?;
-    let key = PrivateKeyDer::from_pem_slice(&key_pem)
+) -> anyhow::Result<CertifiedKey> {
+    let certs = parse_certs(cert_pem, &options.cert)?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
         .with_context(|| format!("{}: no PEM private key in it", options.key.display()))?;
-    let pair = CertifiedKey::from_der(certs, key, provider).with_context(|| {
+    CertifiedKey::from_der(certs, key, provider).with_context(|| {
         format!(
             "{} and {}: not a certificate and its key",
             options.cert.display(),
             options.key.display()
         )
-    })?;
-    Ok((pair, (cert_pem, key_pem)))
+    })
 }
 
 /// The authorities of a PEM file, to trust: the server's client authority for mTLS, and
