@@ -77,4 +77,10 @@ impl Charge {
     pub fn needs_request_id(self) -> bool {
         matches!(self, Charge::Reserved | Charge::Settled)
     }
+
+    /// Whether the mode can give units back (`settle`, `refund`), so that a refusal cached
+    /// before it may no longer hold.
+    pub(crate) fn may_free_units(self) -> bool {
+        matches!(self, Charge::Settled | Charge::Refunded)
+    }
 }
