@@ -21,11 +21,11 @@ use event_listener::{Event, EventListener};
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 
-use super::room::SHARDS;
+use super::room::Sharded;
 
 #[derive(Debug)]
 pub(crate) struct InFlight {
-    shards: Box<[Mutex<HashTable<Flight>>]>,
+    shards: Sharded<HashTable<Flight>>,
 }
 
 #[derive(Debug)]
@@ -54,12 +54,12 @@ pub(crate) struct Leading<'a> {
 impl InFlight {
     pub(crate) fn new() -> Self {
         InFlight {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
+            shards: Sharded::new(),
         }
     }
 
     fn shard(&self, hash: u64) -> &Mutex<HashTable<Flight>> {
-        &self.shards[(hash >> 32) as usize % SHARDS]
+        self.shards.shard(hash)
     }
 
     /// Leads the check of the limits hashed to `hash`, or waits for the one in flight.

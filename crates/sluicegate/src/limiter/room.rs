@@ -16,6 +16,34 @@ use crate::clock::Clock;
 /// one lock, few enough that empty shards cost little (a few cache lines each).
 pub(crate) const SHARDS: usize = 64;
 
+/// [`SHARDS`] values of `T`, each behind its own lock, picked by a hash: the one way the
+/// limiter's tables spread their locks.
+#[derive(Debug)]
+pub(crate) struct Sharded<T> {
+    shards: Box<[Shard<T>]>,
+}
+
+impl<T: Default> Sharded<T> {
+    pub(crate) fn new() -> Self {
+        Sharded {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+        }
+    }
+}
+
+impl<T> Sharded<T> {
+    /// The shard of `hash`.
+    pub(crate) fn shard(&self, hash: u64) -> &Mutex<T> {
+        // The high bits: hash tables use the low ones and the top seven.
+        &self.shards[(hash >> 32) as usize % SHARDS].0
+    }
+
+    /// Every shard, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Mutex<T>> {
+        self.shards.iter().map(|shard| &shard.0)
+    }
+}
+
 /// An entry that stops mattering at `until` (µs of the limiter's clock).
 pub(crate) trait Expiring {
     fn until(&self) -> u64;
@@ -25,11 +53,11 @@ pub(crate) trait Expiring {
 /// a line.
 #[derive(Debug, Default)]
 #[repr(align(128))]
-struct Shard<T>(Mutex<HashTable<T>>);
+struct Shard<T>(Mutex<T>);
 
 #[derive(Debug)]
 pub(crate) struct ExpiringTable<T> {
-    shards: Box<[Shard<T>]>,
+    shards: Sharded<HashTable<T>>,
     /// Seeded at random per table, so a client cannot aim keys at one bucket.
     hasher: RandomState,
     /// Entries across all shards; at most `capacity`.
@@ -42,9 +70,7 @@ pub(crate) struct ExpiringTable<T> {
 impl<T: Expiring> ExpiringTable<T> {
     pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
         ExpiringTable {
-            shards: (0..SHARDS)
-                .map(|_| Shard(Mutex::new(HashTable::new())))
-                .collect(),
+            shards: Sharded::new(),
             hasher: RandomState::default(),
             len: AtomicUsize::new(0),
             capacity,
@@ -59,8 +85,7 @@ impl<T: Expiring> ExpiringTable<T> {
 
     /// The shard an entry of `hash` lives in.
     pub(crate) fn shard(&self, hash: u64) -> &Mutex<HashTable<T>> {
-        // The high bits: the table itself uses the low ones and the top seven.
-        &self.shards[(hash >> 32) as usize % SHARDS].0
+        self.shards.shard(hash)
     }
 
     /// Takes room for one entry. When the table is full, every expired entry is dropped
@@ -91,8 +116,8 @@ impl<T: Expiring> ExpiringTable<T> {
     /// across shards), and gives back their room.
     pub(crate) fn remove_where(&self, mut remove: impl FnMut(&T) -> bool) {
         let mut removed = 0;
-        for shard in &*self.shards {
-            let mut table = shard.0.lock();
+        for shard in self.shards.iter() {
+            let mut table = shard.lock();
             let before = table.len();
             table.retain(|entry| !remove(entry));
             removed += before - table.len();

@@ -3,11 +3,9 @@
 //! (factor 1) and the local pre-check (factor ≥ 1) decide with. Each rule's share is made
 //! once and kept, by rule identity, in shards: no lock is shared by every check.
 
-use std::collections::HashMap;
+use hashbrown::HashTable;
 
-use parking_lot::Mutex;
-
-use super::room::SHARDS;
+use super::room::Sharded;
 use crate::rule::Rule;
 
 /// A rule as it was cut (to tell a reload's new numbers from it), and its share.
@@ -20,9 +18,10 @@ pub(crate) struct Shares {
     instances: u64,
     /// Appended to a rule's name to name its share.
     suffix: &'static str,
-    /// By rule identity: (the original, its share). The original tells a rule whose
-    /// numbers a reload changed (same identity) from the one cached.
-    shards: Box<[Mutex<HashMap<String, CachedShare>>]>,
+    /// By rule identity, hashed by its fingerprint: (the original, its share). The
+    /// original tells a rule whose numbers a reload changed (same identity) from the one
+    /// cached.
+    shards: Sharded<HashTable<CachedShare>>,
 }
 
 impl Shares {
@@ -32,7 +31,7 @@ impl Shares {
             per_mille,
             instances: u64::from(instances.max(1)),
             suffix,
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: Sharded::new(),
         }
     }
 
@@ -44,11 +43,19 @@ impl Shares {
 
     /// `rule` cut to this instance's share.
     pub(crate) fn of(&self, rule: &Rule) -> Rule {
-        let mut cache = self.shards[(rule.fingerprint() >> 32) as usize % SHARDS].lock();
-        if let Some((original, share)) = cache.get(rule.identity())
-            && original.same_rule(rule)
+        let fingerprint = rule.fingerprint();
+        let mut cache = self.shards.shard(fingerprint).lock();
+        let cached = cache.find_entry(fingerprint, |(original, _)| {
+            original.identity() == rule.identity()
+        });
+        if let Ok(entry) = &cached
+            && entry.get().0.same_rule(rule)
         {
-            return share.clone();
+            return entry.get().1.clone();
+        }
+        // A reload changed the rule's numbers: its old share goes.
+        if let Ok(entry) = cached {
+            entry.remove();
         }
         let mut spec = rule.spec();
         spec.limit = self.share(spec.limit).max(1);
@@ -62,7 +69,11 @@ impl Shares {
                 None => share,
             })
             .unwrap_or_else(|_| rule.clone());
-        cache.insert(rule.identity().to_owned(), (rule.clone(), share.clone()));
+        cache.insert_unique(
+            fingerprint,
+            (rule.clone(), share.clone()),
+            |(original, _)| original.fingerprint(),
+        );
         share
     }
 }
