@@ -77,3 +77,33 @@ impl Shares {
         share
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rule::{Algorithm, RuleSpec};
+
+    fn rule(limit: u64) -> Rule {
+        Rule::new(
+            "api",
+            &RuleSpec::new(Algorithm::FixedWindow, limit, 1_000_000),
+        )
+        .unwrap()
+        .in_scope("shop")
+    }
+
+    #[test]
+    fn a_share_is_cut_once_and_again_when_the_numbers_change() {
+        let shares = Shares::new(1200, 2, "@test");
+        let first = shares.of(&rule(100));
+        assert_eq!(first.limit(), 60);
+        assert_eq!(first.name(), "api@test");
+        assert_eq!(first.scope(), Some("shop"));
+        assert!(shares.of(&rule(100)).same_rule(&first));
+        // A reload: same identity, new numbers — a new share, and only one kept.
+        assert_eq!(shares.of(&rule(10)).limit(), 6);
+        assert_eq!(shares.of(&rule(100)).limit(), 60);
+        let held: usize = shares.shards.iter().map(|shard| shard.lock().len()).sum();
+        assert_eq!(held, 1);
+    }
+}
