@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::thread;
 
 use sluicegate::{
-    Algorithm, Check, Limit, ManualClock, MemoryStore, MemoryStoreConfig, Rule, RuleSpec,
-    StoreError,
+    Algorithm, Charge, Check, Limit, ManualClock, MemoryStore, MemoryStoreConfig, Outcome,
+    RetryAfter, Rule, RuleSpec, StoreError,
 };
 
 const S: u64 = 1_000_000;
@@ -182,4 +182,117 @@ fn key_cap_refuses_new_keys_without_evicting_any() {
     clock.advance(60 * S);
     assert!(check(&store, &rule, "newcomer", 1).unwrap());
     assert!(store.len() <= 100);
+}
+
+fn usage(
+    store: &MemoryStore,
+    limits: &[Limit<'_>],
+    cost: u64,
+    charge: Charge,
+    request_id: Option<&str>,
+) -> Result<Outcome, StoreError> {
+    store.check_now(&Check {
+        charge,
+        request_id,
+        ..Check::new(limits, cost)
+    })
+}
+
+/// A report, settle or refund is never refused, so a check of several limits is not
+/// all-or-nothing: each limit does its part, spent or not.
+#[test]
+fn usage_modes_do_their_part_in_every_limit() {
+    let store = MemoryStore::new(
+        MemoryStoreConfig::default(),
+        Arc::new(ManualClock::new(HOUR)),
+    );
+    let small = rule("small", Algorithm::FixedWindow, 2, HOUR);
+    let large = rule("large", Algorithm::SlidingLog, 100, HOUR);
+    let limits = [
+        Limit {
+            rule: &small,
+            key: "k",
+        },
+        Limit {
+            rule: &large,
+            key: "k",
+        },
+    ];
+    assert!(check(&store, &small, "k", 2).unwrap());
+    let reported = usage(&store, &limits, 5, Charge::Reported, None).unwrap();
+    assert!(!reported.decision.allowed, "the small limit is in debt");
+    assert_eq!(
+        reported
+            .limits()
+            .iter()
+            .map(|d| d.remaining)
+            .collect::<Vec<_>>(),
+        [0, 95],
+        "both recorded, though the small one was spent"
+    );
+    let refunded = usage(&store, &limits, 6, Charge::Refunded, Some("r")).unwrap();
+    assert_eq!(
+        refunded
+            .limits()
+            .iter()
+            .map(|d| d.remaining)
+            .collect::<Vec<_>>(),
+        [1, 100]
+    );
+    // No reservation: the settle reports its cost, leaving the small limit exactly spent.
+    let settled = usage(&store, &limits, 1, Charge::Settled, Some("s")).unwrap();
+    assert!(!settled.decision.allowed);
+    assert_eq!(
+        settled
+            .limits()
+            .iter()
+            .map(|d| d.remaining)
+            .collect::<Vec<_>>(),
+        [0, 99]
+    );
+}
+
+/// Reports create entries as admissions do, within `max_keys`; a refund never creates one.
+#[test]
+fn usage_modes_create_entries_within_the_key_cap_and_refunds_create_none() {
+    let store = MemoryStore::new(
+        MemoryStoreConfig {
+            max_keys: 2,
+            ..MemoryStoreConfig::default()
+        },
+        Arc::new(ManualClock::new(HOUR)),
+    );
+    let rule = rule("r", Algorithm::TokenBucket, 10, HOUR);
+    let one = |key| [Limit { rule: &rule, key }];
+    let refunded = usage(&store, &one("a"), 3, Charge::Refunded, Some("id")).unwrap();
+    assert!(refunded.decision.allowed);
+    assert_eq!(store.len(), 0, "a refund never creates an entry");
+    usage(&store, &one("a"), 0, Charge::Reported, None).unwrap();
+    usage(&store, &one("a"), 0, Charge::Settled, Some("id")).unwrap();
+    assert_eq!(store.len(), 0, "nothing to record, nothing created");
+    usage(&store, &one("a"), 30, Charge::Reported, None).unwrap();
+    usage(&store, &one("b"), 1, Charge::Settled, Some("id")).unwrap();
+    assert_eq!(store.len(), 2);
+    let both = [
+        Limit {
+            rule: &rule,
+            key: "a",
+        },
+        Limit {
+            rule: &rule,
+            key: "c",
+        },
+    ];
+    assert!(matches!(
+        usage(&store, &both, 1, Charge::Reported, None),
+        Err(StoreError::KeyCapacity { max_keys: 2 })
+    ));
+    // The failed report recorded nothing, not even in the entry it held: still 30 units in
+    // debt, 20 past the burst, so one unit fits again in 21 · T.
+    let standing = usage(&store, &one("a"), 0, Charge::Reported, None).unwrap();
+    assert_eq!(
+        standing.decision.retry_after,
+        RetryAfter::Micros(21 * HOUR / 10)
+    );
+    assert!(usage(&store, &one("a"), 5, Charge::Refunded, None).is_ok());
 }

@@ -51,14 +51,14 @@ struct ModelEval {
 }
 
 /// docs/SPEC.md's reading of a stored TAT under numbers (T, C), at `now`: the backlog as
-/// written when T is the one it was written under, else its units rounded up at the new T;
-/// at most τ = T·C either way.
+/// written when T is the one it was written under (d' = d), else its units rounded up at the
+/// new T, at most C of them.
 fn gcra_read(tat: u64, written_interval: u64, now: u64, interval: u64, capacity: u64) -> u64 {
     let backlog = tat.saturating_sub(now);
     let read = if backlog == 0 {
         0
     } else if written_interval == interval {
-        backlog.min(interval * capacity)
+        backlog
     } else {
         backlog.div_ceil(written_interval).min(capacity) * interval
     };

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use sluicegate::{
-    Algorithm, Check, Decision, Limit, ManualClock, MemoryStore, MemoryStoreConfig, RetryAfter,
-    Rule, RuleSpec, StoreError,
+    Algorithm, Charge, Check, Decision, Limit, ManualClock, MemoryStore, MemoryStoreConfig,
+    RetryAfter, Rule, RuleSpec, StoreError,
 };
 
 const MS: u64 = 1_000;
@@ -331,4 +331,109 @@ fn time_never_runs_backwards_per_key() {
     let d = check_at(&store, &rule, "k", 1, 50 * S);
     assert!(!d.allowed);
     assert_eq!(d.retry_after, RetryAfter::Micros(10 * S));
+}
+
+/// Decides a trace of docs/SPEC.md's replay format (`time_us,key,cost[,request_id[,mode]]`)
+/// under `rule` on a fresh memory store, each line at its own time, and asserts each
+/// answer equals the expected output line (`…,allowed,remaining,retry_after,reset_after,delay`).
+fn assert_trace(rule: &Rule, input: &str, expected: &str) {
+    let store = store();
+    for (line, want) in input.lines().zip(expected.lines()) {
+        let fields: Vec<&str> = line.split(',').collect();
+        let at: u64 = fields[0].parse().unwrap();
+        let cost: u64 = fields[2].parse().unwrap();
+        let request_id = fields.get(3).filter(|id| !id.is_empty()).copied();
+        let charge = fields
+            .get(4)
+            .map_or(Charge::Admitted, |mode| Charge::from_name(mode).unwrap());
+        let limits = [Limit {
+            rule,
+            key: fields[1],
+        }];
+        let d = store
+            .check_now(&Check {
+                at: Some(at),
+                request_id,
+                charge,
+                ..Check::new(&limits, cost)
+            })
+            .unwrap()
+            .decision;
+        let got = format!(
+            "{at},{},{cost},{},{},{},{},{}",
+            fields[1],
+            u8::from(d.allowed),
+            d.remaining,
+            d.retry_after.as_signed_micros(),
+            d.reset_after,
+            d.delay
+        );
+        assert_eq!(got, want, "the answer to {line}");
+    }
+    assert_eq!(input.lines().count(), expected.lines().count());
+}
+
+/// docs/SPEC.md, "Usage: worked examples": a report into debt (sliding-log, W = 1 s, L = 3).
+#[test]
+fn usage_a_report_into_debt() {
+    assert_trace(
+        &rule("debt", Algorithm::SlidingLog, 3, S),
+        "10000000,k,2\n10200000,k,4,,report\n10500000,k,1\n11200000,k,1",
+        "10000000,k,2,1,1,0,1000000,0\n\
+         10200000,k,4,0,0,1000000,1000000,0\n\
+         10500000,k,1,0,0,700000,700000,0\n\
+         11200000,k,1,1,2,0,1000000,0",
+    );
+}
+
+/// A token bucket in debt (L = 10 per 1 s, B = 10: T = 100 ms, τ = 1 s).
+#[test]
+fn usage_a_token_bucket_in_debt() {
+    let rule = Rule::new(
+        "bucket",
+        &RuleSpec {
+            burst: Some(10),
+            ..RuleSpec::new(Algorithm::TokenBucket, 10, S)
+        },
+    )
+    .unwrap();
+    assert_trace(
+        &rule,
+        "10000000,k,15,,report\n10599999,k,1\n10600000,k,1",
+        "10000000,k,15,0,0,600000,1500000,0\n\
+         10599999,k,1,0,0,1,900001,0\n\
+         10600000,k,1,1,0,0,1000000,0",
+    );
+}
+
+/// Reserve, then settle (fixed-window, W = 1 min, L = 100).
+#[test]
+fn usage_reserve_then_settle() {
+    assert_trace(
+        &rule("settle", Algorithm::FixedWindow, 100, 60 * S),
+        "60000000,k,30,r1,reserve\n\
+         60500000,k,45,r1,settle\n\
+         60600000,k,45,r1,settle\n\
+         61000000,k,40,r2,reserve\n\
+         62000000,k,10,r2,settle\n\
+         63000000,k,5,r3,settle",
+        "60000000,k,30,1,70,0,60000000,0\n\
+         60500000,k,45,1,55,0,59500000,0\n\
+         60600000,k,45,1,55,0,59400000,0\n\
+         61000000,k,40,1,15,0,59000000,0\n\
+         62000000,k,10,1,45,0,58000000,0\n\
+         63000000,k,5,1,40,0,57000000,0",
+    );
+}
+
+/// A refund (sliding-log, W = 1 s, L = 3).
+#[test]
+fn usage_a_refund() {
+    assert_trace(
+        &rule("refund", Algorithm::SlidingLog, 3, S),
+        "10000000,k,3\n10100000,k,2,,refund\n10200000,k,2",
+        "10000000,k,3,1,0,0,1000000,0\n\
+         10100000,k,2,1,2,0,900000,0\n\
+         10200000,k,2,1,0,0,1000000,0",
+    );
 }

@@ -36,33 +36,30 @@ impl FixedWindowState {
         plan.count + units <= rule.limit()
     }
 
-    pub(crate) fn admit(
-        &mut self,
-        rule: &Rule,
-        plan: FixedPlan,
-        now: u64,
-        units: u64,
-        cost: u64,
-    ) -> Decision {
-        if cost > 0 {
-            self.window_index = plan.window_index;
-            self.count = plan.count + cost;
-        }
-        let count = plan.count + units;
+    /// The answer to a check of `units` that is allowed at `now`.
+    pub(crate) fn allowed(rule: &Rule, plan: FixedPlan, now: u64, units: u64) -> Decision {
         Decision {
             allowed: true,
             limit: rule.limit(),
-            remaining: rule.limit() - count,
+            remaining: rule.limit() - plan.count - units,
             retry_after: RetryAfter::Micros(0),
             reset_after: window_end(rule, plan) - now,
             delay: 0,
         }
     }
 
-    /// Records the `cost` of a refusal (charged refusals, `Charge::Attempted`) and returns
-    /// the plan after it. The count stays below 2^53, where every store counts exactly; a
-    /// count at or above the limit refuses every check, however far above it is.
-    pub(crate) fn charge(&mut self, plan: FixedPlan, cost: u64) -> FixedPlan {
+    /// Gives back up to `units` of the current window's count; an earlier window's count
+    /// has expired and has nothing to give back.
+    pub(crate) fn refund(&mut self, plan: FixedPlan, units: u64) {
+        if plan.window_index == self.window_index {
+            self.count = self.count.saturating_sub(units);
+        }
+    }
+
+    /// Records `cost` units, whatever the limit says (an admission, a charged refusal, a
+    /// report), and returns the plan after it. The count stays below 2^53, where every store
+    /// counts exactly; a count at or above the limit refuses every check, however far above.
+    pub(crate) fn record(&mut self, plan: FixedPlan, cost: u64) -> FixedPlan {
         self.window_index = plan.window_index;
         self.count = (plan.count + cost).min(EXACT_LIMIT - 1);
         FixedPlan {

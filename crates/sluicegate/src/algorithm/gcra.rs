@@ -6,6 +6,10 @@ use super::retry::RetryNeed;
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::{Algorithm, Rule};
 
+/// The most backlog `TAT − t` a report may leave (about 71 years): with τ ≤ 2^51 as well,
+/// every number a check computes stays below 2^53.
+const MAX_BACKLOG: u64 = 1 << 51;
+
 #[derive(Clone, Debug, Default)]
 pub(crate) struct GcraState {
     /// TAT; 0 stands for "absent", which `max(TAT, t)` turns into `t`.
@@ -27,14 +31,14 @@ fn tolerance(rule: &Rule) -> u64 {
 
 impl GcraState {
     /// `max(TAT, t)`, read under `rule`'s numbers: the backlog `TAT − t` as it stands when
-    /// it was written under the rule's interval; under another, the units it holds
-    /// (rounded up, as a decision reports them used) at the rule's interval. Either way at
-    /// most τ: a key never owes more than it can hold, and is then full.
+    /// it was written under the rule's interval, debt included (d' = d); under another, the
+    /// units it holds (rounded up, as a decision reports them used) at the rule's interval,
+    /// at most the capacity: a change of rate forgives debt beyond it.
     pub(crate) fn plan(&self, rule: &Rule, now: u64) -> GcraPlan {
         let backlog = self.tat.saturating_sub(now);
         let interval = rule.emission_interval();
         let backlog = if backlog == 0 || self.interval == interval {
-            backlog.min(tolerance(rule))
+            backlog
         } else {
             backlog.div_ceil(self.interval).min(rule.capacity()) * interval
         };
@@ -46,24 +50,13 @@ impl GcraState {
         plan.tat + units * rule.emission_interval() - now <= tolerance(rule)
     }
 
-    pub(crate) fn admit(
-        &mut self,
-        rule: &Rule,
-        plan: GcraPlan,
-        now: u64,
-        units: u64,
-        cost: u64,
-    ) -> Decision {
-        let interval = rule.emission_interval();
-        if cost > 0 {
-            self.tat = plan.tat + cost * interval;
-            self.interval = interval;
-        }
-        let new = plan.tat + units * interval;
+    /// The answer to a check of `units` that is allowed at `now`.
+    pub(crate) fn allowed(rule: &Rule, plan: GcraPlan, now: u64, units: u64) -> Decision {
+        let new = plan.tat + units * rule.emission_interval();
         Decision {
             allowed: true,
             limit: rule.capacity(),
-            remaining: (tolerance(rule) - (new - now)) / interval,
+            remaining: (tolerance(rule) - (new - now)) / rule.emission_interval(),
             retry_after: RetryAfter::Micros(0),
             reset_after: new - now,
             delay: if rule.algorithm() == Algorithm::LeakyBucket {
@@ -72,6 +65,27 @@ impl GcraState {
                 0
             },
         }
+    }
+
+    /// Records `cost` units, whatever the limit says: `TAT = tat + c·T`, the backlog held at
+    /// most [`MAX_BACKLOG`] (an admission never comes near it: it stays within τ).
+    pub(crate) fn record(&mut self, rule: &Rule, plan: GcraPlan, now: u64, cost: u64) {
+        let interval = rule.emission_interval();
+        self.tat = plan
+            .tat
+            .saturating_add(cost.saturating_mul(interval))
+            .min(now + MAX_BACKLOG);
+        self.interval = interval;
+    }
+
+    /// Gives back up to `units`: `TAT = max(t, tat − c·T)`, under the rule's interval.
+    pub(crate) fn refund(&mut self, rule: &Rule, plan: GcraPlan, now: u64, units: u64) {
+        let interval = rule.emission_interval();
+        self.tat = plan
+            .tat
+            .saturating_sub(units.saturating_mul(interval))
+            .max(now);
+        self.interval = interval;
     }
 
     pub(crate) fn refuse(rule: &Rule, plan: GcraPlan, now: u64, retry: RetryNeed) -> Decision {

@@ -6,17 +6,23 @@
 //! all-or-nothing: [`RuleState::evaluate`] finds whether the cost fits, then either
 //! [`RuleState::admit`] records it or [`RuleState::refuse`] answers without a change.
 
+mod charge;
 mod fixed_window;
 mod gcra;
+mod request_ids;
 mod retry;
 mod sliding_counter;
 mod sliding_log;
+mod usage;
 
+pub use charge::Charge;
 use fixed_window::{FixedPlan, FixedWindowState};
 use gcra::{GcraPlan, GcraState};
+use request_ids::{Namespace, Remembered, RequestIds};
 use retry::RetryNeed;
 use sliding_counter::{CounterPlan, SlidingCounterState};
 use sliding_log::{LogPlan, SlidingLogState};
+pub(crate) use usage::creates_entry;
 
 use crate::decision::Decision;
 use crate::rule::{Algorithm, Rule};
@@ -27,14 +33,9 @@ pub(crate) struct RuleState {
     /// The latest time at which this state was written: time never runs backwards per key.
     latest: u64,
     kind: StateKind,
-    /// Request ids of admissions still live, so a retry is not counted twice. Boxed, like
-    /// the logs below, to keep a state small: the memory store holds it inline in its hash
-    /// table, where every byte of an entry is a byte of cache a lookup drags in.
-    #[expect(
-        clippy::box_collection,
-        reason = "a thin pointer: 8 bytes in every entry instead of a Vec's 24"
-    )]
-    admissions: Option<Box<Vec<Admission>>>,
+    /// Request ids still remembered: admissions (so a retry is not counted twice),
+    /// reservations, and the ids of reports, settles and refunds.
+    request_ids: RequestIds,
 }
 
 #[derive(Clone, Debug)]
@@ -45,100 +46,12 @@ enum StateKind {
     Gcra(GcraState),
 }
 
-#[derive(Clone, Debug)]
-struct Admission {
-    request_id: Box<str>,
-    /// Until when the admission still counts (its `reset_after` when it was made).
-    expires_at: u64,
-    /// When the admitted request could go on (`delay` for leaky-bucket).
-    release_at: u64,
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Plan {
     Log(LogPlan),
     Fixed(FixedPlan),
     Counter(CounterPlan),
     Gcra(GcraPlan),
-}
-
-/// What a check charges: its mode (docs/SPEC.md, "A check and its cost", and "Usage:
-/// reports, reservations, settlements and refunds").
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Charge {
-    /// The mode `check`: only an admission records units; a refusal changes no state.
-    #[default]
-    Admitted,
-    /// A refused check records its units too, in each fixed-window limit that refused it,
-    /// as envoyproxy/ratelimit counts (it increments, then compares). Limits that would
-    /// have allowed record nothing when another refused, and the other algorithms record
-    /// nothing on a refusal (docs/SPEC.md, "Charging refusals").
-    Attempted,
-    /// The mode `reserve`: a check (`Admitted`) whose admission also remembers its units
-    /// under the request id, for a later `Settled`. Needs a request id.
-    Reserved,
-    /// The mode `report`: records the cost whatever the limit says (the key may go into
-    /// debt); never refused; answers the standing.
-    Reported,
-    /// The mode `settle`: the cost is what the request really cost; records the difference
-    /// from its reservation (by request id: a report of the excess or a refund of the
-    /// unused part), or, without a live reservation, reports the whole cost. Needs a
-    /// request id.
-    Settled,
-    /// The mode `refund`: gives back up to the cost of what the key holds, newest first;
-    /// never refused; answers the standing.
-    Refunded,
-}
-
-impl Charge {
-    /// Every mode, in the order docs/SPEC.md lists them.
-    pub const ALL: [Charge; 6] = [
-        Charge::Admitted,
-        Charge::Attempted,
-        Charge::Reserved,
-        Charge::Reported,
-        Charge::Settled,
-        Charge::Refunded,
-    ];
-
-    /// The mode's name in the HTTP API and the replay format: `check`, `check` (envoy's
-    /// counting has no name of its own there), `reserve`, `report`, `settle`, `refund`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Charge::Admitted | Charge::Attempted => "check",
-            Charge::Reserved => "reserve",
-            Charge::Reported => "report",
-            Charge::Settled => "settle",
-            Charge::Refunded => "refund",
-        }
-    }
-
-    /// The mode named `name` (`check` is [`Charge::Admitted`]).
-    pub fn from_name(name: &str) -> Option<Charge> {
-        Some(match name {
-            "check" => Charge::Admitted,
-            "reserve" => Charge::Reserved,
-            "report" => Charge::Reported,
-            "settle" => Charge::Settled,
-            "refund" => Charge::Refunded,
-            _ => return None,
-        })
-    }
-
-    /// Whether the mode can be refused: `check`, envoy's counting and `reserve` can; a
-    /// report, a settle and a refund never are, and always reach the store.
-    pub fn may_refuse(self) -> bool {
-        matches!(
-            self,
-            Charge::Admitted | Charge::Attempted | Charge::Reserved
-        )
-    }
-
-    /// Whether the mode needs a request id (`reserve` and `settle`).
-    pub fn needs_request_id(self) -> bool {
-        matches!(self, Charge::Reserved | Charge::Settled)
-    }
 }
 
 /// Whether a check fits one rule.
@@ -231,7 +144,17 @@ impl RuleState {
         RuleState {
             latest: 0,
             kind,
-            admissions: None,
+            request_ids: RequestIds::default(),
+        }
+    }
+
+    /// What the state holds at `now`, read under `rule`'s numbers.
+    fn plan(&self, rule: &Rule, now: u64) -> Plan {
+        match &self.kind {
+            StateKind::Log(state) => Plan::Log(state.plan(rule, now)),
+            StateKind::Fixed(state) => Plan::Fixed(state.plan(rule, now)),
+            StateKind::Counter(state) => Plan::Counter(state.plan(rule, now)),
+            StateKind::Gcra(state) => Plan::Gcra(state.plan(rule, now)),
         }
     }
 
@@ -246,19 +169,8 @@ impl RuleState {
     ) -> Evaluation {
         let now = t.max(self.latest);
         let units = cost.max(1);
-        let plan = match &self.kind {
-            StateKind::Log(state) => Plan::Log(state.plan(rule, now)),
-            StateKind::Fixed(state) => Plan::Fixed(state.plan(rule, now)),
-            StateKind::Counter(state) => Plan::Counter(state.plan(rule, now)),
-            StateKind::Gcra(state) => Plan::Gcra(state.plan(rule, now)),
-        };
-        let repeat = request_id.and_then(|id| {
-            self.admissions
-                .iter()
-                .flat_map(|a| a.iter())
-                .find(|a| a.expires_at > now && &*a.request_id == id)
-                .map(|a| a.release_at)
-        });
+        let plan = self.plan(rule, now);
+        let repeat = request_id.and_then(|id| self.request_ids.admission(id, now));
         // The capacity bound comes first: the algorithms' arithmetic assumes units ≤ capacity.
         let verdict = match repeat {
             Some(release_at) => Verdict::Repeat { release_at },
@@ -275,12 +187,14 @@ impl RuleState {
         }
     }
 
-    /// Records an evaluation that allows (a repeat records nothing) and answers.
+    /// Records an evaluation that allows (a repeat records nothing) and answers. A
+    /// `reserve` (`charge`) also remembers its units under the request id.
     pub(crate) fn admit(
         &mut self,
         rule: &Rule,
         eval: &Evaluation,
         request_id: Option<&str>,
+        charge: Charge,
     ) -> Decision {
         let Evaluation {
             now, cost, units, ..
@@ -292,27 +206,49 @@ impl RuleState {
                 ..self.refuse(rule, eval)
             };
         }
-        let decision = match (&mut self.kind, eval.plan) {
-            (StateKind::Log(s), Plan::Log(p)) => s.admit(rule, p, now, units, cost),
-            (StateKind::Fixed(s), Plan::Fixed(p)) => s.admit(rule, p, now, units, cost),
-            (StateKind::Counter(s), Plan::Counter(p)) => s.admit(rule, p, now, units, cost),
-            (StateKind::Gcra(s), Plan::Gcra(p)) => s.admit(rule, p, now, units, cost),
-            _ => unreachable!("an evaluation is only ever passed back to the state that made it"),
+        let decision = match eval.plan {
+            Plan::Log(p) => SlidingLogState::allowed(rule, p, units),
+            Plan::Fixed(p) => FixedWindowState::allowed(rule, p, now, units),
+            Plan::Counter(p) => SlidingCounterState::allowed(rule, p, now, units),
+            Plan::Gcra(p) => GcraState::allowed(rule, p, now, units),
         };
         if cost > 0 {
-            self.latest = now;
-            if let Some(admissions) = &mut self.admissions {
-                admissions.retain(|a| a.expires_at > now);
-            }
+            self.record(rule, eval.plan, now, cost);
+            self.request_ids.forget_expired(now);
             if let Some(id) = request_id {
-                self.admissions.get_or_insert_default().push(Admission {
-                    request_id: id.into(),
-                    expires_at: now + decision.reset_after,
-                    release_at: now + decision.delay,
-                });
+                // A reservation outlives its units' window, for a request that streams longer.
+                let (reserved, remembered_for) = if charge == Charge::Reserved {
+                    (cost, decision.reset_after.max(rule.window()))
+                } else {
+                    (0, decision.reset_after)
+                };
+                self.request_ids.remember(
+                    now,
+                    Remembered {
+                        request_id: id.into(),
+                        namespace: Namespace::Admission,
+                        reserved,
+                        expires_at: now + remembered_for,
+                        release_at: now + decision.delay,
+                    },
+                );
             }
         }
         decision
+    }
+
+    /// Records `cost` units at `now` as `plan` read the state, and moves `latest` there.
+    fn record(&mut self, rule: &Rule, plan: Plan, now: u64, cost: u64) {
+        match (&mut self.kind, plan) {
+            (StateKind::Log(s), Plan::Log(p)) => s.record(rule, p, now, cost),
+            (StateKind::Fixed(s), Plan::Fixed(p)) => {
+                s.record(p, cost);
+            }
+            (StateKind::Counter(s), Plan::Counter(p)) => s.record(rule, p, cost),
+            (StateKind::Gcra(s), Plan::Gcra(p)) => s.record(rule, p, now, cost),
+            _ => unreachable!("a plan is only ever passed back to the state that made it"),
+        }
+        self.latest = now;
     }
 
     /// Decides a check of this rule alone: admits what allows, charges a refusal that
@@ -325,7 +261,7 @@ impl RuleState {
         charge: Charge,
     ) -> Decision {
         if eval.allows() {
-            self.admit(rule, eval, request_id)
+            self.admit(rule, eval, request_id, charge)
         } else if eval.charged(charge) {
             self.charge_refusal(rule, eval)
         } else {
@@ -339,7 +275,7 @@ impl RuleState {
         let (StateKind::Fixed(state), Plan::Fixed(plan)) = (&mut self.kind, eval.plan) else {
             return self.refuse(rule, eval);
         };
-        let charged = state.charge(plan, eval.cost);
+        let charged = state.record(plan, eval.cost);
         self.latest = eval.now;
         FixedWindowState::refuse(rule, charged, eval.now, eval.retry_need())
     }
@@ -358,14 +294,26 @@ impl RuleState {
         }
     }
 
-    /// The time (µs) from which this state is the same as no state at all.
+    /// What an evaluation that records nothing answers: a refusal, or, for one that fits
+    /// (held back by another rule, or the standing of a usage mode), `allowed` with the
+    /// "refused" formulas and nothing taken.
+    fn unrecorded(&self, rule: &Rule, eval: &Evaluation) -> Decision {
+        Decision {
+            allowed: eval.allows(),
+            ..self.refuse(rule, eval)
+        }
+    }
+
+    /// The time (µs) from which this state is the same as no state at all: its units are
+    /// gone and it remembers no request id.
     pub(crate) fn expires_at(&self, rule: &Rule) -> u64 {
-        match &self.kind {
+        let units = match &self.kind {
             StateKind::Log(s) => s.expires_at(rule),
             StateKind::Fixed(s) => s.expires_at(rule),
             StateKind::Counter(s) => s.expires_at(rule),
             StateKind::Gcra(s) => s.expires_at(),
-        }
+        };
+        units.max(self.request_ids.expires_at())
     }
 }
 
@@ -428,14 +376,11 @@ pub(crate) fn finish_all(
         .zip(evaluations)
         .map(|((rule, state), eval)| {
             if admit {
-                state.admit(rule, eval, request_id)
+                state.admit(rule, eval, request_id, charge)
             } else if eval.charged(charge) {
                 state.charge_refusal(rule, eval)
             } else {
-                Decision {
-                    allowed: eval.allows(),
-                    ..state.refuse(rule, eval)
-                }
+                state.unrecorded(rule, eval)
             }
         })
         .collect()

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use super::retry::RetryNeed;
 use crate::decision::{Decision, RetryAfter};
-use crate::rule::Rule;
+use crate::rule::{EXACT_LIMIT, Rule};
 
 /// Buckets holding units, oldest first, as (bucket index, units).
 #[derive(Clone, Debug, Default)]
@@ -59,29 +59,9 @@ impl SlidingCounterState {
         plan.estimate_w <= (rule.limit() - units) * width(rule)
     }
 
-    pub(crate) fn admit(
-        &mut self,
-        rule: &Rule,
-        plan: CounterPlan,
-        now: u64,
-        units: u64,
-        cost: u64,
-    ) -> Decision {
+    /// The answer to a check of `units` that is allowed at `now`.
+    pub(crate) fn allowed(rule: &Rule, plan: CounterPlan, now: u64, units: u64) -> Decision {
         let w = width(rule);
-        if cost > 0 {
-            let n = rule.buckets();
-            while self
-                .buckets
-                .front()
-                .is_some_and(|&(j, _)| j + n < plan.bucket)
-            {
-                self.buckets.pop_front();
-            }
-            match self.buckets.back_mut() {
-                Some((j, count)) if *j == plan.bucket => *count += cost,
-                _ => self.buckets.push_back((plan.bucket, cost)),
-            }
-        }
         let estimate_w = plan.estimate_w + units * w;
         Decision {
             allowed: true,
@@ -90,6 +70,52 @@ impl SlidingCounterState {
             retry_after: RetryAfter::Micros(0),
             reset_after: (plan.bucket + rule.buckets() + 1) * w - now,
             delay: 0,
+        }
+    }
+
+    /// Records `cost` units in the current bucket, dropping the buckets that no longer weigh.
+    pub(crate) fn record(&mut self, rule: &Rule, plan: CounterPlan, cost: u64) {
+        self.drop_weightless(rule, plan.bucket);
+        match self.buckets.back_mut() {
+            Some((j, count)) if *j == plan.bucket => *count += cost,
+            _ => self.buckets.push_back((plan.bucket, cost)),
+        }
+    }
+
+    /// The most units a report may add at `now`: the units held, scaled by `w`, stay below
+    /// 2^53, where every store computes the estimate exactly.
+    pub(crate) fn report_room(&self, rule: &Rule, plan: CounterPlan) -> u64 {
+        let n = rule.buckets();
+        let held: u64 = self
+            .buckets
+            .iter()
+            .filter(|&&(j, _)| j + n >= plan.bucket)
+            .map(|&(_, units)| units)
+            .sum();
+        ((EXACT_LIMIT - 1) / width(rule)).saturating_sub(held)
+    }
+
+    /// Gives back up to `units` from the buckets that still weigh, the newest first.
+    pub(crate) fn refund(&mut self, rule: &Rule, plan: CounterPlan, units: u64) {
+        self.drop_weightless(rule, plan.bucket);
+        let mut left = units;
+        while left > 0
+            && let Some((_, newest)) = self.buckets.back_mut()
+        {
+            let taken = (*newest).min(left);
+            *newest -= taken;
+            left -= taken;
+            if *newest == 0 {
+                self.buckets.pop_back();
+            }
+        }
+    }
+
+    /// Drops the buckets older than `b − N`, which weigh nothing in bucket `b`.
+    fn drop_weightless(&mut self, rule: &Rule, bucket: u64) {
+        let n = rule.buckets();
+        while self.buckets.front().is_some_and(|&(j, _)| j + n < bucket) {
+            self.buckets.pop_front();
         }
     }
 

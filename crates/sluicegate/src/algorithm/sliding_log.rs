@@ -54,28 +54,8 @@ impl SlidingLogState {
         plan.live + units <= rule.limit()
     }
 
-    /// Records `cost` units at `now` and answers as a check of `units` that was allowed.
-    pub(crate) fn admit(
-        &mut self,
-        rule: &Rule,
-        plan: LogPlan,
-        now: u64,
-        units: u64,
-        cost: u64,
-    ) -> Decision {
-        if cost > 0 {
-            for run in self.runs.drain(..plan.expired_runs) {
-                self.live -= run.units;
-            }
-            match self.runs.back_mut() {
-                Some(run) if run.at == now => run.units += cost,
-                _ => self.runs.push_back(Run {
-                    at: now,
-                    units: cost,
-                }),
-            }
-            self.live += cost;
-        }
+    /// The answer to a check of `units` that is allowed at `now`.
+    pub(crate) fn allowed(rule: &Rule, plan: LogPlan, units: u64) -> Decision {
         Decision {
             allowed: true,
             limit: rule.limit(),
@@ -83,6 +63,59 @@ impl SlidingLogState {
             retry_after: RetryAfter::Micros(0),
             reset_after: rule.window(),
             delay: 0,
+        }
+    }
+
+    /// Records `cost` units at `now`, dropping the expired runs, and keeps only the newest L
+    /// live units: a report can go past the limit, and no decision can tell the older ones
+    /// from absent ones (docs/SPEC.md, "Usage", debt).
+    pub(crate) fn record(&mut self, rule: &Rule, plan: LogPlan, now: u64, cost: u64) {
+        self.drop_expired(plan);
+        match self.runs.back_mut() {
+            Some(run) if run.at == now => run.units += cost,
+            _ => self.runs.push_back(Run {
+                at: now,
+                units: cost,
+            }),
+        }
+        self.live += cost;
+        while let Some(excess) = self.live.checked_sub(rule.limit()).filter(|&e| e > 0) {
+            let oldest = self.runs.front_mut().expect("live units are held in runs");
+            if oldest.units > excess {
+                oldest.units -= excess;
+                self.live -= excess;
+            } else {
+                self.live -= oldest.units;
+                self.runs.pop_front();
+            }
+        }
+    }
+
+    /// Gives back up to `units` of the live units, newest first, after dropping the expired.
+    pub(crate) fn refund(&mut self, plan: LogPlan, units: u64) {
+        self.drop_expired(plan);
+        let mut left = units;
+        while left > 0
+            && let Some(newest) = self.runs.back_mut()
+        {
+            let taken = newest.units.min(left);
+            newest.units -= taken;
+            self.live -= taken;
+            left -= taken;
+            if newest.units == 0 {
+                self.runs.pop_back();
+            }
+        }
+    }
+
+    /// The time of the newest entry held, if any.
+    pub(crate) fn newest(&self) -> Option<u64> {
+        self.runs.back().map(|run| run.at)
+    }
+
+    fn drop_expired(&mut self, plan: LogPlan) {
+        for run in self.runs.drain(..plan.expired_runs) {
+            self.live -= run.units;
         }
     }
 

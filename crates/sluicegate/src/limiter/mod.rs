@@ -251,37 +251,51 @@ impl<S: Store> Limiter<S> {
                 "the store failed too often; next try in {:?}",
                 self.breaker.wait(now)
             )),
-            Permit::Call(ticket) => match self.store.check(check).await {
-                Ok(outcome) => {
-                    ticket.finish(true, self.clock.now_micros());
-                    self.stats.store_decisions.fetch_add(1, Ordering::Relaxed);
-                    if let (Some(negative), Some(hash)) = (&self.negative, cached) {
-                        negative.remember(check, hash, now, outcome.decision, outcome.limits());
-                        negative.remember_admission(check, hash, now, outcome.decision);
+            Permit::Call(ticket) => {
+                match self.forgetting_freed(check, self.store.check(check).await) {
+                    Ok(outcome) => {
+                        ticket.finish(true, self.clock.now_micros());
+                        self.stats.store_decisions.fetch_add(1, Ordering::Relaxed);
+                        if let (Some(negative), Some(hash)) = (&self.negative, cached) {
+                            negative.remember(check, hash, now, outcome.decision, outcome.limits());
+                            negative.remember_admission(check, hash, now, outcome.decision);
+                        }
+                        self.local
+                            .remember(check, self.policies(check), now, outcome.limits());
+                        return Ok(outcome);
                     }
-                    self.local
-                        .remember(check, self.policies(check), now, outcome.limits());
-                    return Ok(outcome);
+                    // A malformed check is the caller's fault, not the store's: drop the ticket
+                    // unreported.
+                    Err(e @ StoreError::InvalidCheck(_)) => return Err(e),
+                    // Only an unreachable or silent store counts against the breaker: a full
+                    // in-memory store or a key of the wrong type says nothing about the next
+                    // check.
+                    Err(e @ (StoreError::Unavailable { .. } | StoreError::Timeout { .. })) => {
+                        ticket.finish(false, self.clock.now_micros());
+                        e
+                    }
+                    // The store answered, if only with an error: it is reachable.
+                    Err(e) => {
+                        ticket.finish(true, self.clock.now_micros());
+                        e
+                    }
                 }
-                // A malformed check is the caller's fault, not the store's: drop the ticket
-                // unreported.
-                Err(e @ StoreError::InvalidCheck(_)) => return Err(e),
-                // Only an unreachable or silent store counts against the breaker: a full
-                // in-memory store or a key of the wrong type says nothing about the next
-                // check.
-                Err(e @ (StoreError::Unavailable { .. } | StoreError::Timeout { .. })) => {
-                    ticket.finish(false, self.clock.now_micros());
-                    e
-                }
-                // The store answered, if only with an error: it is reachable.
-                Err(e) => {
-                    ticket.finish(true, self.clock.now_micros());
-                    e
-                }
-            },
+            }
         };
         self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
         self.fall_back(check, error)
+    }
+
+    /// Passes `result` on, after a refund or a settle of `check` (whatever the store said: a
+    /// timed-out one may still have been applied) has the negative cache forget the
+    /// refusals it holds for those limits, whose units may now be free.
+    fn forgetting_freed<T>(&self, check: &Check<'_>, result: T) -> T {
+        if let Some(negative) = &self.negative
+            && check.charge.may_free_units()
+        {
+            negative.forget(check.limits);
+        }
+        result
     }
 
     /// Each limit's failure policy: its rule's own, or the limiter's.
@@ -297,7 +311,13 @@ impl<S: Store> Limiter<S> {
     /// The strictest policy among the rules settles it: any `error` rule surfaces the
     /// error; any `deny` rule refuses; otherwise `local` rules decide in memory, and
     /// `allow` rules allow.
+    ///
+    /// A report, a settle or a refund fails whatever the policies: an answer made up
+    /// without the store would lose its units, and retried with its id it counts once.
     fn fall_back(&self, check: &Check<'_>, error: StoreError) -> Result<Outcome, StoreError> {
+        if !check.charge.may_refuse() {
+            return Err(error);
+        }
         let policies: Vec<FailurePolicy> = self.policies(check).collect();
         let strictest = policies
             .iter()
@@ -350,3 +370,6 @@ mod in_flight_tests;
 
 #[cfg(test)]
 mod precheck_tests;
+
+#[cfg(test)]
+mod usage_tests;

@@ -13,7 +13,10 @@
 //!   store decided it, so the local deadline never outlasts the store's refusal (on clocks
 //!   that tick at the same rate; the limiter's [`Clock`] is monotonic).
 //! - Checks that carry a request id bypass it (the store may recognise a retried
-//!   admission and allow it), and so do checks that carry their own time.
+//!   admission and allow it), and so do checks that carry their own time, and reports,
+//!   settles and refunds, which are never refused.
+//! - A refund or a settle can free units: the limiter then has the cache forget every
+//!   refusal it holds for their limits (`forget`).
 //!
 //! Memory: at most `capacity` entries; expired ones are dropped first, and when none has
 //! expired a new refusal is simply not cached (a miss only costs a round trip).
@@ -25,6 +28,7 @@
 
 use std::hash::Hasher;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::room::{Expiring, ExpiringTable};
 use crate::algorithm;
@@ -40,6 +44,9 @@ const MAX_LIMITS: usize = 4;
 #[derive(Debug)]
 pub(crate) struct NegativeCache {
     table: ExpiringTable<Entry>,
+    /// Entries of several limits held: a refund finds those by a scan of the table, made
+    /// only when there are some (an entry of one limit it finds by its hash).
+    several: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -86,6 +93,7 @@ impl NegativeCache {
     pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
         NegativeCache {
             table: ExpiringTable::new(capacity, clock),
+            several: AtomicUsize::new(0),
         }
     }
 
@@ -185,7 +193,7 @@ impl NegativeCache {
     fn insert(&self, check: &Check<'_>, hash: u64, sent: u64, wait: u64, decisions: &[Decision]) {
         // Room is taken before an entry for the same limits is replaced, so a full cache
         // of live refusals keeps them as they are.
-        if !self.table.reserve() {
+        if !self.table.reserve(|dropped| self.dropped(dropped)) {
             return;
         }
         let entry = Entry {
@@ -204,11 +212,54 @@ impl NegativeCache {
                 })
                 .collect(),
         };
+        if entry.limits.len() > 1 {
+            self.several.fetch_add(1, Ordering::Relaxed);
+        }
         let mut shard = self.table.shard(hash).lock();
         if let Ok(old) = shard.find_entry(hash, |e| e.holds(check.limits)) {
-            old.remove();
+            self.dropped(&old.remove().0);
             self.table.give_back(1);
         }
         shard.insert_unique(hash, entry, |e| e.hash);
+    }
+
+    /// Forgets every refusal held for a check that names any of `limits`: a refund or a
+    /// settle may have freed their units, and a refusal cached before could now be wrong.
+    pub(crate) fn forget(&self, limits: &[Limit<'_>]) {
+        for limit in limits {
+            let one = std::slice::from_ref(limit);
+            let hash = self.hash(one);
+            if let Ok(entry) = self
+                .table
+                .shard(hash)
+                .lock()
+                .find_entry(hash, |e| e.holds(one))
+            {
+                entry.remove();
+                self.table.give_back(1);
+            }
+        }
+        if self.several.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        self.table.remove_where(|entry| {
+            let names_one = entry.limits.len() > 1
+                && entry.limits.iter().any(|cached| {
+                    limits
+                        .iter()
+                        .any(|l| *cached.key == *l.key && cached.rule.same_identity(l.rule))
+                });
+            if names_one {
+                self.dropped(entry);
+            }
+            names_one
+        });
+    }
+
+    /// Accounts for an entry leaving the table.
+    fn dropped(&self, entry: &Entry) {
+        if entry.limits.len() > 1 {
+            self.several.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }

@@ -37,9 +37,10 @@ impl Precheck {
 
     /// The refusal of `check` if it goes past this instance's share of any of its limits;
     /// otherwise `None`, and the check counts against the shares. Checks that carry a request
-    /// id (the store may recognise a retry) or their own time are not pre-checked.
+    /// id (the store may recognise a retry) or their own time are not pre-checked, nor
+    /// reports, settles and refunds, which are never refused and always reach the store.
     pub(crate) fn refusal(&self, check: &Check<'_>) -> Option<Outcome> {
-        if check.request_id.is_some() || check.at.is_some() {
+        if check.request_id.is_some() || check.at.is_some() || !check.charge.may_refuse() {
             return None;
         }
         let shares: Vec<_> = check

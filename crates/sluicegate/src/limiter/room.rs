@@ -64,8 +64,8 @@ impl<T: Expiring> ExpiringTable<T> {
     }
 
     /// Takes room for one entry. When the table is full, every expired entry is dropped
-    /// and the room is tried once more.
-    pub(crate) fn reserve(&self) -> bool {
+    /// (each shown to `dropping` first) and the room is tried once more.
+    pub(crate) fn reserve(&self, mut dropping: impl FnMut(&T)) -> bool {
         let take = || {
             self.len
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
@@ -77,15 +77,27 @@ impl<T: Expiring> ExpiringTable<T> {
             return true;
         }
         let now = self.clock.now_micros();
-        let mut dropped = 0;
+        self.remove_where(|entry| {
+            let expired = entry.until() <= now;
+            if expired {
+                dropping(entry);
+            }
+            expired
+        });
+        take()
+    }
+
+    /// Removes every entry for which `remove` says so, shard by shard (no lock is held
+    /// across shards), and gives back their room.
+    pub(crate) fn remove_where(&self, mut remove: impl FnMut(&T) -> bool) {
+        let mut removed = 0;
         for shard in &*self.shards {
             let mut table = shard.0.lock();
             let before = table.len();
-            table.retain(|entry| entry.until() > now);
-            dropped += before - table.len();
+            table.retain(|entry| !remove(entry));
+            removed += before - table.len();
         }
-        self.give_back(dropped);
-        take()
+        self.give_back(removed);
     }
 
     /// Gives back the room of `entries` removed.

@@ -216,22 +216,36 @@ impl MemoryStore {
             }
         };
         self.sweep_if_due(&mut shard, t);
+        let cost = check.cost_of(0);
         if let Some(slot) = shard.table.find_mut(hash, |s| s.holds(rule, key)) {
-            let eval = slot
-                .state
-                .evaluate(rule, t, check.cost_of(0), check.request_id);
+            if !check.charge.may_refuse() {
+                return Ok(slot
+                    .state
+                    .record_usage(rule, t, cost, check.request_id, check.charge));
+            }
+            let eval = slot.state.evaluate(rule, t, cost, check.request_id);
             return Ok(slot
                 .state
                 .finish(rule, &eval, check.request_id, check.charge));
         }
+        // A new entry is made only for what records; deciding on a fresh state first is
+        // safe, as nothing is stored until the key is accounted for.
         let mut state = RuleState::new(rule);
-        let eval = state.evaluate(rule, t, check.cost_of(0), check.request_id);
-        let records = eval.records(eval.allows(), check.charge);
+        let (records, decision) = if check.charge.may_refuse() {
+            let eval = state.evaluate(rule, t, cost, check.request_id);
+            let records = eval.records(eval.allows(), check.charge);
+            (
+                records,
+                state.finish(rule, &eval, check.request_id, check.charge),
+            )
+        } else {
+            (
+                algorithm::creates_entry(check.charge, cost),
+                state.record_usage(rule, t, cost, check.request_id, check.charge),
+            )
+        };
         if records {
             self.reserve_keys(&mut shard, t, 1)?;
-        }
-        let decision = state.finish(rule, &eval, check.request_id, check.charge);
-        if records {
             shard.table.insert_unique(
                 hash,
                 Slot {
@@ -255,6 +269,9 @@ impl MemoryStore {
         t: u64,
         check: &Check<'_>,
     ) -> Option<crate::Decision> {
+        if !check.charge.may_refuse() {
+            return None;
+        }
         let slot = shard.table.find(hash, |s| s.holds(rule, key))?;
         let eval = slot
             .state
@@ -309,15 +326,25 @@ impl MemoryStore {
         let held: Vec<bool> = slots.iter().map(|&(_, held)| held).collect();
         let rules: Vec<&Rule> = check.limits.iter().map(|l| l.rule).collect();
         let mut states: Vec<&mut RuleState> = slots.iter_mut().map(|(s, _)| &mut s.state).collect();
-        let evaluations =
-            algorithm::evaluate_all(&rules, &states, t, |i| check.cost_of(i), check.request_id);
-        let admits = algorithm::all_allow(&evaluations);
+        let may_refuse = check.charge.may_refuse();
+        let evaluations = if may_refuse {
+            algorithm::evaluate_all(&rules, &states, t, |i| check.cost_of(i), check.request_id)
+        } else {
+            Vec::new()
+        };
         // Which limits record: all of an admitted check (but a peek), or the charged
-        // refusals of a refused one.
-        let records: Vec<bool> = evaluations
-            .iter()
-            .map(|e| e.records(admits, check.charge))
-            .collect();
+        // refusals of a refused one; in a never-refused mode, each limit on its own.
+        let records: Vec<bool> = if may_refuse {
+            let admits = algorithm::all_allow(&evaluations);
+            evaluations
+                .iter()
+                .map(|e| e.records(admits, check.charge))
+                .collect()
+        } else {
+            (0..rules.len())
+                .map(|i| algorithm::creates_entry(check.charge, check.cost_of(i)))
+                .collect()
+        };
         let new_keys = held
             .iter()
             .zip(&records)
@@ -330,13 +357,31 @@ impl MemoryStore {
             Ok(())
         };
         let decisions = reserved.map(|()| {
-            algorithm::finish_all(
-                &rules,
-                &mut states,
-                &evaluations,
-                check.request_id,
-                check.charge,
-            )
+            if may_refuse {
+                algorithm::finish_all(
+                    &rules,
+                    &mut states,
+                    &evaluations,
+                    check.request_id,
+                    check.charge,
+                )
+            } else {
+                // Never refused, so not all-or-nothing: each limit does its part.
+                rules
+                    .iter()
+                    .zip(states.iter_mut())
+                    .enumerate()
+                    .map(|(i, (rule, state))| {
+                        state.record_usage(
+                            rule,
+                            t,
+                            check.cost_of(i),
+                            check.request_id,
+                            check.charge,
+                        )
+                    })
+                    .collect()
+            }
         });
         drop(states);
         let keep_new = decisions.is_ok();

@@ -1,0 +1,110 @@
+//! The three modes that are never refused — report, settle, refund (docs/SPEC.md, "Usage:
+//! reports, reservations, settlements and refunds"): each records what it says in one state,
+//! the limit notwithstanding, and answers the standing right after.
+
+use super::request_ids::{Namespace, Remembered};
+use super::{Charge, Plan, RuleState, StateKind};
+use crate::decision::Decision;
+use crate::rule::Rule;
+
+/// What a report, settle or refund does to one state: a settle is one of the two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    /// Records units whatever the limit says (into debt if need be).
+    Report(u64),
+    /// Gives back up to this many units held, newest first.
+    Refund(u64),
+}
+
+/// Whether a check in a never-refused mode writes a state that does not exist yet: a
+/// report or a settle (which, without a state, has no reservation: a report) of at least
+/// one unit. A refund never creates one.
+pub(crate) fn creates_entry(charge: Charge, cost: u64) -> bool {
+    matches!(charge, Charge::Reported | Charge::Settled) && cost > 0
+}
+
+impl RuleState {
+    /// Decides a `report`, `settle` or `refund` (`charge`) of `cost` in this state at `t`
+    /// (clamped, as every check is) and answers the standing after it. A retried id of the
+    /// same mode records nothing.
+    pub(crate) fn record_usage(
+        &mut self,
+        rule: &Rule,
+        t: u64,
+        cost: u64,
+        request_id: Option<&str>,
+        charge: Charge,
+    ) -> Decision {
+        debug_assert!(!charge.may_refuse(), "{charge:?} is decided by evaluate");
+        let now = t.max(self.latest);
+        let namespace = Namespace::of(charge);
+        let repeat = request_id.is_some_and(|id| self.request_ids.holds(namespace, id, now));
+        if !repeat {
+            let change = match charge {
+                Charge::Refunded => Change::Refund(cost),
+                Charge::Settled => {
+                    let reserved =
+                        request_id.map_or(0, |id| self.request_ids.take_reservation(id, now));
+                    if cost >= reserved {
+                        Change::Report(cost - reserved)
+                    } else {
+                        Change::Refund(reserved - cost)
+                    }
+                }
+                _ => Change::Report(cost),
+            };
+            self.change(rule, now, change);
+        }
+        let standing = self.standing(rule, now);
+        if let Some(id) = request_id.filter(|_| !repeat && cost > 0) {
+            self.request_ids.remember(
+                now,
+                Remembered {
+                    request_id: id.into(),
+                    namespace,
+                    reserved: 0,
+                    expires_at: now + standing.reset_after.max(rule.window()),
+                    release_at: now,
+                },
+            );
+        }
+        standing
+    }
+
+    /// What one unit would be answered at `now`, recording nothing: `allowed` when it fits,
+    /// else the refusal of one unit.
+    fn standing(&self, rule: &Rule, now: u64) -> Decision {
+        self.unrecorded(rule, &self.evaluate(rule, now, 1, None))
+    }
+
+    fn change(&mut self, rule: &Rule, now: u64, change: Change) {
+        let plan = self.plan(rule, now);
+        match change {
+            Change::Report(0) | Change::Refund(0) => {}
+            Change::Report(units) => {
+                let units = match (&self.kind, plan) {
+                    (StateKind::Counter(s), Plan::Counter(p)) => units.min(s.report_room(rule, p)),
+                    _ => units,
+                };
+                if units > 0 {
+                    self.record(rule, plan, now, units);
+                }
+            }
+            Change::Refund(units) => match (&mut self.kind, plan) {
+                (StateKind::Log(s), Plan::Log(p)) => {
+                    s.refund(p, units);
+                    // The log's `latest` is its newest entry: a refund of it takes it back.
+                    self.latest = s.newest().unwrap_or(0);
+                }
+                (StateKind::Fixed(s), Plan::Fixed(p)) => s.refund(p, units),
+                (StateKind::Counter(s), Plan::Counter(p)) => s.refund(rule, p, units),
+                (StateKind::Gcra(s), Plan::Gcra(p)) => s.refund(rule, p, now, units),
+                _ => unreachable!("a plan is only ever passed back to the state that made it"),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "usage_tests.rs"]
+mod tests;

@@ -1,0 +1,206 @@
+//! Reports, settles and refunds through the limiter: they always reach the store, a refund
+//! or settle makes the negative cache forget refusals that may no longer hold, and a store
+//! failure is an error whatever the failure policy.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::*;
+use crate::algorithm::Charge;
+use crate::clock::ManualClock;
+use crate::rule::{Algorithm, RuleSpec};
+use crate::store::MemoryStoreConfig;
+
+const S: u64 = 1_000_000;
+
+/// An in-memory store that can be taken down, and counts the checks it is asked.
+#[derive(Debug)]
+struct CountingStore {
+    inner: MemoryStore,
+    down: AtomicBool,
+    asked: AtomicU64,
+}
+
+impl Store for CountingStore {
+    async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable {
+                server: "test".into(),
+                message: "down".into(),
+            });
+        }
+        self.inner.check_now(check)
+    }
+}
+
+fn limiter(config: LimiterConfig) -> Limiter<CountingStore> {
+    let clock = ManualClock::new(1_700_000_040 * S);
+    let store = CountingStore {
+        inner: MemoryStore::new(MemoryStoreConfig::default(), Arc::new(clock.clone())),
+        down: AtomicBool::new(false),
+        asked: AtomicU64::new(0),
+    };
+    Limiter::with_clock(store, config, Arc::new(clock))
+}
+
+fn rule(name: &str, limit: u64) -> Rule {
+    Rule::new(name, &RuleSpec::new(Algorithm::FixedWindow, limit, 60 * S)).unwrap()
+}
+
+async fn decide(
+    limiter: &Limiter<CountingStore>,
+    limits: &[Limit<'_>],
+    cost: u64,
+    charge: Charge,
+    request_id: Option<&str>,
+) -> Result<Outcome, StoreError> {
+    limiter
+        .decide(&Check {
+            charge,
+            request_id,
+            ..Check::new(limits, cost)
+        })
+        .await
+}
+
+fn with_negative_cache() -> LimiterConfig {
+    LimiterConfig {
+        negative_cache_entries: 100,
+        ..LimiterConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn a_refund_makes_the_negative_cache_forget_the_refusals_it_freed() {
+    let limiter = limiter(with_negative_cache());
+    let (a, b) = (rule("a", 2), rule("b", 10));
+    let one = [Limit { rule: &a, key: "k" }];
+    let both = [Limit { rule: &a, key: "k" }, Limit { rule: &b, key: "k" }];
+    let check = async |limits, charge| decide(&limiter, limits, 1, charge, None).await.unwrap();
+    assert!(check(&one, Charge::Admitted).await.decision.allowed);
+    assert!(check(&one, Charge::Admitted).await.decision.allowed);
+    // The window is spent: both refusals are cached (the second predicted from the
+    // admission that spent it).
+    for limits in [&one[..], &both[..]] {
+        assert!(!check(limits, Charge::Admitted).await.decision.allowed);
+        assert_eq!(
+            check(limits, Charge::Admitted).await.decided_by,
+            DecidedBy::NegativeCache
+        );
+    }
+    let reported = check(&one, Charge::Reported).await;
+    assert_eq!(
+        reported.decided_by,
+        DecidedBy::Store,
+        "a report always reaches the store"
+    );
+    let refunded = decide(&limiter, &one, 3, Charge::Refunded, None)
+        .await
+        .unwrap();
+    assert_eq!(refunded.decided_by, DecidedBy::Store);
+    assert_eq!(refunded.decision.remaining, 2, "the window is empty again");
+    // What the store now admits, the cache no longer refuses: neither the limit alone nor
+    // the check of both.
+    for limits in [&both[..], &one[..]] {
+        let admitted = check(limits, Charge::Admitted).await;
+        assert_eq!(admitted.decided_by, DecidedBy::Store);
+        assert!(admitted.decision.allowed);
+    }
+}
+
+#[tokio::test]
+async fn a_settle_that_refunds_makes_the_negative_cache_forget_too() {
+    let limiter = limiter(with_negative_cache());
+    let a = rule("a", 5);
+    let one = [Limit { rule: &a, key: "k" }];
+    let reserved = decide(&limiter, &one, 5, Charge::Reserved, Some("r"))
+        .await
+        .unwrap();
+    assert!(reserved.decision.allowed);
+    for decided_by in [DecidedBy::Store, DecidedBy::NegativeCache] {
+        let refused = decide(&limiter, &one, 1, Charge::Admitted, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            (refused.decision.allowed, refused.decided_by),
+            (false, decided_by)
+        );
+    }
+    let settled = decide(&limiter, &one, 1, Charge::Settled, Some("r"))
+        .await
+        .unwrap();
+    assert_eq!(settled.decision.remaining, 4);
+    let admitted = decide(&limiter, &one, 1, Charge::Admitted, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (admitted.decision.allowed, admitted.decided_by),
+        (true, DecidedBy::Store)
+    );
+}
+
+#[tokio::test]
+async fn usage_modes_are_not_counted_or_refused_by_the_local_precheck() {
+    let limiter = limiter(LimiterConfig {
+        local_precheck: Some(1.0),
+        instances: 2,
+        ..LimiterConfig::default()
+    });
+    let a = rule("a", 10);
+    let one = [Limit { rule: &a, key: "k" }];
+    // The instance's share is 5: a report of 8 goes past it, and must reach the store.
+    let reported = decide(&limiter, &one, 8, Charge::Reported, None)
+        .await
+        .unwrap();
+    assert_eq!(reported.decided_by, DecidedBy::Store);
+    assert_eq!(reported.decision.remaining, 2);
+    let refunded = decide(&limiter, &one, 8, Charge::Refunded, None)
+        .await
+        .unwrap();
+    assert_eq!(refunded.decided_by, DecidedBy::Store);
+    // Nothing of them was counted against the share: five checks pass it.
+    for _ in 0..5 {
+        let admitted = decide(&limiter, &one, 1, Charge::Admitted, None)
+            .await
+            .unwrap();
+        assert_eq!(admitted.decided_by, DecidedBy::Store);
+    }
+}
+
+#[tokio::test]
+async fn usage_modes_fail_when_the_store_fails_whatever_the_policy() {
+    for policy in [
+        FailurePolicy::Allow,
+        FailurePolicy::Deny,
+        FailurePolicy::Local,
+        FailurePolicy::Error,
+    ] {
+        let limiter = limiter(LimiterConfig {
+            on_store_error: policy,
+            ..LimiterConfig::default()
+        });
+        let a = rule("a", 10);
+        let one = [Limit { rule: &a, key: "k" }];
+        limiter.store().down.store(true, Ordering::SeqCst);
+        for (charge, id) in [
+            (Charge::Reported, None),
+            (Charge::Settled, Some("s")),
+            (Charge::Refunded, None),
+        ] {
+            let failed = decide(&limiter, &one, 3, charge, id).await;
+            assert!(
+                matches!(failed, Err(StoreError::Unavailable { .. })),
+                "{policy:?} {charge:?}: {failed:?}"
+            );
+        }
+        // Checks still fall back as the policy says.
+        let checked = decide(&limiter, &one, 1, Charge::Admitted, None).await;
+        assert_eq!(
+            checked.is_err(),
+            policy == FailurePolicy::Error,
+            "{policy:?}"
+        );
+        assert_eq!(limiter.store().asked.load(Ordering::SeqCst), 4);
+    }
+}
