@@ -235,6 +235,12 @@ async fn lost_report_replies_are_counted_once_in_memory() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_settle_replies_are_counted_once_in_memory() {
+    let usage = Usage::from_header(TOKENS).reserve(Estimate::Fixed(20));
+    lost_replies_are_counted_once(memory(), usage).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_report_replies_are_counted_once_on_redis() {
     lost_replies_are_counted_once(redis().await, Usage::from_header(TOKENS)).await;
 }
@@ -286,4 +292,76 @@ async fn missing_and_garbled_costs_are_charged_the_documented_fallback() {
     assert_eq!(peek_stats.missing_costs(), 3);
     assert_eq!(reserve_stats.missing_costs(), 3);
     assert_eq!(used(&limiter, &rule, "alice").await, 3 * 50 + 3 * 20);
+}
+/// Reserve an estimate (the request's `x-max-tokens`, else 100), settle the real cost:
+/// estimates above and below the cost, and the usage is still exactly the costs' sum.
+async fn settles_charge_the_real_cost<S: Store + 'static>(store: S) {
+    let limiter = Arc::new(Limiter::new(store));
+    let rule = tokens_rule(100_000);
+    let estimate = Estimate::Header {
+        name: HeaderName::from_static("x-max-tokens"),
+        default: 100,
+    };
+    let usage = Usage::from_header(TOKENS).reserve(estimate);
+    let stats = usage.stats();
+    let layer = RateLimitLayer::new(Arc::clone(&limiter))
+        .limit(rule.clone(), KeyExtractor::header(API_KEY))
+        .charge_after(usage);
+    let address = serve(layer).await;
+    for (i, cost) in COSTS.into_iter().enumerate() {
+        // Every third request says nothing and is estimated at 100; the others at 50.
+        let max_tokens = if i % 3 == 0 {
+            ""
+        } else {
+            "x-max-tokens: 50\r\n"
+        };
+        let answer = complete(address, &cost.to_string(), max_tokens).await;
+        assert_eq!(answer.status, 200);
+    }
+    settled(&stats, COSTS.len() as u64).await;
+    assert_eq!(
+        used(&limiter, &rule, "alice").await,
+        COSTS.iter().sum::<u64>()
+    );
+    assert_eq!((stats.retries(), stats.failed()), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settles_charge_the_real_cost_in_memory() {
+    settles_charge_the_real_cost(memory()).await;
+}
+
+/// A response that costs more than the key has left puts it in debt: the next request is
+/// refused at its peek, 429 with Retry-After, until the debt has expired.
+async fn a_spent_key_is_refused<S: Store + 'static>(store: S) {
+    let limiter = Arc::new(Limiter::new(store));
+    let rule = Rule::new(
+        "tokens",
+        &RuleSpec::new(Algorithm::FixedWindow, 100, 3600 * S),
+    )
+    .unwrap();
+    let usage = Usage::from_header(TOKENS);
+    let stats = usage.stats();
+    let layer = RateLimitLayer::new(Arc::clone(&limiter))
+        .limit(rule.clone(), KeyExtractor::header(API_KEY))
+        .charge_after(usage);
+    let address = serve(layer).await;
+    assert_eq!(complete(address, "60", "").await.status, 200);
+    // 40 tokens left; this answer uses 90 of them.
+    assert_eq!(complete(address, "90", "").await.status, 200);
+    settled(&stats, 2).await;
+    let refused = complete(address, "1", "").await;
+    assert_eq!(refused.status, 429);
+    let retry_after: u64 = refused.headers["retry-after"].parse().unwrap();
+    assert!((1..=3600).contains(&retry_after), "{retry_after}");
+    assert_eq!(
+        stats.charged(),
+        2,
+        "a refused request is charged nothing after"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_key_is_refused_in_memory() {
+    a_spent_key_is_refused(memory()).await;
 }
