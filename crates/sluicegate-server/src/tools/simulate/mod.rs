@@ -385,7 +385,10 @@ mod tests {
         assert_eq!(log.max_in_window, 25);
         // TAT = 2.5 s: one unit fits once TAT + T − t ≤ τ, at 1.6 s.
         let bucket = report(&sim, Algorithm::TokenBucket);
-        assert_eq!((bucket.longest_debt, bucket.refused_in_debt), (1_600_000, 2));
+        assert_eq!(
+            (bucket.longest_debt, bucket.refused_in_debt),
+            (1_600_000, 2)
+        );
         assert_eq!(bucket.allowed, 2, "the peek, and the check at 1.7 s");
         let table = table(&sim, 10);
         assert!(table.contains("refused in debt"), "{table}");
