@@ -59,6 +59,9 @@ pub(super) struct Run {
     recorded_ids: HashSet<(u32, &'static str, String)>,
     /// Keys a report or settle left spent, until they admit again.
     spent: HashSet<u32>,
+    /// (key, request id) of the requests this run refused: the request never ran, so its
+    /// report or settle, if the trace has one, is not charged.
+    refused_ids: HashSet<(u32, String)>,
 }
 
 impl Run {
@@ -74,10 +77,20 @@ impl Run {
             reservations: HashMap::default(),
             recorded_ids: HashSet::new(),
             spent: HashSet::new(),
+            refused_ids: HashSet::new(),
         }
     }
 
-    /// Decides `line` for `key` (its id) on this run's store.
+    /// Whether `line` (of key id `key`) is the report or settle of a request this run
+    /// refused: not sent, not counted.
+    pub(super) fn never_ran(&mut self, line: &ReplayLine<'_>, key: u32) -> bool {
+        matches!(line.charge, Charge::Reported | Charge::Settled)
+            && line
+                .request_id
+                .is_some_and(|id| self.refused_ids.remove(&(key, id.to_owned())))
+    }
+
+    /// Decides `line` on this run's store.
     pub(super) fn decide(&self, line: &ReplayLine<'_>) -> Result<Decision> {
         let limits = [Limit {
             rule: &self.rule,
@@ -143,6 +156,9 @@ impl Run {
                 } else {
                     if self.spent.contains(&key) {
                         self.report.refused_in_debt += 1;
+                    }
+                    if let Some(id) = line.request_id {
+                        self.refused_ids.insert((key, id.to_owned()));
                     }
                     false
                 }
