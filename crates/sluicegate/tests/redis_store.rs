@@ -75,7 +75,7 @@ const KEYS: [&str; 4] = ["user:1", "user:{2}", "}{", ""];
 const WINDOWS: [u64; 6] = [10, 12, 60, 120, 100_000, 1_000_000];
 
 /// A random sequence of checks on one pair of rules: same times, bursts, boundary jumps,
-/// several keys, costs 0..3, request ids.
+/// several keys, costs 0..3 (to 11 for reports and settles), request ids, every mode.
 struct Trace {
     random: Random,
     algorithm: Algorithm,
@@ -152,22 +152,30 @@ impl Trace {
             2 => vec![(0, key), (1, key)],
             _ => vec![(0, key), (1, other)],
         };
-        let request_id = (random.below(4) == 0).then(|| format!("req-{}", random.below(5)));
-        // A third of the checks charge their refusals, among checks that do not.
-        let charge = if random.below(3) == 0 {
-            Charge::Attempted
-        } else {
-            Charge::Admitted
+        // Every mode: mostly checks, a fifth of them charging their refusals, and the usage
+        // modes (docs/SPEC.md, "Usage"), whose request ids come from the same few as the
+        // checks', so that each mode meets retries of its own and of the others.
+        let charge = match random.below(10) {
+            0..=3 => Charge::Admitted,
+            4 => Charge::Attempted,
+            5 | 6 => Charge::Reserved,
+            7 => Charge::Reported,
+            8 => Charge::Settled,
+            _ => Charge::Refunded,
         };
+        let request_id = (charge.needs_request_id() || random.below(4) == 0)
+            .then(|| format!("req-{}", random.below(5)));
+        // Reports and settles now and then far beyond the limit, into debt.
+        let most = if charge.may_refuse() { 4 } else { 12 };
         let costs = if random.below(4) == 0 {
-            limits.iter().map(|_| random.below(4)).collect()
+            limits.iter().map(|_| random.below(most)).collect()
         } else {
             Vec::new()
         };
         Line {
             limits,
             costs,
-            cost: random.below(4),
+            cost: random.below(most),
             request_id,
             at: self.t,
             charge,
