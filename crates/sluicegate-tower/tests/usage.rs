@@ -241,6 +241,12 @@ async fn lost_settle_replies_are_counted_once_in_memory() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_settle_replies_are_counted_once_on_redis() {
+    let usage = Usage::from_header(TOKENS).reserve(Estimate::Fixed(20));
+    lost_replies_are_counted_once(redis().await, usage).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_report_replies_are_counted_once_on_redis() {
     lost_replies_are_counted_once(redis().await, Usage::from_header(TOKENS)).await;
 }
@@ -331,6 +337,11 @@ async fn settles_charge_the_real_cost_in_memory() {
     settles_charge_the_real_cost(memory()).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settles_charge_the_real_cost_on_redis() {
+    settles_charge_the_real_cost(redis().await).await;
+}
+
 /// A response that costs more than the key has left puts it in debt: the next request is
 /// refused at its peek, 429 with Retry-After, until the debt has expired.
 async fn a_spent_key_is_refused<S: Store + 'static>(store: S) {
@@ -364,4 +375,9 @@ async fn a_spent_key_is_refused<S: Store + 'static>(store: S) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spent_key_is_refused_in_memory() {
     a_spent_key_is_refused(memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_key_is_refused_on_redis() {
+    a_spent_key_is_refused(redis().await).await;
 }
