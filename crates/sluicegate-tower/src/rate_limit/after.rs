@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluicegate::{Charge, Check, Limit, Store};
+use sluicegate::{Charge, Check, Store};
 
 use super::settings::Settings;
 use super::usage::Usage;
@@ -36,12 +36,7 @@ pub(crate) fn charge<S: Store + 'static>(
         return;
     }
     tokio::spawn(async move {
-        let limits: Vec<Limit<'_>> = settings
-            .rules
-            .iter()
-            .zip(&pending.keys)
-            .map(|(rule, key)| Limit { rule, key })
-            .collect();
+        let limits = settings.limits(&pending.keys);
         let check = Check {
             request_id: Some(&pending.request_id),
             charge: if pending.reserved {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum_core::body::Body;
 use http::{Request, Response, StatusCode};
-use sluicegate::{Charge, Check, Limit, Store};
+use sluicegate::{Charge, Check, Store};
 use tower::Service;
 
 use super::after::{self, Pending};
@@ -75,12 +75,7 @@ where
                 let response = inner.call(Request::from_parts(parts, body)).await?;
                 return Ok(response.map(Body::new));
             }
-            let limits: Vec<Limit<'_>> = settings
-                .rules
-                .iter()
-                .zip(&keys)
-                .map(|(rule, key)| Limit { rule, key })
-                .collect();
+            let limits = settings.limits(&keys);
             // With usage: a peek or a reservation under an id of the layer's making, the
             // cost charged after the response; otherwise one unit, now.
             let request_id = settings.usage.as_ref().map(Usage::next_request_id);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use http::HeaderValue;
 use http::request::Parts;
-use sluicegate::{Limiter, Rule};
+use sluicegate::{Limit, Limiter, Rule};
 
 use super::key::{KeyExtractor, MissingKey};
 use super::response::policy_header;
@@ -59,5 +59,14 @@ impl<S> Settings<S> {
     /// Every limit's key for this request.
     pub(crate) fn keys(&self, parts: &Parts) -> Result<Vec<String>, MissingKey> {
         self.keys.iter().map(|k| k.extract(parts)).collect()
+    }
+
+    /// The limits of a request whose keys are `keys` (from [`Settings::keys`]).
+    pub(crate) fn limits<'a>(&'a self, keys: &'a [String]) -> Vec<Limit<'a>> {
+        self.rules
+            .iter()
+            .zip(keys)
+            .map(|(rule, key)| Limit { rule, key })
+            .collect()
     }
 }
