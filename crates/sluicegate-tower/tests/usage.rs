@@ -19,7 +19,7 @@ use sluicegate::{
     Algorithm, Charge, Check, Limit, Limiter, ManualClock, MemoryStore, MemoryStoreConfig, Outcome,
     RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
 };
-use sluicegate_tower::{Estimate, KeyExtractor, RateLimitLayer, Usage, UsageStats};
+use sluicegate_tower::{Estimate, KeyExtractor, RateLimitLayer, ResponseCost, Usage, UsageStats};
 
 const S: u64 = 1_000_000;
 const TOKENS: HeaderName = HeaderName::from_static("x-usage-tokens");
@@ -41,15 +41,24 @@ fn memory() -> MemoryStore {
     )
 }
 
-async fn redis() -> RedisStore {
-    let server = sluicegate_test_support::standalone();
-    // A prefix per test, so tests sharing the server never share state.
+/// A prefix per test, so tests sharing the server never share state.
+fn fresh_prefix() -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let prefix = format!(
+    format!(
         "tower-usage:{}:{}:",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
-    );
+    )
+}
+
+/// A store of its own on the shared redis-server.
+async fn redis() -> RedisStore {
+    redis_under(fresh_prefix()).await
+}
+
+/// A connection of its own to the shared redis-server, its keys under `prefix`.
+async fn redis_under(prefix: String) -> RedisStore {
+    let server = sluicegate_test_support::standalone();
     RedisStore::connect(RedisStoreConfig {
         prefix,
         ..RedisStoreConfig::new(&server.url())
@@ -380,4 +389,81 @@ async fn a_spent_key_is_refused_in_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spent_key_is_refused_on_redis() {
     a_spent_key_is_refused(redis().await).await;
+}
+
+/// Two instances of a service — each its own layer, limiter and connection — share one
+/// Redis: their request ids never meet, so every report of both counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_sharing_redis_lose_no_report() {
+    let prefix = fresh_prefix();
+    let rule = tokens_rule(100_000);
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        let limiter = Arc::new(Limiter::new(redis_under(prefix.clone()).await));
+        let usage = Usage::from_header(TOKENS);
+        let stats = usage.stats();
+        let layer = RateLimitLayer::new(Arc::clone(&limiter))
+            .limit(rule.clone(), KeyExtractor::header(API_KEY))
+            .charge_after(usage);
+        instances.push((limiter, stats, serve(layer).await));
+    }
+    for cost in COSTS {
+        for (_, _, address) in &instances {
+            assert_eq!(complete(*address, &cost.to_string(), "").await.status, 200);
+        }
+    }
+    for (_, stats, _) in &instances {
+        settled(stats, COSTS.len() as u64).await;
+    }
+    let expected = 2 * COSTS.iter().sum::<u64>();
+    assert_eq!(used(&instances[0].0, &rule, "alice").await, expected);
+}
+
+/// A body that never ends: the answer of a stream still going.
+struct Endless;
+
+impl http_body::Body for Endless {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::task::Poll::Pending
+    }
+}
+
+/// The cost is read when the response head comes back, from the extension the inner
+/// service set: charged while the body is still streaming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_answer_is_charged_when_its_head_comes_back() {
+    use tower::ServiceExt;
+
+    let limiter = Arc::new(Limiter::new(memory()));
+    let rule = tokens_rule(1_000);
+    let usage = Usage::from_extension();
+    let stats = usage.stats();
+    let layer = RateLimitLayer::new(Arc::clone(&limiter))
+        .limit(rule.clone(), KeyExtractor::header(API_KEY))
+        .charge_after(usage);
+    let app = Router::new()
+        .route(
+            "/stream",
+            get(|| async {
+                let mut response = axum::response::Response::new(Body::new(Endless));
+                response.extensions_mut().insert(ResponseCost(250));
+                response
+            }),
+        )
+        .layer(layer);
+    let request = http::Request::get("/stream")
+        .header(API_KEY, "alice")
+        .body(Body::empty())
+        .unwrap();
+    let response = app.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    settled(&stats, 1).await;
+    assert_eq!(used(&limiter, &rule, "alice").await, 250);
+    drop(response);
 }
