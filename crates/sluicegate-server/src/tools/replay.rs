@@ -9,6 +9,7 @@ use std::io::{BufRead, Write};
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result, bail};
+use sluicegate::store::MAX_REQUEST_ID_BYTES;
 use sluicegate::{
     Charge, Check, Limit, MAX_TIME, ManualClock, MemoryStore, MemoryStoreConfig, Rule, Store,
 };
@@ -88,6 +89,14 @@ pub(crate) fn parse_line(text: &str) -> Result<ReplayLine<'_>> {
             format!("mode {mode:?} is not one of check, reserve, report, settle, refund")
         })?,
     };
+    if let Some(id) = request_id
+        && id.len() > MAX_REQUEST_ID_BYTES
+    {
+        bail!(
+            "request_id is {} bytes, over {MAX_REQUEST_ID_BYTES}",
+            id.len()
+        );
+    }
     if charge.needs_request_id() && request_id.is_none() {
         bail!("mode {} needs a request_id", charge.name());
     }
@@ -178,6 +187,7 @@ mod tests {
             Charge::Admitted
         );
         assert_eq!(parse_line("5,,0").unwrap().key, "");
+        let long_id = format!("1,k,1,{}", "r".repeat(257));
         for (bad, says) in [
             ("100,k", "got 2 field(s)"),
             ("x,k,1", "time_us \"x\""),
@@ -189,6 +199,7 @@ mod tests {
             ("1,k,1,,reserve", "mode reserve needs a request_id"),
             ("1,k,1,,settle", "mode settle needs a request_id"),
             ("1,k,1,,", "mode \"\" is not one of"),
+            (long_id.as_str(), "request_id is 257 bytes, over 256"),
             ("4503599627370496,k,1", "not below 2^52"),
         ] {
             let err = parse_line(bad).unwrap_err().to_string();
