@@ -101,6 +101,23 @@ fn replay_stops_at_a_malformed_line() {
     let out = replay(&fixed, "5,a,1\n4,a,1\n");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("line 2: time_us 4 is before"), "{stderr}");
+
+    // The mode column: a mode that is none, and one that needs a request id without one.
+    for (input, says) in [
+        (
+            "1,a,1\n2,a,1,,lend\n",
+            "line 2: mode \"lend\" is not one of",
+        ),
+        (
+            "1,a,1,,report\n2,a,1\n3,a,1,,settle\n",
+            "line 3: mode settle needs a request_id",
+        ),
+    ] {
+        let out = replay(&fixed, input);
+        assert!(!out.status.success(), "{input}");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(stderr.contains(says), "{stderr}");
+    }
 }
 
 #[test]

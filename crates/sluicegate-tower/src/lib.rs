@@ -29,6 +29,10 @@
 //! service. A key that cannot be extracted answers the status its extractor documents
 //! ([`KeyExtractor`]); a store that cannot decide answers 503.
 //!
+//! By default each request costs one unit. For costs known only from the response (an LLM
+//! answer's tokens), [`RateLimitLayer::charge_after`] with a [`Usage`] peeks or reserves
+//! an estimate at request time and charges what the response says it cost after it.
+//!
 //! The `axum` feature (on by default) adds the keys only axum records:
 //! `KeyExtractor::peer_ip` (with `trust_proxies`, `trusted_hops` and `forwarded_header`,
 //! `IpNet` for the proxies' networks, `ForwardedHeader` for the header they write) and
@@ -44,6 +48,9 @@ mod rate_limit;
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
+pub use rate_limit::{
+    DEFAULT_ATTEMPTS, Estimate, KeyExtractor, MissingKey, RateLimit, RateLimitLayer, ResponseCost,
+    Usage, UsageStats,
+};
 #[cfg(feature = "axum")]
 pub use rate_limit::{ForwardedHeader, IpNet};
-pub use rate_limit::{KeyExtractor, MissingKey, RateLimit, RateLimitLayer};

@@ -27,12 +27,22 @@ pub(super) struct TraceArgs {
     /// Seed of the random sequence: the same seed gives the same trace.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Mean units a request uses, known only after it (an LLM answer's tokens): each
+    /// request becomes a peek and a report of what it used (exponential around the mean).
+    #[arg(long, env = "SLUICEGATE_TRACE_USAGE")]
+    usage: Option<f64>,
 }
 
 pub(super) fn run(args: &TraceArgs) -> Result<()> {
     let window = args.window.micros();
     if !(args.rate.is_finite() && args.rate > 0.0) || args.keys == 0 || window == 0 {
         bail!("--rate, --keys and --window must be positive");
+    }
+    if args
+        .usage
+        .is_some_and(|mean| !(mean.is_finite() && mean >= 1.0))
+    {
+        bail!("--usage must be a number of units, at least 1");
     }
     let spec = trace::TraceSpec {
         pattern: args.pattern,
@@ -42,6 +52,7 @@ pub(super) fn run(args: &TraceArgs) -> Result<()> {
         window,
         seed: args.seed,
         start: 1_700_000_000_000_000,
+        usage: args.usage,
     };
     let mut out = io::BufWriter::new(io::stdout().lock());
     trace::write_trace(&spec, &mut out)?;

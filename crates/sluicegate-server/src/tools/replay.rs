@@ -1,7 +1,7 @@
 //! `sluicegate replay`: docs/SPEC.md's replay format through a store (in-memory by default),
 //! deciding with the caller's timestamps.
 //!
-//! Input lines are `time_us,key,cost[,request_id]`, ordered by time; blank lines and lines
+//! Input lines are `time_us,key,cost[,request_id[,mode]]`, ordered by time; blank lines and lines
 //! starting with `#` are skipped and produce no output. Each other line produces
 //! `time_us,key,cost,allowed,remaining,retry_after_us,reset_after_us,delay_us`.
 
@@ -9,8 +9,9 @@ use std::io::{BufRead, Write};
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result, bail};
+use sluicegate::store::MAX_REQUEST_ID_BYTES;
 use sluicegate::{
-    Check, Limit, MAX_TIME, ManualClock, MemoryStore, MemoryStoreConfig, Rule, Store,
+    Charge, Check, Limit, MAX_TIME, ManualClock, MemoryStore, MemoryStoreConfig, Rule, Store,
 };
 
 /// A memory store for decisions timed by a trace: time comes from the input and the clock
@@ -33,21 +34,34 @@ pub(crate) struct ReplayLine<'a> {
     pub(crate) key: &'a str,
     pub(crate) cost: u64,
     pub(crate) request_id: Option<&'a str>,
+    /// The mode column: `check` when it is left out.
+    pub(crate) charge: Charge,
+}
+
+impl ReplayLine<'_> {
+    /// The check this line asks for, under `limits`.
+    pub(crate) fn check<'a>(&'a self, limits: &'a [Limit<'a>]) -> Check<'a> {
+        Check {
+            request_id: self.request_id,
+            at: Some(self.time),
+            charge: self.charge,
+            ..Check::new(limits, self.cost)
+        }
+    }
 }
 
 /// Parses one non-comment line; the error says what is wrong.
 pub(crate) fn parse_line(text: &str) -> Result<ReplayLine<'_>> {
+    const SHAPE: &str = "time_us,key,cost[,request_id[,mode]]";
     let mut fields = text.split(',');
     let (Some(time), Some(key), Some(cost)) = (fields.next(), fields.next(), fields.next()) else {
-        bail!(
-            "expected time_us,key,cost[,request_id], got {} field(s)",
-            text.split(',').count()
-        );
+        bail!("expected {SHAPE}, got {} field(s)", text.split(',').count());
     };
     let request_id = fields.next();
+    let mode = fields.next();
     if fields.next().is_some() {
         bail!(
-            "expected at most 4 fields (time_us,key,cost,request_id), got {}",
+            "expected at most 5 fields ({SHAPE}), got {}",
             text.split(',').count()
         );
     }
@@ -64,15 +78,34 @@ pub(crate) fn parse_line(text: &str) -> Result<ReplayLine<'_>> {
         .parse()
         .ok()
         .with_context(|| format!("cost {cost:?} is not a whole number"))?;
-    let request_id = match request_id {
-        Some("") => bail!("request_id is empty (leave the field out instead)"),
-        other => other,
+    let request_id = match (request_id, mode) {
+        (Some(""), None) => bail!("request_id is empty (leave the field out instead)"),
+        (Some(""), Some(_)) => None,
+        (id, _) => id,
     };
+    let charge = match mode {
+        None => Charge::Admitted,
+        Some(mode) => Charge::from_name(mode.trim()).with_context(|| {
+            format!("mode {mode:?} is not one of check, reserve, report, settle, refund")
+        })?,
+    };
+    if let Some(id) = request_id
+        && id.len() > MAX_REQUEST_ID_BYTES
+    {
+        bail!(
+            "request_id is {} bytes, over {MAX_REQUEST_ID_BYTES}",
+            id.len()
+        );
+    }
+    if charge.needs_request_id() && request_id.is_none() {
+        bail!("mode {} needs a request_id", charge.name());
+    }
     Ok(ReplayLine {
         time,
         key,
         cost,
         request_id,
+        charge,
     })
 }
 
@@ -104,12 +137,11 @@ pub(crate) async fn replay<S: Store>(
             rule,
             key: parsed.key,
         }];
-        let check = Check {
-            request_id: parsed.request_id,
-            at: Some(parsed.time),
-            ..Check::new(&limits, parsed.cost)
-        };
-        let d = store.check(&check).await.with_context(at_line)?.decision;
+        let d = store
+            .check(&parsed.check(&limits))
+            .await
+            .with_context(at_line)?
+            .decision;
         writeln!(
             output,
             "{},{},{},{},{},{},{},{}",
@@ -139,17 +171,35 @@ mod tests {
                 time: 100,
                 key: "user:1",
                 cost: 2,
-                request_id: Some("req-9")
+                request_id: Some("req-9"),
+                charge: Charge::Admitted,
             }
         );
+        let settle = parse_line("100,k,2,r1,settle").unwrap();
+        assert_eq!(
+            (settle.request_id, settle.charge),
+            (Some("r1"), Charge::Settled)
+        );
+        let report = parse_line("100,k,4,,report").unwrap();
+        assert_eq!((report.request_id, report.charge), (None, Charge::Reported));
+        assert_eq!(
+            parse_line("1,k,1,r, check ").unwrap().charge,
+            Charge::Admitted
+        );
         assert_eq!(parse_line("5,,0").unwrap().key, "");
+        let long_id = format!("1,k,1,{}", "r".repeat(257));
         for (bad, says) in [
             ("100,k", "got 2 field(s)"),
             ("x,k,1", "time_us \"x\""),
             ("-1,k,1", "time_us \"-1\""),
             ("1,k,one", "cost \"one\""),
             ("1,k,1,", "request_id is empty"),
-            ("1,k,1,r,extra", "at most 4 fields"),
+            ("1,k,1,r,extra", "mode \"extra\" is not one of"),
+            ("1,k,1,r,report,x", "at most 5 fields"),
+            ("1,k,1,,reserve", "mode reserve needs a request_id"),
+            ("1,k,1,,settle", "mode settle needs a request_id"),
+            ("1,k,1,,", "mode \"\" is not one of"),
+            (long_id.as_str(), "request_id is 257 bytes, over 256"),
             ("4503599627370496,k,1", "not below 2^52"),
         ] {
             let err = parse_line(bad).unwrap_err().to_string();

@@ -1,4 +1,5 @@
-//! `sluicegate trace`: synthetic traffic in docs/SPEC.md's replay CSV (`time_us,key,cost`),
+//! `sluicegate trace`: synthetic traffic in docs/SPEC.md's replay CSV (`time_us,key,cost`,
+//! with usage a peek `time_us,key,0,id` and its report `time_us,key,cost,id,report`),
 //! deterministic for a seed.
 
 use std::f64::consts::TAU;
@@ -32,6 +33,10 @@ pub(crate) struct TraceSpec {
     pub(crate) seed: u64,
     /// µs since the epoch of the first request.
     pub(crate) start: u64,
+    /// Mean units a request uses, known after it (an LLM answer's tokens): each request
+    /// is then a peek and, at the same instant, a report of what it used, both with the
+    /// request's id. `None`: each request is a check of one unit.
+    pub(crate) usage: Option<f64>,
 }
 
 /// splitmix64: small, fast, and the same on every machine.
@@ -62,9 +67,22 @@ pub(crate) fn write_trace(spec: &TraceSpec, out: &mut impl Write) -> io::Result<
     let mut random = Random(spec.seed);
     let mut lines = 0;
     let end = spec.start + spec.duration;
-    let mut emit = |t: u64, key: u64, out: &mut dyn Write| -> io::Result<()> {
+    // What a request used: exponential around the mean, at least one unit.
+    let used = |random: &mut Random| {
+        spec.usage
+            .map(|mean| random.gap(mean).ceil().max(1.0) as u64)
+    };
+    let mut emit = |t: u64, key: u64, used: Option<u64>, out: &mut dyn Write| -> io::Result<()> {
         lines += 1;
-        writeln!(out, "{t},key-{key},1")
+        match used {
+            None => writeln!(out, "{t},key-{key},1"),
+            // The request id ties the report to its request (simulate charges nothing for
+            // a request that was refused).
+            Some(units) => writeln!(
+                out,
+                "{t},key-{key},0,r{lines}\n{t},key-{key},{units},r{lines},report"
+            ),
+        }
     };
     let mean_gap = 1e6 / spec.rate;
     match spec.pattern {
@@ -89,7 +107,9 @@ pub(crate) fn write_trace(spec: &TraceSpec, out: &mut impl Write) -> io::Result<
                 if t >= end as f64 {
                     break;
                 }
-                emit(t as u64, random.next() % spec.keys, out)?;
+                let key = random.next() % spec.keys;
+                let units = used(&mut random);
+                emit(t as u64, key, units, out)?;
             }
         }
         Pattern::BoundaryAttack => {
@@ -99,16 +119,17 @@ pub(crate) fn write_trace(spec: &TraceSpec, out: &mut impl Write) -> io::Result<
             let edge = (spec.window / 100).max(1);
             let mut boundary = (spec.start / spec.window + 1) * spec.window;
             while boundary < end {
-                let mut times: Vec<(u64, u64)> = (0..per_window.round() as u64)
+                let mut times: Vec<(u64, u64, Option<u64>)> = (0..per_window.round() as u64)
                     .map(|_| {
                         let offset = random.next() % (2 * edge);
-                        (boundary - edge + offset, random.next() % spec.keys)
+                        let key = random.next() % spec.keys;
+                        (boundary - edge + offset, key, used(&mut random))
                     })
                     .collect();
                 times.sort_unstable();
-                for (t, key) in times {
+                for (t, key, units) in times {
                     if t >= spec.start && t < end {
-                        emit(t, key, out)?;
+                        emit(t, key, units, out)?;
                     }
                 }
                 boundary += spec.window;
@@ -131,6 +152,7 @@ mod tests {
             window: 1_000_000,
             seed: 7,
             start: 1_700_000_000_000_000,
+            usage: None,
         };
         let mut out = Vec::new();
         write_trace(&spec, &mut out).unwrap();
@@ -168,5 +190,37 @@ mod tests {
             let offset = t % 1_000_000;
             !(10_000..990_000).contains(&offset)
         }));
+    }
+
+    #[test]
+    fn usage_traces_peek_then_report_what_was_used() {
+        let spec = TraceSpec {
+            pattern: Pattern::Poisson,
+            rate: 100.0,
+            keys: 2,
+            duration: 10_000_000,
+            window: 1_000_000,
+            seed: 3,
+            start: 1_700_000_000_000_000,
+            usage: Some(500.0),
+        };
+        let mut out = Vec::new();
+        let requests = write_trace(&spec, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len() as u64, 2 * requests);
+        let mut used = 0;
+        for pair in lines.chunks(2) {
+            let peek = crate::tools::replay::parse_line(pair[0]).unwrap();
+            let report = crate::tools::replay::parse_line(pair[1]).unwrap();
+            assert_eq!((peek.cost, peek.charge), (0, sluicegate::Charge::Admitted));
+            assert_eq!(report.charge, sluicegate::Charge::Reported);
+            assert_eq!((report.time, report.key), (peek.time, peek.key));
+            assert_eq!(report.request_id, peek.request_id);
+            assert!(report.cost >= 1);
+            used += report.cost;
+        }
+        let mean = used as f64 / requests as f64;
+        assert!((400.0..600.0).contains(&mean), "{mean}");
     }
 }

@@ -5,14 +5,15 @@ use std::io::{self, BufRead, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
+use sluicegate::Charge;
 
 use super::clf::{self, KeyField};
-use super::replay;
+use super::replay::{self, ReplayLine};
 
 /// The formats a trace file can be in.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum TraceFormat {
-    /// docs/SPEC.md's replay CSV: time_us,key,cost[,request_id].
+    /// docs/SPEC.md's replay CSV: time_us,key,cost[,request_id[,mode]].
     Csv,
     /// Common or Combined Log Format access logs.
     Clf,
@@ -82,12 +83,13 @@ impl TraceFile {
         last.checked_sub(first).filter(|span| *span > 0)
     }
 
-    /// Calls `request(time_us, key, cost)` for every request of the trace, in file order;
+    /// Calls `request` with every request of the trace, in file order (an access log's
+    /// lines are checks of one unit);
     /// blank and `#` lines are ignored, malformed ones skipped and counted. An error of
     /// `request` stops the reading. On a terminal, stderr shows how far it has read.
     pub(crate) fn read(
         self,
-        mut request: impl FnMut(u64, &str, u64) -> Result<()>,
+        mut request: impl FnMut(&ReplayLine<'_>) -> Result<()>,
     ) -> Result<Skipped> {
         let size = self.file.metadata().map(|m| m.len()).unwrap_or(0);
         let progress = io::IsTerminal::is_terminal(&io::stderr());
@@ -109,12 +111,16 @@ impl TraceFile {
                 continue;
             }
             let parsed = match self.format {
-                TraceFormat::Csv => {
-                    replay::parse_line(text).map(|l| request(l.time, l.key, l.cost))
-                }
-                TraceFormat::Clf => {
-                    clf::parse_line(text, self.key_field).map(|(t, key)| request(t, &key, 1))
-                }
+                TraceFormat::Csv => replay::parse_line(text).map(|line| request(&line)),
+                TraceFormat::Clf => clf::parse_line(text, self.key_field).map(|(time, key)| {
+                    request(&ReplayLine {
+                        time,
+                        key: &key,
+                        cost: 1,
+                        request_id: None,
+                        charge: Charge::Admitted,
+                    })
+                }),
             };
             match parsed {
                 Ok(decided) => decided?,

@@ -8,9 +8,11 @@ use tower::Layer;
 use super::key::KeyExtractor;
 use super::service::RateLimit;
 use super::settings::Settings;
+use super::usage::Usage;
 
 /// Rate-limits every request of the service it wraps: each request takes one unit from
-/// every limit (rule and key) at once, all-or-nothing. Cheap to clone; every clone, and
+/// every limit (rule and key) at once, all-or-nothing — or, with
+/// [`RateLimitLayer::charge_after`], what its response says it cost. Cheap to clone; every clone, and
 /// every service it makes, shares one [`Limiter`].
 pub struct RateLimitLayer<S = MemoryStore> {
     settings: Arc<Settings<S>>,
@@ -40,6 +42,14 @@ impl<S: Store> RateLimitLayer<S> {
     /// Also sends `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
     pub fn legacy_headers(self, on: bool) -> Self {
         self.edit(|s| s.legacy_headers = on)
+    }
+
+    /// Charges every limit what the response cost, read as `usage` says, after the response
+    /// instead of one unit before it (the LLM proxy's tokens). The request-time check peeks
+    /// or reserves an estimate; see [`Usage`]. Limits that count requests belong in a layer
+    /// of their own.
+    pub fn charge_after(self, usage: Usage) -> Self {
+        self.edit(|s| s.usage = Some(usage))
     }
 
     /// A layer with changed settings; services made before keep the old ones.

@@ -2,10 +2,12 @@
 //! [`RateLimit`] service it wraps around an inner service, tower's own shape.
 //!
 //! The modules, each using only those below it: `layer` (builds settings, makes
-//! services), `service` (decides and answers), `settings` (what both share), `response`
-//! (headers and refusals), `key` (where keys come from), `peer` (the client's address
-//! behind trusted proxies).
+//! services), `service` (decides and answers), `after` (the charge after the response),
+//! `settings` (what they share), `usage` (what a response cost and how it is charged),
+//! `response` (headers and refusals), `key` (where keys come from), `peer` (the client's
+//! address behind trusted proxies).
 
+mod after;
 mod key;
 mod layer;
 #[cfg(feature = "axum")]
@@ -13,9 +15,11 @@ mod peer;
 mod response;
 mod service;
 mod settings;
+mod usage;
 
 pub use key::{KeyExtractor, MissingKey};
 pub use layer::RateLimitLayer;
 #[cfg(feature = "axum")]
 pub use peer::{ForwardedHeader, IpNet};
 pub use service::RateLimit;
+pub use usage::{DEFAULT_ATTEMPTS, Estimate, ResponseCost, Usage, UsageStats};

@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use axum_core::body::Body;
 use http::{Request, Response, StatusCode};
-use sluicegate::{Check, Limit, Store};
+use sluicegate::{Charge, Check, Store};
 use tower::Service;
 
+use super::after::{self, Pending};
 use super::response::{add_headers, is_grpc, problem, rejection};
 use super::settings::Settings;
+use super::usage::Usage;
 
 /// The middleware around `Inner`; made by [`RateLimitLayer`](crate::RateLimitLayer).
 pub struct RateLimit<Inner, S> {
@@ -73,13 +75,20 @@ where
                 let response = inner.call(Request::from_parts(parts, body)).await?;
                 return Ok(response.map(Body::new));
             }
-            let limits: Vec<Limit<'_>> = settings
-                .rules
-                .iter()
-                .zip(&keys)
-                .map(|(rule, key)| Limit { rule, key })
-                .collect();
-            let outcome = match settings.limiter.decide(&Check::new(&limits, 1)).await {
+            let limits = settings.limits(&keys);
+            // With usage: a peek or a reservation under an id of the layer's making, the
+            // cost charged after the response; otherwise one unit, now.
+            let request_id = settings.usage.as_ref().map(Usage::next_request_id);
+            let (charge, cost) = match &settings.usage {
+                Some(usage) => usage.request_charge(&parts),
+                None => (Charge::Admitted, 1),
+            };
+            let check = Check {
+                charge,
+                request_id: request_id.as_deref().filter(|_| charge == Charge::Reserved),
+                ..Check::new(&limits, cost)
+            };
+            let outcome = match settings.limiter.decide(&check).await {
                 Ok(outcome) => outcome,
                 Err(error) => {
                     // Not allowed and not refused: the store could not decide. Say so
@@ -95,10 +104,18 @@ where
                     // Leaky-bucket shaping: wait on the timer, holding no thread.
                     tokio::time::sleep(Duration::from_micros(outcome.decision.delay)).await;
                 }
-                inner
-                    .call(Request::from_parts(parts, body))
-                    .await?
-                    .map(Body::new)
+                let mut response = inner.call(Request::from_parts(parts, body)).await?;
+                if let (Some(usage), Some(request_id)) = (&settings.usage, request_id) {
+                    // The head is back: its cost is known now, whatever the body streams.
+                    let used = usage.response_cost(&mut response, cost);
+                    let pending = Pending {
+                        keys,
+                        request_id,
+                        reserved: charge == Charge::Reserved,
+                    };
+                    after::charge(Arc::clone(&settings), usage.clone(), pending, used);
+                }
+                response.map(Body::new)
             } else {
                 rejection(&settings.rules, &outcome, grpc)
             };

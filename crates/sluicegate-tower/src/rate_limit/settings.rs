@@ -5,10 +5,11 @@ use std::sync::Arc;
 
 use http::HeaderValue;
 use http::request::Parts;
-use sluicegate::{Limiter, Rule};
+use sluicegate::{Limit, Limiter, Rule};
 
 use super::key::{KeyExtractor, MissingKey};
 use super::response::policy_header;
+use super::usage::Usage;
 
 pub(crate) struct Settings<S> {
     pub(crate) limiter: Arc<Limiter<S>>,
@@ -18,6 +19,8 @@ pub(crate) struct Settings<S> {
     /// `RateLimit-Policy` for all the rules, made once rather than per response.
     pub(crate) policy: Option<HeaderValue>,
     pub(crate) legacy_headers: bool,
+    /// Charge what the response cost after it, instead of one unit before.
+    pub(crate) usage: Option<Usage>,
 }
 
 // By hand: a derive would ask for `S: Clone`, and only the `Arc` around the limiter is cloned.
@@ -29,6 +32,7 @@ impl<S> Clone for Settings<S> {
             keys: self.keys.clone(),
             policy: self.policy.clone(),
             legacy_headers: self.legacy_headers,
+            usage: self.usage.clone(),
         }
     }
 }
@@ -42,6 +46,7 @@ impl<S> Settings<S> {
             keys: Vec::new(),
             policy: None,
             legacy_headers: false,
+            usage: None,
         }
     }
 
@@ -54,5 +59,14 @@ impl<S> Settings<S> {
     /// Every limit's key for this request.
     pub(crate) fn keys(&self, parts: &Parts) -> Result<Vec<String>, MissingKey> {
         self.keys.iter().map(|k| k.extract(parts)).collect()
+    }
+
+    /// The limits of a request whose keys are `keys` (from [`Settings::keys`]).
+    pub(crate) fn limits<'a>(&'a self, keys: &'a [String]) -> Vec<Limit<'a>> {
+        self.rules
+            .iter()
+            .zip(keys)
+            .map(|(rule, key)| Limit { rule, key })
+            .collect()
     }
 }

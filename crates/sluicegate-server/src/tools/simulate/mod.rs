@@ -6,17 +6,19 @@
 //! allowed, wrongly rejected), the most it admitted for one key in any window of length
 //! W, and the Redis memory its state would take at the trace's peak.
 
-use std::collections::VecDeque;
+mod run;
+
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, anyhow};
-use sluicegate::{Algorithm, Check, Limit, LogLayout, MemoryStore, Rule, RuleSpec};
+use sluicegate::{Algorithm, Charge, LogLayout, Rule, RuleSpec};
 
+use self::run::{AlgorithmReport, Run};
 use super::chart;
 use super::redis_memory::{human_bytes, redis_bytes};
-use super::replay::trace_store;
+use super::replay::ReplayLine;
 use super::trace_file::TraceFile;
 
 /// Keys come from a trace file, not from clients at run time: a fast hash will do.
@@ -34,9 +36,13 @@ pub(crate) fn run(
     let span = trace.span().unwrap_or(spec.window * 10);
     let mut sim = Simulation::new(spec, span)?;
     let started = Instant::now();
-    let skipped = trace.read(|t, key, cost| sim.request(t, key, cost))?;
+    let skipped = trace.read(|line| sim.request(line))?;
+    let after_charges = match sim.after_charges {
+        0 => String::new(),
+        n => format!(", {n} reports/settles/refunds"),
+    };
     println!(
-        "{} requests, {} keys, limit {} per {}, in {:.1} s",
+        "{} requests{after_charges}, {} keys, limit {} per {}, in {:.1} s",
         sim.requests,
         sim.key_count(),
         spec.limit,
@@ -54,76 +60,6 @@ pub(crate) fn run(
     Ok(())
 }
 
-/// What one algorithm did with the trace.
-#[derive(Clone, Debug, Default, PartialEq)]
-struct AlgorithmReport {
-    allowed: u64,
-    wrongly_allowed: u64,
-    wrongly_rejected: u64,
-    /// The most units admitted for one key in any window `(t − W, t]`.
-    max_in_window: u64,
-    /// Keys holding state at once, at the peak.
-    peak_keys: u64,
-    /// Units admitted within the last W, all keys together, at the peak.
-    peak_live_units: u64,
-}
-
-/// One algorithm's run.
-struct Run {
-    rule: Rule,
-    store: MemoryStore,
-    report: AlgorithmReport,
-    /// Admissions within the last W, oldest first: (time, key id, units).
-    recent: VecDeque<(u64, u32, u64)>,
-    /// Units per key within the last W.
-    live: HashMap<u32, u64>,
-    live_units: u64,
-    /// Per chart bucket, the most units one key held within its window.
-    window_peaks: Vec<u64>,
-}
-
-impl Run {
-    /// Forgets the admissions that have left the window `(t − window, t]`.
-    fn expire(&mut self, t: u64, window: u64) {
-        while let Some(&(at, old_key, old_units)) = self.recent.front() {
-            if at + window > t {
-                break;
-            }
-            self.recent.pop_front();
-            self.live_units -= old_units;
-            if let Some(count) = self.live.get_mut(&old_key) {
-                *count -= old_units;
-                if *count == 0 {
-                    self.live.remove(&old_key);
-                }
-            }
-        }
-    }
-
-    /// Records `units` admitted for `key` at `t` (after [`Run::expire`] to `t`); returns
-    /// what `key` now holds within its window.
-    fn admit(&mut self, t: u64, key: u32, units: u64) -> u64 {
-        if units == 0 {
-            return self.live.get(&key).copied().unwrap_or(0);
-        }
-        self.recent.push_back((t, key, units));
-        self.live_units += units;
-        let count = self.live.entry(key).or_default();
-        *count += units;
-        let count = *count;
-        let report = &mut self.report;
-        report.max_in_window = report.max_in_window.max(count);
-        report.peak_keys = report.peak_keys.max(self.live.len() as u64);
-        report.peak_live_units = report.peak_live_units.max(self.live_units);
-        count
-    }
-
-    /// The most any key holds within its window now.
-    fn busiest(&self) -> u64 {
-        self.live.values().copied().max().unwrap_or(0)
-    }
-}
-
 /// The whole simulation, fed one request at a time.
 struct Simulation {
     runs: Vec<Run>,
@@ -134,6 +70,8 @@ struct Simulation {
     start: Option<u64>,
     offered: Vec<u64>,
     requests: u64,
+    /// Lines that charge after the fact: reports, settles, refunds.
+    after_charges: u64,
 }
 
 /// How many points a chart series has.
@@ -158,15 +96,7 @@ impl Simulation {
                 };
                 let rule = Rule::new(algorithm.name(), &spec)
                     .map_err(|e| anyhow!("{algorithm}: --{e}"))?;
-                Ok(Run {
-                    rule,
-                    store: trace_store(),
-                    report: AlgorithmReport::default(),
-                    recent: VecDeque::new(),
-                    live: HashMap::default(),
-                    live_units: 0,
-                    window_peaks: Vec::new(),
-                })
+                Ok(Run::new(rule))
             })
             .collect::<Result<Vec<Run>>>()?;
         Ok(Simulation {
@@ -177,25 +107,33 @@ impl Simulation {
             start: None,
             offered: Vec::new(),
             requests: 0,
+            after_charges: 0,
         })
     }
 
-    /// Decides one request in every algorithm.
-    fn request(&mut self, t: u64, key: &str, cost: u64) -> Result<()> {
-        self.requests += 1;
+    /// Decides one line in every algorithm: a request (a check or a reserve), compared
+    /// with the exact log, or a report, settle or refund, never refused — but not charged
+    /// in an algorithm that refused its request (same key and request id).
+    fn request(&mut self, line: &ReplayLine<'_>) -> Result<()> {
+        let t = line.time;
+        if line.charge.may_refuse() {
+            self.requests += 1;
+        } else {
+            self.after_charges += 1;
+        }
         let next_id = self.keys.len() as u32;
-        let id = match self.keys.get(key) {
+        let id = match self.keys.get(line.key) {
             Some(&id) => id,
             None => {
-                self.keys.insert(key.to_owned(), next_id);
+                self.keys.insert(line.key.to_owned(), next_id);
                 next_id
             }
         };
         let start = *self.start.get_or_insert(t);
         let bucket = (t.saturating_sub(start) / self.bucket_width) as usize;
-        // Every bucket since the last request's (those without requests too) is sampled at
-        // its start for what each key still holds; counts only rise at admissions, so that
-        // and the admissions give each bucket's peak.
+        // Every bucket since the last line's (those without lines too) is sampled at its
+        // start for what each key still holds; counts only rise at recordings, so that and
+        // the recordings give each bucket's peak (a refund's drop shows at the next sample).
         let unsampled = self.offered.len()..bucket + 1;
         for run in &mut self.runs {
             for earlier in unsampled.clone() {
@@ -204,31 +142,34 @@ impl Simulation {
                 raise(&mut run.window_peaks, earlier, busiest);
             }
         }
-        bump(&mut self.offered, bucket, cost.max(1));
+        // The units offered: a peek offers one request, a refund gives back.
+        let offered = match line.charge {
+            Charge::Reserved | Charge::Reported | Charge::Settled => line.cost,
+            Charge::Refunded => 0,
+            _ => line.cost.max(1),
+        };
+        bump(&mut self.offered, bucket, offered);
         let mut exact = None;
         for run in &mut self.runs {
-            let limits = [Limit {
-                rule: &run.rule,
-                key,
-            }];
-            let check = Check {
-                at: Some(t),
-                ..Check::new(&limits, cost)
-            };
-            let allowed = run.store.check_now(&check)?.decision.allowed;
-            // Algorithm::ALL starts with the sliding log: the reference for the others.
-            let reference = *exact.get_or_insert(allowed);
-            let report = &mut run.report;
-            if allowed {
-                report.allowed += 1;
+            if run.never_ran(line, id) {
+                continue;
             }
-            match (allowed, reference) {
-                (true, false) => report.wrongly_allowed += 1,
-                (false, true) => report.wrongly_rejected += 1,
-                _ => {}
+            let decision = run.decide(line)?;
+            if line.charge.may_refuse() {
+                // Algorithm::ALL starts with the sliding log: the reference for the others.
+                let reference = *exact.get_or_insert(decision.allowed);
+                let report = &mut run.report;
+                if decision.allowed {
+                    report.allowed += 1;
+                }
+                match (decision.allowed, reference) {
+                    (true, false) => report.wrongly_allowed += 1,
+                    (false, true) => report.wrongly_rejected += 1,
+                    _ => {}
+                }
             }
             run.expire(t, self.window);
-            let held = run.admit(t, id, if allowed { cost } else { 0 });
+            let held = run.account(line, id, &decision);
             raise(&mut run.window_peaks, bucket, held);
         }
         Ok(())
@@ -301,7 +242,9 @@ fn grown(series: &mut Vec<u64>, bucket: usize) -> &mut Vec<u64> {
 /// The report table.
 fn table(sim: &Simulation, limit: u64) -> String {
     let mut out = String::new();
-    let _ = writeln!(
+    // Debt only arises from reports and settles: its columns only for traces that have them.
+    let debt = sim.after_charges > 0;
+    let _ = write!(
         out,
         "{:<16} {:>10} {:>20} {:>20} {:>13} {:>16}",
         "algorithm",
@@ -311,6 +254,10 @@ fn table(sim: &Simulation, limit: u64) -> String {
         "max in any W",
         "Redis (est.)"
     );
+    if debt {
+        let _ = write!(out, " {:>16} {:>13}", "refused in debt", "longest debt");
+    }
+    out.push('\n');
     let percent = |n: u64| 100.0 * n as f64 / sim.requests.max(1) as f64;
     for (algorithm, report) in sim.reports() {
         let memory = if algorithm == Algorithm::SlidingLog {
@@ -322,7 +269,7 @@ fn table(sim: &Simulation, limit: u64) -> String {
         } else {
             human_bytes(sim.redis_estimate(algorithm, LogLayout::Zset))
         };
-        let _ = writeln!(
+        let _ = write!(
             out,
             "{:<16} {:>10} {:>11} ({:>5.2}%) {:>11} ({:>5.2}%) {:>13} {:>16}",
             algorithm.name(),
@@ -342,6 +289,11 @@ fn table(sim: &Simulation, limit: u64) -> String {
             ),
             memory
         );
+        if debt {
+            let longest = format!("{:.1} s", report.longest_debt as f64 / 1e6);
+            let _ = write!(out, " {:>16} {:>13}", report.refused_in_debt, longest);
+        }
+        out.push('\n');
     }
     let _ = writeln!(
         out,
@@ -354,14 +306,24 @@ fn table(sim: &Simulation, limit: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::replay::parse_line;
 
     const S: u64 = 1_000_000;
 
     fn simulate(lines: &[(u64, &str, u64)], limit: u64, window: u64) -> Simulation {
+        let text: Vec<String> = lines
+            .iter()
+            .map(|(t, key, cost)| format!("{t},{key},{cost}"))
+            .collect();
+        simulate_lines(&text, limit, window)
+    }
+
+    /// Feeds replay-format `lines` to a simulation.
+    fn simulate_lines(lines: &[impl AsRef<str>], limit: u64, window: u64) -> Simulation {
         let spec = RuleSpec::new(Algorithm::SlidingLog, limit, window);
         let mut sim = Simulation::new(&spec, 10 * window).unwrap();
-        for &(t, key, cost) in lines {
-            sim.request(t, key, cost).unwrap();
+        for line in lines {
+            sim.request(&parse_line(line.as_ref()).unwrap()).unwrap();
         }
         sim
     }
@@ -396,5 +358,79 @@ mod tests {
         assert_eq!(log.max_in_window, 3);
         assert_eq!(log.peak_keys, 2);
         assert_eq!(log.peak_live_units, 5);
+    }
+
+    #[test]
+    fn retries_are_told_by_their_request_ids() {
+        // The second line is the first one's retry: allowed, and nothing more recorded.
+        let sim = simulate_lines(&["0,k,1,a", "1000,k,1,a", "400000,k,1,b"], 5, S);
+        for (algorithm, report) in sim.reports() {
+            assert_eq!(report.allowed, 3, "{algorithm}");
+            assert_eq!(report.max_in_window, 2, "{algorithm}");
+        }
+    }
+
+    #[test]
+    fn debt_is_counted_and_timed_per_algorithm() {
+        // L = 10 per 1 s. A peek, then a report of 25: the key is spent, and the checks
+        // until the debt is paid are refused in debt.
+        let lines = [
+            "0,k,0",
+            "0,k,25,,report",
+            "500000,k,1",
+            "900000,k,1",
+            "1700000,k,1",
+        ];
+        let sim = simulate_lines(&lines, 10, S);
+        assert_eq!((sim.requests, sim.after_charges), (4, 1));
+        let log = report(&sim, Algorithm::SlidingLog);
+        // The newest ten units, all at 0, leave at 1 s.
+        assert_eq!((log.longest_debt, log.refused_in_debt), (S, 2));
+        assert_eq!(log.max_in_window, 25);
+        // TAT = 2.5 s: one unit fits once TAT + T − t ≤ τ, at 1.6 s.
+        let bucket = report(&sim, Algorithm::TokenBucket);
+        assert_eq!(
+            (bucket.longest_debt, bucket.refused_in_debt),
+            (1_600_000, 2)
+        );
+        assert_eq!(bucket.allowed, 2, "the peek, and the check at 1.7 s");
+        let table = table(&sim, 10);
+        assert!(table.contains("refused in debt"), "{table}");
+    }
+
+    #[test]
+    fn a_refused_request_reports_nothing() {
+        // L = 10: the second request is refused at its peek (the key is spent), so its
+        // report is not charged; one without an id is.
+        let lines = [
+            "0,k,0,a",
+            "0,k,10,a,report",
+            "1000,k,0,b",
+            "1000,k,7,b,report",
+            "2000,k,3,,report",
+        ];
+        let sim = simulate_lines(&lines, 10, S);
+        let log = report(&sim, Algorithm::SlidingLog);
+        assert_eq!((log.allowed, log.refused_in_debt), (1, 1));
+        assert_eq!(log.max_in_window, 13);
+    }
+
+    #[test]
+    fn settles_and_refunds_keep_the_books() {
+        let lines = [
+            "0,k,5,r1,reserve",
+            "100,k,8,r1,settle",
+            "200,k,8,r1,settle",
+            "300,k,3,,refund",
+        ];
+        let sim = simulate_lines(&lines, 100, S);
+        // 5 reserved, 3 more settled, the repeat nothing, 3 refunded: 8 at most, 5 left.
+        let log = report(&sim, Algorithm::SlidingLog);
+        assert_eq!(log.max_in_window, 8);
+        assert_eq!(log.peak_live_units, 8);
+        assert_eq!(sim.runs[0].busiest(), 5);
+        assert!(table(&sim, 100).contains("refused in debt"));
+        let checks_only = simulate(&[(0, "k", 1)], 100, S);
+        assert!(!table(&checks_only, 100).contains("refused in debt"));
     }
 }
