@@ -1,5 +1,5 @@
 //! A check whose limits live in several Redis Cluster hash slots: one script per slot, and
-//! a give-back when a later slot refuses.
+//! a give-back when a later slot refuses (none for the modes that are never refused).
 
 use super::keys::identity_slot;
 use super::script::{Mode, Row};
@@ -28,6 +28,33 @@ pub(super) fn slot_groups(check: &Check<'_>) -> Vec<Vec<usize>> {
         }
     }
     groups.into_iter().map(|(_, group)| group).collect()
+}
+
+/// A report, settle or refund whose limits live in several hash slots: never refused, each
+/// limit does its part (docs/SPEC.md, "Usage"), so each slot's script is the whole of it
+/// there, and nothing is given back.
+pub(super) async fn usage_across_slots(
+    store: &impl RunScript,
+    check: &Check<'_>,
+    groups: &[Vec<usize>],
+) -> Result<Vec<Decision>, StoreError> {
+    let mut decisions: Vec<Option<Decision>> = vec![None; check.limits.len()];
+    for group in groups {
+        let limits = limits_of(check, group);
+        let costs = check.costs_of(group.iter().copied());
+        let sub = Check {
+            limits: &limits,
+            costs: &costs,
+            ..*check
+        };
+        for (&i, row) in group.iter().zip(store.run(&sub, Mode::Check).await?) {
+            decisions[i] = Some(row.decision);
+        }
+    }
+    Ok(decisions
+        .into_iter()
+        .map(|d| d.expect("every limit was answered"))
+        .collect())
 }
 
 /// A check whose limits live in several Redis Cluster hash slots cannot be one script.

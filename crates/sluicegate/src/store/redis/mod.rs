@@ -326,9 +326,12 @@ impl Store for RedisStore {
         if let Connection::Cluster { .. } = self.connection {
             let groups = cluster::slot_groups(check);
             if groups.len() > 1 {
-                return cluster::check_across_slots(self, check, &groups)
-                    .await
-                    .map(Outcome::from_limits);
+                let decisions = if check.charge.may_refuse() {
+                    cluster::check_across_slots(self, check, &groups).await
+                } else {
+                    cluster::usage_across_slots(self, check, &groups).await
+                };
+                return decisions.map(Outcome::from_limits);
             }
         }
         let rows = self.run(check, Mode::Check).await?;

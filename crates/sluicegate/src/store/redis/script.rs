@@ -43,6 +43,12 @@ mod code {
     /// `CHECK` and `DRY` with refusals charged (`Charge::Attempted`).
     pub(super) const CHARGE: &str = "charge";
     pub(super) const DRY_CHARGE: &str = "dry-charge";
+    /// The usage modes (`Charge::Reserved` … `Charge::Refunded`); a reservation's dry run
+    /// is `DRY`, and the others, never refused, have none.
+    pub(super) const RESERVE: &str = "reserve";
+    pub(super) const REPORT: &str = "report";
+    pub(super) const SETTLE: &str = "settle";
+    pub(super) const REFUND: &str = "refund";
 
     /// Bits of a rule's status.
     pub(super) const ALLOWS: i64 = 1;
@@ -52,10 +58,10 @@ mod code {
     pub(super) const GIVEN_BACK: i64 = 1;
 }
 
-/// What the script is asked to do (its ARGV[4]).
+/// What the script is asked to do (its ARGV[4]), with the check's [`Charge`].
 #[derive(Clone, Copy)]
 pub(super) enum Mode<'a> {
-    /// Decide and record.
+    /// Decide and record (a report, settle or refund: record and answer the standing).
     Check,
     /// Answer as a check refused by another rule: record nothing.
     Dry,
@@ -66,8 +72,12 @@ pub(super) enum Mode<'a> {
 impl Mode<'_> {
     fn name(self, charge: Charge) -> &'static str {
         match (self, charge) {
+            (Mode::Check, Charge::Admitted) => code::CHECK,
             (Mode::Check, Charge::Attempted) => code::CHARGE,
-            (Mode::Check, _) => code::CHECK,
+            (Mode::Check, Charge::Reserved) => code::RESERVE,
+            (Mode::Check, Charge::Reported) => code::REPORT,
+            (Mode::Check, Charge::Settled) => code::SETTLE,
+            (Mode::Check, Charge::Refunded) => code::REFUND,
             (Mode::Dry, Charge::Attempted) => code::DRY_CHARGE,
             (Mode::Dry, _) => code::DRY,
             (Mode::Undo(_), _) => code::UNDO,

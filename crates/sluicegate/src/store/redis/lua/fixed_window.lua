@@ -42,5 +42,17 @@ local function fixed_window_steps()
     end
   end
 
-  return evaluate, record, answer, give_back
+  -- Debt: the count held below 2^53, as a charged refusal's is.
+  local function report(r, cost, margin)
+    record(r, min(cost, MAX_EXACT - r.count), margin)
+  end
+
+  -- Only from the current window's count: an earlier one's has nothing left to give.
+  local function refund(r, cost)
+    if r.count > 0 then
+      call('HSET', r.key, 'n', max(0, r.count - cost))
+    end
+  end
+
+  return evaluate, record, answer, give_back, report, refund
 end

@@ -10,22 +10,25 @@ local function gcra_steps()
     r.latest = tonumber(v[2]) or 0
     r.now = max(t, r.latest)
     r.tolerance = r.interval * r.capacity
-    -- The backlog tat - now as written; written under another interval, its units (rounded
-    -- up) at this one. At most the tolerance either way.
+    -- The backlog tat - now as written, in full (a report's debt included); written under
+    -- another interval, its units (rounded up) at this one, at most the capacity.
     local backlog = max((tonumber(v[1]) or 0) - r.now, 0)
     local written_interval = tonumber(v[3]) or r.interval
     if backlog > 0 and written_interval ~= r.interval then
       backlog = min(div(backlog + written_interval - 1, written_interval), r.capacity) * r.interval
     end
-    r.tat = r.now + min(backlog, r.tolerance)
+    r.tat = r.now + backlog
     r.new = r.tat + units * r.interval
     return r.new - r.now <= r.tolerance
   end
 
-  local function record(r, cost, margin)
-    local tat = r.tat + cost * r.interval
+  local function write(r, tat, margin)
     call('HSET', r.key, 'tat', int(tat), 't', int(r.now), 'T', int(r.interval))
     call('PEXPIRE', r.key, ttl_ms(tat - r.now, margin))
+  end
+
+  local function record(r, cost, margin)
+    write(r, r.tat + cost * r.interval, margin)
   end
 
   local function answer(r, admitted, over)
@@ -46,5 +49,19 @@ local function gcra_steps()
     end
   end
 
-  return evaluate, record, answer, give_back
+  -- Debt: the backlog may run past the tolerance, held at MAX_BACKLOG.
+  local function report(r, cost, margin)
+    write(r, min(r.tat + cost * r.interval, r.now + MAX_BACKLOG), margin)
+  end
+
+  -- Never below now; written with the rule's interval, the latest time left as it was.
+  local function refund(r, cost, margin)
+    if r.tat > r.now then
+      local tat = max(r.now, r.tat - cost * r.interval)
+      call('HSET', r.key, 'tat', int(tat), 'T', int(r.interval))
+      call('PEXPIRE', r.key, ttl_ms(tat - r.now, margin))
+    end
+  end
+
+  return evaluate, record, answer, give_back, report, refund
 end

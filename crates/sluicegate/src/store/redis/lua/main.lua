@@ -11,13 +11,14 @@ local function new_rule_slot()
     spec = false, algorithm = 0, limit = 0, window = 0, buckets = 0, capacity = 0,
     interval = 0, key = false, ids = false, releases = false, now = 0, latest = false,
     live = 0, expired = 0, cutoff = 0, head = 0, count = 0, new_key = false,
-    repeat_release = false, verdict = false, cost = 0, units = 0,
-    evaluate = false, record = false, answer = false, give_back = false,
+    repeat_release = false, verdict = false, cost = 0, units = 0, reserved = 0,
+    evaluate = false, record = false, answer = false, give_back = false, report = false,
+    refund = false,
   }
 end
 
 -- The steps of each algorithm (and layout), made the first time a call's rules use it (see
--- prelude.lua): {evaluate, record, answer, give_back}, by maker.
+-- prelude.lua): {evaluate, record, answer, give_back, report, refund}, by maker.
 local made_steps = {}
 local function steps_made_by(make)
   local steps = made_steps[make]
@@ -54,6 +55,12 @@ local function find_steps()
   end
 end
 
+-- Clears what evaluating a rule reads before it writes, for the rule to be evaluated anew.
+local function forget_reading(r)
+  r.now, r.latest, r.live, r.expired, r.cutoff = 0, false, 0, 0, 0
+  r.head, r.count, r.new_key, r.repeat_release = 0, 0, false, false
+end
+
 -- Rule `i` of a check: its spec, its keys, and room for what evaluating it finds. A slot
 -- takes up a rule's values, and its steps as methods, when it changes rule, so that no
 -- check branches on the algorithm.
@@ -70,10 +77,10 @@ local function rule_of(i, spec, q, keys_per_rule)
     r.capacity, r.interval = tonumber(argv[spec + 5]), tonumber(argv[spec + 6])
     local steps = steps_of_spec[spec]
     r.evaluate, r.record, r.answer, r.give_back = steps[1], steps[2], steps[3], steps[4]
+    r.report, r.refund = steps[5], steps[6]
   end
   r.key = keys[q + 1]
-  r.now, r.latest, r.live, r.expired, r.cutoff = 0, false, 0, 0, 0
-  r.head, r.count, r.new_key, r.repeat_release = 0, 0, false, false
+  forget_reading(r)
   if keys_per_rule == 3 then
     r.ids, r.releases = keys[q + 2], keys[q + 3]
   end
@@ -95,27 +102,41 @@ local function give_back_check(shape, k)
       r:give_back(at, costs and costs[i] or cost)
       if request_id ~= '' then
         call('ZREM', r.ids, request_id)
-        call('HDEL', r.releases, request_id)
+        call('HDEL', r.releases, request_id, RESERVED_UNITS .. request_id)
       end
     end
   end
 end
 
--- Forget the request ids whose admissions no longer count, then remember this one: until
--- its admission stops counting (`reset` from now), and when it waits, until when.
-local function remember_request(r, request_id, reset, delay, margin)
+-- Forget the request ids whose memory has expired (and what the release times' hash holds
+-- for them), then remember `member` until `until_offset` from now; when it waits, until
+-- when (`delay`); for a reservation, its units. Each key lasts as long as the latest
+-- instant it is needed until: a shorter memory never cuts a longer one's.
+local function remember_request(r, member, until_offset, delay, reserved, margin)
   local now = r.now
   local gone = call('ZRANGEBYSCORE', r.ids, '-inf', int(now))
-  for g = 1, #gone, 1000 do
-    local chunk = {unpack(gone, g, min(g + 999, #gone))}
+  for g = 1, #gone, 500 do
+    local chunk, fields = {}, {}
+    for j = g, min(g + 499, #gone) do
+      chunk[#chunk + 1] = gone[j]
+      fields[#fields + 1] = gone[j]
+      fields[#fields + 1] = RESERVED_UNITS .. gone[j]
+    end
     call('ZREM', r.ids, unpack(chunk))
-    call('HDEL', r.releases, unpack(chunk))
+    call('HDEL', r.releases, unpack(fields))
   end
-  call('ZADD', r.ids, int(now + reset), request_id)
-  call('PEXPIRE', r.ids, ttl_ms(reset, margin))
-  if delay > 0 then
-    call('HSET', r.releases, request_id, int(now + delay))
-    call('PEXPIRE', r.releases, ttl_ms(reset, margin))
+  call('ZADD', r.ids, int(now + until_offset), member)
+  local latest = tonumber(call('ZRANGE', r.ids, -1, -1, 'WITHSCORES')[2])
+  local ttl = ttl_ms(latest - now, margin)
+  call('PEXPIRE', r.ids, ttl)
+  if delay > 0 or reserved > 0 then
+    if delay > 0 then
+      call('HSET', r.releases, member, int(now + delay))
+    end
+    if reserved > 0 then
+      call('HSET', r.releases, RESERVED_UNITS .. member, int(reserved))
+    end
+    call('PEXPIRE', r.releases, ttl)
   end
 end
 
@@ -126,9 +147,86 @@ local routed = false
 -- rehashed at every power of two): a call clears what the last one left.
 local results, result_count = {}, 0
 
+-- Appends one rule's numbers to `results`.
+local function add_result(status, remaining, retry, reset, delay, now)
+  local n = result_count
+  results[n + 1] = status
+  results[n + 2] = remaining
+  results[n + 3] = retry
+  results[n + 4] = reset
+  results[n + 5] = delay
+  results[n + 6] = now
+  result_count = n + 6
+end
+
+-- A report, settle or refund (docs/SPEC.md, "Usage"), its keys after KEYS index `k`: never
+-- refused, each rule does its part and answers its standing after it, for one unit. Every
+-- rule's keys are read before any is written (a routed call must fail before it writes).
+local function run_usage(shape, k)
+  local cost, costs, request_id, mode = shape.cost, shape.costs, shape.request_id, shape.usage
+  local rule_count, specs, keys_per_rule = shape.rule_count, shape.specs, shape.keys_per_rule
+  local t = shape.t or redis_time()
+  local member = request_id ~= '' and USAGE_ID[mode] .. request_id
+
+  -- Phase 1: read every rule's state, and whether it has done this request already, or
+  -- holds its reservation.
+  for i = 1, rule_count do
+    local r = rule_of(i, specs[i], k + (i - 1) * keys_per_rule, keys_per_rule)
+    r.cost = costs and costs[i] or cost
+    r:evaluate(t, 1)
+    r.verdict, r.reserved = false, 0
+    if member then
+      if routed then
+        call('EXISTS', r.releases)
+      end
+      local done_until = tonumber(call('ZSCORE', r.ids, member))
+      r.verdict = done_until ~= nil and done_until > r.now
+      if not r.verdict and mode == SETTLE then
+        local reserved_until = tonumber(call('ZSCORE', r.ids, request_id))
+        if reserved_until and reserved_until > r.now then
+          r.reserved = tonumber(call('HGET', r.releases, RESERVED_UNITS .. request_id)) or 0
+        end
+      end
+    end
+  end
+
+  -- Phase 2: each rule records its part, then answers its standing.
+  for i = 1, rule_count do
+    local r = rule_slots[i]
+    local now, cost, repeated = r.now, r.cost, r.verdict
+    if not repeated then
+      if mode == SETTLE then
+        -- Net of the reservation: a report of the excess, a refund of what it left unused.
+        if cost > r.reserved then
+          r:report(cost - r.reserved, shape.margin)
+        elseif cost < r.reserved then
+          r:refund(r.reserved - cost, shape.margin)
+        end
+      elseif cost > 0 then
+        if mode == REPORT then
+          r:report(cost, shape.margin)
+        else
+          r:refund(cost, shape.margin)
+        end
+      end
+    end
+    forget_reading(r)
+    local fits = r:evaluate(now, 1)
+    local remaining, retry, reset = r:answer(false, not fits, 1)
+    if member and not repeated and cost > 0 then
+      remember_request(r, member, max(r.window, reset), 0, 0, shape.margin)
+    end
+    add_result(fits and ALLOWS or 0, remaining, retry, reset, 0, r.now)
+  end
+end
+
 -- One check of the given shape, its keys after KEYS index `k`; appends its numbers to
 -- `results`.
 local function run_check(shape, k)
+  if shape.usage then
+    run_usage(shape, k)
+    return
+  end
   if shape.undo then
     give_back_check(shape, k)
     result_count = result_count + 1
@@ -186,7 +284,7 @@ local function run_check(shape, k)
     if recorded then
       r:record(cost, shape.margin)
     elseif charged then
-      local units_charged = min(cost, MAX_CHARGED_COUNT - r.count)
+      local units_charged = min(cost, MAX_EXACT - r.count)
       r:record(units_charged, shape.margin)
       r.count = r.count + units_charged
     end
@@ -200,16 +298,13 @@ local function run_check(shape, k)
       delay = all_allow and max(r.repeat_release - now, 0) or 0
     end
     if recorded and request_id ~= '' then
-      remember_request(r, request_id, reset, delay, shape.margin)
+      if shape.reserve then
+        remember_request(r, request_id, max(r.window, reset), delay, cost, shape.margin)
+      else
+        remember_request(r, request_id, reset, delay, 0, shape.margin)
+      end
     end
-    local n = result_count
-    results[n + 1] = recorded and status + RECORDED or status
-    results[n + 2] = remaining
-    results[n + 3] = retry
-    results[n + 4] = reset
-    results[n + 5] = delay
-    results[n + 6] = now
-    result_count = n + 6
+    add_result(recorded and status + RECORDED or status, remaining, retry, reset, delay, now)
   end
 end
 
@@ -233,18 +328,21 @@ local function read_shapes()
     if not shape then
       shape = {
         t = false, margin = 0, cost = 0, request_id = '', undo = false, dry = false,
-        charge = false, keys_per_rule = 1, rule_count = 0, specs = {}, undo_at = {},
+        charge = false, reserve = false, usage = false, keys_per_rule = 1, rule_count = 0, specs = {}, undo_at = {},
         costs = false, cost_table = {},
       }
       shapes[h] = shape
     end
     -- t: the client's time, or false for Redis TIME; margin: see ttl_ms. keys_per_rule: the
     -- state, and with a request id, its request ids and release times (KEYS). dry: any mode
-    -- but CHECK, CHARGE and UNDO. charge: a refusing fixed window records the cost.
+    -- but CHECK, CHARGE, RESERVE and UNDO. charge: a refusing fixed window records the cost.
+    -- reserve: an admission remembers its units. usage: REPORT, SETTLE or REFUND, or false.
     local mode = argv[p + 4]
     shape.t, shape.margin = tonumber(argv[p + 1]) or false, argv[p + 1] == '' and 0 or 60000
     shape.cost, shape.request_id = tonumber(argv[p + 2]), argv[p + 3]
-    shape.undo, shape.dry = undo, mode ~= CHECK and mode ~= CHARGE
+    shape.usage = USAGE_ID[mode] and mode or false
+    shape.undo, shape.reserve = undo, mode == RESERVE
+    shape.dry = mode ~= CHECK and mode ~= CHARGE and mode ~= RESERVE
     shape.charge = mode == CHARGE or mode == DRY_CHARGE
     shape.keys_per_rule, shape.rule_count = argv[p + 3] == '' and 1 or 3, rule_count
     shape.costs = own_costs and shape.cost_table

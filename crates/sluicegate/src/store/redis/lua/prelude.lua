@@ -17,11 +17,15 @@
 -- the steps made) is what the next call may reuse; whatever depends on the call (its
 -- arguments, Redis TIME, the reply) `check` sets anew.
 --
--- An algorithm's piece is a function that makes its four steps, which a rule then calls as
+-- An algorithm's piece is a function that makes its six steps, which a rule then calls as
 -- its methods: evaluate(r, t, units) reads the rule's state and says whether `units` fit;
 -- record(r, cost, margin) records an admission; answer(r, admitted, over, units) returns
 -- remaining, retry_after, reset_after and delay; give_back(r, at, cost) undoes an
--- admission. main.lua makes each algorithm's steps the first time a call's rules use it.
+-- admission; report(r, cost, margin) records `cost` whatever the limit says (into debt,
+-- within the algorithm's caps); refund(r, cost, margin) gives back up to `cost` of the
+-- live units, newest first. report and refund follow an evaluate of the same rule, whose
+-- findings they use. main.lua makes each algorithm's steps the first time a call's rules
+-- use it.
 --
 -- The Rust algorithms (crates/sluicegate/src/algorithm/) are the reference; this script
 -- re-implements them and differential tests hold the two together. In each check every
@@ -54,7 +58,9 @@
 --              nothing); UNDO (give back an admission of `cost` made at the times
 --              given per rule); CHARGE and DRY_CHARGE are CHECK and 'dry' where a
 --              fixed window that refuses records the cost all the same (docs/SPEC.md,
---              "Charging refusals")
+--              "Charging refusals"); RESERVE is CHECK whose admission also remembers
+--              its units under the request id; REPORT, SETTLE and REFUND are never
+--              refused and each rule does its part (docs/SPEC.md, "Usage")
 --            number of rules R, then per rule its number among the S rules (from 1),
 --              for UNDO only the time the admission was recorded at ('' for none), and
 --              when the shape's cost is '' the rule's own cost
@@ -68,7 +74,9 @@
 --
 -- Returns one flat array: per check, 6 numbers per rule {status (ALLOWS if the rule
 -- allows, plus RECORDED if this call recorded units), remaining, retry_after (NEVER if no
--- wait will do), reset_after, delay, time decided at}; for an UNDO, the single number
+-- wait will do), reset_after, delay, time decided at} (for REPORT, SETTLE and REFUND the
+-- standing after it, for one unit, and never RECORDED: nothing of theirs is given back);
+-- for an UNDO, the single number
 -- GIVEN_BACK; for a check that failed, in place of its numbers, the error's text. Every
 -- number stays below 2^53 (rules are validated for it).
 
@@ -78,9 +86,18 @@ local SLIDING_LOG, SLIDING_COUNTER, FIXED_WINDOW, TOKEN_BUCKET, LEAKY_BUCKET = 1
 local ZSET, COMPACT = 0, 1
 -- The modes the script tells apart; 'dry' is evaluated as CHECK is, but never records.
 local CHECK, UNDO, CHARGE, DRY_CHARGE = 'check', 'undo', 'charge', 'dry-charge'
--- The most units a charged fixed window counts: every count at or above its limit refuses
--- alike, and below 2^53 a count is exact.
-local MAX_CHARGED_COUNT = 2 ^ 53 - 1
+local RESERVE, REPORT, SETTLE, REFUND = 'reserve', 'report', 'settle', 'refund'
+-- The request ids of the usage modes, as members of the request ids' zset: 0xFF, the
+-- mode's letter, the id (no UTF-8 text begins with 0xFF, so no id passes for another
+-- mode's); and the field of the release times' hash holding a reservation's units.
+local USAGE_ID = {[REPORT] = '\255p', [SETTLE] = '\255s', [REFUND] = '\255f'}
+local RESERVED_UNITS = '\255u'
+-- The most units a count holds (a charged fixed window, a report's debt): every count at
+-- or above its limit refuses alike, and below 2^53 a count is exact.
+local MAX_EXACT = 2 ^ 53 - 1
+-- The most backlog (TAT - now, µs) a report leaves a GCRA state, so that every number
+-- stays below 2^53.
+local MAX_BACKLOG = 2 ^ 51
 local ALLOWS, RECORDED = 1, 2
 local NEVER = -1
 local GIVEN_BACK = 1

@@ -111,5 +111,44 @@ local function sliding_counter_steps()
     end
   end
 
-  return evaluate, record, answer, give_back
+  -- Debt: the units of the buckets that still weigh are held so that w times their sum
+  -- stays below 2^53.
+  local function report(r, cost, margin)
+    local held = 0
+    for _, b in ipairs(r.stored) do
+      if b[1] + r.buckets >= r.bucket then
+        held = held + b[2]
+      end
+    end
+    local room = div(MAX_EXACT, r.width) - held
+    if room > 0 then
+      record(r, min(cost, room), margin)
+    end
+  end
+
+  -- From the buckets that still weigh, the newest first (n_b, n_{b-1}, …, n_{b-N}); the
+  -- buckets left empty, and those that no longer weigh, are dropped.
+  local function refund(r, cost)
+    local key, stored, oldest_weighing = r.key, r.stored, r.bucket - r.buckets
+    local left = cost
+    for i = #stored, 1, -1 do
+      local b = stored[i]
+      local field = 'b' .. int(b[1])
+      if b[1] < oldest_weighing then
+        if left < cost then
+          call('HDEL', key, field)
+        end
+      elseif left > 0 then
+        local taken = min(left, b[2])
+        left = left - taken
+        if taken == b[2] then
+          call('HDEL', key, field)
+        else
+          call('HINCRBY', key, field, -taken)
+        end
+      end
+    end
+  end
+
+  return evaluate, record, answer, give_back, report, refund
 end

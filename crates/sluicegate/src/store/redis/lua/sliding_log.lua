@@ -83,39 +83,100 @@ local function zset_log_steps()
     return r.live + units <= r.limit
   end
 
-  local function record(r, cost, margin)
-    local key, now = r.key, r.now
+  -- Members "time:n" for n = first .. last, at `now`.
+  local function add_members(key, now, first, last)
+    if first == last then
+      call('ZADD', key, int(now), format(MEMBER, now, digits(first), first))
+      return
+    end
+    local stamp = int(now)
+    local args = {}
+    for n = first, last do
+      args[#args + 1] = stamp
+      args[#args + 1] = format(MEMBER, now, digits(n), n)
+      if #args >= 1000 then
+        call('ZADD', key, unpack(args))
+        args = {}
+      end
+    end
+    if #args > 0 then
+      call('ZADD', key, unpack(args))
+    end
+  end
+
+  -- Drops what has expired, and counts what is left when evaluating did not.
+  local function prune(r)
     if not r.expired then
-      r.expired = call('ZREMRANGEBYSCORE', key, '-inf', int(r.cutoff))
+      r.expired = call('ZREMRANGEBYSCORE', r.key, '-inf', int(r.cutoff))
       r.live = r.count - r.expired
     elseif r.expired > 0 then
-      call('ZREMRANGEBYSCORE', key, '-inf', int(r.cutoff))
+      call('ZREMRANGEBYSCORE', r.key, '-inf', int(r.cutoff))
     end
-    -- Member "time:n", n = live + u. After pruning the set holds exactly `live` entries, and
-    -- units at one instant are only added while it is the key's latest (time is clamped),
-    -- when nothing can be pruned: so the n of one instant run consecutively and never
-    -- repeat. n is written with its digit count first, so that members of one instant sort
-    -- by n (a give-back removes the highest).
-    if cost == 1 then
-      local n = r.live + 1
-      call('ZADD', key, int(now), format(MEMBER, now, digits(n), n))
-    else
-      local stamp = int(now)
-      local args = {}
-      for u = 1, cost do
-        local n = r.live + u
-        args[#args + 1] = stamp
-        args[#args + 1] = format(MEMBER, now, digits(n), n)
-        if #args >= 1000 then
-          call('ZADD', key, unpack(args))
-          args = {}
-        end
-      end
-      if #args > 0 then
-        call('ZADD', key, unpack(args))
-      end
+  end
+
+  -- Member "time:n", n = live + u. After pruning the set holds exactly `live` entries, and
+  -- units at one instant are only added while it is the key's latest (time is clamped), when
+  -- nothing can be pruned: so the n of one instant are at most `live` and never repeat.
+  -- report and refund keep it so (they renumber an instant where they must). n is written
+  -- with its digit count first, so that members of one instant sort by n (a give-back and a
+  -- refund remove the highest).
+  local function record(r, cost, margin)
+    prune(r)
+    add_members(r.key, r.now, r.live + 1, r.live + cost)
+    call('PEXPIRE', r.key, ttl_ms(r.window, margin))
+  end
+
+  -- Into debt the log keeps its newest L live units: the oldest older entries go, and the
+  -- entries at now are written anew as n = (older ones kept) + 1 .. L.
+  local function report(r, cost, margin)
+    if not r.expired then
+      count_live(r)
     end
+    local limit = r.limit
+    if r.live + cost <= limit then
+      return record(r, cost, margin)
+    end
+    local key, now = r.key, r.now
+    prune(r)
+    local at_now = r.live > 0 and call('ZCOUNT', key, int(now), int(now)) or 0
+    local older_kept = limit - min(at_now + cost, limit)
+    local older_dropped = r.live - at_now - older_kept
+    if older_dropped > 0 then
+      call('ZREMRANGEBYRANK', key, 0, older_dropped - 1)
+    end
+    if at_now > 0 then
+      call('ZREMRANGEBYSCORE', key, int(now), int(now))
+    end
+    add_members(key, now, older_kept + 1, limit)
     call('PEXPIRE', key, ttl_ms(r.window, margin))
+  end
+
+  -- The newest live entries go first (the highest n of the newest instant). When the
+  -- refund reaches back into an older instant, that instant becomes the key's latest, where
+  -- a check clamped to it would add: its members are renumbered to end at the live count.
+  local function refund(r, cost)
+    if not r.expired then
+      count_live(r)
+    end
+    local taken = min(cost, r.live)
+    if taken == 0 then
+      return
+    end
+    local key = r.key
+    prune(r)
+    local newest = entry(r, -1)
+    call('ZREMRANGEBYRANK', key, -taken, -1)
+    local live = r.live - taken
+    if live == 0 then
+      return
+    end
+    local latest = entry(r, -1)
+    if latest < newest then
+      local stamp = int(latest)
+      local at_latest = call('ZCOUNT', key, stamp, stamp)
+      call('ZREMRANGEBYSCORE', key, stamp, stamp)
+      add_members(key, latest, live - at_latest + 1, live)
+    end
   end
 
   local function answer(r, admitted, over, units)
@@ -135,7 +196,7 @@ local function zset_log_steps()
     end
   end
 
-  return evaluate, record, answer, give_back
+  return evaluate, record, answer, give_back, report, refund
 end
 
 -- The steps of the COMPACT layout.
@@ -216,6 +277,35 @@ local function compact_log_steps()
     call('PEXPIRE', key, ttl_ms(r.window, margin))
   end
 
+  -- Into debt the ring keeps its newest L live units: the oldest live ones are dropped as
+  -- the expired ones are, and at most L new ones written.
+  local function report(r, cost, margin)
+    local limit = r.limit
+    if r.live + cost > limit then
+      local written = min(cost, limit)
+      local dropped = r.live + written - limit
+      r.expired, r.live = r.expired + dropped, r.live - dropped
+      cost = written
+    end
+    record(r, cost, margin)
+  end
+
+  -- The newest live entries go first; the latest time becomes the newest entry left, and a
+  -- ring left empty is deleted.
+  local function refund(r, cost)
+    local taken = min(cost, r.live)
+    if taken == 0 then
+      return
+    end
+    local count = r.live - taken
+    if count == 0 then
+      call('DEL', r.key)
+      return
+    end
+    r.head = (r.head + r.expired) % r.limit
+    call('SETRANGE', r.key, 0, pack('<ddd', r.head, count, entry(r, count - 1)))
+  end
+
   local function answer(r, admitted, over, units)
     return answer_log(r, admitted, over, units, entry)
   end
@@ -247,5 +337,5 @@ local function compact_log_steps()
     end
   end
 
-  return evaluate, record, answer, give_back
+  return evaluate, record, answer, give_back, report, refund
 end
