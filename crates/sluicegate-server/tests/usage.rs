@@ -333,6 +333,37 @@ async fn bad_usage_entries_are_invalid_arguments() {
     assert_eq!(one(&mut c, "route=chat", 0).await, ('O', vec![('O', 99)]));
 }
 
+/// `Retry-After` (`--response-headers ietf`) goes with a refusal only: not with a report
+/// that spends the key, but with the check refused after it.
+#[tokio::test]
+async fn retry_after_only_for_a_refusal() {
+    let server = start("headers", Store::Memory, &["--response-headers", "ietf"]);
+    let mut c = client(&server).await;
+    let retry_after = |descriptor: RateLimitDescriptor| {
+        let mut c = c.clone();
+        async move {
+            let request = RateLimitRequest {
+                domain: "llm".into(),
+                descriptors: vec![descriptor],
+                hits_addend: 0,
+            };
+            let response = c.should_rate_limit(request).await.unwrap().into_inner();
+            let headers = response.response_headers_to_add;
+            (
+                response.overall_code == i32::from(Code::Ok),
+                headers.iter().any(|h| h.key == "Retry-After"),
+            )
+        }
+    };
+    let report = descriptor("model=h,request_id=h1", Some(1500));
+    assert_eq!(retry_after(report).await, (true, false));
+    assert_eq!(
+        retry_after(descriptor("model=h", Some(0))).await,
+        (false, true)
+    );
+    assert_eq!(one(&mut c, "model=h", 0).await.0, 'X');
+}
+
 /// Python's grpcio with Envoy's generated stubs drives the same flow.
 #[test]
 fn envoy_stream_done_reports_from_python_grpcio() {
