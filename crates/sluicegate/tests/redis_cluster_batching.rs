@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sluicegate::store::redis::identity_slot;
 use sluicegate::{
-    Algorithm, Check, Limit, Outcome, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store,
+    Algorithm, Charge, Check, Limit, Outcome, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store,
     StoreError,
 };
 use sluicegate_test_support::{self as support, RedisServer, cmd};
@@ -41,6 +41,19 @@ async fn at_once(
     count: usize,
     request_ids: bool,
 ) -> (Vec<u64>, Vec<StoreError>) {
+    at_once_in(store, rule, keys, count, request_ids, Charge::Admitted).await
+}
+
+/// [`at_once`] in mode `charge`: for a report, which is never refused, each key's reports
+/// answered.
+async fn at_once_in(
+    store: &RedisStore,
+    rule: &Rule,
+    keys: &[String],
+    count: usize,
+    request_ids: bool,
+    charge: Charge,
+) -> (Vec<u64>, Vec<StoreError>) {
     static REQUESTS: AtomicU64 = AtomicU64::new(0);
     let mut tasks = Vec::new();
     for (k, key) in keys.iter().enumerate() {
@@ -57,6 +70,7 @@ async fn at_once(
                     }];
                     let check = Check {
                         request_id: request_id.as_deref(),
+                        charge,
                         ..Check::new(&limits, 1)
                     };
                     store.check(&check).await
@@ -68,7 +82,9 @@ async fn at_once(
     let mut errors = Vec::new();
     for (k, task) in tasks {
         match task.await.unwrap() {
-            Ok(outcome) => admitted[k] += u64::from(outcome.decision.allowed),
+            Ok(outcome) => {
+                admitted[k] += u64::from(outcome.decision.allowed || !charge.may_refuse())
+            }
             Err(e) => errors.push(e),
         }
     }
@@ -185,15 +201,104 @@ async fn a_slot_migrating_under_checks_loses_and_doubles_nothing() {
     )
     .unwrap();
     let keys = keys_of_one_slot("migrant", 8);
+    let (admitted, errors) = migrate_under(&store, &rule, &keys, Charge::Admitted).await;
+    assert!(
+        errors.is_empty(),
+        "checks failed during the migration: {errors:?}"
+    );
+    for (key, admitted) in keys.iter().zip(admitted) {
+        assert_eq!(admitted, 1 + 30 * 4, "{key}");
+        assert_eq!(
+            remaining(&store, &rule, key).await,
+            1000 - admitted - 1,
+            "{key}"
+        );
+    }
+}
+
+/// The same migration under reports, which are never refused and write into debt: a
+/// routed report reads every key before it writes, so a report that meets a key gone from
+/// its node is sent again and counted once. A token bucket of one unit an hour holds the
+/// count: its backlog is one emission interval per report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migrating_under_reports_loses_and_doubles_nothing() {
+    let store = cluster_store("migration-reports").await;
+    let rule = Rule::new(
+        "r",
+        &RuleSpec::new(Algorithm::TokenBucket, 1, 3_600_000_000),
+    )
+    .unwrap();
+    let keys = keys_of_one_slot("reporter", 8);
+    let (reported, errors) = migrate_under(&store, &rule, &keys, Charge::Reported).await;
+    assert!(
+        errors.is_empty(),
+        "reports failed during the migration: {errors:?}"
+    );
+    for (key, reported) in keys.iter().zip(reported) {
+        assert_eq!(reported, 1 + 30 * 4, "{key}");
+        assert_eq!(units_held(&store, &rule, key).await, reported, "{key}");
+    }
+}
+
+/// Reports on many identities (each its own slot, nearly always), in flight together,
+/// share calls by node (routed by one key, the others passed as arguments) and each is
+/// counted in its own state: three reports on each key, half of them with request ids, put
+/// three units of debt on a token bucket whose burst is two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_of_one_node_share_a_call_and_each_counts() {
+    let store = cluster_store("reports-by-node").await;
+    let rule = Rule::new(
+        "p",
+        &RuleSpec::new(Algorithm::TokenBucket, 2, 3_600_000_000),
+    )
+    .unwrap();
+    let keys: Vec<String> = (0..100).map(|i| format!("spender:{i}")).collect();
+    let before = store.script_calls();
+    let (reported, errors) = at_once_in(&store, &rule, &keys, 3, true, Charge::Reported).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(reported, vec![3; keys.len()]);
+    let after = store.script_calls();
+    let (calls, checks) = (after.calls - before.calls, after.checks - before.checks);
+    assert!(calls < checks / 2, "{checks} reports took {calls} calls");
+    for key in &keys {
+        assert_eq!(units_held(&store, &rule, key).await, 3, "{key}");
+    }
+}
+
+/// How many units a token bucket holds for `key`: its backlog (the standing of a report of
+/// nothing says how long until the key is empty) in emission intervals, rounded up.
+async fn units_held(store: &RedisStore, rule: &Rule, key: &str) -> u64 {
+    let limits = [Limit { rule, key }];
+    let check = Check {
+        charge: Charge::Reported,
+        ..Check::new(&limits, 0)
+    };
+    let standing = store.check(&check).await.expect("a report of nothing");
+    standing
+        .decision
+        .reset_after
+        .div_ceil(rule.emission_interval())
+}
+
+/// Moves the slot of `keys` to another master while 30 rounds of 4 checks of one unit in
+/// mode `charge` on each key are in flight (after one each to seed them): each key's
+/// admissions (for reports: reports answered), seed included, and every error. Afterwards
+/// every key is on the new master.
+async fn migrate_under(
+    store: &RedisStore,
+    rule: &Rule,
+    keys: &[String],
+    charge: Charge,
+) -> (Vec<u64>, Vec<StoreError>) {
     let slot = identity_slot(&keys[0]);
     // Seed every key, so that the migration has keys to move while checks arrive.
-    let (seeded, errors) = at_once(&store, &rule, &keys, 1, false).await;
+    let (seeded, errors) = at_once_in(store, rule, keys, 1, false, charge).await;
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(seeded, vec![1; keys.len()]);
     let cluster = support::cluster();
     let masters = cluster.current_masters();
     let owner_of = |key: &str| -> &RedisServer {
-        let state = store.state_key(&rule, key);
+        let state = store.state_key(rule, key);
         masters
             .iter()
             .copied()
@@ -213,12 +318,12 @@ async fn a_slot_migrating_under_checks_loses_and_doubles_nothing() {
     let (source_id, target_id) = (node_id(source), node_id(target));
 
     let checks = {
-        let (store, rule, keys) = (store.clone(), rule.clone(), keys.clone());
+        let (store, rule, keys) = (store.clone(), rule.clone(), keys.to_vec());
         tokio::spawn(async move {
             let mut admitted = vec![1; keys.len()];
             let mut errors = Vec::new();
             for _ in 0..30 {
-                let (more, failed) = at_once(&store, &rule, &keys, 4, false).await;
+                let (more, failed) = at_once_in(&store, &rule, &keys, 4, false, charge).await;
                 for (total, more) in admitted.iter_mut().zip(more) {
                     *total += more;
                 }
@@ -269,17 +374,8 @@ async fn a_slot_migrating_under_checks_loses_and_doubles_nothing() {
     };
     migrate();
     let (admitted, errors) = checks.await.unwrap();
-    assert!(
-        errors.is_empty(),
-        "checks failed during the migration: {errors:?}"
-    );
-    for (key, admitted) in keys.iter().zip(admitted) {
-        assert_eq!(admitted, 1 + 30 * 4, "{key}");
-        assert_eq!(
-            remaining(&store, &rule, key).await,
-            1000 - admitted - 1,
-            "{key}"
-        );
+    for key in keys {
         assert_eq!(owner_of(key).port, target.port, "{key} did not move");
     }
+    (admitted, errors)
 }

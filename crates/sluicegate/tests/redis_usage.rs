@@ -13,6 +13,11 @@ use sluicegate::{
 };
 use sluicegate_test_support::{self as support, cmd};
 
+#[path = "redis_trace/common.rs"]
+mod common;
+
+use common::{CASES, Random};
+
 const S: u64 = 1_000_000;
 
 fn prefix(test: &str) -> String {
@@ -232,15 +237,6 @@ fn pttl(store: &RedisStore, kind: KeyKind, rule: &Rule, key: &str, cluster: bool
         .unwrap_or(-2)
 }
 
-const CASES: [(Algorithm, Option<LogLayout>); 6] = [
-    (Algorithm::SlidingLog, Some(LogLayout::Zset)),
-    (Algorithm::SlidingLog, Some(LogLayout::Compact)),
-    (Algorithm::SlidingCounter, None),
-    (Algorithm::FixedWindow, None),
-    (Algorithm::TokenBucket, None),
-    (Algorithm::LeakyBucket, None),
-];
-
 /// A key in debt lasts exactly as long as its debt (its TTL is the standing's
 /// `reset_after`, to the ms), its request ids as long as the longest memory among them —
 /// a refund's shorter one does not cut a report's — and all of it is gone once empty.
@@ -315,18 +311,6 @@ async fn a_key_in_debt_expires_when_empty_and_not_before() {
                 rule.algorithm()
             );
         }
-    }
-}
-
-/// A deterministic random sequence (xorshift), so a failure names a seed to replay.
-struct Random(u64);
-
-impl Random {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
     }
 }
 

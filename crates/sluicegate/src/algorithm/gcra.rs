@@ -78,8 +78,13 @@ impl GcraState {
         self.interval = interval;
     }
 
-    /// Gives back up to `units`: `TAT = max(t, tat − c·T)`, under the rule's interval.
+    /// Gives back up to `units`: `TAT = max(t, tat − c·T)`, under the rule's interval. A key
+    /// that holds nothing (`tat = t`) is left as it is: writing TAT = t would make a check
+    /// stamped before t (but after `latest`) find units that were never there.
     pub(crate) fn refund(&mut self, rule: &Rule, plan: GcraPlan, now: u64, units: u64) {
+        if plan.tat == now {
+            return;
+        }
         let interval = rule.emission_interval();
         self.tat = plan
             .tat

@@ -214,7 +214,6 @@ impl RuleState {
         };
         if cost > 0 {
             self.record(rule, eval.plan, now, cost);
-            self.request_ids.forget_expired(now);
             if let Some(id) = request_id {
                 // A reservation outlives its units' window, for a request that streams longer.
                 let (reserved, remembered_for) = if charge == Charge::Reserved {
@@ -237,7 +236,8 @@ impl RuleState {
         decision
     }
 
-    /// Records `cost` units at `now` as `plan` read the state, and moves `latest` there.
+    /// Records `cost` units at `now` as `plan` read the state, and moves `latest` there
+    /// (forgetting the ids expired by then).
     fn record(&mut self, rule: &Rule, plan: Plan, now: u64, cost: u64) {
         match (&mut self.kind, plan) {
             (StateKind::Log(s), Plan::Log(p)) => s.record(rule, p, now, cost),
@@ -249,6 +249,7 @@ impl RuleState {
             _ => unreachable!("a plan is only ever passed back to the state that made it"),
         }
         self.latest = now;
+        self.request_ids.forget_expired(now);
     }
 
     /// Decides a check of this rule alone: admits what allows, charges a refusal that

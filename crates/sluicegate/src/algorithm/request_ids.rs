@@ -88,6 +88,8 @@ impl RequestIds {
         self.ids.get_or_insert_default().push(remembered);
     }
 
+    /// Forgets the ids that have expired at `now`: a state does so whenever it is written
+    /// (docs/SPEC.md, "Usage", request ids).
     pub(super) fn forget_expired(&mut self, now: u64) {
         if let Some(ids) = &mut self.ids {
             ids.retain(|r| r.expires_at > now);

@@ -345,3 +345,28 @@ fn each_mode_keeps_its_own_request_ids() {
         8
     );
 }
+
+#[test]
+fn a_gcra_refund_of_a_key_that_holds_nothing_writes_nothing() {
+    let rule = rule(RuleSpec::new(Algorithm::TokenBucket, 1, S));
+    let mut state = RuleState::new(&rule);
+    check(&mut state, &rule, 10 * S, 1, None);
+    // At 20 s the key is empty; writing TAT = 20 s would leave a backlog for a check
+    // stamped at 15 s (after `latest`, 10 s).
+    refund(&mut state, &rule, 20 * S, 1);
+    assert!(check(&mut state, &rule, 15 * S, 1, None).allowed);
+}
+
+#[test]
+fn a_refund_moving_the_log_back_finds_the_ids_it_still_remembers() {
+    let rule = rule(RuleSpec::new(Algorithm::SlidingLog, 5, 10 * S));
+    let mut state = RuleState::new(&rule);
+    let reported =
+        |state: &mut RuleState, t| state.record_usage(&rule, t, 1, Some("p"), Charge::Reported);
+    reported(&mut state, 10 * S);
+    check(&mut state, &rule, 15 * S, 1, None);
+    // The refund takes back the entry at 15 s: `latest` is 10 s again, and a retry stamped
+    // at 12 s is still a repeat of the report.
+    refund(&mut state, &rule, 16 * S, 1);
+    assert_eq!(reported(&mut state, 12 * S).remaining, 4);
+}

@@ -4,9 +4,17 @@
 -- tat (the delay), so that what passes leaves at one unit per T. Evaluating leaves in the
 -- rule: now, tolerance, tat (max(stored tat, now), read under the rule's numbers) and new
 -- (tat after the check's units).
+--
+-- A backlog read under another interval is rounded to whole units: an admission that
+-- rewrites it cannot be undone by subtracting its units. So such an admission also keeps
+-- the state it replaced (fields pt and pT) and the tat it wrote (pw): a give-back that
+-- finds pw still the tat restores the state exactly. Every other write of a state that
+-- holds them blanks pw, so that they are never taken for a later admission's.
 local function gcra_steps()
   local function evaluate(r, t, units)
-    local v = call('HMGET', r.key, 'tat', 't', 'T')
+    local v = call('HMGET', r.key, 'tat', 't', 'T', 'pw')
+    r.stored_tat, r.stored_interval = v[1], v[3]
+    r.undo_kept = v[4] ~= false and v[4] ~= ''
     r.latest = tonumber(v[2]) or 0
     r.now = max(t, r.latest)
     r.tolerance = r.interval * r.capacity
@@ -14,7 +22,8 @@ local function gcra_steps()
     -- another interval, its units (rounded up) at this one, at most the capacity.
     local backlog = max((tonumber(v[1]) or 0) - r.now, 0)
     local written_interval = tonumber(v[3]) or r.interval
-    if backlog > 0 and written_interval ~= r.interval then
+    r.rounded = backlog > 0 and written_interval ~= r.interval
+    if r.rounded then
       backlog = min(div(backlog + written_interval - 1, written_interval), r.capacity) * r.interval
     end
     r.tat = r.now + backlog
@@ -23,12 +32,24 @@ local function gcra_steps()
   end
 
   local function write(r, tat, margin)
-    call('HSET', r.key, 'tat', int(tat), 't', int(r.now), 'T', int(r.interval))
-    call('PEXPIRE', r.key, ttl_ms(tat - r.now, margin))
+    local key, written = r.key, int(tat)
+    if r.undo_kept then
+      call('HSET', key, 'tat', written, 't', int(r.now), 'T', int(r.interval), 'pw', '')
+    else
+      call('HSET', key, 'tat', written, 't', int(r.now), 'T', int(r.interval))
+    end
+    call('PEXPIRE', key, ttl_ms(tat - r.now, margin))
   end
 
   local function record(r, cost, margin)
-    write(r, r.tat + cost * r.interval, margin)
+    local tat = r.tat + cost * r.interval
+    if not r.rounded then
+      return write(r, tat, margin)
+    end
+    local written = int(tat)
+    call('HSET', r.key, 'tat', written, 't', int(r.now), 'T', int(r.interval),
+      'pt', r.stored_tat, 'pT', r.stored_interval, 'pw', written)
+    call('PEXPIRE', r.key, ttl_ms(tat - r.now, margin))
   end
 
   local function answer(r, admitted, over)
@@ -42,10 +63,13 @@ local function gcra_steps()
     return remaining, retry, r.tat - now, 0
   end
 
-  local function give_back(r, at, cost)
-    local tat = tonumber(call('HGET', r.key, 'tat'))
-    if tat then
-      call('HSET', r.key, 'tat', int(max(at, tat - cost * r.interval)))
+  local function give_back(r, at, cost, margin)
+    local v = call('HMGET', r.key, 'tat', 'pw', 'pt', 'pT')
+    if v[2] and v[2] == v[1] then
+      call('HSET', r.key, 'tat', v[3], 'T', v[4], 'pw', '')
+      call('PEXPIRE', r.key, ttl_ms(max(tonumber(v[3]) - at, 0), margin))
+    elseif v[1] then
+      call('HSET', r.key, 'tat', int(max(at, tonumber(v[1]) - cost * r.interval)))
     end
   end
 
@@ -58,7 +82,11 @@ local function gcra_steps()
   local function refund(r, cost, margin)
     if r.tat > r.now then
       local tat = max(r.now, r.tat - cost * r.interval)
-      call('HSET', r.key, 'tat', int(tat), 'T', int(r.interval))
+      if r.undo_kept then
+        call('HSET', r.key, 'tat', int(tat), 'T', int(r.interval), 'pw', '')
+      else
+        call('HSET', r.key, 'tat', int(tat), 'T', int(r.interval))
+      end
       call('PEXPIRE', r.key, ttl_ms(tat - r.now, margin))
     end
   end

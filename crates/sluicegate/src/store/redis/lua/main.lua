@@ -11,7 +11,8 @@ local function new_rule_slot()
     spec = false, algorithm = 0, limit = 0, window = 0, buckets = 0, capacity = 0,
     interval = 0, key = false, ids = false, releases = false, now = 0, latest = false,
     live = 0, expired = 0, cutoff = 0, head = 0, count = 0, new_key = false,
-    repeat_release = false, verdict = false, cost = 0, units = 0, reserved = 0,
+    repeat_release = false, verdict = false, cost = 0, units = 0, repeated = false,
+    reserved = 0,
     evaluate = false, record = false, answer = false, give_back = false, report = false,
     refund = false,
   }
@@ -99,7 +100,7 @@ local function give_back_check(shape, k)
     -- No time: this rule recorded nothing (a retried request id), nothing to give back.
     if at then
       local r = rule_of(i, shape.specs[i], k + (i - 1) * keys_per_rule, keys_per_rule)
-      r:give_back(at, costs and costs[i] or cost)
+      r:give_back(at, costs and costs[i] or cost, shape.margin)
       if request_id ~= '' then
         call('ZREM', r.ids, request_id)
         call('HDEL', r.releases, request_id, RESERVED_UNITS .. request_id)
@@ -166,7 +167,7 @@ local function run_usage(shape, k)
   local cost, costs, request_id, mode = shape.cost, shape.costs, shape.request_id, shape.usage
   local rule_count, specs, keys_per_rule = shape.rule_count, shape.specs, shape.keys_per_rule
   local t = shape.t or redis_time()
-  local member = request_id ~= '' and USAGE_ID[mode] .. request_id
+  local member = request_id ~= '' and usage_id(mode, request_id)
 
   -- Phase 1: read every rule's state, and whether it has done this request already, or
   -- holds its reservation.
@@ -174,14 +175,14 @@ local function run_usage(shape, k)
     local r = rule_of(i, specs[i], k + (i - 1) * keys_per_rule, keys_per_rule)
     r.cost = costs and costs[i] or cost
     r:evaluate(t, 1)
-    r.verdict, r.reserved = false, 0
+    r.repeated, r.reserved = false, 0
     if member then
       if routed then
         call('EXISTS', r.releases)
       end
       local done_until = tonumber(call('ZSCORE', r.ids, member))
-      r.verdict = done_until ~= nil and done_until > r.now
-      if not r.verdict and mode == SETTLE then
+      r.repeated = done_until ~= nil and done_until > r.now
+      if not r.repeated and mode == SETTLE then
         local reserved_until = tonumber(call('ZSCORE', r.ids, request_id))
         if reserved_until and reserved_until > r.now then
           r.reserved = tonumber(call('HGET', r.releases, RESERVED_UNITS .. request_id)) or 0
@@ -193,10 +194,15 @@ local function run_usage(shape, k)
   -- Phase 2: each rule records its part, then answers its standing.
   for i = 1, rule_count do
     local r = rule_slots[i]
-    local now, cost, repeated = r.now, r.cost, r.verdict
+    local now, cost, repeated = r.now, r.cost, r.repeated
     if not repeated then
       if mode == SETTLE then
-        -- Net of the reservation: a report of the excess, a refund of what it left unused.
+        -- Net of the reservation, which it uses up (a settle of 0 remembers no id: its
+        -- retry must not refund the reservation again): a report of the excess, a refund
+        -- of what it left unused.
+        if r.reserved > 0 then
+          call('HDEL', r.releases, RESERVED_UNITS .. request_id)
+        end
         if cost > r.reserved then
           r:report(cost - r.reserved, shape.margin)
         elseif cost < r.reserved then
@@ -340,7 +346,7 @@ local function read_shapes()
     local mode = argv[p + 4]
     shape.t, shape.margin = tonumber(argv[p + 1]) or false, argv[p + 1] == '' and 0 or 60000
     shape.cost, shape.request_id = tonumber(argv[p + 2]), argv[p + 3]
-    shape.usage = USAGE_ID[mode] and mode or false
+    shape.usage = (mode == REPORT or mode == SETTLE or mode == REFUND) and mode
     shape.undo, shape.reserve = undo, mode == RESERVE
     shape.dry = mode ~= CHECK and mode ~= CHARGE and mode ~= RESERVE
     shape.charge = mode == CHARGE or mode == DRY_CHARGE

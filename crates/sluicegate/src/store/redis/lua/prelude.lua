@@ -20,7 +20,7 @@
 -- An algorithm's piece is a function that makes its six steps, which a rule then calls as
 -- its methods: evaluate(r, t, units) reads the rule's state and says whether `units` fit;
 -- record(r, cost, margin) records an admission; answer(r, admitted, over, units) returns
--- remaining, retry_after, reset_after and delay; give_back(r, at, cost) undoes an
+-- remaining, retry_after, reset_after and delay; give_back(r, at, cost, margin) undoes an
 -- admission; report(r, cost, margin) records `cost` whatever the limit says (into debt,
 -- within the algorithm's caps); refund(r, cost, margin) gives back up to `cost` of the
 -- live units, newest first. report and refund follow an evaluate of the same rule, whose
@@ -87,10 +87,15 @@ local ZSET, COMPACT = 0, 1
 -- The modes the script tells apart; 'dry' is evaluated as CHECK is, but never records.
 local CHECK, UNDO, CHARGE, DRY_CHARGE = 'check', 'undo', 'charge', 'dry-charge'
 local RESERVE, REPORT, SETTLE, REFUND = 'reserve', 'report', 'settle', 'refund'
--- The request ids of the usage modes, as members of the request ids' zset: 0xFF, the
--- mode's letter, the id (no UTF-8 text begins with 0xFF, so no id passes for another
--- mode's); and the field of the release times' hash holding a reservation's units.
-local USAGE_ID = {[REPORT] = '\255p', [SETTLE] = '\255s', [REFUND] = '\255f'}
+-- The request id of a report, settle or refund, as a member of the request ids' zset: 0xFF,
+-- the mode's letter, the id (no UTF-8 text begins with 0xFF, so no id passes for another
+-- mode's). A function, not a table: a script run by EVALSHA would build the table anew on
+-- every call.
+local function usage_id(mode, request_id)
+  local letter = mode == REPORT and 'p' or mode == SETTLE and 's' or 'f'
+  return '\255' .. letter .. request_id
+end
+-- Prefixed to a reservation's id: the field of the release times' hash holding its units.
 local RESERVED_UNITS = '\255u'
 -- The most units a count holds (a charged fixed window, a report's debt): every count at
 -- or above its limit refuses alike, and below 2^53 a count is exact.

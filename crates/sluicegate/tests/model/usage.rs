@@ -1,0 +1,178 @@
+//! What the model records: admissions, and docs/SPEC.md's "Usage" — reports into debt with
+//! their caps, refunds newest first, settles against a reservation, the standing answer
+//! and each mode's request ids — written from the SPEC, not from the store.
+
+use sluicegate::{Algorithm, Charge, Decision, EXACT_LIMIT, Rule};
+
+use super::state::{Fit, ModelId, ModelKey, model_evaluate};
+
+/// Records `units` at `now`, as an admission does: what no longer counts is dropped (the
+/// SPEC's "the expired entries are dropped"), and so are the ids that have expired. Once a
+/// refund moves a sliding log's `latest` back, a check stamped before `now` can tell.
+pub(crate) fn record(rule: &Rule, key: &mut ModelKey, now: u64, units: u64) {
+    key.entries.retain(|e| holds(rule, e.0, now));
+    forget_expired_ids(key, now);
+    key.stored = true;
+    key.entries.push((now, units));
+    key.history
+        .push((now, units, false, rule.emission_interval(), rule.capacity()));
+    key.latest = now;
+}
+
+/// A state forgets the ids that have expired whenever it is written.
+pub(crate) fn forget_expired_ids(key: &mut ModelKey, now: u64) {
+    key.ids.retain(|i| i.expires > now);
+}
+
+/// Whether an entry at `s` still holds units that count at `now`: live in the log, in a
+/// bucket that still weighs, in the current window.
+fn holds(rule: &Rule, s: u64, now: u64) -> bool {
+    let window = rule.window();
+    match rule.algorithm() {
+        Algorithm::SlidingLog => s + window > now,
+        Algorithm::SlidingCounter => {
+            let w = window / rule.buckets();
+            s / w + rule.buckets() >= now / w
+        }
+        Algorithm::FixedWindow => s / window == now / window,
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => false,
+    }
+}
+
+fn held(rule: &Rule, key: &ModelKey, now: u64) -> u64 {
+    key.entries
+        .iter()
+        .filter(|&&(s, _)| holds(rule, s, now))
+        .map(|&(_, u)| u)
+        .sum()
+}
+
+/// A report of `units`: recorded whatever the limit says, with each algorithm's cap.
+fn report(rule: &Rule, key: &mut ModelKey, now: u64, units: u64) {
+    let units = match rule.algorithm() {
+        Algorithm::SlidingCounter => {
+            let w = rule.window() / rule.buckets();
+            units.min(((EXACT_LIMIT - 1) / w).saturating_sub(held(rule, key, now)))
+        }
+        Algorithm::FixedWindow => units.min(EXACT_LIMIT - 1 - held(rule, key, now)),
+        // The GCRA cap is in the refold; the log's below.
+        _ => units,
+    };
+    if units == 0 {
+        return;
+    }
+    record(rule, key, now, units);
+    if rule.algorithm() == Algorithm::SlidingLog {
+        // Only the newest L live units are kept.
+        let mut excess = held(rule, key, now).saturating_sub(rule.limit());
+        for entry in key.entries.iter_mut().filter(|e| e.0 + rule.window() > now) {
+            let dropped = entry.1.min(excess);
+            entry.1 -= dropped;
+            excess -= dropped;
+        }
+        key.entries.retain(|e| e.1 > 0);
+    }
+}
+
+/// A refund of up to `units` of what still counts, newest first.
+fn refund(rule: &Rule, key: &mut ModelKey, now: u64, units: u64) {
+    if units == 0 {
+        return;
+    }
+    if matches!(
+        rule.algorithm(),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket
+    ) {
+        key.history
+            .push((now, units, true, rule.emission_interval(), rule.capacity()));
+        return;
+    }
+    if rule.algorithm() != Algorithm::FixedWindow {
+        // The expired entries, the buckets that no longer weigh, are dropped first, as an
+        // admission drops them (a check stamped before `now` can tell).
+        key.entries.retain(|e| holds(rule, e.0, now));
+    }
+    let mut left = units;
+    while left > 0
+        && let Some(newest) = key.entries.last_mut()
+        && holds(rule, newest.0, now)
+    {
+        let taken = newest.1.min(left);
+        newest.1 -= taken;
+        left -= taken;
+        if newest.1 == 0 {
+            key.entries.pop();
+        }
+    }
+    if rule.algorithm() == Algorithm::SlidingLog {
+        key.latest = key.entries.last().map_or(0, |e| e.0);
+    }
+}
+
+/// One unit's answer at `now`, recording nothing.
+fn standing(rule: &Rule, key: &ModelKey, now: u64) -> Decision {
+    let e = model_evaluate(rule, key, now, 1, None);
+    Decision {
+        allowed: e.fit == Fit::Fits,
+        ..e.refused
+    }
+}
+
+/// A report, settle or refund of `cost` in one state, at `t`: its standing after.
+pub(crate) fn usage(
+    rule: &Rule,
+    key: &mut ModelKey,
+    t: u64,
+    cost: u64,
+    id: Option<&str>,
+    charge: Charge,
+) -> Decision {
+    let now = t.max(key.latest);
+    let namespace = match charge {
+        Charge::Reported => "report",
+        Charge::Settled => "settle",
+        Charge::Refunded => "refund",
+        other => unreachable!("{other:?} may be refused"),
+    };
+    let remembered = |key: &ModelKey, namespace: &str, id: &str| {
+        key.ids
+            .iter()
+            .position(|i| i.namespace == namespace && i.id == id && i.expires > now)
+    };
+    let repeat = id.is_some_and(|id| remembered(key, namespace, id).is_some());
+    if !repeat {
+        match charge {
+            Charge::Reported => report(rule, key, now, cost),
+            Charge::Refunded => refund(rule, key, now, cost),
+            _ => {
+                let reservation = id.and_then(|id| {
+                    key.ids
+                        .iter_mut()
+                        .find(|i| i.namespace == "admission" && i.id == id && i.expires > now)
+                });
+                let reserved = reservation.map_or(0, |r| std::mem::take(&mut r.reserved));
+                if cost >= reserved {
+                    report(rule, key, now, cost - reserved);
+                } else {
+                    refund(rule, key, now, reserved - cost);
+                }
+            }
+        }
+    }
+    let answer = standing(rule, key, now);
+    if let Some(id) = id
+        && !repeat
+        && cost > 0
+        && key.stored
+    {
+        forget_expired_ids(key, now);
+        key.ids.push(ModelId {
+            namespace,
+            id: id.to_owned(),
+            expires: now + answer.reset_after.max(rule.window()),
+            release: now,
+            reserved: 0,
+        });
+    }
+    answer
+}
