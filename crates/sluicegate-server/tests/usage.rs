@@ -438,6 +438,11 @@ fn http_modes_report_reserve_settle_and_refund() {
         server.metric(r#"sluicegate_usage_units_total{domain="llm",mode="report"}"#),
         100
     );
+    // Envoy's hit counters count what checks asked: the reserve's 30 and the two refused
+    // checks' units, none of the reports', settles' or refunds'.
+    let envoy = |name: &str| server.metric(&format!("{name}{{domain=\"llm\",key1=\"api\"}}"));
+    assert_eq!(envoy("ratelimit_service_rate_limit_total_hits"), 32);
+    assert_eq!(envoy("ratelimit_service_rate_limit_over_limit"), 2);
     // Units the calls carried: the retry's again, though it recorded nothing.
     assert_eq!(
         server.metric(r#"sluicegate_usage_units_total{domain="llm",mode="refund"}"#),
