@@ -97,37 +97,29 @@ pub(crate) fn resolve<'d, 'c>(
             Modes::Given { charge, request_id } => {
                 (descriptor.as_slice(), Mode { charge, request_id })
             }
-            Modes::EnvoyEntries => match usage_entries(descriptor)
-                .and_then(|u| find(u.kept).filter(|l| l.usage).map(|l| (u, l)))
-            {
-                Some((u, limit)) => {
-                    matched[i] = Some(limit);
-                    let charge = match u.usage {
-                        Some((j, name)) => Charge::from_name(name).ok_or_else(|| {
-                            DecideError::Invalid(format!(
-                                "descriptors[{i}].entries[{j}].value: unknown usage mode \
-                                 {name:?}; expected check, reserve, report, settle or refund"
-                            ))
-                        })?,
-                        None if costs[i] == 0 => Charge::Admitted,
-                        None => Charge::Reported,
-                    };
-                    (
-                        u.kept,
-                        Mode {
-                            charge,
-                            request_id: u.request_id,
-                        },
-                    )
-                }
-                None => (
-                    descriptor.as_slice(),
-                    Mode {
-                        charge: Charge::Admitted,
-                        request_id: None,
-                    },
-                ),
-            },
+            Modes::EnvoyEntries => {
+                let split = usage_entries(descriptor)
+                    .and_then(|u| find(u.kept).filter(|l| l.usage).map(|l| (u, l)));
+                let (used, usage, request_id) = match split {
+                    Some((u, limit)) => {
+                        matched[i] = Some(limit);
+                        (u.kept, u.usage, u.request_id)
+                    }
+                    None => (descriptor.as_slice(), None, None),
+                };
+                let charge = match usage {
+                    Some((j, name)) => Charge::from_name(name).ok_or_else(|| {
+                        DecideError::Invalid(format!(
+                            "descriptors[{i}].entries[{j}].value: unknown usage mode \
+                             {name:?}; expected check, reserve, report, settle or refund"
+                        ))
+                    })?,
+                    // Envoy's stream-done call carries the tokens, its request-time call 0.
+                    None if costs[i] > 0 && matched[i].is_some_and(|l| l.usage) => Charge::Reported,
+                    None => Charge::Admitted,
+                };
+                (used, Mode { charge, request_id })
+            }
         };
         if mode.charge.needs_request_id() && mode.request_id.is_none() {
             return Err(DecideError::Invalid(match modes {
