@@ -162,10 +162,7 @@ async fn stream_done_reports(store: Store, args: &[&str]) {
     // A response of more tokens than are left puts the key into debt: answered OK (a
     // report is never refused), nothing remaining; the next request is refused. (No
     // request id again: a check of 600 would have been refused, the tokens lost.)
-    assert_eq!(
-        one(&mut c, "model=m1", 600).await,
-        ('O', vec![('O', 0)])
-    );
+    assert_eq!(one(&mut c, "model=m1", 600).await, ('O', vec![('O', 0)]));
     assert_eq!(one(&mut c, "model=m1", 0).await, ('X', vec![('X', 0)]));
     assert_eq!(free(&mut c, "m1").await, 0);
 }
