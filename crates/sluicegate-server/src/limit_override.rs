@@ -102,6 +102,7 @@ impl LimitOverride {
             replaces: Vec::new(),
             shadow_mode: false,
             detailed_metric: false,
+            usage: configured.is_some_and(|l| l.usage),
         })
     }
 }

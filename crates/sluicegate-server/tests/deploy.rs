@@ -11,6 +11,12 @@ use server::Server;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
 use serde_json::Value;
 
 fn workspace(path: &str) -> PathBuf {
@@ -334,10 +340,7 @@ fn the_envoy_example_asks_what_the_deployment_answers() {
 
     // The descriptor keys the route's actions produce.
     let domain = at(ratelimit, "/domain").as_str().unwrap();
-    let limits = at(
-        filters,
-        "/route_config/virtual_hosts/0/routes/0/route/rate_limits",
-    );
+    let limits = at(route(filters, "/"), "/route/rate_limits");
     let keys: Vec<String> = limits
         .as_array()
         .unwrap()
@@ -383,4 +386,120 @@ fn the_envoy_example_asks_what_the_deployment_answers() {
         let limit = at(&answer, "/statuses/0/currentLimit/requestsPerUnit");
         assert!(limit.as_u64().is_some_and(|n| n > 0), "{key}: {answer}");
     }
+}
+
+/// The Envoy example's route whose match is `prefix`.
+fn route<'a>(filters: &'a Value, prefix: &str) -> &'a Value {
+    at(filters, "/route_config/virtual_hosts/0/routes")
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| at(r, "/match/prefix") == prefix)
+        .unwrap_or_else(|| panic!("no route for {prefix}"))
+}
+
+/// The descriptor keys a `rate_limits` entry's `request_headers` actions produce.
+fn header_keys(limit: &Value) -> Vec<String> {
+    at(limit, "/actions")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            at(a, "/request_headers/descriptor_key")
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// The Envoy example's LLM route, asked of the binary as Envoy asks: at request time its
+/// first `rate_limits` entry at 0 hits, when the stream is done its second at the tokens
+/// the metadata holds, with the request id (sent twice, as a retry would). The model's
+/// usage is then exactly the tokens reported, and a model that is spent is refused at
+/// request time.
+#[test]
+fn the_envoy_token_route_reports_each_response_once() {
+    let envoy = yaml("deploy/envoy/envoy.yaml");
+    let config_map = yaml("deploy/kubernetes/configmap.yaml");
+    let filters = at(
+        &envoy,
+        "/static_resources/listeners/0/filter_chains/0/filters/0/typed_config",
+    );
+    let domain = at(filters, "/http_filters/0/typed_config/domain")
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let limits = at(route(filters, "/v1/chat/completions"), "/route/rate_limits");
+    let (done, asked): (Vec<&Value>, Vec<&Value>) = limits
+        .as_array()
+        .unwrap()
+        .iter()
+        .partition(|l| l.get("apply_on_stream_done") == Some(&Value::Bool(true)));
+    let ([asked], [done]) = (asked.as_slice(), done.as_slice()) else {
+        panic!("one request-time and one stream-done entry: {limits}");
+    };
+    assert_eq!(at(asked, "/hits_addend/number"), 0);
+    let format = at(done, "/hits_addend/format").as_str().unwrap();
+    assert!(format.starts_with("%DYNAMIC_METADATA("), "{format}");
+    let (asked_keys, done_keys) = (header_keys(asked), header_keys(done));
+
+    let config = scratch("envoy-tokens");
+    for (name, text) in at(&config_map, "/data").as_object().unwrap() {
+        std::fs::write(config.join(name), text.as_str().unwrap()).unwrap();
+    }
+    let server = Server::binary(&["--config", config.to_str().unwrap()]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut client = RateLimitServiceClient::connect(format!("http://{}", server.address))
+            .await
+            .unwrap();
+        // Envoy's request headers: the model, and the id it gives every request.
+        let mut ask = async |keys: &[String], request_id: &str, hits: u64| -> RateLimitResponse {
+            let header = |key: &str| match key {
+                "model" => "gpt-x".to_owned(),
+                "request_id" => request_id.to_owned(),
+                other => panic!("a header this test does not send: {other}"),
+            };
+            let descriptor = RateLimitDescriptor {
+                entries: keys
+                    .iter()
+                    .map(|key| Entry {
+                        key: key.clone(),
+                        value: header(key),
+                    })
+                    .collect(),
+                hits_addend: Some(UInt64Value { value: hits }),
+                ..RateLimitDescriptor::default()
+            };
+            let request = RateLimitRequest {
+                domain: domain.clone(),
+                descriptors: vec![descriptor],
+                hits_addend: 0,
+            };
+            client
+                .should_rate_limit(request)
+                .await
+                .unwrap()
+                .into_inner()
+        };
+        let ok = i32::from(Code::Ok);
+        let tokens = [4000, 2500, 1200];
+        for (i, &used) in tokens.iter().enumerate() {
+            let id = format!("req-{i}");
+            assert_eq!(ask(&asked_keys, &id, 0).await.overall_code, ok);
+            for _ in 0..2 {
+                assert_eq!(ask(&done_keys, &id, used).await.overall_code, ok);
+            }
+        }
+        // A peek answers as one unit.
+        let left = ask(&asked_keys, "req-3", 0).await.statuses[0].limit_remaining;
+        assert_eq!(u64::from(left), 1_000_000 - tokens.iter().sum::<u64>() - 1);
+        assert_eq!(ask(&done_keys, "req-3", 1_000_000).await.overall_code, ok);
+        let spent = ask(&asked_keys, "req-4", 0).await;
+        assert_eq!(spent.overall_code, i32::from(Code::OverLimit));
+    });
 }

@@ -25,6 +25,10 @@ pub(crate) struct ConfiguredLimit {
     pub(crate) shadow_mode: bool,
     /// Metrics name the request's value rather than the key alone.
     pub(crate) detailed_metric: bool,
+    /// `usage: true`: a descriptor reaching it may end with a `request_id` entry and a
+    /// `usage` entry naming its mode, neither part of its key (docs/SPEC.md, "Envoy
+    /// compatibility: counting").
+    pub(crate) usage: bool,
     /// Per level of the path, the wildcard value of a `share_threshold` descriptor there;
     /// empty when no level shares.
     pub(crate) shared_values: Vec<Option<String>>,

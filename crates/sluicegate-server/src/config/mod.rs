@@ -167,9 +167,8 @@ impl Config {
     /// The limit that applies to one request descriptor, as envoyproxy/ratelimit finds it:
     /// walk the tree entry by entry, preferring an exact `key`+`value` child over a `key`
     /// child; the limit is that of the node reached by the last entry. `Err` for an
-    /// unknown domain. (Requests go through [`Config::find_all`]; the tests ask one at a
-    /// time.)
-    #[cfg(test)]
+    /// unknown domain. (Requests go through [`Config::find_all`]; a usage descriptor's key
+    /// without its mode entries is looked up alone.)
     pub(crate) fn find(
         &self,
         domain: &str,

@@ -86,6 +86,9 @@ pub(super) struct RawRateLimit {
     pub(super) name: Option<String>,
     pub(super) replaces: Vec<String>,
     pub(super) on_store_error: Option<FailurePolicy>,
+    /// `usage: true`: its descriptors may carry a mode and a request id (docs/SPEC.md,
+    /// "Envoy compatibility: counting").
+    pub(super) usage: bool,
 }
 
 #[derive(Deserialize)]
@@ -111,6 +114,7 @@ struct RateLimitFields {
     on_store_error: Option<String>,
     #[serde(default)]
     replaces: Vec<Replace>,
+    usage: Option<bool>,
 }
 
 impl TryFrom<RateLimitFields> for RawRateLimit {
@@ -146,6 +150,11 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
                     "rate_limit.requests_per_unit: required beside a window (0 blocks)".into(),
                 );
             }
+            None | Some(0) if f.usage.is_some() => {
+                return Err(
+                    "rate_limit.usage: a block (no requests_per_unit) takes no usage".into(),
+                );
+            }
             None | Some(0) => {
                 return Ok(RawRateLimit {
                     spec: None,
@@ -154,6 +163,7 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
                     name: f.name,
                     replaces,
                     on_store_error: None,
+                    usage: false,
                 });
             }
             Some(limit) => limit,
@@ -195,6 +205,7 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
             name: f.name,
             replaces,
             on_store_error,
+            usage: f.usage.unwrap_or(false),
         })
     }
 }
@@ -214,6 +225,7 @@ fn unlimited(f: RateLimitFields, replaces: Vec<String>) -> Result<RawRateLimit, 
         ("queue", f.queue.is_some()),
         ("layout", f.layout.is_some()),
         ("on_store_error", f.on_store_error.is_some()),
+        ("usage", f.usage.is_some()),
     ];
     if let Some((field, _)) = extra.iter().find(|(_, set)| *set) {
         return Err(format!(
@@ -227,6 +239,7 @@ fn unlimited(f: RateLimitFields, replaces: Vec<String>) -> Result<RawRateLimit, 
         name: f.name,
         replaces,
         on_store_error: None,
+        usage: false,
     })
 }
 

@@ -106,6 +106,21 @@ fn errors_name_file_line_and_field() {
             "line 4",
             "rate_limit.window",
         ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, usage: true}\n",
+            "line 4",
+            "rate_limit.usage: an unlimited rate_limit takes no usage",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, usage: true}\n",
+            "line 4",
+            "rate_limit.usage: a block",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 9, usage: yes please}\n",
+            "line 4",
+            "usage",
+        ),
     ];
     for (text, line, field) in cases {
         let err = parse(text).unwrap_err().to_string();
@@ -119,6 +134,24 @@ fn errors_name_file_line_and_field() {
         dup.to_string().contains("d.a: duplicate descriptor"),
         "{dup}"
     );
+}
+
+/// `usage: true` marks a limited rule as a usage rule; without it, none is.
+#[test]
+fn usage_marks_a_rule() {
+    let config = parse(
+        "domain: d\ndescriptors:\n  - key: tokens\n    rate_limit: {unit: day, requests_per_unit: 9, usage: true}\n  - key: requests\n    rate_limit: {unit: day, requests_per_unit: 9}\n",
+    )
+    .unwrap();
+    let usage = |key: &str| {
+        config
+            .find("d", &entries(&[(key, "x")]))
+            .unwrap()
+            .unwrap()
+            .usage
+    };
+    assert!(usage("tokens"));
+    assert!(!usage("requests"));
 }
 
 /// envoyproxy/ratelimit's documented examples (its README, examples 1 to 9) load

@@ -265,6 +265,7 @@ fn configured_limit(
         name,
         replaces,
         on_store_error,
+        usage,
     } = rate_limit;
     let rule = spec
         .map(|mut spec| {
@@ -294,6 +295,7 @@ fn configured_limit(
         replaces,
         shadow_mode: flags.shadow_mode,
         detailed_metric: flags.detailed_metric,
+        usage,
         shared_values: if shared.iter().any(Option::is_some) {
             shared.to_vec()
         } else {

@@ -17,7 +17,7 @@ use crate::compat::Compat;
 use crate::config::Entry;
 use crate::limit_override::LimitOverride;
 use crate::service::{
-    DecideError, Decided, DescriptorOutcome, EnvoyHeaderNames, ResponseHeaders, Service,
+    DecideError, Decided, DescriptorOutcome, EnvoyHeaderNames, Modes, ResponseHeaders, Service,
     ServiceOptions,
 };
 use crate::telemetry::CheckSpan;
@@ -50,7 +50,7 @@ async fn decide(service: &Service, request: &RateLimitRequest) -> Result<Decided
             &asked.entries,
             &asked.costs,
             &asked.overrides,
-            None,
+            Modes::EnvoyEntries,
         )
         .await
     {
@@ -116,8 +116,9 @@ fn response(decided: &Decided, options: &ServiceOptions) -> RateLimitResponse {
     };
     RateLimitResponse {
         // Global shadow mode: the statuses say what was over, the answer lets it through
-        // (envoyproxy/ratelimit@f2fb157 src/service/ratelimit.go:266-270).
-        overall_code: code(!decided.allowed() && !options.shadow_mode).into(),
+        // (envoyproxy/ratelimit@f2fb157 src/service/ratelimit.go:266-270). A spent
+        // standing after a report is no refusal.
+        overall_code: code(decided.refused() && !options.shadow_mode).into(),
         statuses,
         response_headers_to_add,
         ..RateLimitResponse::default()
@@ -185,8 +186,9 @@ fn status(descriptor: &DescriptorOutcome, compat: Compat) -> DescriptorStatus {
         None => (0, descriptor.block_window),
     };
     DescriptorStatus {
-        // Shadow mode: counted, reported, never enforced.
-        code: code(!d.allowed && !descriptor.shadow).into(),
+        // Shadow mode: counted, reported, never enforced; a report, settle or refund is
+        // never refused (its `limit_remaining` 0 says the key is spent).
+        code: code(!d.allowed && !descriptor.shadow && descriptor.charge.may_refuse()).into(),
         current_limit: Some(RateLimit {
             name: descriptor.name.clone().unwrap_or_default(),
             requests_per_unit,
@@ -266,7 +268,7 @@ fn ietf_headers(decided: &Decided) -> Vec<HeaderValue> {
         header("RateLimit", headers::ratelimit(binding, &decision)),
     ];
     if let Some(seconds) = headers::retry_after_seconds(decision.retry_after)
-        && !decision.allowed
+        && decided.refused()
     {
         out.push(header("Retry-After", seconds.to_string()));
     }

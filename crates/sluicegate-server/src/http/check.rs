@@ -5,13 +5,13 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use sluicegate::Decision;
+use sluicegate::{Charge, Decision};
 
 use super::body::Body;
 use super::error::ApiError;
 use super::span::HttpSpan;
 use crate::config::Entry;
-use crate::service::Service;
+use crate::service::{Modes, Service};
 
 /// A `/v1/check` body (and `/v1/reset`'s, which names limits the same way).
 #[derive(Deserialize)]
@@ -22,11 +22,31 @@ pub(super) struct CheckRequest {
     #[serde(default = "one")]
     pub(super) cost: u64,
     request_id: Option<String>,
+    /// `check` (the default), `reserve`, `report`, `settle` or `refund`.
+    mode: Option<String>,
 }
 
 impl CheckRequest {
     pub(super) fn descriptors(&self) -> Vec<Vec<Entry>> {
         self.descriptors.iter().map(|d| d.entries.clone()).collect()
+    }
+
+    /// The mode and request id every descriptor is decided in; an unknown mode is bad
+    /// input that names the field.
+    fn modes(&self) -> Result<Modes<'_>, ApiError> {
+        let charge = match self.mode.as_deref() {
+            None => Charge::Admitted,
+            Some(name) => Charge::from_name(name).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "mode: unknown mode {name:?}; expected check, reserve, report, settle or \
+                     refund"
+                ))
+            })?,
+        };
+        Ok(Modes::Given {
+            charge,
+            request_id: self.request_id.as_deref(),
+        })
     }
 }
 
@@ -94,6 +114,7 @@ pub(super) async fn check(
 ) -> Result<Response, ApiError> {
     let request: CheckRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid check request: {e}")))?;
+    let modes = request.modes()?;
     let descriptors = request.descriptors();
     let decided = service
         .decide(
@@ -101,7 +122,7 @@ pub(super) async fn check(
             &descriptors,
             &vec![request.cost; descriptors.len()],
             &[],
-            request.request_id.as_deref(),
+            modes,
         )
         .await;
     span.end(&request.domain, decided.as_ref());

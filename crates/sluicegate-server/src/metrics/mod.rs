@@ -21,7 +21,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use sluicegate::{AnyStore, BreakerState, DecidedBy, Decision, FailurePolicy, Limiter};
+use sluicegate::{AnyStore, BreakerState, Charge, DecidedBy, Decision, FailurePolicy, Limiter};
 
 pub(crate) use self::connections::{ConnectionMetrics, ConnectionTimeout, OpenConnection};
 use self::envoy::{EnvoyCounters, EnvoyMetrics, ServiceCounts};
@@ -67,6 +67,13 @@ const fn decider_index(decided_by: DecidedBy) -> Option<usize> {
 struct RuleLabels {
     rule: String,
     result: &'static str,
+}
+
+/// A domain and a mode that is never refused (`report`, `settle`, `refund`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UsageLabels {
+    domain: String,
+    mode: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -143,6 +150,7 @@ impl RuleMetrics {
 pub(crate) struct Metrics {
     registry: Registry,
     rule_hits: Family<RuleLabels, Counter>,
+    usage_units: Family<UsageLabels, Counter>,
     /// One counter per entry of [`DECIDERS`].
     decided_by: Vec<Counter>,
     check_duration: Histogram,
@@ -171,6 +179,13 @@ impl Metrics {
             "sluicegate_rule_hits",
             "Decisions per rule, by result",
             rule_hits.clone(),
+        );
+        let usage_units = Family::<UsageLabels, Counter>::default();
+        registry.register(
+            "sluicegate_usage_units",
+            "Units carried by report, settle and refund calls, per domain and mode (a \
+             retry's again; a settle's are the request's real cost)",
+            usage_units.clone(),
         );
         let decisions = Family::<DecidedByLabels, Counter>::default();
         registry.register(
@@ -208,6 +223,7 @@ impl Metrics {
         Metrics {
             registry,
             rule_hits,
+            usage_units,
             decided_by,
             check_duration,
             config_loads,
@@ -217,6 +233,17 @@ impl Metrics {
             near_limit_ratio,
             detailed: parking_lot::RwLock::default(),
         }
+    }
+
+    /// Counts the `units` of one descriptor's report, settle or refund in `domain`. They
+    /// are no hits: a hit is a unit a check asks for, which may be refused.
+    pub(crate) fn usage(&self, domain: &str, mode: Charge, units: u64) {
+        self.usage_units
+            .get_or_create(&UsageLabels {
+                domain: domain.to_owned(),
+                mode: mode.name(),
+            })
+            .inc_by(units);
     }
 
     /// The counters of a `detailed_metric` rule's value at `key` (what

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use sluicegate::{Decision, Outcome, Rule, StoreError};
+use sluicegate::{Charge, Decision, Outcome, Rule, StoreError};
 
 /// What became of each request descriptor.
 pub(crate) struct DescriptorOutcome {
@@ -23,14 +23,19 @@ pub(crate) struct DescriptorOutcome {
     pub(crate) unlimited: bool,
     /// The limit is in shadow mode: decided and counted, never enforced.
     pub(crate) shadow: bool,
+    /// Its mode; a report, settle or refund is never refused, its decision the standing.
+    pub(crate) charge: Charge,
 }
 
 /// The answer to one request.
 pub(crate) struct Decided {
     pub(crate) descriptors: Vec<DescriptorOutcome>,
     /// The enforced limits' outcome; `None` when no descriptor matched an enforced,
-    /// limited rule.
+    /// limited rule. That of the descriptors in a mode that may refuse when there are
+    /// any, else the standing after the reports, settles and refunds.
     pub(crate) outcome: Option<Outcome>,
+    /// The outcome may refuse: it is a check's (or a reserve's), not a standing.
+    pub(crate) refusable: bool,
     /// A matched block (`requests_per_unit: 0`) refuses the request.
     pub(crate) blocked: bool,
     /// How long the limiter's part took: the store's round trips (or what stood in for
@@ -50,17 +55,27 @@ impl Decided {
             decision: None,
             unlimited: false,
             shadow: false,
+            charge: Charge::Admitted,
         };
         Decided {
             descriptors: (0..count).map(|_| nothing()).collect(),
             outcome: None,
+            refusable: true,
             blocked: false,
             store_time: Duration::ZERO,
         }
     }
 
+    /// Admitted, or, for a request of reports, settles and refunds only, the key not
+    /// spent: one more unit would fit.
     pub(crate) fn allowed(&self) -> bool {
         !self.blocked && self.outcome.as_ref().is_none_or(|o| o.decision.allowed)
+    }
+
+    /// Refused: a block, or a check or reserve over its limit. A spent standing is not a
+    /// refusal.
+    pub(crate) fn refused(&self) -> bool {
+        !self.allowed() && (self.blocked || self.refusable)
     }
 }
 

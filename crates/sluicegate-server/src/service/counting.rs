@@ -5,7 +5,19 @@ use sluicegate::{Charge, Check, DecidedBy, Decision, Limit, Outcome};
 
 use super::Service;
 use super::answer::{BLOCKED, DecideError};
+use super::usage::Mode;
+use crate::compat::Counting;
 use crate::config::ConfiguredLimit;
+
+/// What the counting of a request comes to: each descriptor's decision, the outcome, and
+/// whether that outcome may refuse (a check's) or is a standing (reports' and the like).
+type Counted = (Vec<Option<Decision>>, Option<Outcome>, bool);
+
+/// The descriptors one check decides, and its mode.
+struct Group<'a> {
+    mode: Mode<'a>,
+    members: Vec<usize>,
+}
 
 impl Service {
     /// A block's decision now: it resets when its unit's window, aligned to the epoch as a
@@ -16,6 +28,73 @@ impl Service {
             reset_after: limit.block_window.map_or(0, |window| window - now % window),
             ..BLOCKED
         }
+    }
+
+    /// sluicegate's counting (and envoy's with `--stop-increment-when-over-limit`) of a
+    /// request whose descriptors may be in several modes: those that may refuse (`check`,
+    /// `reserve`) are one check, all-or-nothing, a `reserve` if any of them is one, under
+    /// their one request id; the reports, settles and refunds one check per mode and
+    /// request id. The outcome is the refusable check's if it has one, else the standing
+    /// the others' checks combine to.
+    pub(super) async fn decide_grouped(
+        &self,
+        matched: &[Option<&ConfiguredLimit>],
+        keys: &[String],
+        costs: &[u64],
+        modes: &[Mode<'_>],
+        blocked: bool,
+        counting: Counting,
+    ) -> Result<Counted, DecideError> {
+        let groups = groups(modes, counting)?;
+        if let [only] = groups.as_slice() {
+            let (decisions, outcome) = self
+                .decide_together(
+                    matched,
+                    keys,
+                    costs,
+                    only.mode.request_id,
+                    blocked,
+                    only.mode.charge,
+                )
+                .await?;
+            return Ok((decisions, outcome, only.mode.charge.may_refuse()));
+        }
+        let mut decisions = vec![None; matched.len()];
+        let mut refusable = None;
+        let mut standing = Vec::new();
+        for group in &groups {
+            let mut members = vec![None; matched.len()];
+            for &i in &group.members {
+                members[i] = matched[i];
+            }
+            let may_refuse = group.mode.charge.may_refuse();
+            let (decided, outcome) = self
+                .decide_together(
+                    &members,
+                    keys,
+                    costs,
+                    group.mode.request_id,
+                    blocked && may_refuse,
+                    group.mode.charge,
+                )
+                .await?;
+            for &i in &group.members {
+                decisions[i] = decided[i];
+            }
+            match outcome {
+                Some(outcome) if may_refuse => refusable = Some(outcome),
+                Some(outcome) => standing.push(outcome.decision),
+                None => {}
+            }
+        }
+        Ok(match refusable {
+            Some(outcome) => (decisions, Some(outcome), true),
+            None => (
+                decisions,
+                Decision::combine(&standing).map(Outcome::single),
+                false,
+            ),
+        })
     }
 
     /// sluicegate's counting (and envoy's with `--stop-increment-when-over-limit`): the
@@ -97,47 +176,52 @@ impl Service {
         Ok((decisions, outcome))
     }
 
-    /// envoy's counting: each limited descriptor a check of its own, at its own cost, its
-    /// refusal charged; in request order, as envoy's pipeline runs. The outcome combines
-    /// the enforced ones (docs/SPEC.md, "Several rules in one check", for the fields).
+    /// envoy's counting: each limited descriptor a check of its own, at its own cost, in
+    /// its own mode (a check's refusal charged); in request order, as envoy's pipeline
+    /// runs. The outcome combines the enforced ones that may refuse, else the standings
+    /// (docs/SPEC.md, "Several rules in one check", for the fields).
     pub(super) async fn decide_each(
         &self,
         matched: &[Option<&ConfiguredLimit>],
         keys: &[String],
         costs: &[u64],
-        request_id: Option<&str>,
-    ) -> Result<(Vec<Option<Decision>>, Option<Outcome>), DecideError> {
+        modes: &[Mode<'_>],
+    ) -> Result<Counted, DecideError> {
         let mut decisions = Vec::with_capacity(matched.len());
-        let mut enforced = Vec::new();
+        let (mut enforced, mut standing) = (Vec::new(), Vec::new());
         let mut decided_by = DecidedBy::Store;
-        for ((limit, key), &cost) in matched.iter().zip(keys).zip(costs) {
+        for (((limit, key), &cost), mode) in matched.iter().zip(keys).zip(costs).zip(modes) {
             let Some((l, rule)) = limit.and_then(|l| Some(l).zip(l.rule.as_ref())) else {
                 decisions.push(None);
                 continue;
             };
+            let charge = match mode.charge {
+                Charge::Admitted => Charge::Attempted,
+                other => other,
+            };
             let outcome = self
-                .run(
-                    &[Limit { rule, key }],
-                    cost,
-                    &[],
-                    request_id,
-                    Charge::Attempted,
-                )
+                .run(&[Limit { rule, key }], cost, &[], mode.request_id, charge)
                 .await?;
             if !l.shadow_mode {
-                enforced.push(outcome.decision);
+                if charge.may_refuse() {
+                    enforced.push(outcome.decision);
+                } else {
+                    standing.push(outcome.decision);
+                }
                 if outcome.decided_by != DecidedBy::Store {
                     decided_by = outcome.decided_by;
                 }
             }
             decisions.push(Some(outcome.decision));
         }
-        let outcome = Decision::combine(&enforced).map(|decision| {
+        let refusable = !enforced.is_empty() || standing.is_empty();
+        let combined = if refusable { &enforced } else { &standing };
+        let outcome = Decision::combine(combined).map(|decision| {
             let mut outcome = Outcome::single(decision);
             outcome.decided_by = decided_by;
             outcome
         });
-        Ok((decisions, outcome))
+        Ok((decisions, outcome, refusable))
     }
 
     /// One check of `limits`, each at its own cost.
@@ -180,4 +264,62 @@ impl Service {
         self.metrics.check(outcome.decided_by, started.elapsed());
         Ok(outcome)
     }
+}
+
+/// The checks a request's descriptors make under sluicegate's counting (or envoy's
+/// stop-increment, whose checks charge refusals): first the one of every descriptor that
+/// may refuse, then one per other mode and request id, in request order.
+fn groups<'a>(modes: &[Mode<'a>], counting: Counting) -> Result<Vec<Group<'a>>, DecideError> {
+    let check = if counting == Counting::StopIncrementWhenOverLimit {
+        Charge::Attempted
+    } else {
+        Charge::Admitted
+    };
+    let mut refusable = Group {
+        mode: Mode {
+            charge: check,
+            request_id: None,
+        },
+        members: Vec::new(),
+    };
+    let mut others: Vec<Group<'a>> = Vec::new();
+    let mut first_id: Option<usize> = None;
+    for (i, mode) in modes.iter().enumerate() {
+        if !mode.charge.may_refuse() {
+            match others.iter_mut().find(|g| g.mode == *mode) {
+                Some(group) => group.members.push(i),
+                None => others.push(Group {
+                    mode: *mode,
+                    members: vec![i],
+                }),
+            }
+            continue;
+        }
+        if mode.charge == Charge::Reserved {
+            refusable.mode.charge = Charge::Reserved;
+        }
+        if let Some(id) = mode.request_id {
+            match (first_id, refusable.mode.request_id) {
+                (Some(j), Some(other)) if other != id => {
+                    return Err(DecideError::Invalid(format!(
+                        "descriptors[{i}]: request id {id:?} is not descriptors[{j}]'s \
+                         {other:?}; a request's check and reserve descriptors are one \
+                         check, under one id"
+                    )));
+                }
+                (Some(_), _) => {}
+                (None, _) => {
+                    first_id = Some(i);
+                    refusable.mode.request_id = Some(id);
+                }
+            }
+        }
+        refusable.members.push(i);
+    }
+    let mut groups = Vec::with_capacity(others.len() + 1);
+    if !refusable.members.is_empty() {
+        groups.push(refusable);
+    }
+    groups.extend(others);
+    Ok(groups)
 }

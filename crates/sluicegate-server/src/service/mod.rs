@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use sluicegate::{AnyStore, Charge, Limiter};
+use sluicegate::{AnyStore, Limiter};
 
 pub(crate) mod explain;
 
@@ -23,9 +23,11 @@ use crate::offenders::{DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD, Offenders, RuleOffe
 mod answer;
 mod counting;
 mod options;
+mod usage;
 
 pub(crate) use answer::{DecideError, Decided, DescriptorOutcome};
 pub use options::{EnvoyHeaderNames, ResponseHeaders, ServiceOptions};
+pub(crate) use usage::Modes;
 
 /// A configuration in force, with the counters of its rules.
 pub(crate) struct Live {
@@ -113,13 +115,16 @@ fn apply_replaces<'c>(matched: &mut [Option<&'c ConfiguredLimit>]) {
 
 /// The key each descriptor counts under in its limit: its entries, but a
 /// `share_threshold` wildcard's values count as one (ConfiguredLimit::counted_entries).
-fn counted_keys(descriptors: &[Vec<Entry>], matched: &[Option<&ConfiguredLimit>]) -> Vec<String> {
+fn counted_keys<E: AsRef<[Entry]>>(
+    descriptors: &[E],
+    matched: &[Option<&ConfiguredLimit>],
+) -> Vec<String> {
     descriptors
         .iter()
         .zip(matched)
         .map(|(d, limit)| match limit {
-            Some(l) => descriptor_key(&l.counted_entries(d)),
-            None => descriptor_key(d),
+            Some(l) => descriptor_key(&l.counted_entries(d.as_ref())),
+            None => descriptor_key(d.as_ref()),
         })
         .collect()
 }
@@ -320,20 +325,29 @@ impl Service {
         Ok(())
     }
 
-    /// Matches every descriptor and decides all the limited ones in one check, all-or-nothing.
-    /// Two descriptors that land on the same rule and key share one limit and one answer.
+    /// Matches every descriptor and decides all the limited ones: those in a mode that may
+    /// refuse (`check`, `reserve`) in one check, all-or-nothing; the others in one check
+    /// per mode and request id (docs/SPEC.md, "Envoy compatibility: counting"). Two
+    /// descriptors that land on the same rule and key in one check share one limit and
+    /// one answer.
     pub(crate) async fn decide(
         &self,
         domain: &str,
         descriptors: &[Vec<Entry>],
         costs: &[u64],
         overrides: &[Option<LimitOverride>],
-        request_id: Option<&str>,
+        modes: Modes<'_>,
     ) -> Result<Decided, DecideError> {
         self.validate(descriptors)?;
         let live = self.live();
         let config = &live.config;
         let mut matched = matched(config, domain, descriptors)?;
+        let usage::Resolved {
+            entries: descriptors,
+            modes,
+        } = usage::resolve(modes, descriptors, costs, &mut matched, |e| {
+            config.find(domain, e).ok().flatten()
+        })?;
         // A descriptor's `limit` takes the place of what it matched (limit_override.rs);
         // Envoy sends none on most requests.
         let overridden = if overrides.iter().all(Option::is_none) {
@@ -358,25 +372,18 @@ impl Service {
             }
         }
         apply_replaces(&mut matched);
+        // A block refuses a request; a report, settle or refund is never refused.
         let blocked = matched
             .iter()
-            .flatten()
-            .any(|l| l.blocked && !l.shadow_mode);
+            .zip(&modes)
+            .any(|(l, m)| l.is_some_and(|l| l.blocked && !l.shadow_mode) && m.charge.may_refuse());
 
-        let keys = counted_keys(descriptors, &matched);
+        let keys = counted_keys(&descriptors, &matched);
         let asked = Instant::now();
-        let (decisions, outcome) = match self.options.counting {
-            Counting::EachDescriptor => {
-                self.decide_each(&matched, &keys, costs, request_id).await?
-            }
+        let (decisions, outcome, refusable) = match self.options.counting {
+            Counting::EachDescriptor => self.decide_each(&matched, &keys, costs, &modes).await?,
             together => {
-                // envoy's stop-increment counts the refused hits of those over their limit.
-                let charge = if together == Counting::StopIncrementWhenOverLimit {
-                    Charge::Attempted
-                } else {
-                    Charge::Admitted
-                };
-                self.decide_together(&matched, &keys, costs, request_id, blocked, charge)
+                self.decide_grouped(&matched, &keys, costs, &modes, blocked, together)
                     .await?
             }
         };
@@ -385,14 +392,18 @@ impl Service {
         let descriptors = matched
             .iter()
             .zip(decisions)
-            .zip(descriptors)
+            .zip(&descriptors)
             .zip(costs)
-            .map(|(((limit, decision), entries), &cost)| {
+            .zip(&modes)
+            .map(|((((limit, decision), entries), &cost), mode)| {
                 let decision = match limit {
-                    Some(l) if l.blocked => Some(self.block(l)),
+                    Some(l) if l.blocked && mode.charge.may_refuse() => Some(self.block(l)),
                     _ => decision,
                 };
-                if let (Some(l), Some(decision)) = (limit, &decision) {
+                if decision.is_some() && !mode.charge.may_refuse() {
+                    // Units reported, settled or refunded: no request was decided.
+                    self.metrics.usage(domain, mode.charge, cost);
+                } else if let (Some(l), Some(decision)) = (limit, &decision) {
                     if l.detailed_metric {
                         // Labelled by the request's values: looked up per decision.
                         self.metrics
@@ -433,12 +444,14 @@ impl Service {
                     decision,
                     unlimited: limit.is_some_and(|l| l.rule.is_none() && !l.blocked),
                     shadow: limit.is_some_and(|l| l.shadow_mode),
+                    charge: mode.charge,
                 }
             })
             .collect();
         Ok(Decided {
             descriptors,
             outcome,
+            refusable,
             blocked,
             store_time,
         })

@@ -2,7 +2,7 @@
 generated from Envoy's RLS v3 protos (PyPI's xds-protos), each descriptor with its own
 hits_addend.
 
-Usage: rls_counting.py HOST:PORT DOMAIN KEY=VALUE[*HITS]...
+Usage: rls_counting.py HOST:PORT DOMAIN KEY=VALUE[,KEY=VALUE...][*HITS]...
 Prints the overall code's name, then per descriptor its code's name and limit_remaining;
 or the gRPC status code name of a failed call and its message on the next line.
 """
@@ -14,11 +14,15 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from google.protobuf import wrappers_pb2
 
 
-def descriptor(text):
-    pair, _, hits = text.partition("*")
+def entry(pair):
     key, _, value = pair.partition("=")
+    return ratelimit_pb2.RateLimitDescriptor.Entry(key=key, value=value)
+
+
+def descriptor(text):
+    pairs, _, hits = text.partition("*")
     d = ratelimit_pb2.RateLimitDescriptor(
-        entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=key, value=value)]
+        entries=[entry(pair) for pair in pairs.split(",")]
     )
     if hits:
         d.hits_addend.CopyFrom(wrappers_pb2.UInt64Value(value=int(hits)))

@@ -13,7 +13,7 @@ use sluicegate::{
 use super::Match;
 use crate::compat::Counting;
 use crate::config::{Config, DEFAULT_ALGORITHM, Entry, LoadOptions};
-use crate::service::{Service, ServiceOptions};
+use crate::service::{Modes, Service, ServiceOptions};
 
 /// One rule per algorithm, small enough that a few checks reach each limit; `twin` is
 /// the log rule again under another key, and `free` is unlimited.
@@ -126,8 +126,8 @@ proptest! {
                     .collect();
                 let costs = vec![step.cost; descriptors.len()];
                 let explained = explaining.explain("d", &descriptors, step.cost).await.ok().unwrap();
-                let decided = explaining.decide("d", &descriptors, &costs, &[], None).await.ok().unwrap();
-                let alone = twin.decide("d", &descriptors, &costs, &[], None).await.ok().unwrap();
+                let decided = explaining.decide("d", &descriptors, &costs, &[], Modes::CHECK).await.ok().unwrap();
+                let alone = twin.decide("d", &descriptors, &costs, &[], Modes::CHECK).await.ok().unwrap();
                 prop_assert_eq!(explained.allowed, decided.allowed(), "{:?}", step);
                 let decisions: Vec<_> = decided.descriptors.iter().map(|d| d.decision).collect();
                 let twins: Vec<_> = alone.descriptors.iter().map(|d| d.decision).collect();

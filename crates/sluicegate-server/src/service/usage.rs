@@ -1,0 +1,179 @@
+//! Each descriptor's mode (docs/SPEC.md, "Usage"): the one `/v1/check` names for all, or,
+//! on Envoy's protocol, what a descriptor reaching a `usage: true` rule says in its last
+//! entries (`request_id`, `usage`), which are then no part of its key.
+
+use sluicegate::Charge;
+
+use super::DecideError;
+use crate::config::{ConfiguredLimit, Entry};
+
+/// The entry keys Envoy's actions add to a descriptor of a usage rule.
+const REQUEST_ID_KEY: &str = "request_id";
+const USAGE_KEY: &str = "usage";
+
+/// Where a request's modes come from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Modes<'a> {
+    /// One mode and request id for every descriptor (`/v1/check`).
+    Given {
+        charge: Charge,
+        request_id: Option<&'a str>,
+    },
+    /// Envoy's protocol: a descriptor reaching a usage rule says its own mode in a
+    /// `usage` entry, else it is a check when its hits are 0 and a report otherwise; any
+    /// other descriptor is a check.
+    EnvoyEntries,
+}
+
+impl Modes<'static> {
+    /// Every descriptor a plain check, without a request id.
+    #[cfg(test)]
+    pub(crate) const CHECK: Modes<'static> = Modes::Given {
+        charge: Charge::Admitted,
+        request_id: None,
+    };
+}
+
+/// One descriptor's mode and request id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Mode<'a> {
+    pub(crate) charge: Charge,
+    pub(crate) request_id: Option<&'a str>,
+}
+
+/// What a descriptor's trailing `request_id` and `usage` entries say (each at most once,
+/// in either order).
+#[derive(Debug, PartialEq, Eq)]
+struct UsageEntries<'d> {
+    /// The entries before them: the descriptor's key.
+    kept: &'d [Entry],
+    request_id: Option<&'d str>,
+    /// The `usage` entry's index and value.
+    usage: Option<(usize, &'d str)>,
+}
+
+/// The descriptor's trailing usage entries; `None` when it ends with neither (or is
+/// nothing else).
+fn usage_entries(entries: &[Entry]) -> Option<UsageEntries<'_>> {
+    let (mut request_id, mut usage) = (None, None);
+    let mut kept = entries.len();
+    while kept > 1 {
+        let entry = &entries[kept - 1];
+        match entry.key.as_str() {
+            REQUEST_ID_KEY if request_id.is_none() => request_id = Some(entry.value.as_str()),
+            USAGE_KEY if usage.is_none() => usage = Some((kept - 1, entry.value.as_str())),
+            _ => break,
+        }
+        kept -= 1;
+    }
+    (kept < entries.len()).then(|| UsageEntries {
+        kept: &entries[..kept],
+        request_id,
+        usage,
+    })
+}
+
+/// A request's descriptors resolved, in request order.
+pub(crate) struct Resolved<'d> {
+    /// The entries each is matched and counted by.
+    pub(crate) entries: Vec<&'d [Entry]>,
+    pub(crate) modes: Vec<Mode<'d>>,
+}
+
+/// Resolves each descriptor: the entries it is matched and counted by, and its mode; a
+/// descriptor that reaches a usage rule once its mode entries are taken off matches that
+/// rule (in `matched`). `find` matches entries to a limit; `costs` are the hits.
+pub(crate) fn resolve<'d, 'c>(
+    modes: Modes<'d>,
+    descriptors: &'d [Vec<Entry>],
+    costs: &[u64],
+    matched: &mut [Option<&'c ConfiguredLimit>],
+    find: impl Fn(&[Entry]) -> Option<&'c ConfiguredLimit>,
+) -> Result<Resolved<'d>, DecideError> {
+    let mut entries = Vec::with_capacity(descriptors.len());
+    let mut resolved = Vec::with_capacity(descriptors.len());
+    for (i, descriptor) in descriptors.iter().enumerate() {
+        let (used, mode) = match modes {
+            Modes::Given { charge, request_id } => {
+                (descriptor.as_slice(), Mode { charge, request_id })
+            }
+            Modes::EnvoyEntries => {
+                let split = usage_entries(descriptor)
+                    .and_then(|u| find(u.kept).filter(|l| l.usage).map(|l| (u, l)));
+                let (used, usage, request_id) = match split {
+                    Some((u, limit)) => {
+                        matched[i] = Some(limit);
+                        (u.kept, u.usage, u.request_id)
+                    }
+                    None => (descriptor.as_slice(), None, None),
+                };
+                let charge = match usage {
+                    Some((j, name)) => Charge::from_name(name).ok_or_else(|| {
+                        DecideError::Invalid(format!(
+                            "descriptors[{i}].entries[{j}].value: unknown usage mode \
+                             {name:?}; expected check, reserve, report, settle or refund"
+                        ))
+                    })?,
+                    // Envoy's stream-done call carries the tokens, its request-time call 0.
+                    None if costs[i] > 0 && matched[i].is_some_and(|l| l.usage) => Charge::Reported,
+                    None => Charge::Admitted,
+                };
+                (used, Mode { charge, request_id })
+            }
+        };
+        if mode.charge.needs_request_id() && mode.request_id.is_none() {
+            return Err(DecideError::Invalid(match modes {
+                Modes::Given { .. } => {
+                    format!("request_id: a {} needs a request id", mode.charge.name())
+                }
+                Modes::EnvoyEntries => format!(
+                    "descriptors[{i}]: a {} needs a request_id entry",
+                    mode.charge.name()
+                ),
+            }));
+        }
+        entries.push(used);
+        resolved.push(mode);
+    }
+    Ok(Resolved {
+        entries,
+        modes: resolved,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(key: &str, value: &str) -> Entry {
+        Entry {
+            key: key.into(),
+            value: value.into(),
+        }
+    }
+
+    #[test]
+    fn trailing_usage_entries_are_split_off_in_either_order() {
+        let d = vec![e("model", "m"), e("request_id", "r1"), e("usage", "settle")];
+        let u = usage_entries(&d).unwrap();
+        assert_eq!(
+            (u.kept, u.request_id, u.usage),
+            (&d[..1], Some("r1"), Some((2, "settle")))
+        );
+        let d = vec![
+            e("model", "m"),
+            e("usage", "reserve"),
+            e("request_id", "r1"),
+        ];
+        let u = usage_entries(&d).unwrap();
+        assert_eq!(
+            (u.kept, u.request_id, u.usage),
+            (&d[..1], Some("r1"), Some((1, "reserve")))
+        );
+        // A descriptor of nothing else keeps its one entry; a second `usage` is a key.
+        assert_eq!(usage_entries(&[e("usage", "x")]), None);
+        let d = vec![e("usage", "a"), e("usage", "b")];
+        assert_eq!(usage_entries(&d).unwrap().kept, &d[..1]);
+        assert_eq!(usage_entries(&[e("model", "m")]), None);
+    }
+}
