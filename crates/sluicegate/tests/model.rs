@@ -108,7 +108,8 @@ impl Model {
                         if cost > 0 {
                             usage::record(rule, state, e.now, cost);
                             if let Some(id) = id {
-                                // A reservation is remembered at least a window, with its units.
+                                // A reservation is remembered at least a window, with its units,
+                                // its instant and the TAT it set.
                                 let reserve = charge == Charge::Reserved;
                                 let reset = e.admitted.reset_after;
                                 usage::forget_expired_ids(state, e.now);
@@ -122,7 +123,7 @@ impl Model {
                                             reset
                                         },
                                     release: e.now + e.admitted.delay,
-                                    reserved: if reserve { cost } else { 0 },
+                                    reservation: reserve.then_some((cost, e.now, e.now + reset)),
                                 });
                             }
                         }
@@ -253,8 +254,9 @@ fn event_strategy(modes: &'static [Charge]) -> impl Strategy<Value = Event> {
                 cost,
                 own_costs,
                 rules,
-                // A reserve and a settle need an id; the few ids make retries common.
-                id: id.or(mode.needs_request_id().then_some(0)),
+                // The few ids make retries common (a reserve and a settle without one get
+                // theirs in `run_trace`).
+                id,
                 mode,
                 reload,
             },
@@ -273,6 +275,7 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
     let store = MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)));
     let mut model = Model::default();
     let mut t: u64 = 1_000;
+    let mut last_reserve: Option<(String, usize)> = None;
     for (n, event) in events.iter().enumerate() {
         t = match event.step {
             Step::Same => t,
@@ -295,8 +298,23 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
         } else {
             chosen
         };
-        let key = KEYS[event.key];
-        let id = event.id.map(|i| format!("req-{i}"));
+        // A reserve without a drawn id gets one of its own, and a settle without one settles
+        // the latest reserve, on its key: so settles meet their reservations, live, expired,
+        // or in a later window or bucket, and not only retries.
+        let (id, key) = match (event.id, event.mode) {
+            (Some(i), _) => (Some(format!("req-{i}")), event.key),
+            (None, Charge::Reserved) => (Some(format!("reserve-{n}")), event.key),
+            (None, Charge::Settled) => last_reserve
+                .clone()
+                .map_or((Some("req-0".into()), event.key), |(id, key)| {
+                    (Some(id), key)
+                }),
+            (None, _) => (None, event.key),
+        };
+        if event.mode == Charge::Reserved {
+            last_reserve = id.clone().map(|id| (id, key));
+        }
+        let key = KEYS[key];
         let limits: Vec<Limit> = chosen
             .iter()
             .map(|&(_, rule)| Limit { rule, key })

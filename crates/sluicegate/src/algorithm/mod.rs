@@ -18,7 +18,7 @@ mod usage;
 pub use charge::Charge;
 use fixed_window::{FixedPlan, FixedWindowState};
 use gcra::{GcraPlan, GcraState};
-use request_ids::{Namespace, Remembered, RequestIds};
+use request_ids::{Namespace, Remembered, RequestIds, Reservation};
 use retry::RetryNeed;
 use sliding_counter::{CounterPlan, SlidingCounterState};
 use sliding_log::{LogPlan, SlidingLogState};
@@ -215,18 +215,24 @@ impl RuleState {
         if cost > 0 {
             self.record(rule, eval.plan, now, cost);
             if let Some(id) = request_id {
-                // A reservation outlives its units' window, for a request that streams longer.
-                let (reserved, remembered_for) = if charge == Charge::Reserved {
-                    (cost, decision.reset_after.max(rule.window()))
+                // A reservation outlives its units' window, for a request that streams longer,
+                // and remembers where its units went, for its settle to give them back.
+                let (reservation, remembered_for) = if charge == Charge::Reserved {
+                    let reservation = Reservation {
+                        units: cost,
+                        at: now,
+                        tat: now + decision.reset_after,
+                    };
+                    (Some(reservation), decision.reset_after.max(rule.window()))
                 } else {
-                    (0, decision.reset_after)
+                    (None, decision.reset_after)
                 };
                 self.request_ids.remember(
                     now,
                     Remembered {
                         request_id: id.into(),
                         namespace: Namespace::Admission,
-                        reserved,
+                        reservation,
                         expires_at: now + remembered_for,
                         release_at: now + decision.delay,
                     },
@@ -267,6 +273,28 @@ impl RuleState {
             self.charge_refusal(rule, eval)
         } else {
             self.refuse(rule, eval)
+        }
+    }
+
+    /// Decides a check of this rule alone, in any mode: a check or a reservation is
+    /// evaluated and finished, a report, settle or refund recorded. Answers the decision
+    /// and whether the state now holds anything a fresh one would not (what a store needs
+    /// to know to keep a new entry).
+    pub(crate) fn decide_alone(
+        &mut self,
+        rule: &Rule,
+        t: u64,
+        cost: u64,
+        request_id: Option<&str>,
+        charge: Charge,
+    ) -> (Decision, bool) {
+        if charge.may_refuse() {
+            let eval = self.evaluate(rule, t, cost, request_id);
+            let records = eval.records(eval.allows(), charge);
+            (self.finish(rule, &eval, request_id, charge), records)
+        } else {
+            let decision = self.record_usage(rule, t, cost, request_id, charge);
+            (decision, creates_entry(charge, cost))
         }
     }
 
