@@ -148,7 +148,15 @@ local function sliding_counter_steps()
         end
       end
     end
+    return left < cost
   end
 
-  return evaluate, record, answer, give_back, report, refund
+  -- Only from the reservation's own bucket, while it still weighs.
+  local function unreserve(r, at, _, units)
+    if div(at, r.width) >= r.bucket - r.buckets then
+      give_back(r, at, units)
+    end
+  end
+
+  return evaluate, record, answer, give_back, report, refund, unreserve
 end

@@ -151,32 +151,35 @@ local function zset_log_steps()
     call('PEXPIRE', key, ttl_ms(r.window, margin))
   end
 
-  -- The newest live entries go first (the highest n of the newest instant). When the
-  -- refund reaches back into an older instant, that instant becomes the key's latest, where
-  -- a check clamped to it would add: its members are renumbered to end at the live count.
+  -- Once entries are removed (expired ones pruned, live ones given back), the newest
+  -- instant, where a check clamped to it would add live + 1 on, may hold numbers above the
+  -- live count: its members are renumbered to end at it (`live`, what the set holds).
+  local function renumber_newest(r, live)
+    if live == 0 then
+      return
+    end
+    local key = r.key
+    local newest = entry(r, -1)
+    local stamp = int(newest)
+    local at_newest = call('ZCOUNT', key, stamp, stamp)
+    call('ZREMRANGEBYSCORE', key, stamp, stamp)
+    add_members(key, newest, live - at_newest + 1, live)
+  end
+
+  -- The newest live entries go first (the highest n of the newest instant).
   local function refund(r, cost)
     if not r.expired then
       count_live(r)
     end
     local taken = min(cost, r.live)
     if taken == 0 then
-      return
+      return false
     end
-    local key = r.key
     prune(r)
-    local newest = entry(r, -1)
-    call('ZREMRANGEBYRANK', key, -taken, -1)
-    local live = r.live - taken
-    if live == 0 then
-      return
-    end
-    local latest = entry(r, -1)
-    if latest < newest then
-      local stamp = int(latest)
-      local at_latest = call('ZCOUNT', key, stamp, stamp)
-      call('ZREMRANGEBYSCORE', key, stamp, stamp)
-      add_members(key, latest, live - at_latest + 1, live)
-    end
+    call('ZREMRANGEBYRANK', r.key, -taken, -1)
+    r.live = r.live - taken
+    renumber_newest(r, r.live)
+    return true
   end
 
   local function answer(r, admitted, over, units)
@@ -187,16 +190,34 @@ local function zset_log_steps()
   end
 
   -- Units recorded at one instant are indistinguishable: any `cost` members at `at` will do,
-  -- the highest n being the latest added.
+  -- the highest n being the latest added. Says how many it removed.
   local function give_back(r, at, cost)
     local stamp = int(at)
     local taken = call('ZREVRANGEBYSCORE', r.key, stamp, stamp, 'LIMIT', 0, cost)
     if #taken > 0 then
       call('ZREM', r.key, unpack(taken))
     end
+    return #taken
   end
 
-  return evaluate, record, answer, give_back, report, refund
+  -- From the entries at `at`, while they are live (those among the newest L that a report
+  -- into debt kept are all the set holds).
+  local function unreserve(r, at, _, units)
+    if r.count == 0 or at <= r.cutoff then
+      return
+    end
+    if not r.expired then
+      count_live(r)
+    end
+    local pruned = r.expired
+    prune(r)
+    local taken = give_back(r, at, units)
+    if taken > 0 or pruned > 0 then
+      renumber_newest(r, r.live - taken)
+    end
+  end
+
+  return evaluate, record, answer, give_back, report, refund, unreserve
 end
 
 -- The steps of the COMPACT layout.
@@ -295,15 +316,16 @@ local function compact_log_steps()
   local function refund(r, cost)
     local taken = min(cost, r.live)
     if taken == 0 then
-      return
+      return false
     end
     local count = r.live - taken
     if count == 0 then
       call('DEL', r.key)
-      return
+      return true
     end
     r.head = (r.head + r.expired) % r.limit
     call('SETRANGE', r.key, 0, pack('<ddd', r.head, count, entry(r, count - 1)))
+    return true
   end
 
   local function answer(r, admitted, over, units)
@@ -337,5 +359,13 @@ local function compact_log_steps()
     end
   end
 
-  return evaluate, record, answer, give_back, report, refund
+  -- From the run of entries at `at`, while they are live (a report into debt kept in the
+  -- ring only the newest L).
+  local function unreserve(r, at, _, units)
+    if r.live > 0 and at > r.cutoff then
+      give_back(r, at, units)
+    end
+  end
+
+  return evaluate, record, answer, give_back, report, refund, unreserve
 end
