@@ -12,6 +12,8 @@ use sluicegate::{
     RuleSpec, Store,
 };
 
+#[path = "redis_trace/stores.rs"]
+mod stores;
 #[path = "redis_trace/usage.rs"]
 mod usage;
 

@@ -12,13 +12,19 @@ use sluicegate::{
 };
 use sluicegate_test_support::{self as support, cmd};
 
-#[path = "redis_trace/common.rs"]
-mod common;
+#[path = "redis_trace/cases.rs"]
+mod cases;
+#[path = "redis_trace/random.rs"]
+mod random;
+#[path = "redis_trace/stores.rs"]
+mod stores;
 #[path = "redis_trace/usage.rs"]
 mod usage;
 
-use common::{CASES, Random};
-use usage::{Line, Printed, every_store, printed, store_at};
+use cases::CASES;
+use random::Random;
+use stores::store_at;
+use usage::{Line, Printed, every_store, printed};
 
 const S: u64 = 1_000_000;
 

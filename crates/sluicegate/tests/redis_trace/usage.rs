@@ -1,27 +1,12 @@
-//! What the usage tests share: the stores they reach Redis through (keys of each test's
-//! own, functions or EVALSHA, a server or a cluster), and the lines of worked examples with
-//! the answers docs/SPEC.md prints for them.
-
-use std::time::Duration;
+//! What the usage tests share: every way they reach Redis (a server through functions and
+//! EVALSHA, a cluster), and the lines of worked examples with the answers docs/SPEC.md
+//! prints for them.
 
 use sluicegate::store::redis::Scripting;
-use sluicegate::{Charge, Decision, RedisStore, RedisStoreConfig, RetryAfter};
+use sluicegate::{Charge, Decision, RedisStore, RetryAfter};
 use sluicegate_test_support as support;
 
-fn prefix(test: &str) -> String {
-    format!("test:usage-{test}:{}:", std::process::id())
-}
-
-/// A store on `url`, keys of its own, sending its checks as functions or by EVALSHA.
-pub(crate) async fn store_at(url: &str, test: &str, scripting: Scripting) -> RedisStore {
-    let mut config = RedisStoreConfig::new(url);
-    config.prefix = prefix(test);
-    config.timeout = Duration::from_secs(2);
-    config.scripting = scripting;
-    RedisStore::connect(config)
-        .await
-        .unwrap_or_else(|e| panic!("connect to the test server at {url}: {e}"))
-}
+use crate::stores::store_at;
 
 /// The three ways the tests reach Redis: a server through functions, the same through
 /// EVALSHA, and a cluster.
