@@ -108,7 +108,8 @@ impl Model {
                         if cost > 0 {
                             usage::record(rule, state, e.now, cost);
                             if let Some(id) = id {
-                                // A reservation is remembered at least a window, with its units.
+                                // A reservation is remembered at least a window, with its units,
+                                // its instant and the TAT it set.
                                 let reserve = charge == Charge::Reserved;
                                 let reset = e.admitted.reset_after;
                                 usage::forget_expired_ids(state, e.now);
@@ -122,7 +123,7 @@ impl Model {
                                             reset
                                         },
                                     release: e.now + e.admitted.delay,
-                                    reserved: if reserve { cost } else { 0 },
+                                    reservation: reserve.then_some((cost, e.now, e.now + reset)),
                                 });
                             }
                         }

@@ -48,12 +48,16 @@ impl FixedWindowState {
         }
     }
 
-    /// Gives back up to `units` of the current window's count; an earlier window's count
-    /// has expired and has nothing to give back.
-    pub(crate) fn refund(&mut self, plan: FixedPlan, units: u64) {
-        if plan.window_index == self.window_index {
-            self.count = self.count.saturating_sub(units);
+    /// Gives back up to `units` of the current window's count, when `from_window` (a
+    /// reservation's; any for a refund) is the current one; whether there were any to give
+    /// back. An earlier window's count has expired and has nothing to give back.
+    pub(crate) fn refund(&mut self, plan: FixedPlan, from_window: Option<u64>, units: u64) -> bool {
+        let current = plan.window_index == self.window_index && self.count > 0;
+        if !current || from_window.is_some_and(|k| k != plan.window_index) {
+            return false;
         }
+        self.count = self.count.saturating_sub(units);
+        true
     }
 
     /// Records `cost` units, whatever the limit says (an admission, a charged refusal, a

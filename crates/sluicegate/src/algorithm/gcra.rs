@@ -78,19 +78,32 @@ impl GcraState {
         self.interval = interval;
     }
 
-    /// Gives back up to `units`: `TAT = max(t, tat − c·T)`, under the rule's interval. A key
-    /// that holds nothing (`tat = t`) is left as it is: writing TAT = t would make a check
-    /// stamped before t (but after `latest`) find units that were never there.
-    pub(crate) fn refund(&mut self, rule: &Rule, plan: GcraPlan, now: u64, units: u64) {
-        if plan.tat == now {
-            return;
-        }
+    /// Gives back up to `units`, under the rule's interval: a refund (`reserved_tat` =
+    /// `None`) sets `TAT = max(t, tat − c·T)`; a reservation's give-back, whose units are
+    /// the last before the TAT `e` it set, only what of them is still pending:
+    /// `TAT = max(t, tat − min(c·T, e − t))`. A leaky bucket gives nothing back (its units
+    /// were handed slots to pass in), and neither does a key that holds nothing (`tat = t`):
+    /// writing TAT = t would make a check stamped before t (but after `latest`) find units
+    /// that were never there. Whether anything was given back.
+    pub(crate) fn refund(
+        &mut self,
+        rule: &Rule,
+        plan: GcraPlan,
+        now: u64,
+        reserved_tat: Option<u64>,
+        units: u64,
+    ) -> bool {
         let interval = rule.emission_interval();
+        let pending = reserved_tat.map_or(u64::MAX, |e| e.saturating_sub(now));
+        if rule.algorithm() == Algorithm::LeakyBucket || plan.tat == now || pending == 0 {
+            return false;
+        }
         self.tat = plan
             .tat
-            .saturating_sub(units.saturating_mul(interval))
+            .saturating_sub(units.saturating_mul(interval).min(pending))
             .max(now);
         self.interval = interval;
+        true
     }
 
     pub(crate) fn refuse(rule: &Rule, plan: GcraPlan, now: u64, retry: RetryNeed) -> Decision {

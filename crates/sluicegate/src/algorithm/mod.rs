@@ -18,7 +18,7 @@ mod usage;
 pub use charge::Charge;
 use fixed_window::{FixedPlan, FixedWindowState};
 use gcra::{GcraPlan, GcraState};
-use request_ids::{Namespace, Remembered, RequestIds};
+use request_ids::{Namespace, Remembered, RequestIds, Reservation};
 use retry::RetryNeed;
 use sliding_counter::{CounterPlan, SlidingCounterState};
 use sliding_log::{LogPlan, SlidingLogState};
@@ -215,18 +215,24 @@ impl RuleState {
         if cost > 0 {
             self.record(rule, eval.plan, now, cost);
             if let Some(id) = request_id {
-                // A reservation outlives its units' window, for a request that streams longer.
-                let (reserved, remembered_for) = if charge == Charge::Reserved {
-                    (cost, decision.reset_after.max(rule.window()))
+                // A reservation outlives its units' window, for a request that streams longer,
+                // and remembers where its units went, for its settle to give them back.
+                let (reservation, remembered_for) = if charge == Charge::Reserved {
+                    let reservation = Reservation {
+                        units: cost,
+                        at: now,
+                        tat: now + decision.reset_after,
+                    };
+                    (Some(reservation), decision.reset_after.max(rule.window()))
                 } else {
-                    (0, decision.reset_after)
+                    (None, decision.reset_after)
                 };
                 self.request_ids.remember(
                     now,
                     Remembered {
                         request_id: id.into(),
                         namespace: Namespace::Admission,
-                        reserved,
+                        reservation,
                         expires_at: now + remembered_for,
                         release_at: now + decision.delay,
                     },

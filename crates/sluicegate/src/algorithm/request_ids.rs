@@ -1,24 +1,43 @@
 //! The request ids one state remembers (docs/SPEC.md, "Retries" and "Usage", request ids):
 //! an admission's, so that a retry is not counted twice, and a reservation's units, for its
 //! settle; and the ids of reports, settles and refunds, each mode in its own namespace.
+//!
+//! A state can hold millions of ids (a daily budget with an id per call), so they are
+//! indexed by (namespace, id) for the lookups and kept in a min-heap by expiry for the
+//! forgetting: neither walks every id.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::hash::{BuildHasher, Hash, Hasher};
+
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
 
 use super::Charge;
 
-/// The ids a state remembers, oldest first. Boxed, like the logs, to keep a state small:
-/// the memory store holds it inline in its hash table, where every byte of an entry is a
-/// byte of cache a lookup drags in.
+/// The ids a state remembers. Boxed, like the logs, to keep a state small: the memory store
+/// holds it inline in its hash table, where every byte of an entry is a byte of cache a
+/// lookup drags in.
 #[derive(Clone, Debug, Default)]
 pub(super) struct RequestIds {
-    #[expect(
-        clippy::box_collection,
-        reason = "a thin pointer: 8 bytes in every entry instead of a Vec's 24"
-    )]
-    ids: Option<Box<Vec<Remembered>>>,
+    ids: Option<Box<Index>>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Index {
+    by_id: HashTable<Remembered>,
+    /// (expires_at, namespace, id) of every id remembered, the soonest to expire on top; an
+    /// id remembered again (after it expired, or as another mode) leaves its old line here
+    /// until it surfaces, and is dropped from `by_id` only if it still expires then.
+    by_expiry: BinaryHeap<Reverse<(u64, Namespace, Box<str>)>>,
+    hasher: RandomState,
+    /// The latest `expires_at` of the ids held: each expires at or before it.
+    last_expiry: u64,
 }
 
 /// Which ids an id is compared with: a `check` and a `reserve` are both admissions; each
 /// never-refused mode keeps its own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(super) enum Namespace {
     Admission,
     Report,
@@ -42,67 +61,123 @@ impl Namespace {
 pub(super) struct Remembered {
     pub(super) request_id: Box<str>,
     pub(super) namespace: Namespace,
-    /// A reservation's units, until a settle uses them up; 0 for every other id.
-    pub(super) reserved: u64,
+    /// A reservation's units and where they were put, until a settle uses them up.
+    pub(super) reservation: Option<Reservation>,
     /// Until when the id is remembered.
     pub(super) expires_at: u64,
     /// When the admitted request could go on (`delay` for leaky-bucket).
     pub(super) release_at: u64,
 }
 
-impl RequestIds {
-    fn find_mut(&mut self, namespace: Namespace, id: &str, now: u64) -> Option<&mut Remembered> {
-        self.ids
-            .as_deref_mut()?
-            .iter_mut()
-            .find(|r| r.namespace == namespace && r.expires_at > now && &*r.request_id == id)
+/// What a `reserve` recorded (docs/SPEC.md, "Settle"): `units` at instant `at`, and, for
+/// the GCRA algorithms, `tat`, the TAT it set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Reservation {
+    pub(crate) units: u64,
+    pub(crate) at: u64,
+    pub(crate) tat: u64,
+}
+
+impl Index {
+    fn hash(&self, namespace: Namespace, id: &str) -> u64 {
+        id_hash(&self.hasher, namespace, id)
     }
 
-    fn find(&self, namespace: Namespace, id: &str, now: u64) -> Option<&Remembered> {
-        self.ids
-            .as_deref()?
-            .iter()
-            .find(|r| r.namespace == namespace && r.expires_at > now && &*r.request_id == id)
+    fn live_mut(&mut self, namespace: Namespace, id: &str, now: u64) -> Option<&mut Remembered> {
+        let hash = self.hash(namespace, id);
+        self.by_id
+            .find_mut(hash, |r| r.namespace == namespace && &*r.request_id == id)
+            .filter(|r| r.expires_at > now)
+    }
+}
+
+impl RequestIds {
+    fn live(&self, namespace: Namespace, id: &str, now: u64) -> Option<&Remembered> {
+        let index = self.ids.as_deref()?;
+        let hash = index.hash(namespace, id);
+        index
+            .by_id
+            .find(hash, |r| r.namespace == namespace && &*r.request_id == id)
+            .filter(|r| r.expires_at > now)
     }
 
     /// The release time of a live admission with this id: a retry of it is a repeat.
     pub(super) fn admission(&self, id: &str, now: u64) -> Option<u64> {
-        self.find(Namespace::Admission, id, now)
+        self.live(Namespace::Admission, id, now)
             .map(|r| r.release_at)
     }
 
     /// Whether an id of this namespace is still remembered at `now`.
     pub(super) fn holds(&self, namespace: Namespace, id: &str, now: u64) -> bool {
-        self.find(namespace, id, now).is_some()
+        self.live(namespace, id, now).is_some()
     }
 
-    /// The units of the live reservation with this id, used up: a later settle finds none.
-    pub(super) fn take_reservation(&mut self, id: &str, now: u64) -> u64 {
-        self.find_mut(Namespace::Admission, id, now)
-            .map_or(0, |r| std::mem::take(&mut r.reserved))
+    /// The live reservation with this id, used up: a later settle finds none.
+    pub(super) fn take_reservation(&mut self, id: &str, now: u64) -> Option<Reservation> {
+        self.ids
+            .as_deref_mut()?
+            .live_mut(Namespace::Admission, id, now)?
+            .reservation
+            .take()
     }
 
-    /// Remembers an id, forgetting those that have expired at `now`.
+    /// Remembers an id (replacing an expired one of the same name), forgetting those that
+    /// have expired at `now`.
     pub(super) fn remember(&mut self, now: u64, remembered: Remembered) {
         self.forget_expired(now);
-        self.ids.get_or_insert_default().push(remembered);
+        let index = self.ids.get_or_insert_default();
+        let hash = index.hash(remembered.namespace, &remembered.request_id);
+        index.last_expiry = index.last_expiry.max(remembered.expires_at);
+        index.by_expiry.push(Reverse((
+            remembered.expires_at,
+            remembered.namespace,
+            remembered.request_id.clone(),
+        )));
+        let (namespace, hasher) = (remembered.namespace, &index.hasher);
+        match index.by_id.entry(
+            hash,
+            |r| r.namespace == namespace && r.request_id == remembered.request_id,
+            |r| id_hash(hasher, r.namespace, &r.request_id),
+        ) {
+            hashbrown::hash_table::Entry::Occupied(mut held) => *held.get_mut() = remembered,
+            hashbrown::hash_table::Entry::Vacant(slot) => {
+                slot.insert(remembered);
+            }
+        }
     }
 
-    /// Forgets the ids that have expired at `now`: a state does so whenever it is written
-    /// (docs/SPEC.md, "Usage", request ids).
+    /// Forgets the ids that have expired at `now`: a state does so whenever it records
+    /// (docs/SPEC.md, "Usage", request ids). Costs one heap pop per id forgotten.
     pub(super) fn forget_expired(&mut self, now: u64) {
-        if let Some(ids) = &mut self.ids {
-            ids.retain(|r| r.expires_at > now);
+        let Some(index) = self.ids.as_deref_mut() else {
+            return;
+        };
+        while let Some(Reverse((expires_at, ..))) = index.by_expiry.peek()
+            && *expires_at <= now
+        {
+            let Reverse((expires_at, namespace, id)) =
+                index.by_expiry.pop().expect("peeked just now");
+            let hash = index.hash(namespace, &id);
+            if let Ok(held) = index.by_id.find_entry(hash, |r| {
+                r.namespace == namespace && r.request_id == id && r.expires_at == expires_at
+            }) {
+                held.remove();
+            }
+        }
+        if index.by_id.is_empty() {
+            self.ids = None;
         }
     }
 
     /// Until when the last of these ids is remembered (0 for none).
     pub(super) fn expires_at(&self) -> u64 {
-        self.ids
-            .iter()
-            .flat_map(|ids| ids.iter())
-            .map(|r| r.expires_at)
-            .max()
-            .unwrap_or(0)
+        self.ids.as_deref().map_or(0, |index| index.last_expiry)
     }
+}
+
+fn id_hash(hasher: &RandomState, namespace: Namespace, id: &str) -> u64 {
+    let mut hasher = hasher.build_hasher();
+    namespace.hash(&mut hasher);
+    id.hash(&mut hasher);
+    hasher.finish()
 }

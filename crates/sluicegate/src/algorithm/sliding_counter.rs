@@ -95,20 +95,43 @@ impl SlidingCounterState {
         ((EXACT_LIMIT - 1) / width(rule)).saturating_sub(held)
     }
 
-    /// Gives back up to `units` from the buckets that still weigh, the newest first.
-    pub(crate) fn refund(&mut self, rule: &Rule, plan: CounterPlan, units: u64) {
+    /// Gives back up to `units` from the buckets that still weigh: the newest first for a
+    /// refund (`from` = `None`), or from the bucket of instant `from` (a reservation's) if
+    /// it still weighs. Whether there were any to give back (else nothing is dropped).
+    pub(crate) fn refund(
+        &mut self,
+        rule: &Rule,
+        plan: CounterPlan,
+        from: Option<u64>,
+        units: u64,
+    ) -> bool {
+        let weighs = |j: u64| j + rule.buckets() >= plan.bucket;
+        let from_bucket = from.map(|at| at / width(rule));
+        let holds = self
+            .buckets
+            .iter()
+            .any(|&(j, n)| n > 0 && weighs(j) && from_bucket.is_none_or(|b| b == j));
+        if !holds {
+            return false;
+        }
         self.drop_weightless(rule, plan.bucket);
         let mut left = units;
-        while left > 0
-            && let Some((_, newest)) = self.buckets.back_mut()
-        {
-            let taken = (*newest).min(left);
-            *newest -= taken;
+        for i in (0..self.buckets.len()).rev() {
+            let (j, held) = &mut self.buckets[i];
+            if left == 0 || from_bucket.is_some_and(|b| b > *j) {
+                break;
+            }
+            if from_bucket.is_some_and(|b| b != *j) {
+                continue;
+            }
+            let taken = (*held).min(left);
+            *held -= taken;
             left -= taken;
-            if *newest == 0 {
-                self.buckets.pop_back();
+            if *held == 0 {
+                self.buckets.remove(i);
             }
         }
+        true
     }
 
     /// Drops the buckets older than `b − N`, which weigh nothing in bucket `b`.

@@ -91,8 +91,12 @@ impl SlidingLogState {
         }
     }
 
-    /// Gives back up to `units` of the live units, newest first, after dropping the expired.
-    pub(crate) fn refund(&mut self, plan: LogPlan, units: u64) {
+    /// Gives back up to `units` of the live units, newest first, after dropping the
+    /// expired; whether there was any to give back (else nothing is dropped either).
+    pub(crate) fn refund(&mut self, plan: LogPlan, units: u64) -> bool {
+        if plan.live == 0 {
+            return false;
+        }
         self.drop_expired(plan);
         let mut left = units;
         while left > 0
@@ -106,6 +110,40 @@ impl SlidingLogState {
                 self.runs.pop_back();
             }
         }
+        true
+    }
+
+    /// Gives back up to `units` of the entries at `at` (a reservation's), if `at` is still
+    /// live, after dropping the expired; whether there were any to give back.
+    pub(crate) fn give_back(
+        &mut self,
+        rule: &Rule,
+        plan: LogPlan,
+        now: u64,
+        at: u64,
+        units: u64,
+    ) -> bool {
+        if at + rule.window() <= now || self.run_at(at).is_none() {
+            return false;
+        }
+        self.drop_expired(plan);
+        let i = self
+            .run_at(at)
+            .expect("a live run is not dropped as expired");
+        let run = &mut self.runs[i];
+        let taken = run.units.min(units);
+        run.units -= taken;
+        self.live -= taken;
+        if run.units == 0 {
+            self.runs.remove(i);
+        }
+        true
+    }
+
+    /// The index of the run at `at`, if one is held (runs are in time order, one per time).
+    fn run_at(&self, at: u64) -> Option<usize> {
+        let i = self.runs.partition_point(|run| run.at < at);
+        self.runs.get(i).filter(|run| run.at == at).map(|_| i)
     }
 
     /// The time of the newest entry held, if any.

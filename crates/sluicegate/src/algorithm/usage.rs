@@ -2,18 +2,20 @@
 //! reports, reservations, settlements and refunds"): each records what it says in one state,
 //! the limit notwithstanding, and answers the standing right after.
 
-use super::request_ids::{Namespace, Remembered};
+use super::request_ids::{Namespace, Remembered, Reservation};
 use super::{Charge, Plan, RuleState, StateKind};
 use crate::decision::Decision;
 use crate::rule::Rule;
 
-/// What a report, settle or refund does to one state: a settle is one of the two.
+/// What a report, settle or refund does to one state: a settle is one of the three.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Change {
     /// Records units whatever the limit says (into debt if need be).
     Report(u64),
     /// Gives back up to this many units held, newest first.
     Refund(u64),
+    /// Gives back up to this many of a reservation's own units, from where it put them.
+    GiveBack(u64, Reservation),
 }
 
 /// Whether a check in a never-refused mode writes a state that does not exist yet: a
@@ -39,31 +41,31 @@ impl RuleState {
         let now = t.max(self.latest);
         let namespace = Namespace::of(charge);
         let repeat = request_id.is_some_and(|id| self.request_ids.holds(namespace, id, now));
-        if !repeat {
+        let recorded = !repeat && {
             let change = match charge {
                 Charge::Refunded => Change::Refund(cost),
                 Charge::Settled => {
-                    let reserved =
-                        request_id.map_or(0, |id| self.request_ids.take_reservation(id, now));
-                    if cost >= reserved {
-                        Change::Report(cost - reserved)
-                    } else {
-                        Change::Refund(reserved - cost)
+                    match request_id.and_then(|id| self.request_ids.take_reservation(id, now)) {
+                        Some(r) if cost < r.units => Change::GiveBack(r.units - cost, r),
+                        Some(r) => Change::Report(cost - r.units),
+                        None => Change::Report(cost),
                     }
                 }
                 _ => Change::Report(cost),
             };
-            self.change(rule, now, change);
-        }
+            // A settle remembers its id even when it records nothing: its reservation is
+            // used up, and a retry must not report the whole cost.
+            self.change(rule, now, change) || charge == Charge::Settled
+        };
         let standing = self.standing(rule, now);
-        if let Some(id) = request_id.filter(|_| !repeat && cost > 0) {
+        if let Some(id) = request_id.filter(|_| recorded && cost > 0) {
             self.request_ids.remember(
                 now,
                 Remembered {
                     request_id: id.into(),
                     namespace,
-                    reserved: 0,
-                    expires_at: now + standing.reset_after.max(rule.window()),
+                    reservation: None,
+                    expires_at: now + rule.window(),
                     release_at: now,
                 },
             );
@@ -77,10 +79,13 @@ impl RuleState {
         self.unrecorded(rule, &self.evaluate(rule, now, 1, None))
     }
 
-    fn change(&mut self, rule: &Rule, now: u64, change: Change) {
+    /// Applies `change` at `now`; whether it changed anything. A refund or give-back that
+    /// finds nothing live to give back changes nothing at all, not even the expired units
+    /// it would otherwise drop (docs/SPEC.md, "Refund").
+    fn change(&mut self, rule: &Rule, now: u64, change: Change) -> bool {
         let plan = self.plan(rule, now);
-        match change {
-            Change::Report(0) | Change::Refund(0) => {}
+        let changed = match change {
+            Change::Report(0) | Change::Refund(0) | Change::GiveBack(0, _) => false,
             Change::Report(units) => {
                 let units = match (&self.kind, plan) {
                     (StateKind::Counter(s), Plan::Counter(p)) => units.min(s.report_room(rule, p)),
@@ -89,22 +94,43 @@ impl RuleState {
                 if units > 0 {
                     self.record(rule, plan, now, units);
                 }
+                units > 0
             }
             Change::Refund(units) => match (&mut self.kind, plan) {
-                (StateKind::Log(s), Plan::Log(p)) => {
-                    s.refund(p, units);
-                    // The log's `latest` is its newest entry: a refund of it takes it back.
-                    self.latest = s.newest().unwrap_or(0);
-                }
-                (StateKind::Fixed(s), Plan::Fixed(p)) => s.refund(p, units),
-                (StateKind::Counter(s), Plan::Counter(p)) => s.refund(rule, p, units),
-                (StateKind::Gcra(s), Plan::Gcra(p)) => s.refund(rule, p, now, units),
+                (StateKind::Log(s), Plan::Log(p)) => s.refund(p, units),
+                (StateKind::Fixed(s), Plan::Fixed(p)) => s.refund(p, None, units),
+                (StateKind::Counter(s), Plan::Counter(p)) => s.refund(rule, p, None, units),
+                (StateKind::Gcra(s), Plan::Gcra(p)) => s.refund(rule, p, now, None, units),
                 _ => unreachable!("a plan is only ever passed back to the state that made it"),
             },
+            Change::GiveBack(units, reservation) => match (&mut self.kind, plan) {
+                (StateKind::Log(s), Plan::Log(p)) => {
+                    s.give_back(rule, p, now, reservation.at, units)
+                }
+                (StateKind::Fixed(s), Plan::Fixed(p)) => {
+                    s.refund(p, Some(reservation.at / rule.window()), units)
+                }
+                (StateKind::Counter(s), Plan::Counter(p)) => {
+                    s.refund(rule, p, Some(reservation.at), units)
+                }
+                (StateKind::Gcra(s), Plan::Gcra(p)) => {
+                    s.refund(rule, p, now, Some(reservation.tat), units)
+                }
+                _ => unreachable!("a plan is only ever passed back to the state that made it"),
+            },
+        };
+        if changed && let StateKind::Log(s) = &self.kind {
+            // The log's `latest` is its newest entry: giving that back takes it back.
+            self.latest = s.newest().unwrap_or(0);
         }
+        changed
     }
 }
 
 #[cfg(test)]
 #[path = "usage_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "give_back_tests.rs"]
+mod give_back_tests;

@@ -13,8 +13,8 @@ pub(crate) struct ModelKey {
     /// (time, units) recorded and not given back, in time order (expired ones included:
     /// every formula looks only at what is live at its instant).
     pub(crate) entries: Vec<(u64, u64)>,
-    /// Every GCRA change in order: (time, units, given back?, T, capacity in force).
-    pub(crate) history: Vec<(u64, u64, bool, u64, u64)>,
+    /// Every GCRA change in order: (time, units, what was done, T, capacity in force).
+    pub(crate) history: Vec<(u64, u64, GcraChange, u64, u64)>,
     pub(crate) latest: u64,
     pub(crate) ids: Vec<ModelId>,
     /// Whether the store holds an entry for this state: once anything was recorded (the
@@ -31,8 +31,20 @@ pub(crate) struct ModelId {
     pub(crate) id: String,
     pub(crate) expires: u64,
     pub(crate) release: u64,
-    /// A reservation's units until a settle uses them; else 0.
-    pub(crate) reserved: u64,
+    /// A reservation's (r, s, e) — its units, its instant, and the TAT it set (GCRA) — until
+    /// a settle uses them; else none.
+    pub(crate) reservation: Option<(u64, u64, u64)>,
+}
+
+/// A change of a GCRA state.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum GcraChange {
+    /// TAT = tat + c·T.
+    Record,
+    /// TAT = max(t, tat − c·T).
+    Refund,
+    /// A reservation's give-back: TAT = max(t, tat − min(c·T, e − t)), e the TAT it set.
+    GiveBack { reserved_tat: u64 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -65,22 +77,19 @@ fn gcra_read(tat: u64, written_interval: u64, now: u64, interval: u64, capacity:
     now + read
 }
 
-/// The stored TAT and the T it was written under, refolded from the history: a record sets
-/// TAT = tat + c·T (the backlog at most 2^51), a refund TAT = max(t, tat − c·T) when the key
-/// holds anything (tat > t).
+/// The stored TAT and the T it was written under, refolded from the history (which holds
+/// only changes that change something: docs/SPEC.md, "Refund").
 fn gcra_tat(key: &ModelKey) -> (u64, u64) {
     key.history
         .iter()
-        .fold((0, 0), |(tat, written), &(s, units, refund, t, cap)| {
+        .fold((0, 0), |(tat, written), &(s, units, change, t, cap)| {
             let read = gcra_read(tat, written, s, t, cap);
-            if refund && read == s {
-                // Nothing held: a refund leaves the state as it is.
-                return (tat, written);
-            }
-            let tat = if refund {
-                read.saturating_sub(units * t).max(s)
-            } else {
-                (read + units * t).min(s + MAX_BACKLOG)
+            let tat = match change {
+                GcraChange::Record => (read + units * t).min(s + MAX_BACKLOG),
+                GcraChange::Refund => read.saturating_sub(units * t).max(s),
+                GcraChange::GiveBack { reserved_tat } => read
+                    .saturating_sub((units * t).min(reserved_tat - s))
+                    .max(s),
             };
             (tat, t)
         })

@@ -1,10 +1,11 @@
 //! What the model records: admissions, and docs/SPEC.md's "Usage" — reports into debt with
-//! their caps, refunds newest first, settles against a reservation, the standing answer
-//! and each mode's request ids — written from the SPEC, not from the store.
+//! their caps, refunds newest first, settles giving back their reservation's own units from
+//! where it put them, the standing answer and each mode's request ids — written from the
+//! SPEC, not from the store.
 
 use sluicegate::{Algorithm, Charge, Decision, EXACT_LIMIT, Rule};
 
-use super::state::{Fit, ModelId, ModelKey, model_evaluate};
+use super::state::{Fit, GcraChange, ModelId, ModelKey, gcra_now, model_evaluate};
 
 /// Records `units` at `now`, as an admission does: what no longer counts is dropped (the
 /// SPEC's "the expired entries are dropped"), and so are the ids that have expired. Once a
@@ -14,8 +15,13 @@ pub(crate) fn record(rule: &Rule, key: &mut ModelKey, now: u64, units: u64) {
     forget_expired_ids(key, now);
     key.stored = true;
     key.entries.push((now, units));
-    key.history
-        .push((now, units, false, rule.emission_interval(), rule.capacity()));
+    key.history.push((
+        now,
+        units,
+        GcraChange::Record,
+        rule.emission_interval(),
+        rule.capacity(),
+    ));
     key.latest = now;
 }
 
@@ -47,8 +53,9 @@ fn held(rule: &Rule, key: &ModelKey, now: u64) -> u64 {
         .sum()
 }
 
-/// A report of `units`: recorded whatever the limit says, with each algorithm's cap.
-fn report(rule: &Rule, key: &mut ModelKey, now: u64, units: u64) {
+/// A report of `units`: recorded whatever the limit says, with each algorithm's cap;
+/// whether anything was recorded.
+fn report(rule: &Rule, key: &mut ModelKey, now: u64, units: u64) -> bool {
     let units = match rule.algorithm() {
         Algorithm::SlidingCounter => {
             let w = rule.window() / rule.buckets();
@@ -59,7 +66,7 @@ fn report(rule: &Rule, key: &mut ModelKey, now: u64, units: u64) {
         _ => units,
     };
     if units == 0 {
-        return;
+        return false;
     }
     record(rule, key, now, units);
     if rule.algorithm() == Algorithm::SlidingLog {
@@ -72,41 +79,75 @@ fn report(rule: &Rule, key: &mut ModelKey, now: u64, units: u64) {
         }
         key.entries.retain(|e| e.1 > 0);
     }
+    true
 }
 
-/// A refund of up to `units` of what still counts, newest first.
-fn refund(rule: &Rule, key: &mut ModelKey, now: u64, units: u64) {
-    if units == 0 {
-        return;
-    }
-    if matches!(
-        rule.algorithm(),
-        Algorithm::TokenBucket | Algorithm::LeakyBucket
-    ) {
-        key.history
-            .push((now, units, true, rule.emission_interval(), rule.capacity()));
-        return;
-    }
-    if rule.algorithm() != Algorithm::FixedWindow {
-        // The expired entries, the buckets that no longer weigh, are dropped first, as an
-        // admission drops them (a check stamped before `now` can tell).
-        key.entries.retain(|e| holds(rule, e.0, now));
-    }
-    let mut left = units;
-    while left > 0
-        && let Some(newest) = key.entries.last_mut()
-        && holds(rule, newest.0, now)
-    {
-        let taken = newest.1.min(left);
-        newest.1 -= taken;
-        left -= taken;
-        if newest.1 == 0 {
-            key.entries.pop();
+/// A refund of up to `units` of what still counts, newest first (`reservation` = `None`),
+/// or a settle's give-back of its reservation's (r, s, e) own units, from where it put
+/// them. Whether anything was given back: when nothing was, nothing changes at all.
+fn refund(
+    rule: &Rule,
+    key: &mut ModelKey,
+    now: u64,
+    units: u64,
+    reservation: Option<(u64, u64, u64)>,
+) -> bool {
+    match rule.algorithm() {
+        Algorithm::LeakyBucket => return false,
+        Algorithm::TokenBucket => {
+            let change = match reservation {
+                None => GcraChange::Refund,
+                Some((_, _, reserved_tat)) => GcraChange::GiveBack { reserved_tat },
+            };
+            let pending = reservation.is_none_or(|(_, _, e)| e > now);
+            if units == 0 || gcra_now(rule, key, now) == now || !pending {
+                return false;
+            }
+            key.history.push((
+                now,
+                units,
+                change,
+                rule.emission_interval(),
+                rule.capacity(),
+            ));
+            return true;
         }
+        _ => {}
     }
+    // Which entries the units may come from: any that still counts, or those of the
+    // reservation's instant (log), bucket (counter) or window (fixed, if it is current).
+    let w = rule.window() / rule.buckets();
+    let from = |s: u64| match reservation {
+        None => true,
+        Some((_, at, _)) => match rule.algorithm() {
+            Algorithm::SlidingLog => s == at,
+            Algorithm::SlidingCounter => s / w == at / w,
+            _ => at / rule.window() == now / rule.window(),
+        },
+    };
+    let available: u64 = key
+        .entries
+        .iter()
+        .filter(|e| holds(rule, e.0, now) && from(e.0))
+        .map(|e| e.1)
+        .sum();
+    if units == 0 || available == 0 {
+        return false;
+    }
+    // The expired entries, the buckets that no longer weigh, are dropped first, as an
+    // admission drops them (a check stamped before `now` can tell).
+    key.entries.retain(|e| holds(rule, e.0, now));
+    let mut left = units;
+    for entry in key.entries.iter_mut().rev().filter(|e| from(e.0)) {
+        let taken = entry.1.min(left);
+        entry.1 -= taken;
+        left -= taken;
+    }
+    key.entries.retain(|e| e.1 > 0);
     if rule.algorithm() == Algorithm::SlidingLog {
         key.latest = key.entries.last().map_or(0, |e| e.0);
     }
+    true
 }
 
 /// One unit's answer at `now`, recording nothing.
@@ -140,28 +181,36 @@ pub(crate) fn usage(
             .position(|i| i.namespace == namespace && i.id == id && i.expires > now)
     };
     let repeat = id.is_some_and(|id| remembered(key, namespace, id).is_some());
-    if !repeat {
-        match charge {
+    let recorded = !repeat
+        && match charge {
             Charge::Reported => report(rule, key, now, cost),
-            Charge::Refunded => refund(rule, key, now, cost),
+            Charge::Refunded => refund(rule, key, now, cost, None),
             _ => {
-                let reservation = id.and_then(|id| {
-                    key.ids
-                        .iter_mut()
-                        .find(|i| i.namespace == "admission" && i.id == id && i.expires > now)
-                });
-                let reserved = reservation.map_or(0, |r| std::mem::take(&mut r.reserved));
-                if cost >= reserved {
-                    report(rule, key, now, cost - reserved);
-                } else {
-                    refund(rule, key, now, reserved - cost);
+                let reservation = id
+                    .and_then(|id| {
+                        key.ids
+                            .iter_mut()
+                            .find(|i| i.namespace == "admission" && i.id == id && i.expires > now)
+                    })
+                    .and_then(|r| r.reservation.take());
+                match reservation {
+                    Some(r) if cost < r.0 => {
+                        refund(rule, key, now, r.0 - cost, Some(r));
+                    }
+                    Some(r) => {
+                        report(rule, key, now, cost - r.0);
+                    }
+                    None => {
+                        report(rule, key, now, cost);
+                    }
                 }
+                // A settle is remembered whatever it recorded: its reservation is used up.
+                true
             }
-        }
-    }
+        };
     let answer = standing(rule, key, now);
     if let Some(id) = id
-        && !repeat
+        && recorded
         && cost > 0
         && key.stored
     {
@@ -169,9 +218,9 @@ pub(crate) fn usage(
         key.ids.push(ModelId {
             namespace,
             id: id.to_owned(),
-            expires: now + answer.reset_after.max(rule.window()),
+            expires: now + rule.window(),
             release: now,
-            reserved: 0,
+            reservation: None,
         });
     }
     answer
