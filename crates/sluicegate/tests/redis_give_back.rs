@@ -7,10 +7,13 @@
 
 use std::sync::Arc;
 
+use sluicegate::store::redis::{KeyKind, redis_key};
 use sluicegate::{
     Algorithm, Charge, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, Rule,
     RuleSpec, Store,
 };
+
+use sluicegate_test_support::{self as support, cmd};
 
 #[path = "redis_trace/stores.rs"]
 mod stores;
@@ -84,6 +87,27 @@ async fn a_settle_gives_back_a_logs_entries_at_its_reservations_instant() {
             (10_500_000, 1, None, Admitted),
             (10_600_000, 0, Some("R"), Settled),
             (11_200_000, 1, None, Admitted),
+        ];
+        holds(name, log(3, layout), &lines, (true, 1, 0, S, 0)).await;
+    }
+}
+
+/// A settle whose reservation's entries are gone (refunded) changes nothing, not even the
+/// expired entries it would drop: the log keeps its latest time (9.0 s), and a check
+/// stamped 9.1 s still counts the entry of 9.0 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_that_finds_none_of_its_entries_changes_nothing() {
+    use Charge::{Admitted, Refunded, Reserved, Settled};
+    for (layout, name) in [
+        (LogLayout::Zset, "settle-none-zset"),
+        (LogLayout::Compact, "settle-none-ring"),
+    ] {
+        let lines = [
+            (9 * S, 1, None, Admitted),
+            (9_500_000, 2, Some("R"), Reserved),
+            (9_600_000, 2, None, Refunded),
+            (10_200_000, 0, Some("R"), Settled),
+            (9_100_000, 1, None, Admitted),
         ];
         holds(name, log(3, layout), &lines, (true, 1, 0, S, 0)).await;
     }
@@ -229,4 +253,39 @@ async fn a_usage_id_is_remembered_for_the_window() {
         (true, 6, 0, 400_000, 0),
     )
     .await;
+}
+
+/// A report that records nothing (a sliding counter whose debt is at its cap) remembers no
+/// request id: the ids' key holds none after it, on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_that_records_nothing_remembers_no_id() {
+    use Charge::Reported;
+    let spec = RuleSpec {
+        buckets: Some(1),
+        ..RuleSpec::new(Algorithm::SlidingCounter, 10, S)
+    };
+    // The cap: w · (units held) below 2^53, w = 1 s.
+    let cap = ((1u64 << 53) - 1) / S;
+    let lines = [
+        (10 * S, cap, None, Reported),
+        (10 * S, 1, Some("p"), Reported),
+    ];
+    holds(
+        "report-nothing",
+        spec.clone(),
+        &lines,
+        (false, 0, 2 * S, 2 * S, 0),
+    )
+    .await;
+    let rule = Rule::new("report-nothing", &spec).unwrap();
+    let mut nodes = vec![support::standalone()];
+    nodes.extend(&support::cluster().nodes);
+    for store in every_store("report-nothing").await {
+        let ids = redis_key(store.prefix(), KeyKind::RequestIds, &rule, "k");
+        let remembered: u64 = nodes
+            .iter()
+            .filter_map(|node| node.query::<u64>(cmd("ZCARD").arg(&ids)).ok())
+            .sum();
+        assert_eq!(remembered, 0, "{ids} ({store:?})");
+    }
 }

@@ -45,6 +45,7 @@ local function fixed_window_steps()
   -- Debt: the count held below 2^53, as a charged refusal's is.
   local function report(r, cost, margin)
     record(r, min(cost, MAX_EXACT - r.count), margin)
+    return true
   end
 
   -- Only from the current window's count: an earlier one's has nothing left to give.

@@ -76,6 +76,7 @@ local function gcra_steps()
   -- Debt: the backlog may run past the tolerance, held at MAX_BACKLOG.
   local function report(r, cost, margin)
     write(r, min(r.tat + cost * r.interval, r.now + MAX_BACKLOG), margin)
+    return true
   end
 
   -- The TAT pulled back by `backlog` µs, never below now; written with the rule's interval,

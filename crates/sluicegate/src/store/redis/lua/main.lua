@@ -208,7 +208,8 @@ local function run_usage(shape, k)
     local r = rule_slots[i]
     local now, cost, repeated = r.now, r.cost, r.repeated
     -- Whether this request is to be remembered: it did its part, and a retry must not do
-    -- it again. A refund that found nothing live did nothing: its retry may find units.
+    -- it again. A report or refund that changed nothing did nothing: its retry may. A
+    -- settle always did (it used its reservation up).
     local done = not repeated and cost > 0
     if not repeated then
       if mode == SETTLE then
@@ -223,10 +224,8 @@ local function run_usage(shape, k)
         elseif cost < r.reserved then
           r:unreserve(r.reserved_at, r.reserved_tat, r.reserved - cost, shape.margin)
         end
-      elseif mode == REPORT then
-        if cost > 0 then
-          r:report(cost, shape.margin)
-        end
+      elseif cost > 0 and mode == REPORT then
+        done = r:report(cost, shape.margin)
       elseif cost > 0 then
         done = r:refund(cost, shape.margin)
       end

@@ -22,11 +22,12 @@
 -- fit; record(r, cost, margin) records an admission; answer(r, admitted, over, units)
 -- returns remaining, retry_after, reset_after and delay; give_back(r, at, cost, margin)
 -- undoes an admission; report(r, cost, margin) records `cost` whatever the limit says (into
--- debt, within the algorithm's caps); refund(r, cost, margin) gives back up to `cost` of
--- the live units, newest first, and says whether it gave back any; unreserve(r, at, tat,
--- units, margin) gives back up to `units` of a reservation recorded at `at` (that set the
--- GCRA state's TAT to `tat`) from where it put them, as far as they still count. report,
--- refund and unreserve follow an evaluate of the same rule, whose findings they use.
+-- debt, within the algorithm's caps) and says whether it recorded any; refund(r, cost,
+-- margin) gives back up to `cost` of the live units, newest first, and says whether it
+-- gave back any; unreserve(r, at, tat, units, margin) gives back up to `units` of a
+-- reservation recorded at `at` (that set the GCRA state's TAT to `tat`) from where it put
+-- them, as far as they still count. report, refund and unreserve follow an evaluate of the
+-- same rule, whose findings they use.
 -- main.lua makes each algorithm's steps the first time a call's rules use it.
 --
 -- The Rust algorithms (crates/sluicegate/src/algorithm/) are the reference; this script

@@ -121,9 +121,11 @@ local function sliding_counter_steps()
       end
     end
     local room = div(MAX_EXACT, r.width) - held
-    if room > 0 then
-      record(r, min(cost, room), margin)
+    if room <= 0 then
+      return false
     end
+    record(r, min(cost, room), margin)
+    return true
   end
 
   -- From the buckets that still weigh, the newest first (n_b, n_{b-1}, …, n_{b-N}); the

@@ -117,9 +117,9 @@ local function zset_log_steps()
   -- Member "time:n", n = live + u. After pruning the set holds exactly `live` entries, and
   -- units at one instant are only added while it is the key's latest (time is clamped), when
   -- nothing can be pruned: so the n of one instant are at most `live` and never repeat.
-  -- report and refund keep it so (they renumber an instant where they must). n is written
-  -- with its digit count first, so that members of one instant sort by n (a give-back and a
-  -- refund remove the highest).
+  -- report, refund and unreserve keep it so (they renumber the newest instant once they
+  -- remove entries). n is written with its digit count first, so that members of one
+  -- instant sort by n (a give-back and a refund remove the highest).
   local function record(r, cost, margin)
     prune(r)
     add_members(r.key, r.now, r.live + 1, r.live + cost)
@@ -134,7 +134,8 @@ local function zset_log_steps()
     end
     local limit = r.limit
     if r.live + cost <= limit then
-      return record(r, cost, margin)
+      record(r, cost, margin)
+      return true
     end
     local key, now = r.key, r.now
     prune(r)
@@ -149,6 +150,7 @@ local function zset_log_steps()
     end
     add_members(key, now, older_kept + 1, limit)
     call('PEXPIRE', key, ttl_ms(r.window, margin))
+    return true
   end
 
   -- Once entries are removed (expired ones pruned, live ones given back), the newest
@@ -189,32 +191,36 @@ local function zset_log_steps()
     return answer_log(r, admitted, over, units, entry)
   end
 
-  -- Units recorded at one instant are indistinguishable: any `cost` members at `at` will do,
-  -- the highest n being the latest added. Says how many it removed.
-  local function give_back(r, at, cost)
+  -- Up to `cost` members at `at`, the highest n (the latest added) first.
+  local function members_at(r, at, cost)
     local stamp = int(at)
-    local taken = call('ZREVRANGEBYSCORE', r.key, stamp, stamp, 'LIMIT', 0, cost)
+    return call('ZREVRANGEBYSCORE', r.key, stamp, stamp, 'LIMIT', 0, cost)
+  end
+
+  -- Units recorded at one instant are indistinguishable: any `cost` members at `at` will do.
+  local function give_back(r, at, cost)
+    local taken = members_at(r, at, cost)
     if #taken > 0 then
       call('ZREM', r.key, unpack(taken))
     end
-    return #taken
   end
 
   -- From the entries at `at`, while they are live (those among the newest L that a report
-  -- into debt kept are all the set holds).
+  -- into debt kept are all the set holds); when there are none, nothing changes.
   local function unreserve(r, at, _, units)
     if r.count == 0 or at <= r.cutoff then
+      return
+    end
+    local taken = members_at(r, at, units)
+    if #taken == 0 then
       return
     end
     if not r.expired then
       count_live(r)
     end
-    local pruned = r.expired
     prune(r)
-    local taken = give_back(r, at, units)
-    if taken > 0 or pruned > 0 then
-      renumber_newest(r, r.live - taken)
-    end
+    call('ZREM', r.key, unpack(taken))
+    renumber_newest(r, r.live - #taken)
   end
 
   return evaluate, record, answer, give_back, report, refund, unreserve
@@ -309,6 +315,7 @@ local function compact_log_steps()
       cost = written
     end
     record(r, cost, margin)
+    return true
   end
 
   -- The newest live entries go first; the latest time becomes the newest entry left, and a
