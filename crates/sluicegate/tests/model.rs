@@ -254,8 +254,9 @@ fn event_strategy(modes: &'static [Charge]) -> impl Strategy<Value = Event> {
                 cost,
                 own_costs,
                 rules,
-                // A reserve and a settle need an id; the few ids make retries common.
-                id: id.or(mode.needs_request_id().then_some(0)),
+                // The few ids make retries common (a reserve and a settle without one get
+                // theirs in `run_trace`).
+                id,
                 mode,
                 reload,
             },
@@ -274,6 +275,7 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
     let store = MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)));
     let mut model = Model::default();
     let mut t: u64 = 1_000;
+    let mut last_reserve: Option<(String, usize)> = None;
     for (n, event) in events.iter().enumerate() {
         t = match event.step {
             Step::Same => t,
@@ -296,8 +298,23 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
         } else {
             chosen
         };
-        let key = KEYS[event.key];
-        let id = event.id.map(|i| format!("req-{i}"));
+        // A reserve without a drawn id gets one of its own, and a settle without one settles
+        // the latest reserve, on its key: so settles meet their reservations, live, expired,
+        // or in a later window or bucket, and not only retries.
+        let (id, key) = match (event.id, event.mode) {
+            (Some(i), _) => (Some(format!("req-{i}")), event.key),
+            (None, Charge::Reserved) => (Some(format!("reserve-{n}")), event.key),
+            (None, Charge::Settled) => last_reserve
+                .clone()
+                .map_or((Some("req-0".into()), event.key), |(id, key)| {
+                    (Some(id), key)
+                }),
+            (None, _) => (None, event.key),
+        };
+        if event.mode == Charge::Reserved {
+            last_reserve = id.clone().map(|id| (id, key));
+        }
+        let key = KEYS[key];
         let limits: Vec<Limit> = chosen
             .iter()
             .map(|&(_, rule)| Limit { rule, key })

@@ -323,3 +323,19 @@ fn many_ids_in_one_state_are_found_without_a_walk() {
         started.elapsed()
     );
 }
+
+#[test]
+fn a_settle_that_records_nothing_is_remembered_so_its_retry_reports_nothing() {
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+    ] {
+        let rule = rule(RuleSpec::new(algorithm, 10, S));
+        let mut state = RuleState::new(&rule);
+        run(&mut state, &rule, 10 * S, 3, Some("R"), Charge::Reserved);
+        let settled = run(&mut state, &rule, 10 * S, 3, Some("R"), Charge::Settled);
+        let retried = run(&mut state, &rule, 10 * S, 3, Some("R"), Charge::Settled);
+        assert_eq!(retried.remaining, settled.remaining, "{algorithm:?}");
+    }
+}

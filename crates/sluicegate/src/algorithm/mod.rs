@@ -276,6 +276,28 @@ impl RuleState {
         }
     }
 
+    /// Decides a check of this rule alone, in any mode: a check or a reservation is
+    /// evaluated and finished, a report, settle or refund recorded. Answers the decision
+    /// and whether the state now holds anything a fresh one would not (what a store needs
+    /// to know to keep a new entry).
+    pub(crate) fn decide_alone(
+        &mut self,
+        rule: &Rule,
+        t: u64,
+        cost: u64,
+        request_id: Option<&str>,
+        charge: Charge,
+    ) -> (Decision, bool) {
+        if charge.may_refuse() {
+            let eval = self.evaluate(rule, t, cost, request_id);
+            let records = eval.records(eval.allows(), charge);
+            (self.finish(rule, &eval, request_id, charge), records)
+        } else {
+            let decision = self.record_usage(rule, t, cost, request_id, charge);
+            (decision, creates_entry(charge, cost))
+        }
+    }
+
     /// Records the units of a refusal that is charged ([`Evaluation::charged`]) and answers
     /// as the same refusal would right after the charge.
     fn charge_refusal(&mut self, rule: &Rule, eval: &Evaluation) -> Decision {

@@ -26,10 +26,11 @@ pub(super) struct RequestIds {
 #[derive(Clone, Debug, Default)]
 struct Index {
     by_id: HashTable<Remembered>,
-    /// (expires_at, namespace, id) of every id remembered, the soonest to expire on top; an
-    /// id remembered again (after it expired, or as another mode) leaves its old line here
-    /// until it surfaces, and is dropped from `by_id` only if it still expires then.
-    by_expiry: BinaryHeap<Reverse<(u64, Namespace, Box<str>)>>,
+    /// (expires_at, hash) of every id remembered, the soonest to expire on top. A line that
+    /// surfaces drops the entry of its hash that expires then, if any: whichever id that is,
+    /// it has expired. An id remembered again (after it expired) leaves its old line here
+    /// until it surfaces, and the line then finds nothing.
+    by_expiry: BinaryHeap<Reverse<(u64, u64)>>,
     hasher: RandomState,
     /// The latest `expires_at` of the ids held: each expires at or before it.
     last_expiry: u64,
@@ -128,11 +129,7 @@ impl RequestIds {
         let index = self.ids.get_or_insert_default();
         let hash = index.hash(remembered.namespace, &remembered.request_id);
         index.last_expiry = index.last_expiry.max(remembered.expires_at);
-        index.by_expiry.push(Reverse((
-            remembered.expires_at,
-            remembered.namespace,
-            remembered.request_id.clone(),
-        )));
+        index.by_expiry.push(Reverse((remembered.expires_at, hash)));
         let (namespace, hasher) = (remembered.namespace, &index.hasher);
         match index.by_id.entry(
             hash,
@@ -155,12 +152,8 @@ impl RequestIds {
         while let Some(Reverse((expires_at, ..))) = index.by_expiry.peek()
             && *expires_at <= now
         {
-            let Reverse((expires_at, namespace, id)) =
-                index.by_expiry.pop().expect("peeked just now");
-            let hash = index.hash(namespace, &id);
-            if let Ok(held) = index.by_id.find_entry(hash, |r| {
-                r.namespace == namespace && r.request_id == id && r.expires_at == expires_at
-            }) {
+            let Reverse((expires_at, hash)) = index.by_expiry.pop().expect("peeked just now");
+            if let Ok(held) = index.by_id.find_entry(hash, |r| r.expires_at == expires_at) {
                 held.remove();
             }
         }

@@ -252,7 +252,14 @@ impl<S: Store> Limiter<S> {
                 self.breaker.wait(now)
             )),
             Permit::Call(ticket) => {
-                match self.forgetting_freed(check, self.store.check(check).await) {
+                let freeing = self
+                    .negative
+                    .as_ref()
+                    .filter(|_| check.charge.may_free_units())
+                    .map(|negative| negative.freeing(check.limits));
+                let answer = self.store.check(check).await;
+                drop(freeing);
+                match answer {
                     Ok(outcome) => {
                         ticket.finish(true, self.clock.now_micros());
                         self.stats.store_decisions.fetch_add(1, Ordering::Relaxed);
@@ -284,18 +291,6 @@ impl<S: Store> Limiter<S> {
         };
         self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
         self.fall_back(check, error)
-    }
-
-    /// Passes `result` on, after a refund or a settle of `check` (whatever the store said: a
-    /// timed-out one may still have been applied) has the negative cache forget the
-    /// refusals it holds for those limits, whose units may now be free.
-    fn forgetting_freed<T>(&self, check: &Check<'_>, result: T) -> T {
-        if let Some(negative) = &self.negative
-            && check.charge.may_free_units()
-        {
-            negative.forget(check.limits);
-        }
-        result
     }
 
     /// Each limit's failure policy: its rule's own, or the limiter's.

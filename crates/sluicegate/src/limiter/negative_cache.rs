@@ -15,8 +15,15 @@
 //! - Checks that carry a request id bypass it (the store may recognise a retried
 //!   admission and allow it), and so do checks that carry their own time, and reports,
 //!   settles and refunds, which are never refused.
-//! - A refund or a settle can free units: the limiter then has the cache forget every
-//!   refusal it holds for their limits (`forget`).
+//! - A refund or a settle can free units. A refusal that was decided before the refund
+//!   applied can come back after that, so the cache keeps no refusal of a check sent while
+//!   a refund of one of its limits was in flight, or sent before one was answered
+//!   ([`Freeing`]). Once a refund is answered, the cache forgets the refusals of one limit
+//!   it holds for its limits, by rule identity whatever the numbers (`forget`, one lookup
+//!   per limit); a refusal of several limits is not looked for (that would walk the whole
+//!   table per refund): a hit on one checks, per limit, that no refund was answered since
+//!   it was sent. Refunds are told apart by a hash of (rule identity, key) into
+//!   [`FREEING_SLOTS`] slots: two limits that share a slot only make the cache keep less.
 //!
 //! Memory: at most `capacity` entries; expired ones are dropped first, and when none has
 //! expired a new refusal is simply not cached (a miss only costs a round trip).
@@ -28,7 +35,7 @@
 
 use std::hash::Hasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::room::{Expiring, ExpiringTable};
 use crate::algorithm;
@@ -41,12 +48,43 @@ use crate::store::{Charge, Check, Limit, Outcome};
 /// stays short.
 const MAX_LIMITS: usize = 4;
 
+/// Slots that track the refunds and settles of limits hashed into them.
+const FREEING_SLOTS: usize = 1024;
+
 #[derive(Debug)]
 pub(crate) struct NegativeCache {
     table: ExpiringTable<Entry>,
-    /// Entries of several limits held: a refund finds those by a scan of the table, made
-    /// only when there are some (an entry of one limit it finds by its hash).
-    several: AtomicUsize,
+    /// Per slot of (rule identity, key): refunds and settles in flight, and when the last
+    /// one was answered (µs of the limiter's clock).
+    freeing: Box<[FreeingSlot]>,
+    clock: Arc<dyn Clock>,
+}
+
+#[derive(Debug, Default)]
+struct FreeingSlot {
+    in_flight: AtomicU64,
+    answered_at: AtomicU64,
+}
+
+/// A refund or a settle at the store: made by [`NegativeCache::freeing`], dropped when it
+/// is answered (or given up: a dropped one may still have been applied), which makes the
+/// cache forget the refusals its limits had.
+pub(crate) struct Freeing<'a> {
+    cache: &'a NegativeCache,
+    limits: &'a [Limit<'a>],
+}
+
+impl Drop for Freeing<'_> {
+    fn drop(&mut self) {
+        let now = self.cache.clock.now_micros();
+        for limit in self.limits {
+            let slot = self.cache.freeing_slot(limit);
+            // Answered before it leaves the flight: a refusal looking in between sees one.
+            slot.answered_at.fetch_max(now, Ordering::SeqCst);
+            slot.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.cache.forget(self.limits);
+    }
 }
 
 #[derive(Debug)]
@@ -92,8 +130,9 @@ impl Entry {
 impl NegativeCache {
     pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
         NegativeCache {
-            table: ExpiringTable::new(capacity, clock),
-            several: AtomicUsize::new(0),
+            table: ExpiringTable::new(capacity, Arc::clone(&clock)),
+            freeing: (0..FREEING_SLOTS).map(|_| FreeingSlot::default()).collect(),
+            clock,
         }
     }
 
@@ -106,6 +145,35 @@ impl NegativeCache {
             && check.charge == Charge::Admitted
             // Its entries hold one cost for every limit.
             && check.costs.is_empty()
+    }
+
+    /// Marks a refund or a settle of `limits` in flight until the guard is dropped.
+    pub(crate) fn freeing<'a>(&'a self, limits: &'a [Limit<'a>]) -> Freeing<'a> {
+        for limit in limits {
+            self.freeing_slot(limit)
+                .in_flight
+                .fetch_add(1, Ordering::SeqCst);
+        }
+        Freeing {
+            cache: self,
+            limits,
+        }
+    }
+
+    fn freeing_slot(&self, limit: &Limit<'_>) -> &FreeingSlot {
+        // The rule's fingerprint hashes its identity only: overrides share a slot.
+        let hash = self.hash(std::slice::from_ref(limit));
+        &self.freeing[(hash >> 32) as usize % FREEING_SLOTS]
+    }
+
+    /// Whether a refusal of a check of `limits` sent at `sent` may be stale: a refund or a
+    /// settle of one of them is in flight, or was answered since `sent`.
+    fn may_be_stale(&self, limits: &[Limit<'_>], sent: u64) -> bool {
+        limits.iter().any(|limit| {
+            let slot = self.freeing_slot(limit);
+            slot.in_flight.load(Ordering::SeqCst) > 0
+                || slot.answered_at.load(Ordering::SeqCst) >= sent
+        })
     }
 
     /// Each limit's rule fingerprint and key, length-prefixed so that no two lists of
@@ -127,6 +195,10 @@ impl NegativeCache {
         let shard = self.table.shard(hash).lock();
         let entry = shard.find(hash, |e| e.holds(check.limits))?;
         if now >= entry.until || check.cost.max(1) != entry.cost {
+            return None;
+        }
+        // A refund forgets entries of one limit; one of several it leaves to this look.
+        if entry.limits.len() > 1 && self.may_be_stale(check.limits, entry.since) {
             return None;
         }
         let left = entry.until - now;
@@ -193,7 +265,7 @@ impl NegativeCache {
     fn insert(&self, check: &Check<'_>, hash: u64, sent: u64, wait: u64, decisions: &[Decision]) {
         // Room is taken before an entry for the same limits is replaced, so a full cache
         // of live refusals keeps them as they are.
-        if !self.table.reserve(|dropped| self.dropped(dropped)) {
+        if !self.table.reserve(|_| {}) {
             return;
         }
         let entry = Entry {
@@ -212,54 +284,34 @@ impl NegativeCache {
                 })
                 .collect(),
         };
-        if entry.limits.len() > 1 {
-            self.several.fetch_add(1, Ordering::Relaxed);
-        }
         let mut shard = self.table.shard(hash).lock();
+        // Looked at under the shard's lock, which `forget` takes too: a refund answered
+        // after this look forgets the entry made here.
+        if self.may_be_stale(check.limits, sent) {
+            self.table.give_back(1);
+            return;
+        }
         if let Ok(old) = shard.find_entry(hash, |e| e.holds(check.limits)) {
-            self.dropped(&old.remove().0);
+            old.remove();
             self.table.give_back(1);
         }
         shard.insert_unique(hash, entry, |e| e.hash);
     }
 
-    /// Forgets every refusal held for a check that names any of `limits`: a refund or a
-    /// settle may have freed their units, and a refusal cached before could now be wrong.
-    pub(crate) fn forget(&self, limits: &[Limit<'_>]) {
+    /// Forgets every refusal held for a check that names any of `limits`, by rule identity
+    /// (an override with other numbers shares the state): a refund or a settle may have
+    /// freed their units, and a refusal cached before could now be wrong.
+    fn forget(&self, limits: &[Limit<'_>]) {
         for limit in limits {
-            let one = std::slice::from_ref(limit);
-            let hash = self.hash(one);
-            if let Ok(entry) = self
-                .table
-                .shard(hash)
-                .lock()
-                .find_entry(hash, |e| e.holds(one))
-            {
+            let hash = self.hash(std::slice::from_ref(limit));
+            let mut shard = self.table.shard(hash).lock();
+            while let Ok(entry) = shard.find_entry(hash, |e| match &*e.limits {
+                [cached] => *cached.key == *limit.key && cached.rule.same_identity(limit.rule),
+                _ => false,
+            }) {
                 entry.remove();
                 self.table.give_back(1);
             }
-        }
-        if self.several.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        self.table.remove_where(|entry| {
-            let names_one = entry.limits.len() > 1
-                && entry.limits.iter().any(|cached| {
-                    limits
-                        .iter()
-                        .any(|l| *cached.key == *l.key && cached.rule.same_identity(l.rule))
-                });
-            if names_one {
-                self.dropped(entry);
-            }
-            names_one
-        });
-    }
-
-    /// Accounts for an entry leaving the table.
-    fn dropped(&self, entry: &Entry) {
-        if entry.limits.len() > 1 {
-            self.several.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }

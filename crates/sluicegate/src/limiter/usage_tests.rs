@@ -204,3 +204,113 @@ async fn usage_modes_fail_when_the_store_fails_whatever_the_policy() {
         assert_eq!(limiter.store().asked.load(Ordering::SeqCst), 4);
     }
 }
+
+#[tokio::test]
+async fn a_refund_under_an_override_forgets_the_refusals_of_the_rule_it_shares_state_with() {
+    let limiter = limiter(with_negative_cache());
+    let (a, overridden) = (rule("a", 2), rule("a", 10));
+    assert!(a.same_identity(&overridden) && !a.same_rule(&overridden));
+    let one = [Limit { rule: &a, key: "k" }];
+    assert!(
+        decide(&limiter, &one, 2, Charge::Admitted, None)
+            .await
+            .unwrap()
+            .decision
+            .allowed
+    );
+    for decided_by in [DecidedBy::Store, DecidedBy::NegativeCache] {
+        let refused = decide(&limiter, &one, 1, Charge::Admitted, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            (refused.decision.allowed, refused.decided_by),
+            (false, decided_by)
+        );
+    }
+    let other = [Limit {
+        rule: &overridden,
+        key: "k",
+    }];
+    decide(&limiter, &other, 2, Charge::Refunded, None)
+        .await
+        .unwrap();
+    let admitted = decide(&limiter, &one, 1, Charge::Admitted, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (admitted.decision.allowed, admitted.decided_by),
+        (true, DecidedBy::Store)
+    );
+}
+
+/// An in-memory store that, while `hold` is set, holds the answer of a check after
+/// deciding it, until `release` is notified; `decided` is notified once it has decided.
+#[derive(Debug, Default)]
+struct HoldingStore {
+    inner: MemoryStore,
+    hold: AtomicBool,
+    decided: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+impl Store for HoldingStore {
+    async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
+        let outcome = self.inner.check_now(check);
+        if self.hold.swap(false, Ordering::SeqCst) {
+            self.decided.notify_one();
+            self.release.notified().await;
+        }
+        outcome
+    }
+}
+
+#[tokio::test]
+async fn a_refusal_decided_before_a_refund_but_answered_after_it_is_not_cached() {
+    let clock = ManualClock::new(1_700_000_040 * S);
+    let store = HoldingStore {
+        inner: MemoryStore::new(MemoryStoreConfig::default(), Arc::new(clock.clone())),
+        ..HoldingStore::default()
+    };
+    let limiter = Limiter::with_clock(store, with_negative_cache(), Arc::new(clock.clone()));
+    let a = rule("a", 2);
+    let one = [Limit { rule: &a, key: "k" }];
+    let check = |cost, charge| {
+        let limiter = &limiter;
+        async move {
+            limiter
+                .decide(&Check {
+                    charge,
+                    ..Check::new(&one, cost)
+                })
+                .await
+                .unwrap()
+        }
+    };
+    assert!(check(2, Charge::Admitted).await.decision.allowed);
+    clock.advance(1_000);
+    // A check of 1 is refused at the store; its answer is held there while a refund of
+    // the whole window is sent, applied and answered.
+    limiter.store().hold.store(true, Ordering::SeqCst);
+    let (refused, refunded) = tokio::join!(check(1, Charge::Admitted), async {
+        limiter.store().decided.notified().await;
+        clock.advance(1_000);
+        let refunded = check(2, Charge::Refunded).await;
+        limiter.store().release.notify_one();
+        refunded
+    });
+    assert!(!refused.decision.allowed);
+    assert_eq!(refunded.decision.remaining, 2);
+    clock.advance(1_000);
+    // The refusal came back stale: the cache must not answer with it.
+    let admitted = check(1, Charge::Admitted).await;
+    assert_eq!(
+        (admitted.decision.allowed, admitted.decided_by),
+        (true, DecidedBy::Store)
+    );
+    // Refusals sent after the refund was answered are cached again.
+    check(1, Charge::Admitted).await;
+    assert_eq!(
+        check(1, Charge::Admitted).await.decided_by,
+        DecidedBy::NegativeCache
+    );
+}

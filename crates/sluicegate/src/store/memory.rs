@@ -217,33 +217,14 @@ impl MemoryStore {
         };
         self.sweep_if_due(&mut shard, t);
         let cost = check.cost_of(0);
+        let (request_id, charge) = (check.request_id, check.charge);
         if let Some(slot) = shard.table.find_mut(hash, |s| s.holds(rule, key)) {
-            if !check.charge.may_refuse() {
-                return Ok(slot
-                    .state
-                    .record_usage(rule, t, cost, check.request_id, check.charge));
-            }
-            let eval = slot.state.evaluate(rule, t, cost, check.request_id);
-            return Ok(slot
-                .state
-                .finish(rule, &eval, check.request_id, check.charge));
+            return Ok(slot.state.decide_alone(rule, t, cost, request_id, charge).0);
         }
         // A new entry is made only for what records; deciding on a fresh state first is
         // safe, as nothing is stored until the key is accounted for.
         let mut state = RuleState::new(rule);
-        let (records, decision) = if check.charge.may_refuse() {
-            let eval = state.evaluate(rule, t, cost, check.request_id);
-            let records = eval.records(eval.allows(), check.charge);
-            (
-                records,
-                state.finish(rule, &eval, check.request_id, check.charge),
-            )
-        } else {
-            (
-                algorithm::creates_entry(check.charge, cost),
-                state.record_usage(rule, t, cost, check.request_id, check.charge),
-            )
-        };
+        let (decision, records) = state.decide_alone(rule, t, cost, request_id, charge);
         if records {
             self.reserve_keys(&mut shard, t, 1)?;
             shard.table.insert_unique(
@@ -372,13 +353,10 @@ impl MemoryStore {
                     .zip(states.iter_mut())
                     .enumerate()
                     .map(|(i, (rule, state))| {
-                        state.record_usage(
-                            rule,
-                            t,
-                            check.cost_of(i),
-                            check.request_id,
-                            check.charge,
-                        )
+                        let cost = check.cost_of(i);
+                        state
+                            .decide_alone(rule, t, cost, check.request_id, check.charge)
+                            .0
                     })
                     .collect()
             }
