@@ -56,12 +56,6 @@ local function find_steps()
   end
 end
 
--- Clears what evaluating a rule reads before it writes, for the rule to be evaluated anew.
-local function forget_reading(r)
-  r.now, r.latest, r.live, r.expired, r.cutoff = 0, false, 0, 0, 0
-  r.head, r.count, r.new_key, r.repeat_release = 0, 0, false, false
-end
-
 -- Rule `i` of a check: its spec, its keys, and room for what evaluating it finds. A slot
 -- takes up a rule's values, and its steps as methods, when it changes rule, so that no
 -- check branches on the algorithm.
@@ -81,7 +75,8 @@ local function rule_of(i, spec, q, keys_per_rule)
     r.report, r.refund, r.unreserve = steps[5], steps[6], steps[7]
   end
   r.key = keys[q + 1]
-  forget_reading(r)
+  r.now, r.latest, r.live, r.expired, r.cutoff = 0, false, 0, 0, 0
+  r.head, r.count, r.new_key, r.repeat_release = 0, 0, false, false
   if keys_per_rule == 3 then
     r.ids, r.releases = keys[q + 2], keys[q + 3]
   end
@@ -203,7 +198,7 @@ local function run_usage(shape, k)
     end
   end
 
-  -- Phase 2: each rule records its part, then answers its standing.
+  -- Phase 2: each rule records its part, then answers its standing, read anew.
   for i = 1, rule_count do
     local r = rule_slots[i]
     local now, cost, repeated = r.now, r.cost, r.repeated
@@ -230,7 +225,7 @@ local function run_usage(shape, k)
         done = r:refund(cost, shape.margin)
       end
     end
-    forget_reading(r)
+    rule_of(i, specs[i], k + (i - 1) * keys_per_rule, keys_per_rule)
     local fits = r:evaluate(now, 1)
     local remaining, retry, reset = r:answer(false, not fits, 1)
     if member and done then
