@@ -84,22 +84,33 @@ impl Index {
         id_hash(&self.hasher, namespace, id)
     }
 
+    /// The id of this name, if it is still remembered at `now` (and below, the same
+    /// lookup for a change).
+    fn live(&self, namespace: Namespace, id: &str, now: u64) -> Option<&Remembered> {
+        let hash = self.hash(namespace, id);
+        self.by_id
+            .find(hash, |r| r.is(namespace, id))
+            .filter(|r| r.expires_at > now)
+    }
+
     fn live_mut(&mut self, namespace: Namespace, id: &str, now: u64) -> Option<&mut Remembered> {
         let hash = self.hash(namespace, id);
         self.by_id
-            .find_mut(hash, |r| r.namespace == namespace && &*r.request_id == id)
+            .find_mut(hash, |r| r.is(namespace, id))
             .filter(|r| r.expires_at > now)
+    }
+}
+
+impl Remembered {
+    /// Whether this is the id `id` of `namespace`.
+    fn is(&self, namespace: Namespace, id: &str) -> bool {
+        self.namespace == namespace && *self.request_id == *id
     }
 }
 
 impl RequestIds {
     fn live(&self, namespace: Namespace, id: &str, now: u64) -> Option<&Remembered> {
-        let index = self.ids.as_deref()?;
-        let hash = index.hash(namespace, id);
-        index
-            .by_id
-            .find(hash, |r| r.namespace == namespace && &*r.request_id == id)
-            .filter(|r| r.expires_at > now)
+        self.ids.as_deref()?.live(namespace, id, now)
     }
 
     /// The release time of a live admission with this id: a retry of it is a repeat.
@@ -130,10 +141,10 @@ impl RequestIds {
         let hash = index.hash(remembered.namespace, &remembered.request_id);
         index.last_expiry = index.last_expiry.max(remembered.expires_at);
         index.by_expiry.push(Reverse((remembered.expires_at, hash)));
-        let (namespace, hasher) = (remembered.namespace, &index.hasher);
+        let hasher = &index.hasher;
         match index.by_id.entry(
             hash,
-            |r| r.namespace == namespace && r.request_id == remembered.request_id,
+            |r| r.is(remembered.namespace, &remembered.request_id),
             |r| id_hash(hasher, r.namespace, &r.request_id),
         ) {
             hashbrown::hash_table::Entry::Occupied(mut held) => *held.get_mut() = remembered,
