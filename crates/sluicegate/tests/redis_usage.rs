@@ -8,66 +8,28 @@ use std::time::Duration;
 
 use sluicegate::store::redis::{KeyKind, Scripting, identity_slot, redis_key};
 use sluicegate::{
-    Algorithm, Charge, Check, Decision, Limit, LogLayout, RedisStore, RedisStoreConfig, RetryAfter,
-    Rule, RuleSpec, Store,
+    Algorithm, Charge, Check, Decision, Limit, LogLayout, RedisStore, Rule, RuleSpec, Store,
 };
 use sluicegate_test_support::{self as support, cmd};
 
-#[path = "redis_trace/common.rs"]
-mod common;
+#[path = "redis_trace/cases.rs"]
+mod cases;
+#[path = "redis_trace/random.rs"]
+mod random;
+#[path = "redis_trace/stores.rs"]
+mod stores;
+#[path = "redis_trace/usage.rs"]
+mod usage;
 
-use common::{CASES, Random};
+use cases::CASES;
+use random::Random;
+use stores::store_at;
+use usage::{Line, Printed, every_store, printed};
 
 const S: u64 = 1_000_000;
 
-fn prefix(test: &str) -> String {
-    format!("test:usage-{test}:{}:", std::process::id())
-}
-
-/// A store on `url`, keys of its own, sending its checks as functions or by EVALSHA.
-async fn store_at(url: &str, test: &str, scripting: Scripting) -> RedisStore {
-    let mut config = RedisStoreConfig::new(url);
-    config.prefix = prefix(test);
-    config.timeout = Duration::from_secs(2);
-    config.scripting = scripting;
-    RedisStore::connect(config)
-        .await
-        .unwrap_or_else(|e| panic!("connect to the test server at {url}: {e}"))
-}
-
-/// The three ways the tests reach Redis: a server through functions, the same through
-/// EVALSHA, and a cluster.
-async fn every_store(test: &str) -> Vec<RedisStore> {
-    let server = support::standalone().url();
-    let functions = store_at(&server, test, Scripting::Auto).await;
-    assert!(functions.uses_functions());
-    let evalsha = store_at(&server, &format!("{test}-eval"), Scripting::Eval).await;
-    assert!(!evalsha.uses_functions());
-    let cluster = store_at(&support::cluster().url(), test, Scripting::Auto).await;
-    vec![functions, evalsha, cluster]
-}
-
 fn rule(name: &str, spec: RuleSpec) -> Rule {
     Rule::new(name, &spec).unwrap()
-}
-
-/// One line of a worked example: time, cost, request id, mode.
-type Line = (u64, u64, Option<&'static str>, Charge);
-
-/// What docs/SPEC.md prints for it: allowed, remaining, retry_after, reset_after, delay.
-type Printed = (bool, u64, u64, u64, u64);
-
-fn printed(decision: &Decision) -> Printed {
-    let RetryAfter::Micros(retry) = decision.retry_after else {
-        panic!("no usage example waits forever: {decision:?}");
-    };
-    (
-        decision.allowed,
-        decision.remaining,
-        retry,
-        decision.reset_after,
-        decision.delay,
-    )
 }
 
 /// Runs `lines` under `rule` for one key and holds each answer to `expected`.
@@ -238,8 +200,8 @@ fn pttl(store: &RedisStore, kind: KeyKind, rule: &Rule, key: &str, cluster: bool
 }
 
 /// A key in debt lasts exactly as long as its debt (its TTL is the standing's
-/// `reset_after`, to the ms), its request ids as long as the longest memory among them —
-/// a refund's shorter one does not cut a report's — and all of it is gone once empty.
+/// `reset_after`, to the ms), a usage request id W from its request however long the debt
+/// (the ids' key as long as the latest among them), and all of it is gone once empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_in_debt_expires_when_empty_and_not_before() {
     let server = support::standalone().url();
@@ -274,7 +236,7 @@ async fn a_key_in_debt_expires_when_empty_and_not_before() {
                 state_ttl <= reset_ms && state_ttl + 50 >= reset_ms,
                 "{algorithm}: PTTL {state_ttl} for reset_after {reset_ms} ms"
             );
-            let remembered_ms = reset_ms.max(300);
+            let remembered_ms = 300;
             let ids_ttl = pttl(&store, KeyKind::RequestIds, &rule, "spender", false);
             assert!(
                 ids_ttl <= remembered_ms && ids_ttl + 50 >= remembered_ms,
@@ -296,7 +258,7 @@ async fn a_key_in_debt_expires_when_empty_and_not_before() {
                 after_refund + 100 >= ids_ttl,
                 "{algorithm}: the refund's memory cut the report's: {after_refund} < {ids_ttl}"
             );
-            longest = longest.max(remembered_ms);
+            longest = longest.max(reset_ms.max(remembered_ms));
             rules.push((store.clone(), rule));
         }
     }

@@ -2,10 +2,11 @@
 //! numbers, reloaded now and then, and checks of every mode on a few keys, at times that
 //! hit every rounding edge.
 
-mod common;
+mod cases;
+mod random;
 
-pub(crate) use common::CASES;
-use common::Random;
+pub(crate) use cases::CASES;
+use random::Random;
 use sluicegate::{Algorithm, Charge, Check, Limit, LogLayout, Rule, RuleSpec};
 
 /// Two rules named after the seed, so no trace meets state another trace left behind.

@@ -23,8 +23,8 @@ pub(super) const CHECK_LIBRARY: &str = concat!(
 );
 
 /// The codes of the script's arguments and reply: they must match the constants of the
-/// same names in `lua/prelude.lua` (which has no `DRY`: any mode other than `CHECK` and
-/// `UNDO` is a dry run there).
+/// same names in `lua/prelude.lua` (which names no `CHECK`: a mode it does not tell apart
+/// decides and records).
 mod code {
     pub(super) const SLIDING_LOG: u64 = 1;
     pub(super) const SLIDING_COUNTER: u64 = 2;

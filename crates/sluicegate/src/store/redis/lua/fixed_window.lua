@@ -45,14 +45,24 @@ local function fixed_window_steps()
   -- Debt: the count held below 2^53, as a charged refusal's is.
   local function report(r, cost, margin)
     record(r, min(cost, MAX_EXACT - r.count), margin)
+    return true
   end
 
   -- Only from the current window's count: an earlier one's has nothing left to give.
   local function refund(r, cost)
-    if r.count > 0 then
-      call('HSET', r.key, 'n', max(0, r.count - cost))
+    if r.count == 0 then
+      return false
+    end
+    call('HSET', r.key, 'n', max(0, r.count - cost))
+    return true
+  end
+
+  -- Only while the reservation's window is the current one.
+  local function unreserve(r, at, _, units)
+    if div(at, r.window) == r.index then
+      refund(r, units)
     end
   end
 
-  return evaluate, record, answer, give_back, report, refund
+  return evaluate, record, answer, give_back, report, refund, unreserve
 end

@@ -76,20 +76,38 @@ local function gcra_steps()
   -- Debt: the backlog may run past the tolerance, held at MAX_BACKLOG.
   local function report(r, cost, margin)
     write(r, min(r.tat + cost * r.interval, r.now + MAX_BACKLOG), margin)
+    return true
   end
 
-  -- Never below now; written with the rule's interval, the latest time left as it was.
+  -- The TAT pulled back by `backlog` µs, never below now; written with the rule's interval,
+  -- the latest time left as it was.
+  local function pull_back(r, backlog, margin)
+    local tat = max(r.now, r.tat - backlog)
+    if r.undo_kept then
+      call('HSET', r.key, 'tat', int(tat), 'T', int(r.interval), 'pw', '')
+    else
+      call('HSET', r.key, 'tat', int(tat), 'T', int(r.interval))
+    end
+    call('PEXPIRE', r.key, ttl_ms(tat - r.now, margin))
+  end
+
+  -- A leaky bucket gives nothing back: every unit it admitted was handed its slot to pass
+  -- in, and a TAT pulled back would hand the same slots out again.
   local function refund(r, cost, margin)
-    if r.tat > r.now then
-      local tat = max(r.now, r.tat - cost * r.interval)
-      if r.undo_kept then
-        call('HSET', r.key, 'tat', int(tat), 'T', int(r.interval), 'pw', '')
-      else
-        call('HSET', r.key, 'tat', int(tat), 'T', int(r.interval))
-      end
-      call('PEXPIRE', r.key, ttl_ms(tat - r.now, margin))
+    if r.algorithm == LEAKY_BUCKET or r.tat <= r.now then
+      return false
+    end
+    pull_back(r, cost * r.interval, margin)
+    return true
+  end
+
+  -- A reservation's units are the last units * T before the TAT it set (`tat`): only what
+  -- of them is still pending (tat - now) can be given back.
+  local function unreserve(r, _, tat, units, margin)
+    if r.algorithm ~= LEAKY_BUCKET and tat > r.now and r.tat > r.now then
+      pull_back(r, min(units * r.interval, tat - r.now), margin)
     end
   end
 
-  return evaluate, record, answer, give_back, report, refund
+  return evaluate, record, answer, give_back, report, refund, unreserve
 end

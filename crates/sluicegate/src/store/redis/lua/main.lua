@@ -12,14 +12,14 @@ local function new_rule_slot()
     interval = 0, key = false, ids = false, releases = false, now = 0, latest = false,
     live = 0, expired = 0, cutoff = 0, head = 0, count = 0, new_key = false,
     repeat_release = false, verdict = false, cost = 0, units = 0, repeated = false,
-    reserved = 0,
+    reserved = 0, reserved_at = 0, reserved_tat = 0,
     evaluate = false, record = false, answer = false, give_back = false, report = false,
-    refund = false,
+    refund = false, unreserve = false,
   }
 end
 
 -- The steps of each algorithm (and layout), made the first time a call's rules use it (see
--- prelude.lua): {evaluate, record, answer, give_back, report, refund}, by maker.
+-- prelude.lua): {evaluate, record, answer, give_back, report, refund, unreserve}, by maker.
 local made_steps = {}
 local function steps_made_by(make)
   local steps = made_steps[make]
@@ -72,7 +72,7 @@ local function rule_of(i, spec, q, keys_per_rule)
     r.capacity, r.interval = tonumber(argv[spec + 5]), tonumber(argv[spec + 6])
     local steps = steps_of_spec[spec]
     r.evaluate, r.record, r.answer, r.give_back = steps[1], steps[2], steps[3], steps[4]
-    r.report, r.refund = steps[5], steps[6]
+    r.report, r.refund, r.unreserve = steps[5], steps[6], steps[7]
   end
   r.key = keys[q + 1]
   r.now, r.latest, r.live, r.expired, r.cutoff = 0, false, 0, 0, 0
@@ -106,9 +106,10 @@ end
 
 -- Forget the request ids whose memory has expired (and what the release times' hash holds
 -- for them), then remember `member` until `until_offset` from now; when it waits, until
--- when (`delay`); for a reservation, its units. Each key lasts as long as the latest
--- instant it is needed until: a shorter memory never cuts a longer one's.
-local function remember_request(r, member, until_offset, delay, reserved, margin)
+-- when (`delay`); for a reservation, its record (RESERVED_UNITS), or false. Each key lasts
+-- as long as the latest instant it is needed until: a shorter memory never cuts a longer
+-- one's.
+local function remember_request(r, member, until_offset, delay, reservation, margin)
   local now = r.now
   local gone = call('ZRANGEBYSCORE', r.ids, '-inf', int(now))
   for g = 1, #gone, 500 do
@@ -125,14 +126,28 @@ local function remember_request(r, member, until_offset, delay, reserved, margin
   local latest = tonumber(call('ZRANGE', r.ids, -1, -1, 'WITHSCORES')[2])
   local ttl = ttl_ms(latest - now, margin)
   call('PEXPIRE', r.ids, ttl)
-  if delay > 0 or reserved > 0 then
+  if delay > 0 or reservation then
     if delay > 0 then
       call('HSET', r.releases, member, int(now + delay))
     end
-    if reserved > 0 then
-      call('HSET', r.releases, RESERVED_UNITS .. member, int(reserved))
+    if reservation then
+      call('HSET', r.releases, RESERVED_UNITS .. member, reservation)
     end
     call('PEXPIRE', r.releases, ttl)
+  end
+end
+
+-- Reads the reservation of `request_id` that `r` holds, if it is still remembered: its
+-- units, the instant they were recorded at and the TAT its admission set.
+local function read_reservation(r, request_id)
+  local reserved_until = tonumber(call('ZSCORE', r.ids, request_id))
+  if not reserved_until or reserved_until <= r.now then
+    return
+  end
+  local record = call('HGET', r.releases, RESERVED_UNITS .. request_id)
+  local units, at, tat = string.match(record or '', '^(%d+):(%d+):(%d+)$')
+  if units then
+    r.reserved, r.reserved_at, r.reserved_tat = tonumber(units), tonumber(at), tonumber(tat)
   end
 end
 
@@ -178,10 +193,7 @@ local function run_usage(shape, k)
       local done_until = tonumber(call('ZSCORE', r.ids, member))
       r.repeated = done_until ~= nil and done_until > r.now
       if not r.repeated and mode == SETTLE then
-        local reserved_until = tonumber(call('ZSCORE', r.ids, request_id))
-        if reserved_until and reserved_until > r.now then
-          r.reserved = tonumber(call('HGET', r.releases, RESERVED_UNITS .. request_id)) or 0
-        end
+        read_reservation(r, request_id)
       end
     end
   end
@@ -190,32 +202,34 @@ local function run_usage(shape, k)
   for i = 1, rule_count do
     local r = rule_slots[i]
     local now, cost, repeated = r.now, r.cost, r.repeated
+    -- Whether this request is to be remembered: it did its part, and a retry must not do
+    -- it again. A report or refund that changed nothing did nothing: its retry may. A
+    -- settle always did (it used its reservation up).
+    local done = not repeated and cost > 0
     if not repeated then
       if mode == SETTLE then
         -- Net of the reservation, which it uses up (a settle of 0 remembers no id: its
-        -- retry must not refund the reservation again): a report of the excess, a refund
-        -- of what it left unused.
+        -- retry must not give the reservation back again): a report of the excess, the
+        -- unused units given back from where the reservation put them.
         if r.reserved > 0 then
           call('HDEL', r.releases, RESERVED_UNITS .. request_id)
         end
         if cost > r.reserved then
           r:report(cost - r.reserved, shape.margin)
         elseif cost < r.reserved then
-          r:refund(r.reserved - cost, shape.margin)
+          r:unreserve(r.reserved_at, r.reserved_tat, r.reserved - cost, shape.margin)
         end
+      elseif cost > 0 and mode == REPORT then
+        done = r:report(cost, shape.margin)
       elseif cost > 0 then
-        if mode == REPORT then
-          r:report(cost, shape.margin)
-        else
-          r:refund(cost, shape.margin)
-        end
+        done = r:refund(cost, shape.margin)
       end
     end
     rule_of(i, specs[i], k + (i - 1) * keys_per_rule, keys_per_rule)
     local fits = r:evaluate(now, 1)
     local remaining, retry, reset = r:answer(false, not fits, 1)
-    if member and not repeated and cost > 0 then
-      remember_request(r, member, max(r.window, reset), 0, 0, shape.margin)
+    if member and done then
+      remember_request(r, member, r.window, 0, false, shape.margin)
     end
     add_result(fits and ALLOWS or 0, remaining, retry, reset, 0, r.now)
   end
@@ -300,9 +314,10 @@ local function run_check(shape, k)
     end
     if recorded and request_id ~= '' then
       if shape.reserve then
-        remember_request(r, request_id, max(r.window, reset), delay, cost, shape.margin)
+        local reservation = int(cost) .. ':' .. int(now) .. ':' .. int(now + reset)
+        remember_request(r, request_id, max(r.window, reset), delay, reservation, shape.margin)
       else
-        remember_request(r, request_id, reset, delay, 0, shape.margin)
+        remember_request(r, request_id, reset, delay, false, shape.margin)
       end
     end
     add_result(recorded and status + RECORDED or status, remaining, retry, reset, delay, now)
@@ -329,21 +344,22 @@ local function read_shapes()
     if not shape then
       shape = {
         t = false, margin = 0, cost = 0, request_id = '', undo = false, dry = false,
-        charge = false, reserve = false, usage = false, keys_per_rule = 1, rule_count = 0, specs = {}, undo_at = {},
-        costs = false, cost_table = {},
+        charge = false, reserve = false, usage = false, keys_per_rule = 1, rule_count = 0,
+        specs = {}, undo_at = {}, costs = false, cost_table = {},
       }
       shapes[h] = shape
     end
     -- t: the client's time, or false for Redis TIME; margin: see ttl_ms. keys_per_rule: the
-    -- state, and with a request id, its request ids and release times (KEYS). dry: any mode
-    -- but CHECK, CHARGE, RESERVE and UNDO. charge: a refusing fixed window records the cost.
-    -- reserve: an admission remembers its units. usage: REPORT, SETTLE or REFUND, or false.
+    -- state, and with a request id, its request ids and release times (KEYS). dry: DRY or
+    -- DRY_CHARGE, answered as refused by another rule. charge: a refusing fixed window
+    -- records the cost. reserve: an admission remembers its units. usage: REPORT, SETTLE or
+    -- REFUND, or false.
     local mode = argv[p + 4]
     shape.t, shape.margin = tonumber(argv[p + 1]) or false, argv[p + 1] == '' and 0 or 60000
     shape.cost, shape.request_id = tonumber(argv[p + 2]), argv[p + 3]
     shape.usage = (mode == REPORT or mode == SETTLE or mode == REFUND) and mode
     shape.undo, shape.reserve = undo, mode == RESERVE
-    shape.dry = mode ~= CHECK and mode ~= CHARGE and mode ~= RESERVE
+    shape.dry = mode == DRY or mode == DRY_CHARGE
     shape.charge = mode == CHARGE or mode == DRY_CHARGE
     shape.keys_per_rule, shape.rule_count = argv[p + 3] == '' and 1 or 3, rule_count
     shape.costs = own_costs and shape.cost_table

@@ -17,15 +17,18 @@
 -- the steps made) is what the next call may reuse; whatever depends on the call (its
 -- arguments, Redis TIME, the reply) `check` sets anew.
 --
--- An algorithm's piece is a function that makes its six steps, which a rule then calls as
--- its methods: evaluate(r, t, units) reads the rule's state and says whether `units` fit;
--- record(r, cost, margin) records an admission; answer(r, admitted, over, units) returns
--- remaining, retry_after, reset_after and delay; give_back(r, at, cost, margin) undoes an
--- admission; report(r, cost, margin) records `cost` whatever the limit says (into debt,
--- within the algorithm's caps); refund(r, cost, margin) gives back up to `cost` of the
--- live units, newest first. report and refund follow an evaluate of the same rule, whose
--- findings they use. main.lua makes each algorithm's steps the first time a call's rules
--- use it.
+-- An algorithm's piece is a function that makes its seven steps, which a rule then calls
+-- as its methods: evaluate(r, t, units) reads the rule's state and says whether `units`
+-- fit; record(r, cost, margin) records an admission; answer(r, admitted, over, units)
+-- returns remaining, retry_after, reset_after and delay; give_back(r, at, cost, margin)
+-- undoes an admission; report(r, cost, margin) records `cost` whatever the limit says (into
+-- debt, within the algorithm's caps) and says whether it recorded any; refund(r, cost,
+-- margin) gives back up to `cost` of the live units, newest first, and says whether it
+-- gave back any; unreserve(r, at, tat, units, margin) gives back up to `units` of a
+-- reservation recorded at `at` (that set the GCRA state's TAT to `tat`) from where it put
+-- them, as far as they still count. report, refund and unreserve follow an evaluate of the
+-- same rule, whose findings they use.
+-- main.lua makes each algorithm's steps the first time a call's rules use it.
 --
 -- The Rust algorithms (crates/sluicegate/src/algorithm/) are the reference; this script
 -- re-implements them and differential tests hold the two together. In each check every
@@ -54,9 +57,9 @@
 --            cost (0 is a peek: answers as a cost of 1, records nothing), or '' when
 --              each rule has its own, given last among its values below
 --            request id, or ''
---            mode: CHECK; 'dry' (answer as if another rule had refused: record
+--            mode: CHECK; DRY (answer as if another rule had refused: record
 --              nothing); UNDO (give back an admission of `cost` made at the times
---              given per rule); CHARGE and DRY_CHARGE are CHECK and 'dry' where a
+--              given per rule); CHARGE and DRY_CHARGE are CHECK and DRY where a
 --              fixed window that refuses records the cost all the same (docs/SPEC.md,
 --              "Charging refusals"); RESERVE is CHECK whose admission also remembers
 --              its units under the request id; REPORT, SETTLE and REFUND are never
@@ -84,8 +87,9 @@
 -- names the same codes: the two must match.
 local SLIDING_LOG, SLIDING_COUNTER, FIXED_WINDOW, TOKEN_BUCKET, LEAKY_BUCKET = 1, 2, 3, 4, 5
 local ZSET, COMPACT = 0, 1
--- The modes the script tells apart; 'dry' is evaluated as CHECK is, but never records.
-local CHECK, UNDO, CHARGE, DRY_CHARGE = 'check', 'undo', 'charge', 'dry-charge'
+-- The modes the script tells apart from CHECK ('check', which decides and records); DRY
+-- is evaluated as CHECK is, but never records.
+local DRY, UNDO, CHARGE, DRY_CHARGE = 'dry', 'undo', 'charge', 'dry-charge'
 local RESERVE, REPORT, SETTLE, REFUND = 'reserve', 'report', 'settle', 'refund'
 -- The request id of a report, settle or refund, as a member of the request ids' zset: 0xFF,
 -- the mode's letter, the id (no UTF-8 text begins with 0xFF, so no id passes for another
@@ -95,7 +99,9 @@ local function usage_id(mode, request_id)
   local letter = mode == REPORT and 'p' or mode == SETTLE and 's' or 'f'
   return '\255' .. letter .. request_id
 end
--- Prefixed to a reservation's id: the field of the release times' hash holding its units.
+-- Prefixed to a reservation's id: the field of the release times' hash holding its record,
+-- "r:s:e" — its units, the instant they were recorded at and the TAT its admission set
+-- (s + its reset_after; only the GCRA algorithms read it), as exact integers.
 local RESERVED_UNITS = '\255u'
 -- The most units a count holds (a charged fixed window, a report's debt): every count at
 -- or above its limit refuses alike, and below 2^53 a count is exact.

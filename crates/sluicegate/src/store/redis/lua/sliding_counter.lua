@@ -121,9 +121,11 @@ local function sliding_counter_steps()
       end
     end
     local room = div(MAX_EXACT, r.width) - held
-    if room > 0 then
-      record(r, min(cost, room), margin)
+    if room <= 0 then
+      return false
     end
+    record(r, min(cost, room), margin)
+    return true
   end
 
   -- From the buckets that still weigh, the newest first (n_b, n_{b-1}, …, n_{b-N}); the
@@ -148,7 +150,15 @@ local function sliding_counter_steps()
         end
       end
     end
+    return left < cost
   end
 
-  return evaluate, record, answer, give_back, report, refund
+  -- Only from the reservation's own bucket, while it still weighs.
+  local function unreserve(r, at, _, units)
+    if div(at, r.width) >= r.bucket - r.buckets then
+      give_back(r, at, units)
+    end
+  end
+
+  return evaluate, record, answer, give_back, report, refund, unreserve
 end

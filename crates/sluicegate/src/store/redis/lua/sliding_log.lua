@@ -117,9 +117,9 @@ local function zset_log_steps()
   -- Member "time:n", n = live + u. After pruning the set holds exactly `live` entries, and
   -- units at one instant are only added while it is the key's latest (time is clamped), when
   -- nothing can be pruned: so the n of one instant are at most `live` and never repeat.
-  -- report and refund keep it so (they renumber an instant where they must). n is written
-  -- with its digit count first, so that members of one instant sort by n (a give-back and a
-  -- refund remove the highest).
+  -- report, refund and unreserve keep it so (they renumber the newest instant once they
+  -- remove entries). n is written with its digit count first, so that members of one
+  -- instant sort by n (a give-back and a refund remove the highest).
   local function record(r, cost, margin)
     prune(r)
     add_members(r.key, r.now, r.live + 1, r.live + cost)
@@ -134,7 +134,8 @@ local function zset_log_steps()
     end
     local limit = r.limit
     if r.live + cost <= limit then
-      return record(r, cost, margin)
+      record(r, cost, margin)
+      return true
     end
     local key, now = r.key, r.now
     prune(r)
@@ -149,34 +150,38 @@ local function zset_log_steps()
     end
     add_members(key, now, older_kept + 1, limit)
     call('PEXPIRE', key, ttl_ms(r.window, margin))
+    return true
   end
 
-  -- The newest live entries go first (the highest n of the newest instant). When the
-  -- refund reaches back into an older instant, that instant becomes the key's latest, where
-  -- a check clamped to it would add: its members are renumbered to end at the live count.
+  -- Once entries are removed (expired ones pruned, live ones given back), the newest
+  -- instant, where a check clamped to it would add live + 1 on, may hold numbers above the
+  -- live count: its members are renumbered to end at it (`live`, what the set holds).
+  local function renumber_newest(r, live)
+    if live == 0 then
+      return
+    end
+    local key = r.key
+    local newest = entry(r, -1)
+    local stamp = int(newest)
+    local at_newest = call('ZCOUNT', key, stamp, stamp)
+    call('ZREMRANGEBYSCORE', key, stamp, stamp)
+    add_members(key, newest, live - at_newest + 1, live)
+  end
+
+  -- The newest live entries go first (the highest n of the newest instant).
   local function refund(r, cost)
     if not r.expired then
       count_live(r)
     end
     local taken = min(cost, r.live)
     if taken == 0 then
-      return
+      return false
     end
-    local key = r.key
     prune(r)
-    local newest = entry(r, -1)
-    call('ZREMRANGEBYRANK', key, -taken, -1)
-    local live = r.live - taken
-    if live == 0 then
-      return
-    end
-    local latest = entry(r, -1)
-    if latest < newest then
-      local stamp = int(latest)
-      local at_latest = call('ZCOUNT', key, stamp, stamp)
-      call('ZREMRANGEBYSCORE', key, stamp, stamp)
-      add_members(key, latest, live - at_latest + 1, live)
-    end
+    call('ZREMRANGEBYRANK', r.key, -taken, -1)
+    r.live = r.live - taken
+    renumber_newest(r, r.live)
+    return true
   end
 
   local function answer(r, admitted, over, units)
@@ -186,17 +191,39 @@ local function zset_log_steps()
     return answer_log(r, admitted, over, units, entry)
   end
 
-  -- Units recorded at one instant are indistinguishable: any `cost` members at `at` will do,
-  -- the highest n being the latest added.
-  local function give_back(r, at, cost)
+  -- Up to `cost` members at `at`, the highest n (the latest added) first.
+  local function members_at(r, at, cost)
     local stamp = int(at)
-    local taken = call('ZREVRANGEBYSCORE', r.key, stamp, stamp, 'LIMIT', 0, cost)
+    return call('ZREVRANGEBYSCORE', r.key, stamp, stamp, 'LIMIT', 0, cost)
+  end
+
+  -- Units recorded at one instant are indistinguishable: any `cost` members at `at` will do.
+  local function give_back(r, at, cost)
+    local taken = members_at(r, at, cost)
     if #taken > 0 then
       call('ZREM', r.key, unpack(taken))
     end
   end
 
-  return evaluate, record, answer, give_back, report, refund
+  -- From the entries at `at`, while they are live (those among the newest L that a report
+  -- into debt kept are all the set holds); when there are none, nothing changes.
+  local function unreserve(r, at, _, units)
+    if r.count == 0 or at <= r.cutoff then
+      return
+    end
+    local taken = members_at(r, at, units)
+    if #taken == 0 then
+      return
+    end
+    if not r.expired then
+      count_live(r)
+    end
+    prune(r)
+    call('ZREM', r.key, unpack(taken))
+    renumber_newest(r, r.live - #taken)
+  end
+
+  return evaluate, record, answer, give_back, report, refund, unreserve
 end
 
 -- The steps of the COMPACT layout.
@@ -288,6 +315,7 @@ local function compact_log_steps()
       cost = written
     end
     record(r, cost, margin)
+    return true
   end
 
   -- The newest live entries go first; the latest time becomes the newest entry left, and a
@@ -295,15 +323,16 @@ local function compact_log_steps()
   local function refund(r, cost)
     local taken = min(cost, r.live)
     if taken == 0 then
-      return
+      return false
     end
     local count = r.live - taken
     if count == 0 then
       call('DEL', r.key)
-      return
+      return true
     end
     r.head = (r.head + r.expired) % r.limit
     call('SETRANGE', r.key, 0, pack('<ddd', r.head, count, entry(r, count - 1)))
+    return true
   end
 
   local function answer(r, admitted, over, units)
@@ -337,5 +366,13 @@ local function compact_log_steps()
     end
   end
 
-  return evaluate, record, answer, give_back, report, refund
+  -- From the run of entries at `at`, while they are live (a report into debt kept in the
+  -- ring only the newest L).
+  local function unreserve(r, at, _, units)
+    if r.live > 0 and at > r.cutoff then
+      give_back(r, at, units)
+    end
+  end
+
+  return evaluate, record, answer, give_back, report, refund, unreserve
 end

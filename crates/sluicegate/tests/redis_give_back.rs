@@ -1,0 +1,291 @@
+//! Where a settle and a refund give units back (docs/SPEC.md, "Usage"), on a real
+//! redis-server (functions and EVALSHA) and a real Redis Cluster: each case is held line by
+//! line to the Rust reference (the memory store) and its last answer to the figures the
+//! SPEC's rules give.
+
+#![cfg(feature = "redis")]
+
+use std::sync::Arc;
+
+use sluicegate::store::redis::{KeyKind, redis_key};
+use sluicegate::{
+    Algorithm, Charge, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, Rule,
+    RuleSpec, Store,
+};
+
+use sluicegate_test_support::{self as support, cmd};
+
+#[path = "redis_trace/stores.rs"]
+mod stores;
+#[path = "redis_trace/usage.rs"]
+mod usage;
+
+use usage::{Line, Printed, every_store, printed};
+
+const S: u64 = 1_000_000;
+
+/// Runs `lines` under `rule` for one key through every store and a memory store of its
+/// own, holds every answer to the reference and the last one to `last`.
+async fn holds(test: &str, spec: RuleSpec, lines: &[Line], last: Printed) {
+    let rule = Rule::new(test, &spec).unwrap();
+    let limits = [Limit {
+        rule: &rule,
+        key: "k",
+    }];
+    for store in every_store(test).await {
+        let reference =
+            MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)));
+        let mut answers = Vec::new();
+        for &(at, cost, request_id, charge) in lines {
+            let check = Check {
+                at: Some(at),
+                request_id,
+                charge,
+                ..Check::new(&limits, cost)
+            };
+            let got = store.check(&check).await.unwrap().decision;
+            let want = reference.check_now(&check).unwrap().decision;
+            answers.push((at, cost, request_id, charge, got, want));
+        }
+        let (.., got, _) = answers.last().unwrap();
+        assert_eq!(printed(got), last, "{test}: the last answer ({store:?})");
+        for (at, cost, request_id, charge, got, want) in answers {
+            assert_eq!(
+                got, want,
+                "{test} at {at}: {cost} {request_id:?} {charge:?} ({store:?})"
+            );
+        }
+    }
+}
+
+fn log(limit: u64, layout: LogLayout) -> RuleSpec {
+    RuleSpec {
+        layout: Some(layout),
+        ..RuleSpec::new(Algorithm::SlidingLog, limit, S)
+    }
+}
+
+fn token_bucket() -> RuleSpec {
+    RuleSpec {
+        burst: Some(10),
+        ..RuleSpec::new(Algorithm::TokenBucket, 10, S)
+    }
+}
+
+/// A settle below its reservation gives back the reservation's own units: in a sliding
+/// log the entries at its instant, not the newest (a check's, which then counts on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_gives_back_a_logs_entries_at_its_reservations_instant() {
+    use Charge::{Admitted, Reserved, Settled};
+    for (layout, name) in [
+        (LogLayout::Zset, "settle-zset"),
+        (LogLayout::Compact, "settle-ring"),
+    ] {
+        // Back at 10.6 s: both entries of 10.0 s; the check's of 10.5 s still counts at 11.2 s.
+        let lines = [
+            (10 * S, 2, Some("R"), Reserved),
+            (10_500_000, 1, None, Admitted),
+            (10_600_000, 0, Some("R"), Settled),
+            (11_200_000, 1, None, Admitted),
+        ];
+        holds(name, log(3, layout), &lines, (true, 1, 0, S, 0)).await;
+    }
+}
+
+/// A settle whose reservation's entries are gone (refunded) changes nothing, not even the
+/// expired entries it would drop: the log keeps its latest time (9.0 s), and a check
+/// stamped 9.1 s still counts the entry of 9.0 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_that_finds_none_of_its_entries_changes_nothing() {
+    use Charge::{Admitted, Refunded, Reserved, Settled};
+    for (layout, name) in [
+        (LogLayout::Zset, "settle-none-zset"),
+        (LogLayout::Compact, "settle-none-ring"),
+    ] {
+        let lines = [
+            (9 * S, 1, None, Admitted),
+            (9_500_000, 2, Some("R"), Reserved),
+            (9_600_000, 2, None, Refunded),
+            (10_200_000, 0, Some("R"), Settled),
+            (9_100_000, 1, None, Admitted),
+        ];
+        holds(name, log(3, layout), &lines, (true, 1, 0, S, 0)).await;
+    }
+}
+
+/// In a sliding counter, from the reservation's bucket: 3 of the 4 units of bucket 100
+/// (10.0 s), none of bucket 105's 2; at 11.05 s bucket 100 weighs half: 2 + 0.5 + 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_gives_back_from_its_reservations_bucket() {
+    use Charge::{Admitted, Reserved, Settled};
+    let spec = RuleSpec {
+        buckets: Some(10),
+        ..RuleSpec::new(Algorithm::SlidingCounter, 10, S)
+    };
+    let lines = [
+        (10 * S, 4, Some("R"), Reserved),
+        (10_550_000, 2, None, Admitted),
+        (10_600_000, 1, Some("R"), Settled),
+        (11_050_000, 1, None, Admitted),
+    ];
+    holds("settle-counter", spec, &lines, (true, 6, 0, 1_050_000, 0)).await;
+}
+
+/// In a fixed window, only while the reservation's window is the current one: a later
+/// window never counted its units, so a settle there gives back none of the new window's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_in_a_later_window_gives_back_nothing() {
+    use Charge::{Admitted, Reserved, Settled};
+    let lines = [
+        (59 * S, 30, Some("R"), Reserved),
+        (61 * S, 10, None, Admitted),
+        (62 * S, 0, Some("R"), Settled),
+        (63 * S, 1, None, Admitted),
+    ];
+    let spec = RuleSpec::new(Algorithm::FixedWindow, 100, 60 * S);
+    holds("settle-window", spec, &lines, (true, 89, 0, 57 * S, 0)).await;
+}
+
+/// In a token bucket, only what of the reservation's r · T before the TAT it set (10.5 s)
+/// is still pending: at 10.4 s, 0.1 s of it; the check's 0.3 s after it stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_gives_back_only_its_reservations_pending_tat() {
+    use Charge::{Admitted, Reserved, Settled};
+    let lines = [
+        (10 * S, 5, Some("R"), Reserved),
+        (10 * S, 3, None, Admitted),
+        (10_400_000, 0, Some("R"), Settled),
+    ];
+    holds(
+        "settle-tat",
+        token_bucket(),
+        &lines,
+        (true, 7, 0, 300_000, 0),
+    )
+    .await;
+}
+
+/// A leaky bucket gives nothing back, to a refund or to a settle: the refund answers the
+/// standing that a report of nothing answered just before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaky_bucket_gives_nothing_back() {
+    use Charge::{Admitted, Refunded, Reported, Reserved, Settled};
+    let spec = RuleSpec {
+        queue: Some(5),
+        ..RuleSpec::new(Algorithm::LeakyBucket, 10, S)
+    };
+    let lines = [
+        (10 * S, 2, None, Admitted),
+        (10 * S, 2, Some("R"), Reserved),
+        (10 * S, 0, None, Reported),
+    ];
+    let rule = Rule::new("leaky-standing", &spec).unwrap();
+    let limits = [Limit {
+        rule: &rule,
+        key: "k",
+    }];
+    let reference = MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)));
+    let mut standing = None;
+    for &(at, cost, request_id, charge) in &lines {
+        let check = Check {
+            at: Some(at),
+            request_id,
+            charge,
+            ..Check::new(&limits, cost)
+        };
+        standing = Some(printed(&reference.check_now(&check).unwrap().decision));
+    }
+    let standing = standing.unwrap();
+    let refunded = [lines.as_slice(), &[(10 * S, 3, None, Refunded)]].concat();
+    holds("leaky-refund", spec.clone(), &refunded, standing).await;
+    let settled = [lines.as_slice(), &[(10 * S, 0, Some("R"), Settled)]].concat();
+    holds("leaky-settle", spec, &settled, standing).await;
+}
+
+/// A refund that finds nothing live changes nothing, its request id included: its retry,
+/// once units are recorded, gives back once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_that_finds_nothing_remembers_no_id() {
+    use Charge::{Refunded, Reported};
+    let lines = [
+        (60 * S, 3, Some("R"), Refunded),
+        (60_100_000, 5, None, Reported),
+        (60_200_000, 3, Some("R"), Refunded),
+    ];
+    let spec = RuleSpec::new(Algorithm::FixedWindow, 10, 60 * S);
+    holds("refund-nothing", spec, &lines, (true, 8, 0, 59_800_000, 0)).await;
+}
+
+/// A refund that prunes expired entries and takes the newest leaves the newest instant's
+/// members numbered within the live count: checks clamped to that instant later add units
+/// rather than overwrite the ones there (5 live at 10.5 s, then 1 more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_keeps_the_newest_instants_units_apart() {
+    use Charge::{Admitted, Refunded};
+    for (layout, name) in [
+        (LogLayout::Zset, "renumber-zset"),
+        (LogLayout::Compact, "renumber-ring"),
+    ] {
+        let lines = [
+            (10 * S, 2, None, Admitted),
+            (10_500_000, 3, None, Admitted),
+            (11_200_000, 1, None, Refunded),
+            (10_500_000, 3, None, Admitted),
+            (10_500_000, 1, None, Admitted),
+        ];
+        holds(name, log(10, layout), &lines, (true, 4, 0, S, 0)).await;
+    }
+}
+
+/// A report's request id is remembered W, however long its debt lasts: the same id 1.2 s
+/// later (W = 1 s, the debt lasts 1.5 s) is a new report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_usage_id_is_remembered_for_the_window() {
+    use Charge::Reported;
+    let lines = [
+        (10 * S, 15, Some("p1"), Reported),
+        (11_200_000, 1, Some("p1"), Reported),
+    ];
+    holds(
+        "usage-id-window",
+        token_bucket(),
+        &lines,
+        (true, 6, 0, 400_000, 0),
+    )
+    .await;
+}
+
+/// A report that records nothing (a sliding counter whose debt is at its cap) remembers no
+/// request id: the ids' key holds none after it, on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_that_records_nothing_remembers_no_id() {
+    use Charge::Reported;
+    let spec = RuleSpec {
+        buckets: Some(1),
+        ..RuleSpec::new(Algorithm::SlidingCounter, 10, S)
+    };
+    // The cap: w · (units held) below 2^53, w = 1 s.
+    let cap = ((1u64 << 53) - 1) / S;
+    let lines = [
+        (10 * S, cap, None, Reported),
+        (10 * S, 1, Some("p"), Reported),
+    ];
+    holds(
+        "report-nothing",
+        spec.clone(),
+        &lines,
+        (false, 0, 2 * S, 2 * S, 0),
+    )
+    .await;
+    let rule = Rule::new("report-nothing", &spec).unwrap();
+    let mut nodes = vec![support::standalone()];
+    nodes.extend(&support::cluster().nodes);
+    for store in every_store("report-nothing").await {
+        let ids = redis_key(store.prefix(), KeyKind::RequestIds, &rule, "k");
+        let remembered: u64 = nodes
+            .iter()
+            .filter_map(|node| node.query::<u64>(cmd("ZCARD").arg(&ids)).ok())
+            .sum();
+        assert_eq!(remembered, 0, "{ids} ({store:?})");
+    }
+}
