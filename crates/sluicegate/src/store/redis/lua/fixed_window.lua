@@ -16,8 +16,9 @@ local function fixed_window_steps()
   local function record(r, cost, margin)
     local key, now = r.key, r.now
     if r.stored_window == r.index then
-      call('HINCRBY', key, 'n', cost)
-      call('HSET', key, 't', int(now))
+      -- The count was read when evaluating, and nothing runs between: one write sets it
+      -- and the latest time (an increment, then a set, was two commands per check).
+      call('HSET', key, 'n', int(r.count + cost), 't', int(now))
     else
       -- A new window's counter: its TTL is set now and never refreshed (seed 004).
       call('HSET', key, 'k', r.index, 'n', cost, 't', int(now))
