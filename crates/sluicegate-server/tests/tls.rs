@@ -171,30 +171,59 @@ fn mtls_refuses_clients_without_a_trusted_certificate() {
     assert!(failures.parse::<u32>().unwrap() >= 3, "{failures}");
 }
 
+/// Two authorities, a pair of each, and the files the service is started on (holding the
+/// first pair), for the tests that replace them while it runs.
+struct Rotation {
+    first_ca: Authority,
+    second_ca: Authority,
+    second: Issued,
+    live: Issued,
+}
+
+impl Rotation {
+    fn new(test: &str) -> Rotation {
+        let dir = scratch(test);
+        let (first_ca, second_ca) = (
+            Authority::new(&dir, "first"),
+            Authority::new(&dir, "second"),
+        );
+        let (first, second) = (first_ca.issue("one"), second_ca.issue("two"));
+        let live = Issued {
+            cert: dir.join("live.crt"),
+            key: dir.join("live.key"),
+        };
+        install(&live, &first);
+        Rotation {
+            first_ca,
+            second_ca,
+            second,
+            live,
+        }
+    }
+}
+
+/// Copies `pair` over the files of `live`, key first.
+fn install(live: &Issued, pair: &Issued) {
+    std::fs::copy(&pair.key, &live.key).unwrap();
+    std::fs::copy(&pair.cert, &live.cert).unwrap();
+}
+
 /// Replacing the certificate and key files while the service runs: new handshakes present
 /// the new certificate.
 #[test]
 fn a_swapped_certificate_is_used_for_new_handshakes() {
-    let dir = scratch("swap");
-    let (first_ca, second_ca) = (
-        Authority::new(&dir, "first"),
-        Authority::new(&dir, "second"),
-    );
-    let (first, second) = (first_ca.issue("one"), second_ca.issue("two"));
-    let live = Issued {
-        cert: dir.join("live.crt"),
-        key: dir.join("live.key"),
-    };
-    let install = |pair: &Issued| {
-        std::fs::copy(&pair.key, &live.key).unwrap();
-        std::fs::copy(&pair.cert, &live.cert).unwrap();
-    };
-    install(&first);
+    let Rotation {
+        first_ca,
+        second_ca,
+        second,
+        live,
+        ..
+    } = Rotation::new("swap");
     let server = tls_server(&live, &["--reload-interval", "100ms"]);
     assert_eq!(healthz(&server, &first_ca, None).0, 0);
     assert_eq!(healthz(&server, &second_ca, None).0, 60);
 
-    install(&second);
+    install(&live, &second);
     let start = Instant::now();
     while healthz(&server, &second_ca, None).0 != 0 {
         assert!(
@@ -210,18 +239,12 @@ fn a_swapped_certificate_is_used_for_new_handshakes() {
 /// force keeps serving; the finished file is then put in force.
 #[test]
 fn a_broken_certificate_keeps_the_previous_one_serving() {
-    let dir = scratch("broken");
-    let (first_ca, second_ca) = (
-        Authority::new(&dir, "first"),
-        Authority::new(&dir, "second"),
-    );
-    let (first, second) = (first_ca.issue("one"), second_ca.issue("two"));
-    let live = Issued {
-        cert: dir.join("live.crt"),
-        key: dir.join("live.key"),
-    };
-    std::fs::copy(&first.key, &live.key).unwrap();
-    std::fs::copy(&first.cert, &live.cert).unwrap();
+    let Rotation {
+        first_ca,
+        second_ca,
+        second,
+        live,
+    } = Rotation::new("broken");
     // The real binary: its log is read.
     let server = Server::binary(&[
         "--tls-cert",
@@ -237,8 +260,7 @@ fn a_broken_certificate_keeps_the_previous_one_serving() {
     server.wait_for_log(|line| line.contains("TLS certificate rejected"));
     assert_eq!(healthz(&server, &first_ca, None).0, 0);
 
-    std::fs::copy(&second.key, &live.key).unwrap();
-    std::fs::copy(&second.cert, &live.cert).unwrap();
+    install(&live, &second);
     server.wait_for_log(|line| line.contains("TLS certificate reloaded"));
     assert_eq!(healthz(&server, &second_ca, None).0, 0);
     let rejections = server

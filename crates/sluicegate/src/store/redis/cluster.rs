@@ -40,14 +40,11 @@ pub(super) async fn usage_across_slots(
 ) -> Result<Vec<Decision>, StoreError> {
     let mut decisions: Vec<Option<Decision>> = vec![None; check.limits.len()];
     for group in groups {
-        let limits = limits_of(check, group);
-        let costs = check.costs_of(group.iter().copied());
-        let sub = Check {
-            limits: &limits,
-            costs: &costs,
-            ..*check
-        };
-        for (&i, row) in group.iter().zip(store.run(&sub, Mode::Check).await?) {
+        let part = Part::of(check, group);
+        for (&i, row) in group
+            .iter()
+            .zip(store.run(&part.of_check(check), Mode::Check).await?)
+        {
             decisions[i] = Some(row.decision);
         }
     }
@@ -69,16 +66,10 @@ pub(super) async fn check_across_slots(
     groups: &[Vec<usize>],
 ) -> Result<Vec<Decision>, StoreError> {
     let mut decisions: Vec<Option<Decision>> = vec![None; check.limits.len()];
-    let mut taken: Vec<(Vec<Limit<'_>>, Vec<u64>, Vec<Row>)> = Vec::new();
+    let mut taken: Vec<(Part<'_>, Vec<Row>)> = Vec::new();
     for (g, group) in groups.iter().enumerate() {
-        let limits = limits_of(check, group);
-        let costs = check.costs_of(group.iter().copied());
-        let sub = Check {
-            limits: &limits,
-            costs: &costs,
-            ..*check
-        };
-        let rows = match store.run(&sub, Mode::Check).await {
+        let part = Part::of(check, group);
+        let rows = match store.run(&part.of_check(check), Mode::Check).await {
             Ok(rows) => rows,
             Err(e) => {
                 give_back(store, check, &taken).await;
@@ -90,7 +81,7 @@ pub(super) async fn check_across_slots(
             decisions[i] = Some(row.decision);
         }
         if admitted {
-            taken.push((limits, costs, rows));
+            taken.push((part, rows));
             continue;
         }
         // Refused: give back, then answer the other groups without recording.
@@ -99,14 +90,11 @@ pub(super) async fn check_across_slots(
             if h == g {
                 continue;
             }
-            let limits = limits_of(check, other);
-            let costs = check.costs_of(other.iter().copied());
-            let sub = Check {
-                limits: &limits,
-                costs: &costs,
-                ..*check
-            };
-            for (&i, row) in other.iter().zip(store.run(&sub, Mode::Dry).await?) {
+            let part = Part::of(check, other);
+            for (&i, row) in other
+                .iter()
+                .zip(store.run(&part.of_check(check), Mode::Dry).await?)
+            {
                 decisions[i] = Some(row.decision);
             }
         }
@@ -118,27 +106,37 @@ pub(super) async fn check_across_slots(
         .collect())
 }
 
-/// The limits of `check` that `group` numbers, in its order.
-fn limits_of<'a>(check: &Check<'a>, group: &[usize]) -> Vec<Limit<'a>> {
-    group.iter().map(|&i| check.limits[i]).collect()
+/// The limits of a check that a group numbers, in its order, with their costs.
+struct Part<'a> {
+    limits: Vec<Limit<'a>>,
+    costs: Vec<u64>,
+}
+
+impl<'a> Part<'a> {
+    fn of(check: &Check<'a>, group: &[usize]) -> Self {
+        Part {
+            limits: group.iter().map(|&i| check.limits[i]).collect(),
+            costs: check.costs_of(group.iter().copied()),
+        }
+    }
+
+    /// `check` narrowed to this part.
+    fn of_check<'b>(&'b self, check: &Check<'a>) -> Check<'b> {
+        Check {
+            limits: &self.limits,
+            costs: &self.costs,
+            ..*check
+        }
+    }
 }
 
 /// Gives back, newest first, what earlier groups of a check recorded.
-async fn give_back(
-    store: &impl RunScript,
-    check: &Check<'_>,
-    taken: &[(Vec<Limit<'_>>, Vec<u64>, Vec<Row>)],
-) {
-    for (limits, costs, rows) in taken.iter().rev() {
+async fn give_back(store: &impl RunScript, check: &Check<'_>, taken: &[(Part<'_>, Vec<Row>)]) {
+    for (part, rows) in taken.iter().rev() {
         if rows.iter().all(|row| row.recorded_at.is_none()) {
             continue;
         }
-        let sub = Check {
-            limits,
-            costs,
-            ..*check
-        };
-        if let Err(e) = store.run(&sub, Mode::Undo(rows)).await {
+        if let Err(e) = store.run(&part.of_check(check), Mode::Undo(rows)).await {
             tracing::warn!(error = %e, "could not give back a refused check's units");
         }
     }
