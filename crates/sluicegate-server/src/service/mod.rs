@@ -379,6 +379,7 @@ impl Service {
             .any(|(l, m)| l.is_some_and(|l| l.blocked && !l.shadow_mode) && m.charge.may_refuse());
 
         let keys = counted_keys(&descriptors, &matched);
+        usage::validate(&matched, &keys, costs, &modes)?;
         let asked = Instant::now();
         let (decisions, outcome, refusable) = match self.options.counting {
             Counting::EachDescriptor => self.decide_each(&matched, &keys, costs, &modes).await?,

@@ -2,9 +2,10 @@
 //! on Envoy's protocol, what a descriptor reaching a `usage: true` rule says in its last
 //! entries (`request_id`, `usage`), which are then no part of its key.
 
-use sluicegate::Charge;
+use sluicegate::store::MAX_REQUEST_ID_BYTES;
+use sluicegate::{Charge, EXACT_LIMIT};
 
-use super::DecideError;
+use super::answer::DecideError;
 use crate::config::{ConfiguredLimit, Entry};
 
 /// The entry keys Envoy's actions add to a descriptor of a usage rule.
@@ -139,6 +140,50 @@ pub(crate) fn resolve<'d, 'c>(
         entries,
         modes: resolved,
     })
+}
+
+/// Rejects what a store would refuse in any of the request's checks, and two settles of
+/// one key under one id (which of them is what the request cost?), before any check runs:
+/// a request mixing checks of several modes loses nothing to a bad part of it. Only the
+/// descriptors a rule limits (`limited`) reach a store; `keys` are their counted keys.
+pub(crate) fn validate(
+    limited: &[Option<&ConfiguredLimit>],
+    keys: &[String],
+    costs: &[u64],
+    modes: &[Mode<'_>],
+) -> Result<(), DecideError> {
+    let reaching =
+        || (0..limited.len()).filter_map(|i| Some((i, limited[i]?.rule.as_ref()?, modes[i])));
+    for (i, _, mode) in reaching() {
+        if costs[i] >= EXACT_LIMIT {
+            return Err(DecideError::Invalid(format!(
+                "descriptors[{i}]: cost {} is not below 2^53",
+                costs[i]
+            )));
+        }
+        if let Some(id) = mode.request_id
+            && (id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES)
+        {
+            return Err(DecideError::Invalid(format!(
+                "descriptors[{i}]: request id must be 1 to {MAX_REQUEST_ID_BYTES} bytes, got {}",
+                id.len()
+            )));
+        }
+    }
+    let settles: Vec<_> = reaching()
+        .filter(|(_, _, mode)| mode.charge == Charge::Settled)
+        .collect();
+    for (n, &(i, rule, mode)) in settles.iter().enumerate() {
+        if let Some(&(first, ..)) = settles[..n].iter().find(|&&(j, other, other_mode)| {
+            keys[j] == keys[i] && other.same_identity(rule) && other_mode == mode
+        }) {
+            return Err(DecideError::Invalid(format!(
+                "descriptors[{i}]: settles the key descriptors[{first}] settles under the \
+                 same request id; send one settle of what the request cost"
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

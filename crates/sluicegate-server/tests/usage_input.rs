@@ -1,0 +1,127 @@
+//! Usage-based limits fed odd input through Envoy's `/json` endpoint (the gRPC mapping's
+//! twin, docs/SPEC.md "Envoy compatibility: Modes"): descriptors that share a key, a bad
+//! part of a mixed request, and what an unset or explicit `hits_addend` means.
+
+mod server;
+
+use serde_json::{Value, json};
+use server::Server;
+
+/// `model`: 1000 tokens a day, a usage rule; `route`: 100 requests a day. Per day, so
+/// that no window boundary falls inside a test but once a day.
+const CONFIG: &str = "domain: llm
+descriptors:
+  - key: model
+    rate_limit:
+      unit: day
+      requests_per_unit: 1000
+      usage: true
+  - key: route
+    rate_limit:
+      unit: day
+      requests_per_unit: 100
+";
+
+fn start(test: &str) -> Server {
+    let path = std::env::temp_dir().join(format!(
+        "sluicegate-usage-input-{test}-{}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(&path, CONFIG).unwrap();
+    Server::start(&["--config", path.to_str().unwrap()])
+}
+
+/// A descriptor of `entries` (`key=value,…`), with `hitsAddend` when `hits` is a value.
+fn descriptor(entries: &str, hits: Value) -> Value {
+    let entries: Vec<Value> = entries
+        .split(',')
+        .map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap();
+            json!({"key": key, "value": value})
+        })
+        .collect();
+    let mut d = json!({ "entries": entries });
+    if !hits.is_null() {
+        d["hitsAddend"] = hits;
+    }
+    d
+}
+
+/// The status and answer of a `/json` call of `descriptors`.
+fn call(server: &Server, descriptors: &[(&str, Value)]) -> (u16, Value) {
+    let descriptors: Vec<Value> = descriptors
+        .iter()
+        .map(|(entries, hits)| descriptor(entries, hits.clone()))
+        .collect();
+    let body = json!({"domain": "llm", "descriptors": descriptors});
+    let (status, text) = server.request("POST", "/json", &body.to_string());
+    (status, serde_json::from_str(&text).unwrap_or(json!(text)))
+}
+
+/// What `entries` has left: a peek (hits 0) answers as one unit, so one more than it
+/// leaves when allowed.
+fn free(server: &Server, entries: &str) -> u64 {
+    let (status, answer) = call(server, &[(entries, json!(0))]);
+    let remaining = answer["statuses"][0]["limitRemaining"]
+        .as_u64()
+        .unwrap_or(0);
+    remaining + u64::from(status == 200)
+}
+
+/// Two reports of one key in one call both happened: they add up, as the usage metric
+/// counts them. Two settles of one key under one id are ambiguous: refused, nothing
+/// recorded.
+#[test]
+fn reports_of_one_key_add_up_and_two_settles_of_it_are_refused() {
+    let server = start("sum");
+    let (status, answer) = call(
+        &server,
+        &[
+            ("model=m1,request_id=a", json!(300)),
+            ("model=m1,request_id=a", json!(200)),
+        ],
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(free(&server, "model=m1"), 500);
+    assert_eq!(
+        server.metric(r#"sluicegate_usage_units_total{domain="llm",mode="report"}"#),
+        500
+    );
+    let (status, answer) = call(
+        &server,
+        &[
+            ("model=m1,request_id=s,usage=settle", json!(10)),
+            ("model=m1,request_id=s,usage=settle", json!(20)),
+        ],
+    );
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer
+            .to_string()
+            .contains("descriptors[1]: settles the key"),
+        "{answer}"
+    );
+    assert_eq!(free(&server, "model=m1"), 500);
+}
+
+/// A request whose usage part is bad input is refused whole, before any of it counts.
+#[test]
+fn a_bad_part_of_a_mixed_request_changes_nothing() {
+    let server = start("mixed");
+    let long_id = format!("model=m2,request_id={}", "x".repeat(300));
+    let huge_hits = json!(u64::MAX);
+    for (bad, hits, wanted) in [
+        (
+            long_id.as_str(),
+            json!(5),
+            "descriptors[1]: request id must be 1 to 256 bytes",
+        ),
+        ("model=m2,request_id=a", huge_hits, "descriptors[1]: cost"),
+    ] {
+        let (status, answer) = call(&server, &[("route=r1", json!(1)), (bad, hits)]);
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(free(&server, "route=r1"), 100, "{wanted}");
+        assert_eq!(free(&server, "model=m2"), 1000, "{wanted}");
+        assert!(answer.to_string().contains(wanted), "{answer}");
+    }
+}
