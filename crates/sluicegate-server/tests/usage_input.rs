@@ -125,3 +125,26 @@ fn a_bad_part_of_a_mixed_request_changes_nothing() {
         assert!(answer.to_string().contains(wanted), "{answer}");
     }
 }
+
+/// On a usage rule only a descriptor's own `hits_addend` above 0 is a report (Envoy's
+/// stream-done call): hits left unset, or set on the request alone, are a check of the
+/// request's hits, refused once the key is spent; an explicit 0 is a check of nothing.
+#[test]
+fn only_a_descriptors_own_hits_are_a_report() {
+    let server = start("hits");
+    let (status, _) = call(&server, &[("model=m6,request_id=a", json!(1000))]);
+    assert_eq!(status, 200, "the report spends the key");
+    let (status, answer) = call(&server, &[("model=m6,request_id=b", Value::Null)]);
+    assert_eq!(status, 429, "unset hits: a check of 1, refused: {answer}");
+    assert_eq!(call(&server, &[("model=m6", json!(0))]).0, 429);
+
+    let body = json!({"domain": "llm", "hitsAddend": 5,
+        "descriptors": [{"entries": [{"key": "model", "value": "m7"}]}]});
+    let (status, text) = server.request("POST", "/json", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(free(&server, "model=m7"), 995, "a check of the request's 5");
+    let (status, _) = call(&server, &[("model=m7,request_id=c", json!(995))]);
+    assert_eq!(status, 200, "a report of 995 spends it");
+    let (status, text) = server.request("POST", "/json", &body.to_string());
+    assert_eq!(status, 429, "the request's hits are a check: {text}");
+}

@@ -345,7 +345,7 @@ impl Service {
         let usage::Resolved {
             entries: descriptors,
             modes,
-        } = usage::resolve(modes, descriptors, costs, &mut matched, |e| {
+        } = usage::resolve(modes, descriptors, &mut matched, |e| {
             config.find(domain, e).ok().flatten()
         })?;
         // A descriptor's `limit` takes the place of what it matched (limit_override.rs);

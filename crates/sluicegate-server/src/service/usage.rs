@@ -21,9 +21,10 @@ pub(crate) enum Modes<'a> {
         request_id: Option<&'a str>,
     },
     /// Envoy's protocol: a descriptor reaching a usage rule says its own mode in a
-    /// `usage` entry, else it is a check when its hits are 0 and a report otherwise; any
+    /// `usage` entry, else it is a report when it sets its own `hits_addend` above 0
+    /// (`reports[i]`: Envoy's stream-done call always does) and a check otherwise; any
     /// other descriptor is a check.
-    EnvoyEntries,
+    EnvoyEntries { reports: &'a [bool] },
 }
 
 impl Modes<'static> {
@@ -83,11 +84,10 @@ pub(crate) struct Resolved<'d> {
 
 /// Resolves each descriptor: the entries it is matched and counted by, and its mode; a
 /// descriptor that reaches a usage rule once its mode entries are taken off matches that
-/// rule (in `matched`). `find` matches entries to a limit; `costs` are the hits.
+/// rule (in `matched`). `find` matches entries to a limit.
 pub(crate) fn resolve<'d, 'c>(
     modes: Modes<'d>,
     descriptors: &'d [Vec<Entry>],
-    costs: &[u64],
     matched: &mut [Option<&'c ConfiguredLimit>],
     find: impl Fn(&[Entry]) -> Option<&'c ConfiguredLimit>,
 ) -> Result<Resolved<'d>, DecideError> {
@@ -98,7 +98,7 @@ pub(crate) fn resolve<'d, 'c>(
             Modes::Given { charge, request_id } => {
                 (descriptor.as_slice(), Mode { charge, request_id })
             }
-            Modes::EnvoyEntries => {
+            Modes::EnvoyEntries { reports } => {
                 let split = usage_entries(descriptor)
                     .and_then(|u| find(u.kept).filter(|l| l.usage).map(|l| (u, l)));
                 let (used, usage, request_id) = match split {
@@ -115,8 +115,9 @@ pub(crate) fn resolve<'d, 'c>(
                              {name:?}; expected check, reserve, report, settle or refund"
                         ))
                     })?,
-                    // Envoy's stream-done call carries the tokens, its request-time call 0.
-                    None if costs[i] > 0 && matched[i].is_some_and(|l| l.usage) => Charge::Reported,
+                    // Envoy's stream-done call carries the tokens in the descriptor's own
+                    // hits; a request-time call sets 0 or leaves them to the request's.
+                    None if reports[i] && matched[i].is_some_and(|l| l.usage) => Charge::Reported,
                     None => Charge::Admitted,
                 };
                 (used, Mode { charge, request_id })
@@ -127,7 +128,7 @@ pub(crate) fn resolve<'d, 'c>(
                 Modes::Given { .. } => {
                     format!("request_id: a {} needs a request id", mode.charge.name())
                 }
-                Modes::EnvoyEntries => format!(
+                Modes::EnvoyEntries { .. } => format!(
                     "descriptors[{i}]: a {} needs a request_id entry",
                     mode.charge.name()
                 ),
