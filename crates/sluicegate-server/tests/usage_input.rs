@@ -148,3 +148,42 @@ fn only_a_descriptors_own_hits_are_a_report() {
     let (status, text) = server.request("POST", "/json", &body.to_string());
     assert_eq!(status, 429, "the request's hits are a check: {text}");
 }
+
+/// A descriptor that would reach a usage rule but puts its `request_id` or `usage`
+/// entries wrong is bad input naming the entry, and records nothing; on a rule that is no
+/// usage rule those names are part of the key as ever.
+#[test]
+fn misplaced_or_doubled_usage_entries_are_invalid() {
+    let server = start("shape");
+    for (entries, wanted) in [
+        (
+            "model=m4,request_id=a,request_id=b",
+            "descriptors[0].entries[2]: a second request_id entry",
+        ),
+        (
+            "model=m4,usage=report,request_id=a,usage=check",
+            "descriptors[0].entries[3]: a second usage entry",
+        ),
+        (
+            "request_id=a,model=m4",
+            "descriptors[0].entries[0]: the request_id entry must come after",
+        ),
+        (
+            "usage=report,model=m4,request_id=a",
+            "descriptors[0].entries[0]: the usage entry must come after",
+        ),
+    ] {
+        let (status, answer) = call(&server, &[(entries, json!(50))]);
+        assert_eq!(status, 400, "{entries}: {answer}");
+        assert!(answer.to_string().contains(wanted), "{answer}");
+    }
+    assert_eq!(free(&server, "model=m4"), 1000);
+    // `route` is no usage rule: these are keys it has no rule for, unlimited as before.
+    for entries in [
+        "request_id=a,route=r",
+        "route=r,usage=x,request_id=a,usage=y",
+    ] {
+        let (status, answer) = call(&server, &[(entries, json!(5))]);
+        assert_eq!(status, 200, "{entries}: {answer}");
+    }
+}

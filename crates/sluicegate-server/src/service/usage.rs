@@ -75,6 +75,40 @@ fn usage_entries(entries: &[Entry]) -> Option<UsageEntries<'_>> {
     })
 }
 
+/// What is wrong with where `entries` put their `request_id` and `usage` entries, if
+/// anything: each may come once, after the descriptor's own entries.
+fn misshapen(entries: &[Entry]) -> Option<String> {
+    let is_usage_key = |e: &Entry| e.key == REQUEST_ID_KEY || e.key == USAGE_KEY;
+    for (j, entry) in entries.iter().enumerate() {
+        if !is_usage_key(entry) {
+            continue;
+        }
+        if entries[..j].iter().any(|e| e.key == entry.key) {
+            return Some(format!("entries[{j}]: a second {} entry", entry.key));
+        }
+        if entries[j + 1..].iter().any(|e| !is_usage_key(e)) {
+            return Some(format!(
+                "entries[{j}]: the {} entry must come after the descriptor's own entries",
+                entry.key
+            ));
+        }
+    }
+    None
+}
+
+/// Whether `entries`, their `request_id` and `usage` entries taken out, reach a usage rule.
+fn reaches_usage_rule<'c>(
+    entries: &[Entry],
+    find: impl Fn(&[Entry]) -> Option<&'c ConfiguredLimit>,
+) -> bool {
+    let own: Vec<Entry> = entries
+        .iter()
+        .filter(|e| e.key != REQUEST_ID_KEY && e.key != USAGE_KEY)
+        .cloned()
+        .collect();
+    !own.is_empty() && find(&own).is_some_and(|l| l.usage)
+}
+
 /// A request's descriptors resolved, in request order.
 pub(crate) struct Resolved<'d> {
     /// The entries each is matched and counted by.
@@ -106,7 +140,15 @@ pub(crate) fn resolve<'d, 'c>(
                         matched[i] = Some(limit);
                         (u.kept, u.usage, u.request_id)
                     }
-                    None => (descriptor.as_slice(), None, None),
+                    None => {
+                        if matched[i].is_none()
+                            && let Some(wrong) = misshapen(descriptor)
+                            && reaches_usage_rule(descriptor, &find)
+                        {
+                            return Err(DecideError::Invalid(format!("descriptors[{i}].{wrong}")));
+                        }
+                        (descriptor.as_slice(), None, None)
+                    }
                 };
                 let charge = match usage {
                     Some((j, name)) => Charge::from_name(name).ok_or_else(|| {
