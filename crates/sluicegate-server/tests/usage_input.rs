@@ -187,3 +187,21 @@ fn misplaced_or_doubled_usage_entries_are_invalid() {
         assert_eq!(status, 200, "{entries}: {answer}");
     }
 }
+
+/// proto3's JSON mapping writes uint64 (a descriptor's `hitsAddend`) as a string, as Go's
+/// protojson does: `/json` takes it as it takes the number.
+#[test]
+fn json_takes_uint64_hits_as_a_string() {
+    let server = start("strings");
+    let (status, answer) = call(&server, &[("model=m8,request_id=a", json!("300"))]);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(free(&server, "model=m8"), 700);
+    let (status, answer) = call(&server, &[("model=m8,request_id=b", json!("many"))]);
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer
+            .to_string()
+            .contains("\\\"many\\\" is not an unsigned integer"),
+        "{answer}"
+    );
+}
