@@ -154,7 +154,8 @@ pub(crate) fn resolve<'d, 'c>(
                     Some((j, name)) => Charge::from_name(name).ok_or_else(|| {
                         DecideError::Invalid(format!(
                             "descriptors[{i}].entries[{j}].value: unknown usage mode \
-                             {name:?}; expected check, reserve, report, settle or refund"
+                             {name:?}; expected {}",
+                            Charge::NAMES
                         ))
                     })?,
                     // Envoy's stream-done call carries the tokens in the descriptor's own
@@ -189,7 +190,10 @@ pub(crate) fn resolve<'d, 'c>(
 /// one key under one id (which of them is what the request cost?), before any check runs:
 /// a request mixing checks of several modes loses nothing to a bad part of it. Only the
 /// descriptors a rule limits (`limited`) reach a store; `keys` are their counted keys.
+/// Under [`Modes::Given`] the cost and id are the request's own, and the error says so as
+/// the store would.
 pub(crate) fn validate(
+    given: Modes<'_>,
     limited: &[Option<&ConfiguredLimit>],
     keys: &[String],
     costs: &[u64],
@@ -197,10 +201,15 @@ pub(crate) fn validate(
 ) -> Result<(), DecideError> {
     let reaching =
         || (0..limited.len()).filter_map(|i| Some((i, limited[i]?.rule.as_ref()?, modes[i])));
+    let whose = |i: usize| match given {
+        Modes::Given { .. } => String::new(),
+        Modes::EnvoyEntries { .. } => format!("descriptors[{i}]: "),
+    };
     for (i, _, mode) in reaching() {
         if costs[i] >= EXACT_LIMIT {
             return Err(DecideError::Invalid(format!(
-                "descriptors[{i}]: cost {} is not below 2^53",
+                "{}cost {} is not below 2^53",
+                whose(i),
                 costs[i]
             )));
         }
@@ -208,7 +217,8 @@ pub(crate) fn validate(
             && (id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES)
         {
             return Err(DecideError::Invalid(format!(
-                "descriptors[{i}]: request id must be 1 to {MAX_REQUEST_ID_BYTES} bytes, got {}",
+                "{}request id must be 1 to {MAX_REQUEST_ID_BYTES} bytes, got {}",
+                whose(i),
                 id.len()
             )));
         }

@@ -90,9 +90,8 @@ pub(crate) fn parse_line(text: &str) -> Result<ReplayLine<'_>> {
     };
     let charge = match mode {
         None => Charge::Admitted,
-        Some(mode) => Charge::from_name(mode.trim()).with_context(|| {
-            format!("mode {mode:?} is not one of check, reserve, report, settle, refund")
-        })?,
+        Some(mode) => Charge::from_name(mode.trim())
+            .with_context(|| format!("mode {mode:?} is not one of {}", Charge::NAMES))?,
     };
     if let Some(id) = request_id
         && id.len() > MAX_REQUEST_ID_BYTES
