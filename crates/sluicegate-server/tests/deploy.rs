@@ -309,6 +309,9 @@ fn the_envoy_example_asks_what_the_deployment_answers() {
         &envoy,
         "/static_resources/listeners/0/filter_chains/0/filters/0/typed_config",
     );
+    // The edge makes its own request ids: a client's x-request-id never reaches a report.
+    assert_eq!(at(filters, "/use_remote_address"), true);
+    assert_eq!(at(filters, "/preserve_external_request_id"), false);
     let ratelimit = at(filters, "/http_filters/0/typed_config");
     let cluster_name = at(
         ratelimit,

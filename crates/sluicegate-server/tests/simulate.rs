@@ -271,3 +271,26 @@ fn plan_measures_on_a_real_redis_and_cleans_up() {
     let left: Vec<String> = server.query(cmd("KEYS").arg("sluicegate:plan:*")).unwrap();
     assert!(left.is_empty(), "plan left keys behind: {left:?}");
 }
+
+/// A cost no store decides (2^53) is a malformed line, counted, and the run goes on.
+#[test]
+fn a_cost_of_2_to_the_53_is_a_malformed_line() {
+    let trace = scratch("huge-cost.csv");
+    std::fs::write(&trace, "0,a,1\n1,a,9007199254740992\n2,a,1\n").unwrap();
+    let table = sluicegate(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--limit",
+        "5",
+        "--window",
+        "1m",
+    ]);
+    assert!(table.starts_with("2 requests, 1 keys"), "{table}");
+    assert!(
+        table.contains(
+            "1 malformed lines skipped (first: line 2: cost 9007199254740992 is not below 2^53"
+        ),
+        "{table}"
+    );
+}

@@ -49,8 +49,8 @@ mod rate_limit;
 pub struct ReadmeDoctests;
 
 pub use rate_limit::{
-    DEFAULT_ATTEMPTS, Estimate, KeyExtractor, MissingKey, RateLimit, RateLimitLayer, ResponseCost,
-    Usage, UsageStats,
+    DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_ATTEMPTS, Estimate, KeyExtractor, MissingKey, RateLimit,
+    RateLimitLayer, ResponseCost, Usage, UsageStats,
 };
 #[cfg(feature = "axum")]
 pub use rate_limit::{ForwardedHeader, IpNet};

@@ -3,149 +3,20 @@
 //! store and on a real redis-server. The inner service says what each request cost in a
 //! response header, as an LLM proxy passes on its tokens.
 
-use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::Path;
 use axum::routing::get;
-use http::{HeaderName, HeaderValue};
-use sluicegate::{
-    Algorithm, Charge, Check, Limit, Limiter, ManualClock, MemoryStore, MemoryStoreConfig, Outcome,
-    RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
-};
-use sluicegate_tower::{Estimate, KeyExtractor, RateLimitLayer, ResponseCost, Usage, UsageStats};
+use http::HeaderName;
+use sluicegate::{Algorithm, Charge, Check, Limiter, Outcome, Rule, RuleSpec, Store, StoreError};
+use sluicegate_tower::{Estimate, KeyExtractor, RateLimitLayer, ResponseCost, Usage};
 
-const S: u64 = 1_000_000;
-const TOKENS: HeaderName = HeaderName::from_static("x-usage-tokens");
-const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+mod common;
 
-/// A token limit exact over the test's few seconds: a sliding log of an hour.
-fn tokens_rule(limit: u64) -> Rule {
-    Rule::new(
-        "tokens",
-        &RuleSpec::new(Algorithm::SlidingLog, limit, 3600 * S),
-    )
-    .unwrap()
-}
-
-fn memory() -> MemoryStore {
-    MemoryStore::new(
-        MemoryStoreConfig::default(),
-        Arc::new(ManualClock::new(1_000 * S)),
-    )
-}
-
-/// A prefix per test, so tests sharing the server never share state.
-fn fresh_prefix() -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "tower-usage:{}:{}:",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// A store of its own on the shared redis-server.
-async fn redis() -> RedisStore {
-    redis_under(fresh_prefix()).await
-}
-
-/// A connection of its own to the shared redis-server, its keys under `prefix`.
-async fn redis_under(prefix: String) -> RedisStore {
-    let server = sluicegate_test_support::standalone();
-    RedisStore::connect(RedisStoreConfig {
-        prefix,
-        ..RedisStoreConfig::new(&server.url())
-    })
-    .await
-    .unwrap()
-}
-
-/// Serves `/complete/{tokens}` behind `layer`: the answer says it cost `tokens` (any
-/// text, so a garbled count too; `none` for no header at all).
-async fn serve<S: Store + 'static>(layer: RateLimitLayer<S>) -> SocketAddr {
-    let app = Router::new()
-        .route(
-            "/complete/{tokens}",
-            get(|Path(tokens): Path<String>| async move {
-                let mut response = axum::response::Response::new(Body::from("done"));
-                if tokens != "none" {
-                    let value = HeaderValue::from_str(&tokens).unwrap();
-                    response.headers_mut().insert(TOKENS, value);
-                }
-                response
-            }),
-        )
-        .layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    address
-}
-
-/// One response over a real socket: its status and headers (names lowercase).
-struct Answer {
-    status: u16,
-    headers: HashMap<String, String>,
-}
-
-async fn get_with(address: SocketAddr, path: &str, headers: &str) -> Answer {
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n{headers}\r\n");
-    tokio::task::spawn_blocking(move || {
-        let mut stream = std::net::TcpStream::connect(address).unwrap();
-        stream.write_all(request.as_bytes()).unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        let head = response.split("\r\n\r\n").next().unwrap();
-        let mut lines = head.lines();
-        let status = lines.next().unwrap()[9..12].parse().unwrap();
-        let headers = lines
-            .filter_map(|line| line.split_once(':'))
-            .map(|(name, value)| (name.to_ascii_lowercase(), value.trim().to_owned()))
-            .collect();
-        Answer { status, headers }
-    })
-    .await
-    .unwrap()
-}
-
-async fn complete(address: SocketAddr, tokens: &str, extra: &str) -> Answer {
-    get_with(
-        address,
-        &format!("/complete/{tokens}"),
-        &format!("x-api-key: alice\r\n{extra}"),
-    )
-    .await
-}
-
-/// Waits (bounded) until `count` after-charges are done, charged or given up.
-async fn settled(stats: &UsageStats, count: u64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while stats.charged() + stats.failed() < count {
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {count} after-charges done",
-            stats.charged() + stats.failed()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// The units `key` holds under `rule` while it has room, read with a peek: it takes
-/// nothing and answers as a check of one unit would (`remaining` = L − used − 1).
-async fn used<S: Store>(limiter: &Limiter<S>, rule: &Rule, key: &str) -> u64 {
-    let limits = [Limit { rule, key }];
-    let peek = limiter.decide(&Check::new(&limits, 0)).await.unwrap();
-    assert!(peek.decision.allowed, "the key is spent");
-    rule.capacity() - 1 - peek.decision.remaining
-}
+use common::*;
 
 /// The costs of the requests the tests send: token counts of all sizes.
 const COSTS: [u64; 12] = [1, 7, 40, 3, 120, 0, 55, 9, 2, 310, 18, 64];
@@ -233,7 +104,7 @@ async fn lost_replies_are_counted_once<S: Store + 'static>(store: S, usage: Usag
     settled(&stats, 4).await;
     assert_eq!(used(&limiter, &rule, "alice").await, 40 + 7 + 300 + 12);
     assert_eq!(
-        (stats.charged(), stats.retries(), stats.failed()),
+        (stats.recorded(), stats.retries(), stats.failed()),
         (4, 3, 0)
     );
 }
@@ -278,7 +149,7 @@ async fn a_charge_that_keeps_failing_is_given_up_not_the_response() {
     assert_eq!(complete(address, "30", "").await.status, 200);
     settled(&stats, 1).await;
     assert_eq!(
-        (stats.charged(), stats.retries(), stats.failed()),
+        (stats.recorded(), stats.retries(), stats.failed()),
         (0, 1, 1)
     );
 }
@@ -375,7 +246,7 @@ async fn a_spent_key_is_refused<S: Store + 'static>(store: S) {
     let retry_after: u64 = refused.headers["retry-after"].parse().unwrap();
     assert!((1..=3600).contains(&retry_after), "{retry_after}");
     assert_eq!(
-        stats.charged(),
+        stats.recorded(),
         2,
         "a refused request is charged nothing after"
     );

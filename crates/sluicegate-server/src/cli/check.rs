@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::google::protobuf::UInt64Value;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
@@ -48,7 +49,8 @@ pub(super) struct Request {
     /// `api=search,user=alice`). Repeat the flag for several descriptors.
     #[arg(long, env = "SLUICEGATE_CHECK_DESCRIPTOR", required = true, value_parser = parse_descriptor)]
     descriptor: Vec<Descriptor>,
-    /// Units the request costs (`cost` over HTTP, `hits_addend` over gRPC).
+    /// Units the request costs (`cost` over HTTP; over gRPC each descriptor's
+    /// `hits_addend`, 0 only looking, as over HTTP).
     #[arg(long, env = "SLUICEGATE_CHECK_HITS", default_value_t = 1)]
     hits: u32,
     /// Over TLS, trusting the authority of this PEM file (a `serve --tls-cert` service);
@@ -225,6 +227,11 @@ async fn over_grpc(args: &Request) -> Result<(String, bool)> {
                         value: value.clone(),
                     })
                     .collect(),
+                // Each descriptor's own, as Envoy's stream-done call sets them: on a usage
+                // rule, hits above 0 are a report (docs/SPEC.md, "Modes").
+                hits_addend: Some(UInt64Value {
+                    value: args.hits.into(),
+                }),
                 ..RateLimitDescriptor::default()
             })
             .collect(),

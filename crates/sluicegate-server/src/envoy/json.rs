@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, 
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt64Value};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value, json};
 
 #[derive(Deserialize)]
@@ -19,7 +19,7 @@ use serde_json::{Map, Value, json};
 struct JsonRequest {
     domain: String,
     descriptors: Vec<JsonDescriptor>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "proto_uint")]
     hits_addend: u32,
 }
 
@@ -28,6 +28,7 @@ struct JsonRequest {
 struct JsonDescriptor {
     entries: Vec<JsonEntry>,
     limit: Option<JsonLimit>,
+    #[serde(default, deserialize_with = "optional_proto_uint")]
     hits_addend: Option<u64>,
 }
 
@@ -35,10 +36,40 @@ struct JsonDescriptor {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct JsonLimit {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "proto_uint")]
     requests_per_unit: u32,
     #[serde(default)]
     unit: JsonUnit,
+}
+
+/// An unsigned integer as proto3's JSON mapping writes it: a number, or a string of
+/// decimal digits (how uint64 and UInt64Value are written, by Go's protojson among
+/// others; parsers take either for every integer type).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum JsonUint {
+    Number(u64),
+    Text(String),
+}
+
+fn proto_uint<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    let number = match JsonUint::deserialize(deserializer)? {
+        JsonUint::Number(n) => n,
+        JsonUint::Text(text) => text.parse().map_err(|_| {
+            serde::de::Error::custom(format!("{text:?} is not an unsigned integer"))
+        })?,
+    };
+    T::try_from(number).map_err(|_| serde::de::Error::custom(format!("{number} is out of range")))
+}
+
+fn optional_proto_uint<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<u64>, D::Error> {
+    proto_uint(deserializer).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -214,5 +245,24 @@ mod tests {
             ]
         );
         assert!(super::request(br#"{"domain":"d","descriptors":[],"extra":1}"#).is_err());
+    }
+
+    #[test]
+    fn integers_may_be_strings_as_proto3_json_writes_uint64() {
+        let body = br#"{"domain":"d","hitsAddend":"2","descriptors":[
+            {"entries":[{"key":"k","value":"v"}],"hitsAddend":"18446744073709551615",
+             "limit":{"requestsPerUnit":"7","unit":"DAY"}}]}"#;
+        let request = request(body).unwrap();
+        assert_eq!(request.hits_addend, 2);
+        let d = &request.descriptors[0];
+        assert_eq!(d.hits_addend, Some(UInt64Value { value: u64::MAX }));
+        assert_eq!(d.limit.map(|l| l.requests_per_unit), Some(7));
+        for bad in [
+            r#"{"domain":"d","hitsAddend":"-1","descriptors":[]}"#,
+            r#"{"domain":"d","hitsAddend":"4294967296","descriptors":[]}"#,
+            r#"{"domain":"d","hitsAddend":" 5","descriptors":[]}"#,
+        ] {
+            assert!(super::request(bad.as_bytes()).is_err(), "{bad}");
+        }
     }
 }

@@ -50,7 +50,9 @@ async fn decide(service: &Service, request: &RateLimitRequest) -> Result<Decided
             &asked.entries,
             &asked.costs,
             &asked.overrides,
-            Modes::EnvoyEntries,
+            Modes::EnvoyEntries {
+                reports: &asked.reports,
+            },
         )
         .await
     {
@@ -66,6 +68,9 @@ struct Asked {
     /// request's, where 0 (unset) means 1 (envoyproxy/ratelimit@f2fb157
     /// src/utils/utilities.go:75-90); 0 only looks.
     costs: Vec<u64>,
+    /// Whether each descriptor sets its own `hits_addend` above 0: on a usage rule, a
+    /// report (docs/SPEC.md, "Modes").
+    reports: Vec<bool>,
     /// Each descriptor's `limit`, numbers sent in place of the configured ones.
     overrides: Vec<Option<LimitOverride>>,
 }
@@ -76,12 +81,16 @@ fn descriptors_of(request: &RateLimitRequest) -> Result<Asked, DecideError> {
     let mut asked = Asked {
         entries: Vec::with_capacity(count),
         costs: Vec::with_capacity(count),
+        reports: Vec::with_capacity(count),
         overrides: Vec::with_capacity(count),
     };
     for (i, d) in request.descriptors.iter().enumerate() {
         asked
             .costs
             .push(d.hits_addend.map_or(request_cost, |h| h.value));
+        asked
+            .reports
+            .push(d.hits_addend.is_some_and(|h| h.value > 0));
         let limit = d
             .limit
             .as_ref()

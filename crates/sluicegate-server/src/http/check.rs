@@ -38,8 +38,8 @@ impl CheckRequest {
             None => Charge::Admitted,
             Some(name) => Charge::from_name(name).ok_or_else(|| {
                 ApiError::bad_request(format!(
-                    "mode: unknown mode {name:?}; expected check, reserve, report, settle or \
-                     refund"
+                    "mode: unknown mode {name:?}; expected {}",
+                    Charge::NAMES
                 ))
             })?,
         };

@@ -113,8 +113,10 @@ impl Service {
         charge: Charge,
     ) -> Result<(Vec<Option<Decision>>, Option<Outcome>), DecideError> {
         // Each limit at its own cost: two descriptors on one rule and key are one limit,
-        // at the larger of their costs; under envoy's counting at their sum, as envoy
-        // counts each.
+        // at the larger of their costs when the check may refuse (one request asks for
+        // it twice); at their sum under envoy's counting, as envoy counts each, and in
+        // a report or refund, whose units all happened (two settles of one key under one
+        // id were refused before: `usage::validate`).
         let mut enforced: Vec<(Limit<'_>, u64)> = Vec::new();
         let mut shadow: Vec<(Limit<'_>, u64)> = Vec::new();
         let mut slot_of: Vec<Option<(bool, usize)>> = Vec::new();
@@ -131,7 +133,7 @@ impl Service {
                     .position(|(x, _)| x.key == key && x.rule.same_identity(rule))
                 {
                     Some(i) => {
-                        list[i].1 = if charge == Charge::Attempted {
+                        list[i].1 = if charge == Charge::Attempted || !charge.may_refuse() {
                             list[i].1.saturating_add(cost)
                         } else {
                             list[i].1.max(cost)

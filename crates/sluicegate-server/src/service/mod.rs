@@ -23,6 +23,7 @@ use crate::offenders::{DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD, Offenders, RuleOffe
 mod answer;
 mod counting;
 mod options;
+mod record;
 mod usage;
 
 pub(crate) use answer::{DecideError, Decided, DescriptorOutcome};
@@ -336,7 +337,7 @@ impl Service {
         descriptors: &[Vec<Entry>],
         costs: &[u64],
         overrides: &[Option<LimitOverride>],
-        modes: Modes<'_>,
+        given: Modes<'_>,
     ) -> Result<Decided, DecideError> {
         self.validate(descriptors)?;
         let live = self.live();
@@ -345,7 +346,7 @@ impl Service {
         let usage::Resolved {
             entries: descriptors,
             modes,
-        } = usage::resolve(modes, descriptors, costs, &mut matched, |e| {
+        } = usage::resolve(given, descriptors, &mut matched, |e| {
             config.find(domain, e).ok().flatten()
         })?;
         // A descriptor's `limit` takes the place of what it matched (limit_override.rs);
@@ -379,6 +380,7 @@ impl Service {
             .any(|(l, m)| l.is_some_and(|l| l.blocked && !l.shadow_mode) && m.charge.may_refuse());
 
         let keys = counted_keys(&descriptors, &matched);
+        usage::validate(given, &matched, &keys, costs, &modes)?;
         let asked = Instant::now();
         let (decisions, outcome, refusable) = match self.options.counting {
             Counting::EachDescriptor => self.decide_each(&matched, &keys, costs, &modes).await?,
@@ -400,42 +402,17 @@ impl Service {
                     Some(l) if l.blocked && mode.charge.may_refuse() => Some(self.block(l)),
                     _ => decision,
                 };
-                if decision.is_some() && !mode.charge.may_refuse() {
-                    // Units reported, settled or refunded: no request was decided.
-                    self.metrics.usage(domain, mode.charge, cost);
-                } else if let (Some(l), Some(decision)) = (limit, &decision) {
-                    if l.detailed_metric {
-                        // Labelled by the request's values: looked up per decision.
-                        self.metrics
-                            .detailed_rule_metrics(&detailed_key(domain, entries))
-                            .count(decision, cost, l.shadow_mode);
-                    } else if let Some(counters) = live.rule_metrics.get(&l.path) {
-                        counters.count(decision, cost, l.shadow_mode);
-                    } else {
-                        self.metrics
-                            .rule_metrics(&l.path)
-                            .count(decision, cost, l.shadow_mode);
-                    }
-                    if !decision.allowed
-                        && !l.shadow_mode
-                        && let Some(tracker) = live.offenders.get(&l.path)
-                    {
-                        let descriptor = descriptor_text(entries);
-                        if self.refusal_log.pick() {
-                            tracing::info!(
-                                target: "sluicegate::refusal",
-                                domain,
-                                rule = %l.path,
-                                descriptor = %descriptor,
-                                cost,
-                                limit = decision.limit,
-                                retry_after_us = decision.retry_after.as_signed_micros(),
-                                "refused"
-                            );
-                        }
-                        tracker.record(&descriptor, cost, self.now_micros());
-                    }
-                }
+                self.record(
+                    &live,
+                    domain,
+                    record::DecidedDescriptor {
+                        limit: *limit,
+                        decision: decision.as_ref(),
+                        entries,
+                        cost,
+                        charge: mode.charge,
+                    },
+                );
                 DescriptorOutcome {
                     path: limit.map(|l| l.path.clone()),
                     name: limit.and_then(|l| l.name.clone()),

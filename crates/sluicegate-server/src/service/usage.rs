@@ -2,9 +2,10 @@
 //! on Envoy's protocol, what a descriptor reaching a `usage: true` rule says in its last
 //! entries (`request_id`, `usage`), which are then no part of its key.
 
-use sluicegate::Charge;
+use sluicegate::store::MAX_REQUEST_ID_BYTES;
+use sluicegate::{Charge, EXACT_LIMIT};
 
-use super::DecideError;
+use super::answer::DecideError;
 use crate::config::{ConfiguredLimit, Entry};
 
 /// The entry keys Envoy's actions add to a descriptor of a usage rule.
@@ -20,9 +21,10 @@ pub(crate) enum Modes<'a> {
         request_id: Option<&'a str>,
     },
     /// Envoy's protocol: a descriptor reaching a usage rule says its own mode in a
-    /// `usage` entry, else it is a check when its hits are 0 and a report otherwise; any
+    /// `usage` entry, else it is a report when it sets its own `hits_addend` above 0
+    /// (`reports[i]`: Envoy's stream-done call always does) and a check otherwise; any
     /// other descriptor is a check.
-    EnvoyEntries,
+    EnvoyEntries { reports: &'a [bool] },
 }
 
 impl Modes<'static> {
@@ -73,6 +75,40 @@ fn usage_entries(entries: &[Entry]) -> Option<UsageEntries<'_>> {
     })
 }
 
+/// What is wrong with where `entries` put their `request_id` and `usage` entries, if
+/// anything: each may come once, after the descriptor's own entries.
+fn misshapen(entries: &[Entry]) -> Option<String> {
+    let is_usage_key = |e: &Entry| e.key == REQUEST_ID_KEY || e.key == USAGE_KEY;
+    for (j, entry) in entries.iter().enumerate() {
+        if !is_usage_key(entry) {
+            continue;
+        }
+        if entries[..j].iter().any(|e| e.key == entry.key) {
+            return Some(format!("entries[{j}]: a second {} entry", entry.key));
+        }
+        if entries[j + 1..].iter().any(|e| !is_usage_key(e)) {
+            return Some(format!(
+                "entries[{j}]: the {} entry must come after the descriptor's own entries",
+                entry.key
+            ));
+        }
+    }
+    None
+}
+
+/// Whether `entries`, their `request_id` and `usage` entries taken out, reach a usage rule.
+fn reaches_usage_rule<'c>(
+    entries: &[Entry],
+    find: impl Fn(&[Entry]) -> Option<&'c ConfiguredLimit>,
+) -> bool {
+    let own: Vec<Entry> = entries
+        .iter()
+        .filter(|e| e.key != REQUEST_ID_KEY && e.key != USAGE_KEY)
+        .cloned()
+        .collect();
+    !own.is_empty() && find(&own).is_some_and(|l| l.usage)
+}
+
 /// A request's descriptors resolved, in request order.
 pub(crate) struct Resolved<'d> {
     /// The entries each is matched and counted by.
@@ -82,11 +118,10 @@ pub(crate) struct Resolved<'d> {
 
 /// Resolves each descriptor: the entries it is matched and counted by, and its mode; a
 /// descriptor that reaches a usage rule once its mode entries are taken off matches that
-/// rule (in `matched`). `find` matches entries to a limit; `costs` are the hits.
+/// rule (in `matched`). `find` matches entries to a limit.
 pub(crate) fn resolve<'d, 'c>(
     modes: Modes<'d>,
     descriptors: &'d [Vec<Entry>],
-    costs: &[u64],
     matched: &mut [Option<&'c ConfiguredLimit>],
     find: impl Fn(&[Entry]) -> Option<&'c ConfiguredLimit>,
 ) -> Result<Resolved<'d>, DecideError> {
@@ -97,7 +132,7 @@ pub(crate) fn resolve<'d, 'c>(
             Modes::Given { charge, request_id } => {
                 (descriptor.as_slice(), Mode { charge, request_id })
             }
-            Modes::EnvoyEntries => {
+            Modes::EnvoyEntries { reports } => {
                 let split = usage_entries(descriptor)
                     .and_then(|u| find(u.kept).filter(|l| l.usage).map(|l| (u, l)));
                 let (used, usage, request_id) = match split {
@@ -105,17 +140,27 @@ pub(crate) fn resolve<'d, 'c>(
                         matched[i] = Some(limit);
                         (u.kept, u.usage, u.request_id)
                     }
-                    None => (descriptor.as_slice(), None, None),
+                    None => {
+                        if matched[i].is_none()
+                            && let Some(wrong) = misshapen(descriptor)
+                            && reaches_usage_rule(descriptor, &find)
+                        {
+                            return Err(DecideError::Invalid(format!("descriptors[{i}].{wrong}")));
+                        }
+                        (descriptor.as_slice(), None, None)
+                    }
                 };
                 let charge = match usage {
                     Some((j, name)) => Charge::from_name(name).ok_or_else(|| {
                         DecideError::Invalid(format!(
                             "descriptors[{i}].entries[{j}].value: unknown usage mode \
-                             {name:?}; expected check, reserve, report, settle or refund"
+                             {name:?}; expected {}",
+                            Charge::NAMES
                         ))
                     })?,
-                    // Envoy's stream-done call carries the tokens, its request-time call 0.
-                    None if costs[i] > 0 && matched[i].is_some_and(|l| l.usage) => Charge::Reported,
+                    // Envoy's stream-done call carries the tokens in the descriptor's own
+                    // hits; a request-time call sets 0 or leaves them to the request's.
+                    None if reports[i] && matched[i].is_some_and(|l| l.usage) => Charge::Reported,
                     None => Charge::Admitted,
                 };
                 (used, Mode { charge, request_id })
@@ -126,7 +171,7 @@ pub(crate) fn resolve<'d, 'c>(
                 Modes::Given { .. } => {
                     format!("request_id: a {} needs a request id", mode.charge.name())
                 }
-                Modes::EnvoyEntries => format!(
+                Modes::EnvoyEntries { .. } => format!(
                     "descriptors[{i}]: a {} needs a request_id entry",
                     mode.charge.name()
                 ),
@@ -139,6 +184,59 @@ pub(crate) fn resolve<'d, 'c>(
         entries,
         modes: resolved,
     })
+}
+
+/// Rejects what a store would refuse in any of the request's checks, and two settles of
+/// one key under one id (which of them is what the request cost?), before any check runs:
+/// a request mixing checks of several modes loses nothing to a bad part of it. Only the
+/// descriptors a rule limits (`limited`) reach a store; `keys` are their counted keys.
+/// Under [`Modes::Given`] the cost and id are the request's own, and the error says so as
+/// the store would.
+pub(crate) fn validate(
+    given: Modes<'_>,
+    limited: &[Option<&ConfiguredLimit>],
+    keys: &[String],
+    costs: &[u64],
+    modes: &[Mode<'_>],
+) -> Result<(), DecideError> {
+    let reaching =
+        || (0..limited.len()).filter_map(|i| Some((i, limited[i]?.rule.as_ref()?, modes[i])));
+    let whose = |i: usize| match given {
+        Modes::Given { .. } => String::new(),
+        Modes::EnvoyEntries { .. } => format!("descriptors[{i}]: "),
+    };
+    for (i, _, mode) in reaching() {
+        if costs[i] >= EXACT_LIMIT {
+            return Err(DecideError::Invalid(format!(
+                "{}cost {} is not below 2^53",
+                whose(i),
+                costs[i]
+            )));
+        }
+        if let Some(id) = mode.request_id
+            && (id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES)
+        {
+            return Err(DecideError::Invalid(format!(
+                "{}request id must be 1 to {MAX_REQUEST_ID_BYTES} bytes, got {}",
+                whose(i),
+                id.len()
+            )));
+        }
+    }
+    let settles: Vec<_> = reaching()
+        .filter(|(_, _, mode)| mode.charge == Charge::Settled)
+        .collect();
+    for (n, &(i, rule, mode)) in settles.iter().enumerate() {
+        if let Some(&(first, ..)) = settles[..n].iter().find(|&&(j, other, other_mode)| {
+            keys[j] == keys[i] && other.same_identity(rule) && other_mode == mode
+        }) {
+            return Err(DecideError::Invalid(format!(
+                "descriptors[{i}]: settles the key descriptors[{first}] settles under the \
+                 same request id; send one settle of what the request cost"
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

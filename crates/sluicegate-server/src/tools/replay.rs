@@ -11,7 +11,8 @@ use std::sync::Arc;
 use anyhow::{Context as _, Result, bail};
 use sluicegate::store::MAX_REQUEST_ID_BYTES;
 use sluicegate::{
-    Charge, Check, Limit, MAX_TIME, ManualClock, MemoryStore, MemoryStoreConfig, Rule, Store,
+    Charge, Check, EXACT_LIMIT, Limit, MAX_TIME, ManualClock, MemoryStore, MemoryStoreConfig, Rule,
+    Store,
 };
 
 /// A memory store for decisions timed by a trace: time comes from the input and the clock
@@ -78,6 +79,10 @@ pub(crate) fn parse_line(text: &str) -> Result<ReplayLine<'_>> {
         .parse()
         .ok()
         .with_context(|| format!("cost {cost:?} is not a whole number"))?;
+    // What no store decides: a malformed line here, not a failed run later.
+    if cost >= EXACT_LIMIT {
+        bail!("cost {cost} is not below 2^53");
+    }
     let request_id = match (request_id, mode) {
         (Some(""), None) => bail!("request_id is empty (leave the field out instead)"),
         (Some(""), Some(_)) => None,
@@ -85,9 +90,8 @@ pub(crate) fn parse_line(text: &str) -> Result<ReplayLine<'_>> {
     };
     let charge = match mode {
         None => Charge::Admitted,
-        Some(mode) => Charge::from_name(mode.trim()).with_context(|| {
-            format!("mode {mode:?} is not one of check, reserve, report, settle, refund")
-        })?,
+        Some(mode) => Charge::from_name(mode.trim())
+            .with_context(|| format!("mode {mode:?} is not one of {}", Charge::NAMES))?,
     };
     if let Some(id) = request_id
         && id.len() > MAX_REQUEST_ID_BYTES
@@ -201,6 +205,10 @@ mod tests {
             ("1,k,1,,", "mode \"\" is not one of"),
             (long_id.as_str(), "request_id is 257 bytes, over 256"),
             ("4503599627370496,k,1", "not below 2^52"),
+            (
+                "1,k,9007199254740992",
+                "cost 9007199254740992 is not below 2^53",
+            ),
         ] {
             let err = parse_line(bad).unwrap_err().to_string();
             assert!(err.contains(says), "{bad}: {err}");

@@ -1,11 +1,14 @@
 //! The charge after the response: a report or a settle of what the response cost, beside
 //! the response rather than in front of it, tried again with the same request id when the
-//! store fails.
+//! store fails, each attempt bounded; tracked, so that a shutdown can wait for it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sluicegate::{Charge, Check, Store};
+use sluicegate::{Charge, Check, Store, StoreError};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::settings::Settings;
 use super::usage::Usage;
@@ -19,12 +22,48 @@ pub(crate) struct Pending {
     pub(crate) reserved: bool,
 }
 
+/// The after-charges in flight of one [`Usage`] and every layer it was given to.
+#[derive(Clone, Default)]
+pub(crate) struct InFlight {
+    tasks: TaskTracker,
+    /// Cancelled when a drain's time is up: what is still pending is given up, and so is
+    /// any charge made after (a drain that runs out of time is the end).
+    give_up: CancellationToken,
+    /// The charges given up so.
+    given_up: Arc<AtomicU64>,
+}
+
+impl InFlight {
+    pub(crate) fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Waits up to `timeout` for every charge in flight; then gives up the rest (each
+    /// counted failed) and returns how many that was.
+    pub(crate) async fn drain(&self, timeout: Duration) -> u64 {
+        let before = self.given_up.load(Ordering::Relaxed);
+        self.tasks.close();
+        if tokio::time::timeout(timeout, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            self.give_up.cancel();
+            // A given-up charge ends at once: its task is waiting on the store or a backoff.
+            self.tasks.wait().await;
+        }
+        // Charges made after the drain are tracked again.
+        self.tasks.reopen();
+        self.given_up.load(Ordering::Relaxed) - before
+    }
+}
+
 /// The wait before the first retry; each further retry waits twice the one before.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Charges `cost` for `pending` on its own task: a settle after a reservation, a report
-/// after a peek (none for 0 units, which would record nothing). Never fails: a store error
-/// is retried with the same request id up to the usage's attempts, then counted and logged.
+/// Charges `cost` for `pending` on its own tracked task: a settle after a reservation, a
+/// report after a peek (none for 0 units, which would record nothing). Never fails: a
+/// store error or an attempt that takes too long is retried with the same request id up
+/// to the usage's attempts, then counted and logged; an invalid check is given up at once.
 pub(crate) fn charge<S: Store + 'static>(
     settings: Arc<Settings<S>>,
     usage: Usage,
@@ -32,41 +71,70 @@ pub(crate) fn charge<S: Store + 'static>(
     cost: u64,
 ) {
     if !pending.reserved && cost == 0 {
-        usage.counters().count_charged();
+        usage.stats.count_nothing_to_charge();
         return;
     }
-    tokio::spawn(async move {
-        let limits = settings.limits(&pending.keys);
-        let check = Check {
-            request_id: Some(&pending.request_id),
-            charge: if pending.reserved {
-                Charge::Settled
-            } else {
-                Charge::Reported
-            },
-            ..Check::new(&limits, cost)
-        };
-        let mut backoff = FIRST_BACKOFF;
-        for attempt in 1..=usage.attempts_allowed() {
-            match settings.limiter.decide(&check).await {
-                Ok(_) => {
-                    usage.counters().count_charged();
-                    return;
-                }
-                Err(error) if attempt < usage.attempts_allowed() => {
-                    usage.counters().count_retry();
-                    tracing::warn!(%error, attempt, request_id = %pending.request_id, cost,
-                        "rate limit usage: the charge after the response failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff *= 2;
-                }
-                Err(error) => {
-                    usage.counters().count_failed();
-                    tracing::error!(%error, attempts = attempt, request_id = %pending.request_id,
-                        cost, mode = check.charge.name(),
-                        "rate limit usage: the charge after the response failed; its units are not recorded");
-                }
+    let in_flight = usage.in_flight.clone();
+    in_flight.tasks.spawn(async move {
+        tokio::select! {
+            biased;
+            () = usage.in_flight.give_up.cancelled() => {
+                usage.in_flight.given_up.fetch_add(1, Ordering::Relaxed);
+                usage.stats.count_failed();
+                tracing::error!(request_id = %pending.request_id, cost,
+                    "rate limit usage: the charge after the response was still pending at \
+                     shutdown; its units are not recorded");
             }
+            () = attempt(&settings, &usage, &pending, cost) => {}
         }
     });
+}
+
+/// Tries the charge until it is recorded, fails for good, or runs out of attempts.
+async fn attempt<S: Store>(settings: &Settings<S>, usage: &Usage, pending: &Pending, cost: u64) {
+    let limits = settings.limits(&pending.keys);
+    let check = Check {
+        request_id: Some(&pending.request_id),
+        charge: if pending.reserved {
+            Charge::Settled
+        } else {
+            Charge::Reported
+        },
+        ..Check::new(&limits, cost)
+    };
+    let mut backoff = FIRST_BACKOFF;
+    for attempt in 1..=usage.attempts {
+        let error = match tokio::time::timeout(
+            usage.attempt_timeout,
+            settings.limiter.decide(&check),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {
+                usage.stats.count_recorded();
+                return;
+            }
+            Ok(Err(error)) => error,
+            Err(_) => StoreError::Timeout {
+                server: "after-charge".into(),
+                key: None,
+                after: usage.attempt_timeout,
+            },
+        };
+        // No store decides an invalid check, however often it is asked.
+        let retry = attempt < usage.attempts && !matches!(error, StoreError::InvalidCheck(_));
+        if retry {
+            usage.stats.count_retry();
+            tracing::warn!(%error, attempt, request_id = %pending.request_id, cost,
+                "rate limit usage: the charge after the response failed; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
+        } else {
+            usage.stats.count_failed();
+            tracing::error!(%error, attempts = attempt, request_id = %pending.request_id,
+                cost, mode = check.charge.name(),
+                "rate limit usage: the charge after the response failed; its units are not recorded");
+            return;
+        }
+    }
 }

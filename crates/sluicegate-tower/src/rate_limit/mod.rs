@@ -22,4 +22,6 @@ pub use layer::RateLimitLayer;
 #[cfg(feature = "axum")]
 pub use peer::{ForwardedHeader, IpNet};
 pub use service::RateLimit;
-pub use usage::{DEFAULT_ATTEMPTS, Estimate, ResponseCost, Usage, UsageStats};
+pub use usage::{
+    DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_ATTEMPTS, Estimate, ResponseCost, Usage, UsageStats,
+};

@@ -7,10 +7,13 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, Response};
 use sluicegate::{Charge, EXACT_LIMIT};
+
+use super::after::InFlight;
 
 /// What a response cost, put in its extensions by the inner service, for a layer that
 /// reads its cost with [`Usage::from_extension`].
@@ -28,16 +31,18 @@ pub struct ResponseCost(pub u64);
 /// cost after a peek, a settle after a reservation (the difference charged or refunded).
 /// The response is returned at once; the charge runs beside it, retried with the same id
 /// on a store error (so a retry never counts twice), and never fails or holds the
-/// response.
+/// response. At shutdown, [`Usage::drain`] waits for the charges still in flight.
 #[derive(Clone)]
 pub struct Usage {
     cost: CostSource,
     estimate: Option<Estimate>,
     when_missing: Option<u64>,
     keep_header: bool,
-    attempts: u32,
+    pub(super) attempts: u32,
+    pub(super) attempt_timeout: Duration,
     ids: Arc<RequestIds>,
-    stats: Arc<UsageStats>,
+    pub(super) stats: Arc<UsageStats>,
+    pub(super) in_flight: InFlight,
 }
 
 #[derive(Clone)]
@@ -64,6 +69,10 @@ pub enum Estimate {
 /// How many times the after-charge is tried unless [`Usage::attempts`] says otherwise.
 pub const DEFAULT_ATTEMPTS: u32 = 4;
 
+/// How long one try of the after-charge may take unless [`Usage::attempt_timeout`] says
+/// otherwise: a store that does not answer by then is tried again.
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+
 impl Usage {
     /// The cost is the response header `name`, a whole number of units (e.g.
     /// `x-usage-tokens`). The header is removed from the response unless
@@ -84,8 +93,10 @@ impl Usage {
             when_missing: None,
             keep_header: false,
             attempts: DEFAULT_ATTEMPTS,
+            attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
             ids: Arc::new(RequestIds::new()),
             stats: Arc::default(),
+            in_flight: InFlight::default(),
         }
     }
 
@@ -112,11 +123,20 @@ impl Usage {
         self
     }
 
-    /// How many times the after-charge is tried when the store fails (at least 1;
-    /// [`DEFAULT_ATTEMPTS`] by default), waiting 100 ms, 200 ms, … between tries. Every try
-    /// carries the same request id, so a try whose answer was lost is not counted twice.
+    /// How many times the after-charge is tried when the store fails or takes longer than
+    /// [`Usage::attempt_timeout`] (at least 1; [`DEFAULT_ATTEMPTS`] by default), waiting
+    /// 100 ms, 200 ms, … between tries. Every try carries the same request id, so a try
+    /// whose answer was lost is not counted twice. An invalid check (a
+    /// [`Usage::when_missing`] cost of 2^53 or more) is not tried again.
     pub fn attempts(mut self, attempts: u32) -> Self {
         self.attempts = attempts.max(1);
+        self
+    }
+
+    /// How long one try of the after-charge may take ([`DEFAULT_ATTEMPT_TIMEOUT`] by
+    /// default); a try that takes longer counts as a failed one.
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = timeout;
         self
     }
 
@@ -125,12 +145,18 @@ impl Usage {
         Arc::clone(&self.stats)
     }
 
-    pub(crate) fn attempts_allowed(&self) -> u32 {
-        self.attempts
+    /// The after-charges of this usage (and of every layer it was given to) still in
+    /// flight.
+    pub fn pending(&self) -> usize {
+        self.in_flight.len()
     }
 
-    pub(crate) fn counters(&self) -> &UsageStats {
-        &self.stats
+    /// Waits up to `timeout` for the after-charges in flight, for a graceful shutdown once
+    /// the server has stopped taking requests; gives up those still pending then, each
+    /// counted in [`UsageStats::failed`] and logged, and returns how many it gave up. After
+    /// a drain that ran out of time every later charge is given up at once.
+    pub async fn drain(&self, timeout: Duration) -> u64 {
+        self.in_flight.drain(timeout).await
     }
 
     /// A request id no other request of any layer, in this process or another, is given.
@@ -202,17 +228,23 @@ fn units_of(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
 /// What the after-charges did, for a metric or a test. Every count only grows.
 #[derive(Debug, Default)]
 pub struct UsageStats {
-    charged: AtomicU64,
+    recorded: AtomicU64,
+    nothing_to_charge: AtomicU64,
     missing_costs: AtomicU64,
     retries: AtomicU64,
     failed: AtomicU64,
 }
 
 impl UsageStats {
-    /// Responses whose cost the store recorded (a report of 0 units, which records
-    /// nothing, is not sent and counts here too).
-    pub fn charged(&self) -> u64 {
-        self.charged.load(Ordering::Relaxed)
+    /// Responses whose after-charge the store recorded.
+    pub fn recorded(&self) -> u64 {
+        self.recorded.load(Ordering::Relaxed)
+    }
+
+    /// Responses after a peek that cost 0 units: no report is sent (it would record
+    /// nothing).
+    pub fn nothing_to_charge(&self) -> u64 {
+        self.nothing_to_charge.load(Ordering::Relaxed)
     }
 
     /// Responses that gave no readable cost, charged [`Usage::when_missing`].
@@ -230,8 +262,12 @@ impl UsageStats {
         self.failed.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn count_charged(&self) {
-        self.charged.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn count_recorded(&self) {
+        self.recorded.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_nothing_to_charge(&self) {
+        self.nothing_to_charge.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn count_retry(&self) {

@@ -52,6 +52,9 @@ impl Charge {
         }
     }
 
+    /// The names [`Charge::from_name`] takes, as an error lists what it expected.
+    pub const NAMES: &'static str = "check, reserve, report, settle or refund";
+
     /// The mode named `name` (`check` is [`Charge::Admitted`]).
     pub fn from_name(name: &str) -> Option<Charge> {
         Some(match name {
@@ -82,5 +85,20 @@ impl Charge {
     /// before it may no longer hold.
     pub(crate) fn may_free_units(self) -> bool {
         matches!(self, Charge::Settled | Charge::Refunded)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_lists_every_mode_from_name_takes() {
+        for charge in Charge::ALL {
+            assert!(Charge::NAMES.contains(charge.name()), "{charge:?}");
+            assert!(Charge::from_name(charge.name()).is_some(), "{charge:?}");
+        }
+        let listed = Charge::NAMES.replace(" or ", ", ");
+        assert!(listed.split(", ").all(|n| Charge::from_name(n).is_some()));
     }
 }
