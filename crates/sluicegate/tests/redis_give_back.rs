@@ -113,6 +113,31 @@ async fn a_settle_that_finds_none_of_its_entries_changes_nothing() {
     }
 }
 
+/// A settle gives back nothing once a trim into debt reached its reservation's entries
+/// (L = 15): 5 admitted at 9.9 s (or at 10.0 s, one run with the reservation's), 10
+/// reserved at 10.0 s, a report of 10 at 10.1 s keeps the newest 15 (5 of 10.0 s, 10 of
+/// 10.1 s). Whose 5 are left can no longer be told: the settle of 0 at 10.2 s keeps all 15.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_gives_back_nothing_after_a_trim_reached_its_entries() {
+    use Charge::{Admitted, Reported, Reserved, Settled};
+    for (layout, name) in [
+        (LogLayout::Zset, "settle-trimmed-zset"),
+        (LogLayout::Compact, "settle-trimmed-ring"),
+    ] {
+        for admitted_at in [9_900_000, 10 * S] {
+            let lines = [
+                (admitted_at, 5, None, Admitted),
+                (10 * S, 10, Some("R"), Reserved),
+                (10_100_000, 10, None, Reported),
+                (10_200_000, 0, Some("R"), Settled),
+            ];
+            let last = (false, 0, 800_000, 900_000, 0);
+            let name = format!("{name}-{admitted_at}");
+            holds(&name, log(15, layout), &lines, last).await;
+        }
+    }
+}
+
 /// In a sliding counter, from the reservation's bucket: 3 of the 4 units of bucket 100
 /// (10.0 s), none of bucket 105's 2; at 11.05 s bucket 100 weighs half: 2 + 0.5 + 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -113,8 +113,11 @@ impl SlidingLogState {
         true
     }
 
-    /// Gives back up to `units` of the entries at `at` (a reservation's), if `at` is still
-    /// live, after dropping the expired; whether there were any to give back.
+    /// Gives back `units` of the entries at `at` of a reservation of `reserved` units, if
+    /// `at` is still live and at least `reserved` entries at `at` still are, after dropping
+    /// the expired; whether it gave any back. Fewer means a trim into debt or a refund took
+    /// some, and whose they were can no longer be told: giving back then could hand out
+    /// another admission's units (docs/SPEC.md, "Settle").
     pub(crate) fn give_back(
         &mut self,
         rule: &Rule,
@@ -122,8 +125,12 @@ impl SlidingLogState {
         now: u64,
         at: u64,
         units: u64,
+        reserved: u64,
     ) -> bool {
-        if at + rule.window() <= now || self.run_at(at).is_none() {
+        let intact = self
+            .run_at(at)
+            .is_some_and(|i| self.runs[i].units >= reserved);
+        if at + rule.window() <= now || !intact {
             return false;
         }
         self.drop_expired(plan);

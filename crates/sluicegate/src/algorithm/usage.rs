@@ -105,7 +105,7 @@ impl RuleState {
             },
             Change::GiveBack(units, reservation) => match (&mut self.kind, plan) {
                 (StateKind::Log(s), Plan::Log(p)) => {
-                    s.give_back(rule, p, now, reservation.at, units)
+                    s.give_back(rule, p, now, reservation.at, units, reservation.units)
                 }
                 (StateKind::Fixed(s), Plan::Fixed(p)) => {
                     s.refund(p, Some(reservation.at / rule.window()), units)

@@ -131,7 +131,13 @@ fn refund(
         .filter(|e| holds(rule, e.0, now) && from(e.0))
         .map(|e| e.1)
         .sum();
-    if units == 0 || available == 0 {
+    // A log's reservation whose instant holds fewer than its r entries lost some to a trim
+    // or a refund: whose units are left can no longer be told, and none are given back.
+    let reduced = match reservation {
+        Some((reserved, _, _)) => rule.algorithm() == Algorithm::SlidingLog && available < reserved,
+        None => false,
+    };
+    if units == 0 || available == 0 || reduced {
         return false;
     }
     // The expired entries, the buckets that no longer weigh, are dropped first, as an

@@ -206,21 +206,23 @@ local function zset_log_steps()
   end
 
   -- From the entries at `at`, while they are live (those among the newest L that a report
-  -- into debt kept are all the set holds); when there are none, nothing changes.
+  -- into debt kept are all the set holds) and at least the reservation's r of them are:
+  -- fewer means a trim or a refund took some, and whose are left can no longer be told.
+  -- Otherwise nothing changes.
   local function unreserve(r, at, _, units)
     if r.count == 0 or at <= r.cutoff then
       return
     end
-    local taken = members_at(r, at, units)
-    if #taken == 0 then
+    local held = members_at(r, at, r.reserved)
+    if #held < r.reserved then
       return
     end
     if not r.expired then
       count_live(r)
     end
     prune(r)
-    call('ZREM', r.key, unpack(taken))
-    renumber_newest(r, r.live - #taken)
+    call('ZREM', r.key, unpack(held, 1, units))
+    renumber_newest(r, r.live - units)
   end
 
   return evaluate, record, answer, give_back, report, refund, unreserve
@@ -339,7 +341,8 @@ local function compact_log_steps()
     return answer_log(r, admitted, over, units, entry)
   end
 
-  local function give_back(r, at, cost)
+  -- Removes `cost` of the entries at `at` when at least `needed` are held.
+  local function take_run(r, at, cost, needed)
     local header = call('GETRANGE', r.key, 0, COMPACT_HEADER - 1)
     if #header ~= COMPACT_HEADER then
       return
@@ -350,10 +353,15 @@ local function compact_log_steps()
     while last >= 0 and entry(r, last) > at do
       last = last - 1
     end
+    local scan = max(cost, needed)
     local first = last
-    while first > last - cost + 1 and first > 0 and entry(r, first - 1) == at do
+    while first > last - scan + 1 and first > 0 and entry(r, first - 1) == at do
       first = first - 1
     end
+    if last - first + 1 < needed then
+      return
+    end
+    first = max(first, last - cost + 1)
     if last >= 0 and entry(r, last) == at then
       local removed = last - first + 1
       for j = last + 1, r.count - 1 do
@@ -366,11 +374,15 @@ local function compact_log_steps()
     end
   end
 
+  local function give_back(r, at, cost)
+    take_run(r, at, cost, 0)
+  end
+
   -- From the run of entries at `at`, while they are live (a report into debt kept in the
-  -- ring only the newest L).
+  -- ring only the newest L) and at least the reservation's r of them are (see the zset's).
   local function unreserve(r, at, _, units)
     if r.live > 0 and at > r.cutoff then
-      give_back(r, at, units)
+      take_run(r, at, units, r.reserved)
     end
   end
 
