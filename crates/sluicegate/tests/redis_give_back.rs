@@ -138,6 +138,38 @@ async fn a_settle_gives_back_nothing_after_a_trim_reached_its_entries() {
     }
 }
 
+/// In a ring that has wrapped (L = 4, 9.0 s expired, its slot 0 reused): the settle's
+/// give-back shifts the later entries back across the ring's end — read from slots 3 and 0
+/// into 2 and 3 (the reservation at 9.2 s), or read from 0 and 1 into 3 and 0 (at 9.3 s).
+/// Then 3 count, and one more fits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_gives_back_from_a_ring_that_has_wrapped() {
+    use Charge::{Admitted, Reserved, Settled};
+    let read_wraps = [
+        (9 * S, 1, None, Admitted),
+        (9_100_000, 1, None, Admitted),
+        (9_200_000, 1, Some("R"), Reserved),
+        (9_300_000, 1, None, Admitted),
+        (10_050_000, 1, None, Admitted),
+        (10_080_000, 0, Some("R"), Settled),
+        (10_090_000, 1, None, Admitted),
+    ];
+    let write_wraps = [
+        (9 * S, 1, None, Admitted),
+        (9_100_000, 1, None, Admitted),
+        (9_200_000, 1, None, Admitted),
+        (9_300_000, 1, Some("R"), Reserved),
+        (10_050_000, 1, None, Admitted),
+        (10_150_000, 1, None, Admitted),
+        (10_180_000, 0, Some("R"), Settled),
+        (10_190_000, 1, None, Admitted),
+    ];
+    let spec = log(4, LogLayout::Compact);
+    let last = (true, 0, 0, S, 0);
+    holds("settle-ring-read-wraps", spec.clone(), &read_wraps, last).await;
+    holds("settle-ring-write-wraps", spec, &write_wraps, last).await;
+}
+
 /// In a sliding counter, from the reservation's bucket: 3 of the 4 units of bucket 100
 /// (10.0 s), none of bucket 105's 2; at 11.05 s bucket 100 weighs half: 2 + 0.5 + 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -341,37 +341,69 @@ local function compact_log_steps()
     return answer_log(r, admitted, over, units, entry)
   end
 
-  -- Removes `cost` of the entries at `at` when at least `needed` are held.
+  -- The first index in [low, high) whose entry is not `before` (the ring is in time order).
+  local function first_not(r, low, high, before)
+    while low < high do
+      local mid = floor((low + high) / 2)
+      if before(entry(r, mid)) then
+        low = mid + 1
+      else
+        high = mid
+      end
+    end
+    return low
+  end
+
+  -- The `n` entries from index `i` on, as one string: one read, two if they wrap.
+  local function read_entries(r, i, n)
+    if n == 0 then
+      return ''
+    end
+    local start = (r.head + i) % r.limit
+    local fitting = min(n, r.limit - start)
+    local o = COMPACT_HEADER + 8 * start
+    local entries = call('GETRANGE', r.key, o, o + 8 * fitting - 1)
+    if fitting < n then
+      local rest = COMPACT_HEADER + 8 * (n - fitting) - 1
+      entries = entries .. call('GETRANGE', r.key, COMPACT_HEADER, rest)
+    end
+    return entries
+  end
+
+  -- Writes `entries` from index `i` on: one write, two if they wrap.
+  local function write_entries(r, i, entries)
+    local n = #entries / 8
+    if n == 0 then
+      return
+    end
+    local start = (r.head + i) % r.limit
+    local fitting = min(n, r.limit - start)
+    call('SETRANGE', r.key, COMPACT_HEADER + 8 * start, string.sub(entries, 1, 8 * fitting))
+    if fitting < n then
+      call('SETRANGE', r.key, COMPACT_HEADER, string.sub(entries, 8 * fitting + 1))
+    end
+  end
+
+  -- Removes `cost` of the entries at `at` when at least `needed` are held: two binary
+  -- searches find the run, and the later entries shift back in one slice (L may be tens of
+  -- millions: a command per entry would block Redis for seconds).
   local function take_run(r, at, cost, needed)
     local header = call('GETRANGE', r.key, 0, COMPACT_HEADER - 1)
     if #header ~= COMPACT_HEADER then
       return
     end
     r.head, r.count = unpack_struct('<dd', header)
-    -- The run of entries at `at` ends at the last index holding it; later ones shift back.
-    local last = r.count - 1
-    while last >= 0 and entry(r, last) > at do
-      last = last - 1
-    end
-    local scan = max(cost, needed)
-    local first = last
-    while first > last - scan + 1 and first > 0 and entry(r, first - 1) == at do
-      first = first - 1
-    end
-    if last - first + 1 < needed then
+    local after = first_not(r, 0, r.count, function(e) return e <= at end)
+    local held = after - first_not(r, 0, after, function(e) return e < at end)
+    if held == 0 or held < needed then
       return
     end
-    first = max(first, last - cost + 1)
-    if last >= 0 and entry(r, last) == at then
-      local removed = last - first + 1
-      for j = last + 1, r.count - 1 do
-        call('SETRANGE', r.key, slot_offset(r, j - removed), pack('<d', entry(r, j)))
-      end
-      r.count = r.count - removed
-      -- The latest time is the newest entry left, as if the admission never was.
-      local latest = r.count > 0 and entry(r, r.count - 1) or 0
-      call('SETRANGE', r.key, 0, pack('<ddd', r.head, r.count, latest))
-    end
+    local removed = min(cost, held)
+    write_entries(r, after - removed, read_entries(r, after, r.count - after))
+    r.count = r.count - removed
+    -- The latest time is the newest entry left, as if the admission never was.
+    local latest = r.count > 0 and entry(r, r.count - 1) or 0
+    call('SETRANGE', r.key, 0, pack('<ddd', r.head, r.count, latest))
   end
 
   local function give_back(r, at, cost)
