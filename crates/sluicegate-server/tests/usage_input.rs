@@ -126,6 +126,31 @@ fn a_bad_part_of_a_mixed_request_changes_nothing() {
     }
 }
 
+/// Two reports of one key add up: each below 2^53 but their sum not is refused before
+/// any of the request counts, naming both.
+#[test]
+fn reports_of_one_key_that_add_up_past_2_53_change_nothing() {
+    let server = start("summed");
+    let half = json!(1u64 << 52);
+    let (status, answer) = call(
+        &server,
+        &[
+            ("route=r1", json!(1)),
+            ("model=m9,request_id=a", half.clone()),
+            ("model=m9,request_id=a", half),
+        ],
+    );
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(free(&server, "route=r1"), 100, "{answer}");
+    assert_eq!(free(&server, "model=m9"), 1000);
+    assert!(
+        answer
+            .to_string()
+            .contains("descriptors[1], descriptors[2] count on one key"),
+        "{answer}"
+    );
+}
+
 /// On a usage rule only a descriptor's own `hits_addend` above 0 is a report (Envoy's
 /// stream-done call): hits left unset, or set on the request alone, are a check of the
 /// request's hits, refused once the key is spent; an explicit 0 is a check of nothing.

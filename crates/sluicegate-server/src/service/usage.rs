@@ -223,6 +223,35 @@ pub(crate) fn validate(
             )));
         }
     }
+    // Two descriptors on one rule and key in one mode are one limit, at the sum of their
+    // costs where decide_together adds them up: the sum too must be below 2^53, or the
+    // store refuses it after the request's other checks were charged.
+    let summed: Vec<_> = reaching()
+        .filter(|(_, _, mode)| mode.charge == Charge::Attempted || !mode.charge.may_refuse())
+        .map(|(i, rule, mode)| (i, rule, mode, limited[i].is_some_and(|l| l.shadow_mode)))
+        .collect();
+    for (n, &(i, rule, mode, shadow)) in summed.iter().enumerate() {
+        let same: Vec<usize> = summed[..=n]
+            .iter()
+            .filter(|&&(j, other, other_mode, other_shadow)| {
+                keys[j] == keys[i]
+                    && other.same_identity(rule)
+                    && other_mode == mode
+                    && other_shadow == shadow
+            })
+            .map(|&(j, ..)| j)
+            .collect();
+        let sum = same
+            .iter()
+            .fold(0u64, |sum, &j| sum.saturating_add(costs[j]));
+        if sum >= EXACT_LIMIT {
+            let named: Vec<String> = same.iter().map(|j| format!("descriptors[{j}]")).collect();
+            return Err(DecideError::Invalid(format!(
+                "{} count on one key: their costs add up to {sum}, not below 2^53",
+                named.join(", ")
+            )));
+        }
+    }
     let settles: Vec<_> = reaching()
         .filter(|(_, _, mode)| mode.charge == Charge::Settled)
         .collect();
