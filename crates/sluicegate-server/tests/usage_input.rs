@@ -213,6 +213,18 @@ fn misplaced_or_doubled_usage_entries_are_invalid() {
     }
 }
 
+/// proto3's JSON mapping reads null as unset: a descriptor's `"hitsAddend": null` is a
+/// check of the request's hits (1), as if it were left out, and so is the request's.
+#[test]
+fn json_takes_null_hits_as_unset() {
+    let server = start("null");
+    let body = json!({"domain": "llm", "hitsAddend": null, "descriptors": [
+        {"entries": [{"key": "model", "value": "m10"}], "hitsAddend": null}]});
+    let (status, text) = server.request("POST", "/json", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(free(&server, "model=m10"), 999, "a check of 1");
+}
+
 /// proto3's JSON mapping writes uint64 (a descriptor's `hitsAddend`) as a string, as Go's
 /// protojson does: `/json` takes it as it takes the number.
 #[test]

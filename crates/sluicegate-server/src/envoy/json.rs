@@ -52,24 +52,31 @@ enum JsonUint {
     Text(String),
 }
 
+/// A field's integer, its default (0) when null: proto3's JSON mapping reads null as unset.
 fn proto_uint<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: TryFrom<u64> + Default,
+{
+    optional_proto_uint(deserializer).map(Option::unwrap_or_default)
+}
+
+/// A field's integer, `None` when null (unset, as when it is left out).
+fn optional_proto_uint<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: TryFrom<u64>,
 {
-    let number = match JsonUint::deserialize(deserializer)? {
-        JsonUint::Number(n) => n,
-        JsonUint::Text(text) => text.parse().map_err(|_| {
+    let number = match Option::<JsonUint>::deserialize(deserializer)? {
+        None => return Ok(None),
+        Some(JsonUint::Number(n)) => n,
+        Some(JsonUint::Text(text)) => text.parse().map_err(|_| {
             serde::de::Error::custom(format!("{text:?} is not an unsigned integer"))
         })?,
     };
-    T::try_from(number).map_err(|_| serde::de::Error::custom(format!("{number} is out of range")))
-}
-
-fn optional_proto_uint<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<u64>, D::Error> {
-    proto_uint(deserializer).map(Some)
+    T::try_from(number)
+        .map(Some)
+        .map_err(|_| serde::de::Error::custom(format!("{number} is out of range")))
 }
 
 #[derive(Deserialize)]
