@@ -347,3 +347,59 @@ async fn decisions_under(
     }
     decisions
 }
+
+/// A reservation recorded by the previous script holds its units alone (`6`, not
+/// `6:s:e`): where they went is unknown, so a settle below it gives back nothing (4 of 10
+/// left, not the 2 a report of the settle's whole cost would leave), and one above it
+/// reports the excess (8 of 6: 2 left, not 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_the_previous_script_recorded_is_settled_without_a_give_back() {
+    let server = support::standalone();
+    let store = store_at(&server.url(), "old-reservation", Scripting::Auto).await;
+    for layout in [Some(LogLayout::Zset), Some(LogLayout::Compact), None] {
+        let algorithm = layout.map_or(Algorithm::FixedWindow, |_| Algorithm::SlidingLog);
+        let rule = rule(
+            "old",
+            RuleSpec {
+                layout,
+                ..RuleSpec::new(algorithm, 10, 100 * S)
+            },
+        );
+        let limits = [Limit {
+            rule: &rule,
+            key: "k",
+        }];
+        let releases = redis_key(store.prefix(), KeyKind::ReleaseTimes, &rule, "k");
+        for (id, settled, left) in [("R1", 2, 4), ("R2", 8, 2)] {
+            let usage = |cost, charge| Check {
+                at: Some(10 * S),
+                request_id: Some(id),
+                charge,
+                ..Check::new(&limits, cost)
+            };
+            store.check(&usage(6, Charge::Reserved)).await.unwrap();
+            let field = [b"\xffu".as_slice(), id.as_bytes()].concat();
+            let record: String = server
+                .query(cmd("HGET").arg(&releases).arg(&field))
+                .unwrap();
+            assert!(
+                record.starts_with("6:"),
+                "{algorithm}: the record is r:s:e: {record}"
+            );
+            let _: i64 = server
+                .query(cmd("HSET").arg(&releases).arg(&field).arg("6"))
+                .unwrap();
+            let settle = store
+                .check(&usage(settled, Charge::Settled))
+                .await
+                .unwrap()
+                .decision;
+            assert_eq!(
+                settle.remaining, left,
+                "{algorithm} {layout:?}: settle {settled} of 6"
+            );
+            // The next reservation starts from an empty key.
+            store.check(&usage(10, Charge::Refunded)).await.unwrap();
+        }
+    }
+}

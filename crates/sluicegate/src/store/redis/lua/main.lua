@@ -148,6 +148,13 @@ local function read_reservation(r, request_id)
   local units, at, tat = string.match(record or '', '^(%d+):(%d+):(%d+)$')
   if units then
     r.reserved, r.reserved_at, r.reserved_tat = tonumber(units), tonumber(at), tonumber(tat)
+    return
+  end
+  -- The previous script recorded the units alone: where they went is unknown, so none of
+  -- them is given back (the unused part stays taken; an excess is still reported).
+  units = string.match(record or '', '^(%d+)$')
+  if units then
+    r.reserved, r.reserved_at = tonumber(units), false
   end
 end
 
@@ -216,7 +223,7 @@ local function run_usage(shape, k)
         end
         if cost > r.reserved then
           r:report(cost - r.reserved, shape.margin)
-        elseif cost < r.reserved then
+        elseif cost < r.reserved and r.reserved_at then
           r:unreserve(r.reserved_at, r.reserved_tat, r.reserved - cost, shape.margin)
         end
       elseif cost > 0 and mode == REPORT then
