@@ -93,7 +93,6 @@ impl LimitOverride {
             })
         };
         Ok(ConfiguredLimit {
-            blocked: rule.is_none(),
             block_window: rule.is_none().then_some(self.window),
             shared_values: Vec::new(),
             rule,

@@ -28,7 +28,7 @@ fn behaviour(
 ) {
     (
         l.rule.as_ref().map(sluicegate::Rule::spec),
-        l.blocked,
+        l.blocked(),
         l.shadow_mode,
         l.detailed_metric,
         &l.replaces,

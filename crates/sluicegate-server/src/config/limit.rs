@@ -10,10 +10,8 @@ use sluicegate::Rule;
 pub(crate) struct ConfiguredLimit {
     /// `None` for `unlimited: true` and for a block.
     pub(crate) rule: Option<Rule>,
-    /// A block: every request over the limit (`requests_per_unit: 0`, or a `unit` with no
-    /// `requests_per_unit`, as envoyproxy/ratelimit reads them).
-    pub(crate) blocked: bool,
-    /// A block's `unit` (or `window`), in µs: the unit its answer names.
+    /// A block's `unit` (or `window`), in µs: the unit its answer names; `None` but for a
+    /// block (see [`ConfiguredLimit::blocked`]).
     pub(crate) block_window: Option<u64>,
     /// The descriptor path, `domain.key_value.key`, as envoyproxy/ratelimit names it.
     pub(crate) path: String,
@@ -35,6 +33,12 @@ pub(crate) struct ConfiguredLimit {
 }
 
 impl ConfiguredLimit {
+    /// A block: every request over the limit (`requests_per_unit: 0`, or a `unit` with no
+    /// `requests_per_unit`, as envoyproxy/ratelimit reads them).
+    pub(crate) fn blocked(&self) -> bool {
+        self.block_window.is_some()
+    }
+
     /// The entries a request's counter is kept under: the request's own, except that an
     /// entry matched by a `share_threshold` wildcard counts under the wildcard, so that
     /// every value it matches shares one counter (as envoyproxy/ratelimit's cache key).

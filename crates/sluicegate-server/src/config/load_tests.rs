@@ -72,10 +72,10 @@ descriptors:
             Some("d.empty")
         );
         let block = find(&c, &[("blocked", "x")]).unwrap();
-        assert!(block.blocked && block.rule.is_none());
+        assert!(block.blocked() && block.rule.is_none());
         assert_eq!(block.block_window, Some(3_600_000_000));
         let free = find(&c, &[("free", "x")]).unwrap();
-        assert!(free.rule.is_none() && !free.blocked);
+        assert!(free.rule.is_none() && !free.blocked());
         assert!(find(&c, &[("odd", "x")]).unwrap().rule.is_none());
         assert_eq!(path(&c, &[("parent", "x")]), None);
         let yearly = find(&c, &[("yearly", "x")]).unwrap();

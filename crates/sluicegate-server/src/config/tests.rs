@@ -213,7 +213,7 @@ fn envoyproxy_ratelimit_examples_match_as_documented() {
         )
         .unwrap()
         .unwrap();
-    assert!(blocked.blocked && blocked.rule.is_none());
+    assert!(blocked.blocked() && blocked.rule.is_none());
     let normal = c
         .find(
             "edge_proxy_per_ip",

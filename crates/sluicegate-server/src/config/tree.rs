@@ -288,7 +288,6 @@ fn configured_limit(
         .transpose()?;
     Ok(ConfiguredLimit {
         rule,
-        blocked: block_window.is_some(),
         block_window,
         path: path.to_owned(),
         name,

@@ -74,7 +74,11 @@ pub(super) async fn rules(State(service): State<Arc<Service>>) -> axum::Json<Vec
             path: l.path.clone(),
             algorithm: l.rule.as_ref().map(|r| r.algorithm().to_string()),
             // A block: no request per window.
-            limit: l.rule.as_ref().map(Rule::limit).or(l.blocked.then_some(0)),
+            limit: l
+                .rule
+                .as_ref()
+                .map(Rule::limit)
+                .or(l.blocked().then_some(0)),
             capacity: l.rule.as_ref().map(Rule::capacity),
             window_us: l.rule.as_ref().map(Rule::window).or(l.block_window),
         })

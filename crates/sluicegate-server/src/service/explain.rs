@@ -110,7 +110,7 @@ impl Service {
         for (i, entries) in descriptors.iter().enumerate() {
             let (limit, units) = (limits[i], units[i]);
             let matched = match (found[i], limit) {
-                (_, Some(l)) if l.blocked => Match::Block,
+                (_, Some(l)) if l.blocked() => Match::Block,
                 (
                     _,
                     Some(ConfiguredLimit {

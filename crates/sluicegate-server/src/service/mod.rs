@@ -186,7 +186,7 @@ impl Live {
         let offenders = offenders.for_paths(
             limits
                 .iter()
-                .filter(|l| l.rule.is_some() || l.blocked)
+                .filter(|l| l.rule.is_some() || l.blocked())
                 .map(|l| l.path.as_str()),
             loaded_at_us,
         );
@@ -374,10 +374,9 @@ impl Service {
         }
         apply_replaces(&mut matched);
         // A block refuses a request; a report, settle or refund is never refused.
-        let blocked = matched
-            .iter()
-            .zip(&modes)
-            .any(|(l, m)| l.is_some_and(|l| l.blocked && !l.shadow_mode) && m.charge.may_refuse());
+        let blocked = matched.iter().zip(&modes).any(|(l, m)| {
+            l.is_some_and(|l| l.blocked() && !l.shadow_mode) && m.charge.may_refuse()
+        });
 
         let keys = counted_keys(&descriptors, &matched);
         usage::validate(given, &matched, &keys, costs, &modes)?;
@@ -399,7 +398,7 @@ impl Service {
             .zip(&modes)
             .map(|((((limit, decision), entries), &cost), mode)| {
                 let decision = match limit {
-                    Some(l) if l.blocked && mode.charge.may_refuse() => Some(self.block(l)),
+                    Some(l) if l.blocked() && mode.charge.may_refuse() => Some(self.block(l)),
                     _ => decision,
                 };
                 self.record(
@@ -419,7 +418,7 @@ impl Service {
                     block_window: limit.and_then(|l| l.block_window),
                     rule: limit.and_then(|l| l.rule.clone()),
                     decision,
-                    unlimited: limit.is_some_and(|l| l.rule.is_none() && !l.blocked),
+                    unlimited: limit.is_some_and(|l| l.rule.is_none() && !l.blocked()),
                     shadow: limit.is_some_and(|l| l.shadow_mode),
                     charge: mode.charge,
                 }
