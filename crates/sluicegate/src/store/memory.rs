@@ -257,8 +257,7 @@ impl MemoryStore {
         let eval = slot
             .state
             .evaluate(rule, t, check.cost_of(0), check.request_id);
-        (!eval.allows() && !eval.records(false, check.charge))
-            .then(|| slot.state.refuse(rule, &eval))
+        (!eval.allows() && !eval.charged(check.charge)).then(|| slot.state.refuse(rule, &eval))
     }
 
     /// A check of several limits, maybe in several shards: lock every shard it touches in
@@ -304,6 +303,7 @@ impl MemoryStore {
             })
             .collect();
 
+        // Copied out: the states below borrow the slots for the rest of the check.
         let held: Vec<bool> = slots.iter().map(|&(_, held)| held).collect();
         let rules: Vec<&Rule> = check.limits.iter().map(|l| l.rule).collect();
         let mut states: Vec<&mut RuleState> = slots.iter_mut().map(|(s, _)| &mut s.state).collect();

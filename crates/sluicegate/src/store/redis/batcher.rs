@@ -123,14 +123,16 @@ impl Target {
         }
         let mut groups: Vec<Group<T>> = Vec::new();
         for queued in calls {
-            let found = groups.iter_mut().find(|group| {
-                lane(call(&group.members[0]), slots, routes) == lane(call(&queued), slots, routes)
-            });
+            // Once per check: a lane is a slot hash and a map lookup.
+            let queued_lane = lane(call(&queued), slots, routes);
+            let found = groups
+                .iter_mut()
+                .find(|group| lane(call(&group.members[0]), slots, routes) == queued_lane);
             match found {
                 Some(group) => {
                     if group.routed_to.is_none()
                         && call(&group.members[0]).keys() != call(&queued).keys()
-                        && let Lane::Node(node) = lane(call(&queued), slots, routes)
+                        && let Lane::Node(node) = queued_lane
                     {
                         group.routed_to = slots
                             .address(node)

@@ -30,36 +30,14 @@ pub(super) fn slot_groups(check: &Check<'_>) -> Vec<Vec<usize>> {
     groups.into_iter().map(|(_, group)| group).collect()
 }
 
-/// A report, settle or refund whose limits live in several hash slots: never refused, each
-/// limit does its part (docs/SPEC.md, "Usage"), so each slot's script is the whole of it
-/// there, and nothing is given back.
-pub(super) async fn usage_across_slots(
-    store: &impl RunScript,
-    check: &Check<'_>,
-    groups: &[Vec<usize>],
-) -> Result<Vec<Decision>, StoreError> {
-    let mut decisions: Vec<Option<Decision>> = vec![None; check.limits.len()];
-    for group in groups {
-        let part = Part::of(check, group);
-        for (&i, row) in group
-            .iter()
-            .zip(store.run(&part.of_check(check), Mode::Check).await?)
-        {
-            decisions[i] = Some(row.decision);
-        }
-    }
-    Ok(decisions
-        .into_iter()
-        .map(|d| d.expect("every limit was answered"))
-        .collect())
-}
-
 /// A check whose limits live in several Redis Cluster hash slots cannot be one script.
 /// docs/SPEC.md: apply the slots' groups in order, each atomic in itself; when a group
 /// refuses, give back what the earlier groups took, and answer every group as the
 /// refused check it became. Between a group's admission and its give-back, another
 /// client may see those units taken: the only departure from atomicity. If the give-back
-/// itself fails, the units stay taken (the limit errs on the side of refusing).
+/// itself fails, the units stay taken (the limit errs on the side of refusing). A report,
+/// settle or refund is never refused (docs/SPEC.md, "Usage"): each slot's script is the
+/// whole of it there, and nothing is ever given back.
 pub(super) async fn check_across_slots(
     store: &impl RunScript,
     check: &Check<'_>,
@@ -76,11 +54,13 @@ pub(super) async fn check_across_slots(
                 return Err(e);
             }
         };
-        let admitted = rows.iter().all(|row| row.decision.allowed);
         for (&i, row) in group.iter().zip(&rows) {
             decisions[i] = Some(row.decision);
         }
-        if admitted {
+        if !check.charge.may_refuse() {
+            continue;
+        }
+        if rows.iter().all(|row| row.decision.allowed) {
             taken.push((part, rows));
             continue;
         }

@@ -326,12 +326,9 @@ impl Store for RedisStore {
         if let Connection::Cluster { .. } = self.connection {
             let groups = cluster::slot_groups(check);
             if groups.len() > 1 {
-                let decisions = if check.charge.may_refuse() {
-                    cluster::check_across_slots(self, check, &groups).await
-                } else {
-                    cluster::usage_across_slots(self, check, &groups).await
-                };
-                return decisions.map(Outcome::from_limits);
+                return cluster::check_across_slots(self, check, &groups)
+                    .await
+                    .map(Outcome::from_limits);
             }
         }
         let rows = self.run(check, Mode::Check).await?;

@@ -233,10 +233,10 @@ pub(super) fn command(verb: &str, name: &str, checks: &[ScriptCheck]) -> redis::
     command
 }
 
-/// [`command`] for `check_routed`: no key declared (the call is sent to a node by its
-/// address); every check's keys follow the arguments, then their number.
-pub(super) fn routed_command(verb: &str, name: &str, checks: &[ScriptCheck]) -> redis::Cmd {
-    let mut command = redis::cmd(verb);
+/// [`command`] for `check_routed`, a function (FCALL): no key declared (the call is sent to
+/// a node by its address); every check's keys follow the arguments, then their number.
+pub(super) fn routed_command(name: &str, checks: &[ScriptCheck]) -> redis::Cmd {
+    let mut command = redis::cmd("FCALL");
     command.arg(name).arg(0);
     add_arguments(&mut command, checks);
     for check in checks {

@@ -181,7 +181,7 @@ impl CheckScript {
                 port,
             })
         };
-        let call = || routed_command("FCALL", &self.routed_function, checks);
+        let call = || routed_command(&self.routed_function, checks);
         match cluster.route_command(call(), route()).await {
             Err(e) if has_detail(&e, FUNCTION_NOT_FOUND) => {
                 self.load_library(cluster).await?;
