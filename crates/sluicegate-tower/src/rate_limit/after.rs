@@ -18,8 +18,9 @@ pub(crate) struct Pending {
     /// The limits' keys, in the rules' order.
     pub(crate) keys: Vec<String>,
     pub(crate) request_id: String,
-    /// `Charge::Reserved` when the request reserved its estimate, else it peeked.
-    pub(crate) reserved: bool,
+    /// What the response's cost is charged as: `Settled` against the estimate the request
+    /// reserved, or `Reported` after a peek.
+    pub(crate) charge: Charge,
 }
 
 /// The after-charges in flight of one [`Usage`] and every layer it was given to.
@@ -70,7 +71,7 @@ pub(crate) fn charge<S: Store + 'static>(
     pending: Pending,
     cost: u64,
 ) {
-    if !pending.reserved && cost == 0 {
+    if pending.charge == Charge::Reported && cost == 0 {
         usage.stats.count_nothing_to_charge();
         return;
     }
@@ -95,11 +96,7 @@ async fn attempt<S: Store>(settings: &Settings<S>, usage: &Usage, pending: &Pend
     let limits = settings.limits(&pending.keys);
     let check = Check {
         request_id: Some(&pending.request_id),
-        charge: if pending.reserved {
-            Charge::Settled
-        } else {
-            Charge::Reported
-        },
+        charge: pending.charge,
         ..Check::new(&limits, cost)
     };
     let mut backoff = FIRST_BACKOFF;

@@ -111,7 +111,11 @@ where
                     let pending = Pending {
                         keys,
                         request_id,
-                        reserved: charge == Charge::Reserved,
+                        charge: if charge == Charge::Reserved {
+                            Charge::Settled
+                        } else {
+                            Charge::Reported
+                        },
                     };
                     after::charge(Arc::clone(&settings), usage.clone(), pending, used);
                 }
