@@ -340,20 +340,23 @@ fn parse_header_name(text: &str) -> Result<String, String> {
 
 /// clap's value parser for --near-limit-ratio: a share in (0, 1].
 fn parse_near_limit_ratio(text: &str) -> Result<f32, String> {
-    match text.parse::<f32>() {
-        Ok(ratio) if ratio > 0.0 && ratio <= 1.0 => Ok(ratio),
-        _ => Err(format!(
-            "{text:?} is not a share of a limit above 0 and at most 1, such as 0.8"
-        )),
-    }
+    parse_share(text, "a limit", "0.8")
 }
 
 /// clap's value parser for --breaker-failure-rate: a share in (0, 1].
 fn parse_failure_rate(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(rate) if rate > 0.0 && rate <= 1.0 => Ok(rate),
+    parse_share(text, "calls", "0.5")
+}
+
+/// A share of `what` in (0, 1], in the float type the flag keeps.
+fn parse_share<T>(text: &str, what: &str, example: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + From<u8>,
+{
+    match text.parse::<T>() {
+        Ok(share) if share > T::from(0) && share <= T::from(1) => Ok(share),
         _ => Err(format!(
-            "{text:?} is not a share of calls above 0 and at most 1, such as 0.5"
+            "{text:?} is not a share of {what} above 0 and at most 1, such as {example}"
         )),
     }
 }
