@@ -5,8 +5,10 @@
 //! The rules are per day, so that no window boundary falls inside a test but once a day.
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use sluicegate_test_support as support;
+use sluicegate_test_support::{FaultProxy, RedisServer};
 
 mod server;
 
@@ -226,6 +228,62 @@ async fn counting_on_redis() {
     each_descriptor(Store::Redis).await;
     own_hits_each(Store::Redis).await;
     stop_increment(Store::Redis).await;
+}
+
+/// envoy's counting checks each descriptor on its own, but not one after another: the
+/// checks of a request are in flight together, as envoy's pipeline sends a request's
+/// increments together. Told by the round trips a request waits for, with a latency put
+/// on the Redis connection that dwarfs everything else: three descriptors checked one
+/// after another wait for three round trips (6 × the latency: each way, each call); in
+/// flight together, the proxy forwards what has gathered while it waits, so at most 4 ×
+/// the latency (the first call alone, then the others together, each way). The bound in
+/// between is the property, not a speed: a machine's own delays are milliseconds here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_counting_sends_a_requests_checks_together() {
+    const LATENCY: Duration = Duration::from_millis(400);
+    let redis = RedisServer::start(&[]);
+    let proxy = FaultProxy::start(redis.port);
+    let path = std::env::temp_dir().join(format!(
+        "sluicegate-compat-together-{}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(&path, CONFIG).unwrap();
+    let url = proxy.url();
+    let server = Server::start(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--store",
+        &url,
+        "--store-timeout",
+        "10s",
+        "--compat",
+        "envoy",
+    ]);
+    let mut c = client(&server).await;
+    let bcd: &[(&str, Option<u64>)] = &[("b", None), ("c", None), ("d", None)];
+    // The connection is open and the script loaded before the latency is put on.
+    assert_eq!(
+        ask(&mut c, bcd).await,
+        ('O', vec![('O', 4), ('O', 4), ('O', 4)])
+    );
+    proxy.set_latency(LATENCY);
+    let started = Instant::now();
+    assert_eq!(
+        ask(&mut c, bcd).await,
+        ('O', vec![('O', 3), ('O', 3), ('O', 3)])
+    );
+    let waited = started.elapsed();
+    proxy.set_latency(Duration::ZERO);
+    assert!(
+        waited < LATENCY * 5,
+        "three descriptors waited {waited:?}: one round trip after another (≥ {:?})",
+        LATENCY * 6
+    );
+    // Each descriptor counted once: two of five taken.
+    assert_eq!(
+        ask(&mut c, bcd).await,
+        ('O', vec![('O', 2), ('O', 2), ('O', 2)])
+    );
 }
 
 /// Without --compat envoy the envoy-only switch is refused, naming what it needs.

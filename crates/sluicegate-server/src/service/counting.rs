@@ -179,9 +179,13 @@ impl Service {
     }
 
     /// envoy's counting: each limited descriptor a check of its own, at its own cost, in
-    /// its own mode (a check's refusal charged); in request order, as envoy's pipeline
-    /// runs. The outcome combines the enforced ones that may refuse, else the standings
-    /// (docs/SPEC.md, "Several rules in one check", for the fields).
+    /// its own mode (a check's refusal charged). The checks are independent, so they are
+    /// all in flight at once and the store may share one round trip among them (envoy's
+    /// own pipeline sends a request's increments together); each is started in request
+    /// order, as envoy's pipeline runs them, and a later check of the same limits waits
+    /// for an earlier one's answer in the limiter. The outcome combines the enforced ones
+    /// that may refuse, else the standings (docs/SPEC.md, "Several rules in one check",
+    /// for the fields).
     pub(super) async fn decide_each(
         &self,
         matched: &[Option<&ConfiguredLimit>],
@@ -189,22 +193,30 @@ impl Service {
         costs: &[u64],
         modes: &[Mode<'_>],
     ) -> Result<Counted, DecideError> {
+        let checks = matched.iter().zip(keys).zip(costs).zip(modes).map(
+            |(((limit, key), &cost), mode)| async move {
+                let Some((l, rule)) = limit.and_then(|l| Some(l).zip(l.rule.as_ref())) else {
+                    return Ok(None);
+                };
+                let charge = match mode.charge {
+                    Charge::Admitted => Charge::Attempted,
+                    other => other,
+                };
+                let outcome = self
+                    .run(&[Limit { rule, key }], cost, &[], mode.request_id, charge)
+                    .await?;
+                Ok::<_, DecideError>(Some((l.shadow_mode, charge, outcome)))
+            },
+        );
         let mut decisions = Vec::with_capacity(matched.len());
         let (mut enforced, mut standing) = (Vec::new(), Vec::new());
         let mut decided_by = DecidedBy::Store;
-        for (((limit, key), &cost), mode) in matched.iter().zip(keys).zip(costs).zip(modes) {
-            let Some((l, rule)) = limit.and_then(|l| Some(l).zip(l.rule.as_ref())) else {
+        for checked in futures_util::future::join_all(checks).await {
+            let Some((shadow, charge, outcome)) = checked? else {
                 decisions.push(None);
                 continue;
             };
-            let charge = match mode.charge {
-                Charge::Admitted => Charge::Attempted,
-                other => other,
-            };
-            let outcome = self
-                .run(&[Limit { rule, key }], cost, &[], mode.request_id, charge)
-                .await?;
-            if !l.shadow_mode {
+            if !shadow {
                 if charge.may_refuse() {
                     enforced.push(outcome.decision);
                 } else {
