@@ -3,27 +3,55 @@
 -- current window's), count (units in the current window) and window_end.
 local function fixed_window_steps()
   local function evaluate(r, t, units)
-    local v = call('HMGET', r.key, 'k', 'n', 't')
-    r.stored_window = tonumber(v[1])
-    r.latest = tonumber(v[3]) or 0
+    local stored_window, count, latest
+    if r.key == held_key then
+      stored_window, count, latest = held_state.k, held_state.n, held_state.t
+    else
+      local v = call('HMGET', r.key, 'k', 'n', 't')
+      stored_window, count, latest = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+    end
+    r.stored_window = stored_window
+    r.latest = latest or 0
     r.now = max(t, r.latest)
     r.index = div(r.now, r.window)
-    r.count = r.stored_window == r.index and (tonumber(v[2]) or 0) or 0
+    r.count = stored_window == r.index and (count or 0) or 0
     r.window_end = (r.index + 1) * r.window
     return r.count + units <= r.limit
   end
 
+  -- The window k, its count n and the latest time t; and with `ttl`, the TTL of a window
+  -- that started (a new window's counter gets its TTL when it starts, never refreshed:
+  -- seed 004).
+  local function write_fields(key, k, n, t, ttl)
+    if ttl then
+      call('HSET', key, 'k', k, 'n', int(n), 't', int(t))
+      call('PEXPIRE', key, ttl)
+    else
+      call('HSET', key, 'n', int(n), 't', int(t))
+    end
+  end
+
+  -- A held state (prelude.lua): those fields, ttl false unless a record of the run started
+  -- a window.
+  local function write_held_state(key, state)
+    write_fields(key, state.k, state.n, state.t, state.ttl)
+  end
+
   local function record(r, cost, margin)
     local key, now = r.key, r.now
-    if r.stored_window == r.index then
-      -- The count was read when evaluating, and nothing runs between: one write sets it
-      -- and the latest time (an increment, then a set, was two commands per check).
-      call('HSET', key, 'n', int(r.count + cost), 't', int(now))
-    else
-      -- A new window's counter: its TTL is set now and never refreshed (seed 004).
-      call('HSET', key, 'k', r.index, 'n', cost, 't', int(now))
-      call('PEXPIRE', key, ttl_ms(r.window_end - now, margin))
+    local ttl = r.stored_window ~= r.index and ttl_ms(r.window_end - now, margin)
+    if holding then
+      if key ~= held_key then
+        hold(key, write_held_state)
+        held_state.ttl = false
+      end
+      held_state.k, held_state.n, held_state.t = r.index, r.count + cost, now
+      held_state.ttl = ttl or held_state.ttl
+      return
     end
+    -- The count was read when evaluating, and nothing runs between: one write sets it and
+    -- the latest time (an increment, then a set, was two commands per check).
+    write_fields(key, r.index, r.count + cost, now, ttl)
   end
 
   local function answer(r, admitted, over, units)

@@ -12,16 +12,24 @@
 -- holds them blanks pw, so that they are never taken for a later admission's.
 local function gcra_steps()
   local function evaluate(r, t, units)
-    local v = call('HMGET', r.key, 'tat', 't', 'T', 'pw')
-    r.stored_tat, r.stored_interval = v[1], v[3]
-    r.undo_kept = v[4] ~= false and v[4] ~= ''
-    r.latest = tonumber(v[2]) or 0
+    local stored_tat, latest, stored_interval
+    if r.key == held_key then
+      -- A held state (prelude.lua) is one this call wrote: pw blanked.
+      stored_tat, latest, stored_interval = held_state.tat, held_state.t, held_state.T
+      r.undo_kept = false
+    else
+      local v = call('HMGET', r.key, 'tat', 't', 'T', 'pw')
+      stored_tat, latest, stored_interval = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+      r.undo_kept = v[4] ~= false and v[4] ~= ''
+    end
+    r.stored_tat, r.stored_interval = stored_tat, stored_interval
+    r.latest = latest or 0
     r.now = max(t, r.latest)
     r.tolerance = r.interval * r.capacity
     -- The backlog tat - now as written, in full (a report's debt included); written under
     -- another interval, its units (rounded up) at this one, at most the capacity.
-    local backlog = max((tonumber(v[1]) or 0) - r.now, 0)
-    local written_interval = tonumber(v[3]) or r.interval
+    local backlog = max((stored_tat or 0) - r.now, 0)
+    local written_interval = stored_interval or r.interval
     r.rounded = backlog > 0 and written_interval ~= r.interval
     if r.rounded then
       backlog = min(div(backlog + written_interval - 1, written_interval), r.capacity) * r.interval
@@ -31,14 +39,34 @@ local function gcra_steps()
     return r.new - r.now <= r.tolerance
   end
 
-  local function write(r, tat, margin)
-    local key, written = r.key, int(tat)
-    if r.undo_kept then
-      call('HSET', key, 'tat', written, 't', int(r.now), 'T', int(r.interval), 'pw', '')
+  -- The TAT, the latest time and the interval, blanking pw when the state kept an
+  -- admission's undo (`blank`), and the key's TTL.
+  local function write_fields(key, tat, now, interval, blank, ttl)
+    if blank then
+      call('HSET', key, 'tat', int(tat), 't', int(now), 'T', int(interval), 'pw', '')
     else
-      call('HSET', key, 'tat', written, 't', int(r.now), 'T', int(r.interval))
+      call('HSET', key, 'tat', int(tat), 't', int(now), 'T', int(interval))
     end
-    call('PEXPIRE', key, ttl_ms(tat - r.now, margin))
+    call('PEXPIRE', key, ttl)
+  end
+
+  -- A held state (prelude.lua): those fields.
+  local function write_held_state(key, state)
+    write_fields(key, state.tat, state.t, state.T, state.blank, state.ttl)
+  end
+
+  local function write(r, tat, margin)
+    local ttl = ttl_ms(tat - r.now, margin)
+    if holding then
+      if r.key ~= held_key then
+        hold(r.key, write_held_state)
+        held_state.blank = false
+      end
+      held_state.tat, held_state.t, held_state.T, held_state.ttl = tat, r.now, r.interval, ttl
+      held_state.blank = held_state.blank or r.undo_kept
+      return
+    end
+    write_fields(r.key, tat, r.now, r.interval, r.undo_kept, ttl)
   end
 
   local function record(r, cost, margin)
@@ -46,9 +74,14 @@ local function gcra_steps()
     if not r.rounded then
       return write(r, tat, margin)
     end
+    -- Written with the state it replaced (pt, pT, pw: a rare write, after a reload): the
+    -- key is not held, and one held is written out first.
+    if r.key == held_key then
+      write_held()
+    end
     local written = int(tat)
     call('HSET', r.key, 'tat', written, 't', int(r.now), 'T', int(r.interval),
-      'pt', r.stored_tat, 'pT', r.stored_interval, 'pw', written)
+      'pt', int(r.stored_tat), 'pT', int(r.stored_interval), 'pw', written)
     call('PEXPIRE', r.key, ttl_ms(tat - r.now, margin))
   end
 

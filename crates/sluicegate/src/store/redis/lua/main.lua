@@ -245,6 +245,13 @@ end
 -- One check of the given shape, its keys after KEYS index `k`; appends its numbers to
 -- `results`.
 local function run_check(shape, k)
+  -- A plain check's steps may hold its key's state (prelude.lua); any other check's steps
+  -- read and write Redis themselves, so what is held is written out first.
+  local plain = not shape.usage and not shape.undo and shape.request_id == ''
+  if not plain then
+    write_held()
+  end
+  holding = plain
   if shape.usage then
     run_usage(shape, k)
     return
@@ -406,6 +413,7 @@ local function check(call_keys, call_argv, is_routed)
     bind_globals()
   end
   keys, argv, server_time, routed = call_keys, call_argv, false, is_routed or false
+  held_key, holding, writing_held, held_failure = false, false, false, false
   for i = result_count, 1, -1 do
     results[i] = nil
   end
@@ -422,13 +430,23 @@ local function check(call_keys, call_argv, is_routed)
     local ok, failure = pcall(run_checks)
     if not ok then
       -- A Redis error arrives as a table {err = text}; anything else is this script's bug.
+      local text = type(failure) == 'table' and failure.err or tostring(failure)
+      if writing_held then
+        held_failure, writing_held = text, false
+      end
       for i = result_count, answer_start + 1, -1 do
         results[i] = nil
       end
       result_count = answer_start + 1
-      results[result_count] = type(failure) == 'table' and failure.err or tostring(failure)
+      results[result_count] = text
       k, done = next_k, done + 1
     end
+  end
+  -- Out of the pcall: a held state that cannot be written fails the call (prelude.lua).
+  holding = false
+  write_held()
+  if held_failure then
+    return redis.error_reply(held_failure)
   end
   return results
 end

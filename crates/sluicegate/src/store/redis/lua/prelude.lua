@@ -178,3 +178,44 @@ end
 local function ttl_ms(micros, margin)
   return int(max(1, floor((micros + 999) / 1000)) + margin)
 end
+
+-- One hash state held back from Redis (write-behind) while a call's checks of its key
+-- follow one another. The checks of a hot key reach Redis together (those that waited on
+-- one in flight go on together), and each would read the state its predecessor had just
+-- written and write it again; held, they cost one read and one write per run of them, not
+-- per check. Exact: the call is atomic, so nothing but its own checks sees the key
+-- meanwhile; a check of the held key reads the held state (evaluate), a record updates it,
+-- and it is written when a record of another key takes its place, when a check that is not
+-- a plain check starts (its steps read and write Redis themselves: main.lua, `holding`),
+-- and when the call ends. Only the plain steps of the hash algorithms hold (fixed_window.lua,
+-- gcra.lua); the state is the algorithm's own fields, written by `held_write`.
+--
+-- A write that fails when the state is written out would leave checks answered as admitted
+-- whose units Redis never took; so it fails the whole call (`held_failure`, main.lua):
+-- no check of the call is answered, every one is a store error.
+local held_key = false
+local held_state = {}
+local held_write = false
+local holding = false
+local writing_held = false
+local held_failure = false
+
+local function write_held()
+  if held_key then
+    local key = held_key
+    held_key = false
+    writing_held = true
+    held_write(key, held_state)
+    writing_held = false
+  end
+end
+
+-- Holds `key`'s state, written by `write`, from now on (the one held before is written
+-- out): the caller then sets its fields in held_state.
+local function hold(key, write)
+  if key ~= held_key then
+    write_held()
+    held_key, held_write = key, write
+  end
+end
+
