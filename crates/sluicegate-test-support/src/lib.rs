@@ -33,8 +33,8 @@ use std::sync::OnceLock;
 pub use cluster::RedisCluster;
 pub use proxy::{Direction, FaultProxy};
 pub use redis::{Cmd, cmd};
-pub use sentinel::RedisSentinel;
-pub use server::RedisServer;
+pub use sentinel::{RedisSentinel, SentinelOptions};
+pub use server::{Access, RedisServer};
 #[cfg(target_os = "linux")]
 pub use sockets::{OwnSocket, own_tcp_sockets};
 
