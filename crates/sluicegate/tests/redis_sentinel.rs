@@ -2,7 +2,8 @@
 //! sentinel mode: it finds the master through the sentinels and follows it through a
 //! failover under load — checks the old master can no longer take fail as errors, and once
 //! the sentinels name the new master, it decides. In plain text, over TLS with ACL users
-//! (the master's and the sentinels' own), and with ACL users alone.
+//! (the master's and the sentinels' own), and with ACL users alone; and a wrong password
+//! or an untrusted certificate fails the connection, saying which.
 
 #![cfg(feature = "redis")]
 
@@ -326,4 +327,53 @@ fn demote_the_master(deployment: &RedisSentinel) {
         )
         .expect("SENTINEL FAILOVER");
     assert_eq!(started, "OK");
+}
+
+/// A wrong master password, a wrong sentinel password, an authority that did not sign the
+/// deployment's certificates: each fails the connection with an error that says which
+/// (the master's connection or the sentinels'), and shows no password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_and_an_untrusted_authority_each_fail_saying_which() {
+    let test = "refused";
+    let security = Security {
+        tls: true,
+        acl: true,
+    };
+    let deployment = Deployment::start(test, 1, security);
+    let refused = async |config: RedisStoreConfig| -> String {
+        match RedisStore::connect(config).await {
+            Err(err @ StoreError::Unavailable { .. }) => err.to_string(),
+            other => panic!("not refused as unavailable: {other:?}"),
+        }
+    };
+    let says = |err: &str, whose: &str, what: &str| {
+        assert!(
+            err.contains(whose) && err.contains(what),
+            "not {whose:?} and {what:?}: {err}"
+        );
+        assert!(!err.contains("wrong-password"), "a password shown: {err}");
+    };
+
+    let master = deployment.url(Some("wrong-password"), None);
+    let err = refused(deployment.config(&master, test)).await;
+    says(
+        &err,
+        "the connection to the master",
+        "authentication failed",
+    );
+
+    let sentinels = deployment.url(None, Some("wrong-password"));
+    let err = refused(deployment.config(&sentinels, test)).await;
+    says(
+        &err,
+        "the connection to the sentinels",
+        "authentication failed",
+    );
+
+    let mut untrusted = deployment.config(&deployment.url(None, None), test);
+    let elsewhere =
+        std::env::temp_dir().join(format!("sluicegate-sentinel-other-{}", std::process::id()));
+    untrusted.tls_ca = Some(std::fs::read(Authority::new(&elsewhere, "other").cert()).unwrap());
+    let err = refused(untrusted).await;
+    says(&err, "the connection to the sentinels", "UnknownIssuer");
 }
