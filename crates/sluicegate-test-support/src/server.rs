@@ -20,12 +20,12 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// How a client reaches a server: in plain text or over TLS only, as the default user or
 /// as an ACL user.
 #[derive(Clone, Debug, Default)]
-pub struct Access {
+pub(crate) struct Access {
     /// For a server that speaks only TLS: the certificate (PEM) of the authority that
     /// signed the server's, to trust it.
-    pub tls_ca: Option<Vec<u8>>,
+    pub(crate) tls_ca: Option<Vec<u8>>,
     /// The user and password it requires of clients (URL-safe words).
-    pub user: Option<(String, String)>,
+    pub(crate) user: Option<(String, String)>,
 }
 
 /// One redis-server process listening on 127.0.0.1, with no persistence and a scratch
