@@ -33,7 +33,7 @@ use std::sync::OnceLock;
 pub use cluster::RedisCluster;
 pub use proxy::{Direction, FaultProxy};
 pub use redis::{Cmd, cmd};
-pub use sentinel::RedisSentinel;
+pub use sentinel::{RedisSentinel, SentinelOptions};
 pub use server::RedisServer;
 #[cfg(target_os = "linux")]
 pub use sockets::{OwnSocket, own_tcp_sockets};

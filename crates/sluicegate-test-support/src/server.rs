@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use redis::{Cmd, FromRedisValue, RedisResult, Value, cmd};
+use redis::{Cmd, FromRedisValue, RedisResult, TlsCertificates, Value, cmd};
 
 use crate::poll::poll_until;
 
@@ -17,12 +17,25 @@ pub(crate) const HOW_TO_GET_REDIS: &str = "redis-server and redis-cli are needed
 /// to outlast a `CLIENT PAUSE` a test sets, short enough that a hung server fails the test.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How a client reaches a server: in plain text or over TLS only, as the default user or
+/// as an ACL user.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Access {
+    /// For a server that speaks only TLS: the certificate (PEM) of the authority that
+    /// signed the server's, to trust it.
+    pub(crate) tls_ca: Option<Vec<u8>>,
+    /// The user and password it requires of clients (URL-safe words).
+    pub(crate) user: Option<(String, String)>,
+}
+
 /// One redis-server process listening on 127.0.0.1, with no persistence and a scratch
 /// directory of its own. It is killed when this value is dropped or the test process
 /// exits.
 pub struct RedisServer {
-    /// The loopback port it listens on.
+    /// The loopback port it listens on (its TLS port when it speaks only TLS).
     pub port: u16,
+    /// How [`query`](Self::query) reaches it.
+    access: Access,
     /// The shell the server runs under: dropping it closes the pipe the shell waits on,
     /// and the shell then kills the server.
     _shell: Child,
@@ -37,16 +50,17 @@ impl RedisServer {
 
     /// A server on a given port: to restart one that was [shut down](Self::shutdown).
     pub fn start_at(port: u16, extra: &[&str]) -> RedisServer {
-        RedisServer::launch(port, None, extra)
+        RedisServer::launch(port, None, extra, Access::default())
     }
 
     /// A server on a free port reading `config` as its configuration file first (Sentinel
-    /// needs one it can rewrite), then `extra` options.
-    pub(crate) fn start_configured(config: &str, extra: &[&str]) -> RedisServer {
-        RedisServer::launch(free_port(), Some(config), extra)
+    /// needs one it can rewrite), then `extra` options; reached as `access` says. A TLS
+    /// one listens on its TLS port only: `extra` or `config` names its certificate files.
+    pub(crate) fn start_configured(config: &str, extra: &[&str], access: Access) -> RedisServer {
+        RedisServer::launch(free_port(), Some(config), extra, access)
     }
 
-    fn launch(port: u16, config: Option<&str>, extra: &[&str]) -> RedisServer {
+    fn launch(port: u16, config: Option<&str>, extra: &[&str], access: Access) -> RedisServer {
         let dir =
             std::env::temp_dir().join(format!("sluicegate-redis-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a scratch directory");
@@ -58,9 +72,11 @@ impl RedisServer {
         }
         let port_arg = port.to_string();
         let dir_arg = dir.display().to_string();
+        let listen = match access.tls_ca {
+            Some(_) => vec!["--port", "0", "--tls-port", &port_arg],
+            None => vec!["--port", &port_arg],
+        };
         let defaults = [
-            "--port",
-            &port_arg,
             "--bind",
             "127.0.0.1",
             "--save",
@@ -70,10 +86,17 @@ impl RedisServer {
             "--dir",
             &dir_arg,
         ];
-        args.extend(defaults.iter().chain(extra).map(|s| (*s).to_owned()));
+        args.extend(
+            listen
+                .iter()
+                .chain(&defaults)
+                .chain(extra)
+                .map(|s| (*s).to_owned()),
+        );
         let log = dir.join("log");
         let server = RedisServer {
             port,
+            access,
             _shell: spawn_under_shell(&args, &log),
         };
         let answers = poll_until(Duration::from_secs(10), || {
@@ -100,7 +123,28 @@ impl RedisServer {
     /// Sends one command on a connection of its own and converts the reply, e.g.
     /// `server.query::<u64>(cmd("EXISTS").arg(&key))`.
     pub fn query<T: FromRedisValue>(&self, command: &Cmd) -> RedisResult<T> {
-        let client = redis::Client::open(("127.0.0.1", self.port))?;
+        let user = self
+            .access
+            .user
+            .as_ref()
+            .map_or(String::new(), |(user, password)| {
+                format!("{user}:{password}@")
+            });
+        let client = match &self.access.tls_ca {
+            Some(ca) => {
+                // rustls needs a process-wide cryptography provider; ring is the one the
+                // workspace builds. Installing it again is a no-op.
+                let _already_installed = rustls::crypto::ring::default_provider().install_default();
+                redis::Client::build_with_tls(
+                    format!("rediss://{user}127.0.0.1:{}", self.port),
+                    TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(ca.clone()),
+                    },
+                )?
+            }
+            None => redis::Client::open(format!("redis://{user}127.0.0.1:{}", self.port))?,
+        };
         let mut connection = client.get_connection_with_timeout(CALL_TIMEOUT)?;
         connection.set_read_timeout(Some(CALL_TIMEOUT))?;
         command.query(&mut connection)

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redis::io::tcp::TcpSettings;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{IntoConnectionInfo, TlsCertificates, TlsMode};
+use redis::{ErrorKind, IntoConnectionInfo, TlsCertificates, TlsMode};
 
 use crate::store::url::SentinelUrl;
 
@@ -66,13 +66,31 @@ pub(super) fn sentinels(
     builder.build()
 }
 
-/// The master's client, as the sentinels name it now, within `timeout`.
+/// The master's client, as the sentinels name it now, within `timeout`. A failure says
+/// whose connection failed, the sentinels' or the master's: a wrong password or an
+/// untrusted certificate is fixed in a different place for each.
 pub(super) async fn master(
     sentinels: &mut SentinelClient,
     timeout: Duration,
 ) -> Result<redis::Client, String> {
-    tokio::time::timeout(timeout, sentinels.async_get_client())
-        .await
-        .map_err(|_| format!("no sentinel answered within {timeout:?}"))?
-        .map_err(|e| format!("no master from the sentinels: {e}"))
+    let within = |what: &str| format!("{what} did not answer within {timeout:?}");
+    let err = match tokio::time::timeout(timeout, sentinels.async_get_client()).await {
+        Ok(Ok(master)) => return Ok(master),
+        Ok(Err(err)) => err,
+        Err(_) => return Err(within("the sentinels or the master")),
+    };
+    if err.kind() == ErrorKind::MasterNameNotFoundBySentinel {
+        return Err(format!("no master from the sentinels: {err}"));
+    }
+    // The redis crate reports a sentinel's failure and the master's alike; a sentinel asked
+    // alone (the same credentials, the same TLS) tells them apart.
+    match tokio::time::timeout(timeout, sentinels.async_get_sentinel_client()).await {
+        Ok(Ok(_)) => Err(format!(
+            "the connection to the master the sentinels name failed: {err}"
+        )),
+        Ok(Err(sentinel_err)) => Err(format!(
+            "the connection to the sentinels failed: {sentinel_err}"
+        )),
+        Err(_) => Err(within("the sentinels")),
+    }
 }
