@@ -23,20 +23,7 @@ impl RedisCluster {
                 RedisServer::start(&["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
             })
             .collect();
-        let mut create = Command::new("redis-cli");
-        create.arg("--cluster").arg("create");
-        for node in &nodes {
-            create.arg(format!("127.0.0.1:{}", node.port));
-        }
-        let out = create
-            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
-            .output()
-            .unwrap_or_else(|e| panic!("redis-cli: {e}. {HOW_TO_GET_REDIS}"));
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        create_cluster(&nodes, replicas);
         let ready = poll_until(Duration::from_secs(30), || {
             nodes.iter().all(|node| {
                 node.query::<String>(cmd("CLUSTER").arg("INFO"))
@@ -60,5 +47,64 @@ impl RedisCluster {
     /// The nodes that are masters now.
     pub fn current_masters(&self) -> Vec<&RedisServer> {
         self.nodes.iter().filter(|node| node.is_master()).collect()
+    }
+}
+
+/// How long `redis-cli --cluster create` may take: it assigns the slots, then waits, with
+/// no bound of its own, for every node to have met every other.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs `redis-cli --cluster create` on `nodes`. On a loaded machine a node may miss the
+/// others' gossip and redis-cli wait for the join for ever (seen: nodes knowing one or two
+/// of three after nine minutes): past [`CREATE_TIMEOUT`] it is stopped and every node is
+/// told to meet the first again — the slots were assigned before the wait; whether the
+/// cluster then forms is what the caller waits for.
+fn create_cluster(nodes: &[RedisServer], replicas: usize) {
+    let log = std::env::temp_dir().join(format!(
+        "sluicegate-cluster-create-{}-{}.log",
+        std::process::id(),
+        nodes[0].port
+    ));
+    let out = std::fs::File::create(&log).expect("a log for redis-cli");
+    let mut create = Command::new("redis-cli");
+    create.arg("--cluster").arg("create");
+    for node in nodes {
+        create.arg(format!("127.0.0.1:{}", node.port));
+    }
+    let mut child = create
+        .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+        .stdout(out.try_clone().expect("the log, twice"))
+        .stderr(out)
+        .spawn()
+        .unwrap_or_else(|e| panic!("redis-cli: {e}. {HOW_TO_GET_REDIS}"));
+    let mut status = None;
+    let finished = poll_until(CREATE_TIMEOUT, || {
+        status = child.try_wait().expect("redis-cli's status");
+        status.is_some()
+    });
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    if finished {
+        let status = status.expect("a finished redis-cli has a status");
+        assert!(
+            status.success(),
+            "redis-cli --cluster create failed: {}",
+            said()
+        );
+        return;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    eprintln!(
+        "redis-cli --cluster create still waiting after {CREATE_TIMEOUT:?}; the nodes meet again ({})",
+        said().trim()
+    );
+    for node in &nodes[1..] {
+        node.query::<()>(
+            cmd("CLUSTER")
+                .arg("MEET")
+                .arg("127.0.0.1")
+                .arg(nodes[0].port),
+        )
+        .expect("CLUSTER MEET");
     }
 }
