@@ -138,8 +138,9 @@ async fn compact_logs_rebased_grown_and_shrunk_agree_with_the_reference() {
     }
 }
 
-/// A compact log's string as stored (docs/SPEC.md, "Redis state") for offsets of 3 bytes:
-/// (base, head, count, room, latest offset) and the ring's offsets.
+/// A compact log's string as stored (docs/SPEC.md, "Redis state": base, room, head, count,
+/// latest offset) for offsets of 3 bytes: (base, head, count, room, latest offset) and the
+/// ring's offsets.
 fn compact_log_of(bytes: &[u8]) -> ([u64; 5], Vec<u64>) {
     let number = |at: usize, width: usize| {
         let mut le = [0; 8];
@@ -149,9 +150,9 @@ fn compact_log_of(bytes: &[u8]) -> ([u64; 5], Vec<u64>) {
     let base = f64::from_le_bytes(bytes[..8].try_into().unwrap()) as u64;
     let header = [
         base,
-        number(8, 4),
         number(12, 4),
         number(16, 4),
+        number(8, 4),
         number(20, 3),
     ];
     let ring = (23..bytes.len())

@@ -3,61 +3,42 @@
 -- w bytes: the fewest (3 to 7) whose span 2^(8w) exceeds twice the window W. Every entry is
 -- at or after the base; the live ones lie within W of now, so once the base is the oldest
 -- of them (a rebase, at most once a window) now's offset fits again.
--- The header (COMPACT_FIXED + w bytes): base (a double), head, count and room (4 bytes
--- each), and the latest time's offset (w bytes; the key's latest admission is its newest
--- entry). The ring grows and shrinks with what is live: a string rewritten whole with one
--- SET, sized to fill its allocation (room_for), never grown in place (Redis would double
--- it). See sliding_log.lua for what evaluating leaves in the rule; also base, room, width.
-local function compact_log_steps()
-  local COMPACT_FIXED = 20
-  -- How many of the oldest entries evaluating reads at once (see evaluate).
-  local COMPACT_FRONT = 8
-  -- Per width: the header's struct format, an entry's, and the span of its offsets.
-  local HEADER_FORMAT, ENTRY_FORMAT, SPAN = {}, {}, {}
-  for w = 3, 7 do
-    HEADER_FORMAT[w] = '<dI4I4I4I' .. w
-    ENTRY_FORMAT[w] = '<I' .. w
-    SPAN[w] = 2 ^ (8 * w)
-  end
+-- The header (COMPACT_FIXED + w bytes): base (a double) and room (4 bytes), which only a
+-- rewrite changes, then head and count (4 bytes each) and the latest time's offset (w
+-- bytes; the key's latest admission is its newest entry), which an admission writes at
+-- COMPACT_STATE. The ring grows and shrinks with what is live: a string rewritten whole
+-- with one SET, sized to fill its allocation (room_for), never grown in place (Redis would
+-- double it). See sliding_log.lua for what evaluating leaves in the rule; also base and
+-- room. The steps are made per width (compact_log_maker), their formats constants.
+local COMPACT_FIXED, COMPACT_STATE = 20, 12
+-- How many of the oldest entries evaluating reads at once (see evaluate).
+local COMPACT_FRONT = 8
 
-  local function width_of(window)
-    local w = 3
-    while SPAN[w] <= 2 * window do
-      w = w + 1
-    end
-    return w
-  end
+local function compact_log_steps(w)
+  -- The header's struct format, the state's (its part from COMPACT_STATE on), an entry's,
+  -- the span of an entry's offsets, and where the ring starts.
+  local HEADER, STATE, ENTRY = '<dI4I4I4I' .. w, '<I4I4I' .. w, '<I' .. w
+  local SPAN, RING = 2 ^ (8 * w), COMPACT_FIXED + w
 
-  -- Where slot `i` of the ring starts in the string.
-  local function slot_start(w, slot)
-    return COMPACT_FIXED + w * (1 + slot)
-  end
-
-  local function entry_offset(r, i)
-    local w = r.width
-    local o = slot_start(w, (r.head + i) % r.room)
-    return (unpack_struct(ENTRY_FORMAT[w], call('GETRANGE', r.key, o, o + w - 1)))
-  end
-
+  -- The time of entry i (from 0, oldest first).
   local function entry(r, i)
-    return r.base + entry_offset(r, i)
+    local o = RING + w * ((r.head + i) % r.room)
+    return r.base + unpack_struct(ENTRY, call('GETRANGE', r.key, o, o + w - 1))
   end
 
-  local function write_header(r, head, count, latest)
-    call('SETRANGE', r.key, 0,
-      pack(HEADER_FORMAT[r.width], r.base, head, count, r.room, latest - r.base))
+  -- The header's head, count and latest time (base and room stay).
+  local function write_state(r, head, count, latest)
+    call('SETRANGE', r.key, COMPACT_STATE, pack(STATE, head, count, latest - r.base))
   end
 
   -- Reads the header into `r`; false when there is no key.
   local function read_header(r)
-    local w = width_of(r.window)
-    r.width = w
-    local header = call('GETRANGE', r.key, 0, COMPACT_FIXED + w - 1)
-    if #header ~= COMPACT_FIXED + w then
+    local header = call('GETRANGE', r.key, 0, RING - 1)
+    if #header ~= RING then
       return false
     end
     local latest
-    r.base, r.head, r.count, r.room, latest = unpack_struct(HEADER_FORMAT[w], header)
+    r.base, r.room, r.head, r.count, latest = unpack_struct(HEADER, header)
     r.latest = r.base + latest
     return true
   end
@@ -66,7 +47,6 @@ local function compact_log_steps()
     if not read_header(r) then
       r.base, r.room, r.latest, r.new_key = 0, 0, 0, true
     end
-    local w = r.width
     r.now = max(t, r.latest)
     r.cutoff = r.now - r.window
     -- Admissions drop what has expired, so what has expired since is usually a few of the
@@ -74,11 +54,11 @@ local function compact_log_steps()
     -- start; only when all of those have expired does a binary search go on.
     local front = r.count > 0 and min(r.count, COMPACT_FRONT, r.room - r.head) or 0
     if front > 0 then
-      local o = slot_start(w, r.head)
+      local o = RING + w * r.head
       local entries = call('GETRANGE', r.key, o, o + w * front - 1)
-      local cutoff, format_w = r.cutoff - r.base, ENTRY_FORMAT[w]
+      local cutoff = r.cutoff - r.base
       local expired = 0
-      while expired < front and unpack_struct(format_w, entries, w * expired + 1) <= cutoff do
+      while expired < front and unpack_struct(ENTRY, entries, w * expired + 1) <= cutoff do
         expired = expired + 1
       end
       r.expired = expired
@@ -104,44 +84,28 @@ local function compact_log_steps()
     if n == 0 then
       return ''
     end
-    local w = r.width
     local start = (r.head + i) % r.room
     local fitting = min(n, r.room - start)
-    local o = slot_start(w, start)
+    local o = RING + w * start
     local entries = call('GETRANGE', r.key, o, o + w * fitting - 1)
     if fitting < n then
-      local rest = slot_start(w, n - fitting) - 1
-      entries = entries .. call('GETRANGE', r.key, slot_start(w, 0), rest)
+      entries = entries .. call('GETRANGE', r.key, RING, RING + w * (n - fitting) - 1)
     end
     return entries
   end
 
   -- Writes `entries` from index `i` on: one write, two if they wrap.
   local function write_entries(r, i, entries)
-    local w = r.width
     local n = #entries / w
     if n == 0 then
       return
     end
     local start = (r.head + i) % r.room
     local fitting = min(n, r.room - start)
-    call('SETRANGE', r.key, slot_start(w, start), string.sub(entries, 1, w * fitting))
+    call('SETRANGE', r.key, RING + w * start, string.sub(entries, 1, w * fitting))
     if fitting < n then
-      call('SETRANGE', r.key, slot_start(w, 0), string.sub(entries, w * fitting + 1))
+      call('SETRANGE', r.key, RING, string.sub(entries, w * fitting + 1))
     end
-  end
-
-  -- jemalloc's size class of `size` bytes (Redis' allocator): 16-spaced up to 128, then
-  -- four classes per doubling.
-  local function size_class(size)
-    if size <= 128 then
-      return 16 * floor((size + 15) / 16)
-    end
-    local spacing = 32
-    while spacing * 8 < size do
-      spacing = spacing * 2
-    end
-    return spacing * floor((size + spacing - 1) / spacing)
   end
 
   -- The header of a Redis string (sds) of `length` bytes.
@@ -149,13 +113,23 @@ local function compact_log_steps()
     return length < 256 and 3 or length < 65536 and 5 or 9
   end
 
-  -- The room for at least `needed` entries of w bytes that fills the string's allocation
-  -- (its length, sds header and terminator), so that growth is geometric with nothing
-  -- spare beyond the size class; at most the limit, unless more are needed (a lowered L).
-  local function room_for(needed, w, limit)
-    local length = slot_start(w, needed)
+  -- The room for at least `needed` entries that fills the string's allocation
+  -- (its length, sds header and terminator) to its size class in jemalloc, Redis'
+  -- allocator (16-spaced up to 128 bytes, then four classes per doubling), so that growth
+  -- is geometric with nothing spare; at most the limit, unless more are needed (a lowered
+  -- L).
+  local function room_for(needed, limit)
+    local length = RING + w * needed
     local header = sds_header(length)
-    local class = size_class(length + header + 1)
+    local size = length + header + 1
+    local spacing = 16
+    if size > 128 then
+      spacing = 32
+      while spacing * 8 < size do
+        spacing = spacing * 2
+      end
+    end
+    local class = spacing * floor((size + spacing - 1) / spacing)
     -- A longer string may take a longer sds header.
     local filled = class - sds_header(class - header - 1) - 1
     return max(needed, min(floor((filled - COMPACT_FIXED) / w) - 1, limit))
@@ -163,12 +137,11 @@ local function compact_log_steps()
 
   -- The live `entries` (offsets from `base`) as offsets from the oldest of them, and that
   -- base: every offset rewritten, in chunks (L may be tens of millions).
-  local function rebased(entries, w, base)
-    local format_w = ENTRY_FORMAT[w]
-    local oldest = unpack_struct(format_w, entries, 1)
+  local function rebased(entries, base)
+    local oldest = unpack_struct(ENTRY, entries, 1)
     local chunks, chunk = {}, {}
     for p = 1, #entries, w do
-      chunk[#chunk + 1] = pack(format_w, unpack_struct(format_w, entries, p) - oldest)
+      chunk[#chunk + 1] = pack(ENTRY, unpack_struct(ENTRY, entries, p) - oldest)
       if #chunk == 1024 then
         chunks[#chunks + 1] = table.concat(chunk)
         chunk = {}
@@ -182,18 +155,18 @@ local function compact_log_steps()
   -- 0), then `cost` at now, in a ring sized to them (room_for); rebased when now's offset
   -- would not fit.
   local function rewrite(r, cost, margin)
-    local w, live, now = r.width, r.live, r.now
+    local live, now = r.live, r.now
     local needed = live + cost
     local entries = read_entries(r, r.expired, live)
     if live == 0 then
       r.base = now
-    elseif now - r.base >= SPAN[w] then
-      entries, r.base = rebased(entries, w, r.base)
+    elseif now - r.base >= SPAN then
+      entries, r.base = rebased(entries, r.base)
     end
-    r.room = room_for(needed, w, r.limit)
-    local format_w, offset = ENTRY_FORMAT[w], now - r.base
-    call('SET', r.key, pack(HEADER_FORMAT[w], r.base, 0, needed, r.room, offset) .. entries
-      .. string.rep(pack(format_w, offset), cost) .. string.rep('\0', w * (r.room - needed)),
+    r.room = room_for(needed, r.limit)
+    local offset = now - r.base
+    call('SET', r.key, pack(HEADER, r.base, r.room, 0, needed, offset) .. entries
+      .. string.rep(pack(ENTRY, offset), cost) .. string.rep('\0', w * (r.room - needed)),
       'PX', ttl_ms(r.window, margin))
   end
 
@@ -201,27 +174,28 @@ local function compact_log_steps()
   -- offset fits its width and the string needs no more than half its length for them;
   -- otherwise rewritten.
   local function record(r, cost, margin)
-    local w, room, live = r.width, r.room, r.live
+    local room, live = r.room, r.live
     local needed = live + cost
     local offset = r.now - r.base
-    if needed > room or offset >= SPAN[w]
-      or 2 * slot_start(w, needed) <= slot_start(w, room) then
+    -- (The string, F + w·(1 + room) bytes, over twice what needed takes: w·(room − 2·needed
+    -- − 1) ≥ F.)
+    if needed > room or offset >= SPAN or w * (room - 2 * needed - 1) >= COMPACT_FIXED then
       rewrite(r, cost, margin)
       return
     end
     local key = r.key
-    local run = string.rep(pack(ENTRY_FORMAT[w], offset), cost)
+    local run = string.rep(pack(ENTRY, offset), cost)
     local head = (r.head + r.expired) % room
     -- The run may wrap around the end of the ring.
     local first = (head + live) % room
     local fitting = min(cost, room - first)
     if fitting == cost then
-      call('SETRANGE', key, slot_start(w, first), run)
+      call('SETRANGE', key, RING + w * first, run)
     else
-      call('SETRANGE', key, slot_start(w, first), string.sub(run, 1, w * fitting))
-      call('SETRANGE', key, slot_start(w, 0), string.sub(run, w * fitting + 1))
+      call('SETRANGE', key, RING + w * first, string.sub(run, 1, w * fitting))
+      call('SETRANGE', key, RING, string.sub(run, w * fitting + 1))
     end
-    write_header(r, head, needed, r.now)
+    write_state(r, head, needed, r.now)
     call('PEXPIRE', key, ttl_ms(r.window, margin))
   end
 
@@ -252,7 +226,7 @@ local function compact_log_steps()
       return true
     end
     r.head = (r.head + r.expired) % r.room
-    write_header(r, r.head, count, entry(r, count - 1))
+    write_state(r, r.head, count, entry(r, count - 1))
     return true
   end
 
@@ -294,7 +268,7 @@ local function compact_log_steps()
     end
     write_entries(r, after - removed, read_entries(r, after, r.count - after))
     -- The latest time is the newest entry left, as if the admission never was.
-    write_header(r, r.head, count, entry(r, count - 1))
+    write_state(r, r.head, count, entry(r, count - 1))
   end
 
   local function give_back(r, at, cost)
@@ -310,4 +284,22 @@ local function compact_log_steps()
   end
 
   return evaluate, record, answer, give_back, report, refund, unreserve
+end
+
+-- The makers of the compact steps, by width.
+local compact_log_makers = {}
+
+-- The maker of the compact steps for a rule of `window` µs: the width is the fewest bytes,
+-- from 3, whose span 2^(8w) exceeds 2 · window.
+local function compact_log_maker(window)
+  local w = 3
+  while 2 ^ (8 * w) <= 2 * window do
+    w = w + 1
+  end
+  local make = compact_log_makers[w]
+  if not make then
+    make = function() return compact_log_steps(w) end
+    compact_log_makers[w] = make
+  end
+  return make
 end
