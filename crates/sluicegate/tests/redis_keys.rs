@@ -176,39 +176,100 @@ async fn an_unreachable_server_is_an_error_naming_it() {
     );
 }
 
+/// MEMORY USAGE of the state key of `rule` for `key`, in bytes.
+fn memory_usage(store: &RedisStore, rule: &Rule, key: &str) -> u64 {
+    let state_key = store.state_key(rule, key);
+    support::standalone()
+        .query(cmd("MEMORY").arg("USAGE").arg(&state_key))
+        .unwrap()
+}
+
+/// Admits one unit of `rule` for `key` at each of `times`.
+async fn admit_at(store: &RedisStore, rule: &Rule, key: &str, times: impl Iterator<Item = u64>) {
+    let limits = [Limit { rule, key }];
+    for at in times {
+        let check = Check {
+            at: Some(at),
+            ..Check::new(&limits, 1)
+        };
+        let outcome = store.check(&check).await.unwrap();
+        assert!(outcome.decision.allowed, "at {at}: {outcome:?}");
+    }
+}
+
+/// A sliding log of L = 1000 over W, in `layout`.
+fn log_rule(layout: LogLayout, window: u64) -> Rule {
+    let spec = RuleSpec {
+        layout: Some(layout),
+        ..RuleSpec::new(Algorithm::SlidingLog, 1000, window)
+    };
+    Rule::new(&format!("memory-{window}"), &spec).unwrap()
+}
+
+/// A compact log's string grows with what it holds: at every occupancy from 1 entry to L it
+/// costs no more than the zset, and from a tenth of L on at most 10 bytes an entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn compact_log_costs_at_most_ten_bytes_an_entry() {
+async fn a_compact_log_costs_what_it_holds() {
     let store = store_at(
         &support::standalone().url(),
         "memory-usage",
         Scripting::Auto,
     )
     .await;
-    let server = support::standalone();
-    let mut usage = Vec::new();
-    for layout in [LogLayout::Zset, LogLayout::Compact] {
-        let spec = RuleSpec {
-            layout: Some(layout),
-            ..RuleSpec::new(Algorithm::SlidingLog, 1000, 3_600_000_000)
-        };
-        let rule = Rule::new("memory", &spec).unwrap();
-        let limits = [Limit {
-            rule: &rule,
-            key: "full",
-        }];
-        for i in 0..1000 {
-            let check = Check {
-                at: Some(1_700_000_000_000_000 + i * 10),
-                ..Check::new(&limits, 1)
-            };
-            assert!(store.check(&check).await.unwrap().decision.allowed);
+    const T0: u64 = 1_700_000_000_000_000;
+    for window in [1_000_000, 3_600_000_000] {
+        let (zset, compact) = (
+            log_rule(LogLayout::Zset, window),
+            log_rule(LogLayout::Compact, window),
+        );
+        for n in [1, 2, 5, 10, 50, 100, 128, 129, 200, 500, 999, 1000] {
+            let key = format!("fresh:{n}");
+            let times = || (0..n).map(|i| T0 + i * 10);
+            admit_at(&store, &zset, &key, times()).await;
+            admit_at(&store, &compact, &key, times()).await;
+            let (zset_bytes, compact_bytes) = (
+                memory_usage(&store, &zset, &key),
+                memory_usage(&store, &compact, &key),
+            );
+            eprintln!("W={window} n={n}: zset {zset_bytes} B, compact {compact_bytes} B");
+            assert!(
+                compact_bytes <= zset_bytes,
+                "W={window} n={n}: compact {compact_bytes} B, zset {zset_bytes} B"
+            );
+            if n >= 100 {
+                assert!(
+                    compact_bytes <= 10 * n,
+                    "W={window} n={n}: compact {compact_bytes} B"
+                );
+            }
         }
-        let key = store.state_key(&rule, "full");
-        let bytes: f64 = server.query(cmd("MEMORY").arg("USAGE").arg(&key)).unwrap();
-        usage.push(bytes / 1000.0);
     }
-    assert!(usage[1] <= 10.0, "compact: {} bytes per entry", usage[1]);
-    assert!(usage[0] > 50.0, "zset: {} bytes per entry", usage[0]);
+}
+
+/// A compact log that held L and whose traffic falls to a steady tenth of L (one admission
+/// every W/100: entries expire as new ones arrive) shrinks to what is live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compact_log_shrinks_to_what_is_live() {
+    let store = store_at(
+        &support::standalone().url(),
+        "memory-steady",
+        Scripting::Auto,
+    )
+    .await;
+    const T0: u64 = 1_700_000_000_000_000;
+    for window in [1_000_000, 3_600_000_000] {
+        let rule = log_rule(LogLayout::Compact, window);
+        admit_at(&store, &rule, "steady", (0..1000).map(|i| T0 + i)).await;
+        let full = memory_usage(&store, &rule, "steady");
+        // From when those have expired, three windows of a tenth of L: the last window's
+        // 100 admissions are what is live.
+        let step = window / 100;
+        let start = T0 + 1000 + window;
+        admit_at(&store, &rule, "steady", (0..300).map(|i| start + i * step)).await;
+        let steady = memory_usage(&store, &rule, "steady");
+        eprintln!("W={window}: full {full} B, steady at 100 live {steady} B");
+        assert!(steady <= 10 * 100, "W={window}: {steady} B for 100 live");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,8 @@ mod redis_trace;
 #[path = "redis_trace/stores.rs"]
 mod stores;
 
-use redis_trace::{CASES, Trace, check_of, limits_of};
+use redis_trace::compact::{self, Scripted};
+use redis_trace::{CASES, Line, Trace, check_of, limits_of};
 use stores::{prefix, store_at};
 
 /// Runs `lines` random checks through the memory store and `store`, comparing every
@@ -30,19 +31,35 @@ async fn differential(
     lines: usize,
 ) {
     let mut trace = Trace::new(algorithm, layout, seed);
-    let reference = MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)));
+    let reference = reference();
     for n in 0..lines {
         let line = trace.next();
-        let limits = limits_of(&trace.rules, &line);
-        let check = check_of(&limits, &line);
-        let want = reference.check_now(&check).unwrap();
-        let got = store.check(&check).await.unwrap();
-        assert_eq!(
-            got, want,
-            "{algorithm} {layout:?} seed {seed} line {n}: t={} limits={:?} cost={} costs={:?} id={:?} {:?}",
-            line.at, line.limits, line.cost, line.costs, line.request_id, line.charge
-        );
+        let what = format!("{algorithm} {layout:?} seed {seed} line {n}");
+        decide_both(store, &reference, &trace.rules, &line, &what).await;
     }
+}
+
+fn reference() -> MemoryStore {
+    MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)))
+}
+
+/// Decides `line` on the reference and on `store`, and holds the decisions equal.
+async fn decide_both(
+    store: &RedisStore,
+    reference: &MemoryStore,
+    rules: &[Rule],
+    line: &Line,
+    what: &str,
+) {
+    let limits = limits_of(rules, line);
+    let check = check_of(&limits, line);
+    let want = reference.check_now(&check).unwrap();
+    let got = store.check(&check).await.unwrap();
+    assert_eq!(
+        got, want,
+        "{what}: t={} limits={:?} cost={} costs={:?} id={:?} {:?}",
+        line.at, line.limits, line.cost, line.costs, line.request_id, line.charge
+    );
 }
 
 /// A store on the standalone server that sends its checks with EVALSHA.
@@ -95,6 +112,87 @@ async fn cluster_agrees_with_the_reference() {
     agrees_with_the_reference(&store, 104_729, 2, 500).await;
 }
 
+/// The compact log's scripted traces (redis_trace/compact.rs) through functions, EVALSHA
+/// and on the cluster: rebased, grown and shrunk, it decides as the reference does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compact_logs_rebased_grown_and_shrunk_agree_with_the_reference() {
+    let stores = [
+        store_at(&support::standalone().url(), "compact", Scripting::Auto).await,
+        evalsha_store("compact-evalsha").await,
+        store_at(&support::cluster().url(), "compact", Scripting::Auto).await,
+    ];
+    for (i, store) in stores.iter().enumerate() {
+        for (trace, Scripted { rules, lines }) in [
+            ("rebasing", compact::rebasing(&format!("rebasing-{i}"))),
+            (
+                "growing",
+                compact::growing_and_shrinking(&format!("growing-{i}")),
+            ),
+        ] {
+            let reference = reference();
+            for (n, line) in lines.iter().enumerate() {
+                let what = format!("store {i}, {trace} line {n}");
+                decide_both(store, &reference, &rules, line, &what).await;
+            }
+        }
+    }
+}
+
+/// A compact log's string as stored (docs/SPEC.md, "Redis state": base, room, head, count,
+/// latest offset) for offsets of 3 bytes: (base, head, count, room, latest offset) and the
+/// ring's offsets.
+fn compact_log_of(bytes: &[u8]) -> ([u64; 5], Vec<u64>) {
+    let number = |at: usize, width: usize| {
+        let mut le = [0; 8];
+        le[..width].copy_from_slice(&bytes[at..at + width]);
+        u64::from_le_bytes(le)
+    };
+    let base = f64::from_le_bytes(bytes[..8].try_into().unwrap()) as u64;
+    let header = [
+        base,
+        number(12, 4),
+        number(16, 4),
+        number(8, 4),
+        number(20, 3),
+    ];
+    let ring = (23..bytes.len())
+        .step_by(3)
+        .map(|at| number(at, 3))
+        .collect();
+    (header, ring)
+}
+
+/// Over a minute under W = 2 s the log's times outrun 3-byte offsets several times: each
+/// time its base moves up to the oldest live entry, every entry stays in time order within
+/// the ring, the newest is the latest admission, and the string is its room, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compact_log_rebases_before_an_offset_outgrows_its_width() {
+    let store = store_at(&support::standalone().url(), "rebase", Scripting::Auto).await;
+    let Scripted { rules, lines } = compact::rebasing("rebase");
+    let key = store.state_key(&rules[0], "user:1");
+    let reference = reference();
+    let mut bases = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        decide_both(&store, &reference, &rules, line, &format!("line {n}")).await;
+        let bytes: Vec<u8> = support::standalone().query(cmd("GET").arg(&key)).unwrap();
+        if bytes.is_empty() {
+            continue;
+        }
+        let ([base, head, count, room, latest], ring) = compact_log_of(&bytes);
+        assert_eq!(ring.len() as u64, room, "line {n}: {bytes:?}");
+        let times: Vec<u64> = (head..head + count)
+            .map(|i| base + ring[(i % room) as usize])
+            .collect();
+        assert!(times.is_sorted(), "line {n}: {times:?}");
+        assert_eq!(times.last(), Some(&(base + latest)), "line {n}");
+        assert!(base + latest <= line.at, "line {n}");
+        if bases.last() != Some(&base) {
+            bases.push(base);
+        }
+    }
+    assert!(bases.len() > 3, "bases {bases:?}");
+}
+
 /// Checks in flight together on one server share script calls (the store batches them), and
 /// each is still decided as if alone: lanes of every algorithm and layout, each with rules
 /// and keys of its own, send one check each per round, all at once, and every decision is
@@ -133,10 +231,7 @@ async fn checks_in_flight_together_share_a_call_and_agree_with_the_reference() {
 /// Sends each lane's next check, all at once, `rounds` times, and holds every decision to
 /// the reference: a memory store per lane, since each lane keeps its own time.
 async fn in_shared_calls(store: &RedisStore, mut lanes: Vec<Trace>, rounds: usize) {
-    let references: Vec<MemoryStore> = lanes
-        .iter()
-        .map(|_| MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0))))
-        .collect();
+    let references: Vec<MemoryStore> = lanes.iter().map(|_| reference()).collect();
     for round in 0..rounds {
         let mut sent = Vec::new();
         for lane in &mut lanes {

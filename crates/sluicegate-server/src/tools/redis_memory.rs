@@ -6,18 +6,30 @@ use sluicegate::{Algorithm, LogLayout, Rule};
 /// Redis bytes for one key's state, from `MEMORY USAGE` on Redis 7.0 with sluicegate's key
 /// names (about 70 bytes): a hash of 2–3 small fields takes 184 bytes; a sliding counter
 /// adds about 20 per bucket; a zset log about 36 per entry while Redis keeps it as a
-/// listpack (up to 128 entries) and 116 per entry as a skiplist; a compact log 8 per slot
-/// of L. `sluicegate plan --redis` measures them on a real server.
+/// listpack (up to 128 entries) and 116 per entry as a skiplist; a compact log's string
+/// is a (20 + w)-byte header and w bytes per live entry, sized to fill its allocation
+/// (an eighth more on average). `sluicegate plan --redis` measures them on a real server.
 pub(crate) fn redis_bytes(rule: &Rule, layout: LogLayout, entries: u64) -> u64 {
     match rule.algorithm() {
         Algorithm::SlidingLog => match layout {
             LogLayout::Zset if entries <= 128 => 140 + 36 * entries,
             LogLayout::Zset => 200 + 116 * entries,
-            LogLayout::Compact => 200 + 8 * rule.limit(),
+            LogLayout::Compact => {
+                let width = compact_entry_width(rule.window());
+                140 + (20 + width * (entries + 1)) * 9 / 8
+            }
         },
         Algorithm::SlidingCounter => 184 + 20 * rule.buckets().saturating_sub(1),
         Algorithm::FixedWindow | Algorithm::TokenBucket | Algorithm::LeakyBucket => 184,
     }
+}
+
+/// The bytes of a compact log's entry under a window of `window` µs (docs/SPEC.md, "Redis
+/// state"): the fewest, from 3, whose offsets span more than twice the window.
+fn compact_entry_width(window: u64) -> u64 {
+    (3..8)
+        .find(|width| 1u128 << (8 * width) > 2 * u128::from(window))
+        .unwrap_or(7)
 }
 
 /// Bytes in binary units (`97.7 KiB`).
@@ -41,6 +53,10 @@ mod tests {
     fn memory_estimates_follow_the_measured_constants() {
         let rule = Rule::new("r", &RuleSpec::new(Algorithm::SlidingLog, 1000, S)).unwrap();
         assert_eq!(redis_bytes(&rule, LogLayout::Zset, 1000), 116_200);
-        assert_eq!(redis_bytes(&rule, LogLayout::Compact, 1000), 8_200);
+        // 3 bytes an entry under 1 s, 5 under an hour.
+        assert_eq!(redis_bytes(&rule, LogLayout::Compact, 1000), 3_540);
+        assert_eq!(redis_bytes(&rule, LogLayout::Compact, 100), 503);
+        let hour = Rule::new("r", &RuleSpec::new(Algorithm::SlidingLog, 1000, 3600 * S)).unwrap();
+        assert_eq!(redis_bytes(&hour, LogLayout::Compact, 1000), 5_793);
     }
 }

@@ -24,8 +24,9 @@ pub const MAX_SPAN: u64 = (1 << 53) - (1 << 52);
 /// The most units a `zset` sliding-log may hold at once.
 pub const MAX_ZSET_LOG_LIMIT: u64 = 999_999_999;
 
-/// The most units a `compact` sliding-log may hold at once: one Redis string of 8 bytes a
-/// unit (and a 24-byte header) within Redis' 512 MiB.
+/// The most units a `compact` sliding-log may hold at once: the bound of its first layout
+/// (8 bytes a unit and a 24-byte header within Redis' 512 MiB string), kept: the entries of
+/// its second take at most 7 bytes.
 pub const MAX_COMPACT_LOG_LIMIT: u64 = (512 * 1024 * 1024 - 24) / 8;
 
 /// The sliding-counter default number of sub-buckets (docs/SPEC.md).
@@ -93,12 +94,12 @@ impl Rule {
         let layout = layout.unwrap_or_default();
         if algorithm == Algorithm::SlidingLog {
             // One zset member per unit numbers it with at most 9 digits; a compact log is
-            // one string of 8 bytes per unit, and Redis strings stop at 512 MiB.
+            // one string of at most 8 bytes per unit, and Redis strings stop at 512 MiB.
             let (most, why) = match layout {
                 LogLayout::Zset => (MAX_ZSET_LOG_LIMIT, "a zset sliding-log"),
                 LogLayout::Compact => (
                     MAX_COMPACT_LOG_LIMIT,
-                    "a compact sliding-log (8 bytes each, 512 MiB a string)",
+                    "a compact sliding-log (one Redis string, at most 512 MiB)",
                 ),
             };
             if limit > most {
@@ -355,7 +356,9 @@ impl RuleInner {
     /// number keeps each key's usage:
     ///
     /// - `sliding-log`: the window (the log keeps only one window of entries, so it cannot
-    ///   answer for a longer one), and the layout; `compact` also L, the size of its ring;
+    ///   answer for a longer one), and the layout (`cpt2`: the compact string's second
+    ///   layout, whose keys no instance of the first reads, as long as `zset` so that key
+    ///   names cost the same; it holds any L);
     /// - `sliding-counter`: the window and the buckets (they fix the buckets' edges);
     /// - `fixed-window`: the window (it fixes the windows' edges);
     /// - `token-bucket`, `leaky-bucket`: nothing but the algorithm (the state converts).
@@ -373,7 +376,7 @@ impl RuleInner {
                 identity += &format!("|w={}|zset", self.window);
             }
             (Algorithm::SlidingLog, LogLayout::Compact) => {
-                identity += &format!("|w={}|compact|l={}", self.window, self.limit);
+                identity += &format!("|w={}|cpt2", self.window);
             }
             (Algorithm::SlidingCounter, _) => {
                 identity += &format!("|w={}|n={}", self.window, self.buckets);

@@ -74,8 +74,9 @@ pub enum LogLayout {
     /// `ZRANGE key 0 -1 WITHSCORES`.
     #[default]
     Zset,
-    /// A ring of L 8-byte timestamps in one string: a fraction of the memory, constant
-    /// work per check.
+    /// A ring of time offsets of 3 to 7 bytes (by the window) in one string sized to what
+    /// is live: a fraction of the memory, constant work per check but for a rewrite when
+    /// the string grows, shrinks or rebases.
     Compact,
 }
 

@@ -10,7 +10,7 @@ pub(crate) fn shared_by(rule: &Rule) -> String {
     let spec = rule.spec();
     match spec.algorithm {
         Algorithm::SlidingLog if spec.layout == Some(LogLayout::Compact) => {
-            format!("log compact {} {}", spec.window, spec.limit)
+            format!("log compact {}", spec.window)
         }
         Algorithm::SlidingLog => format!("log zset {}", spec.window),
         Algorithm::SlidingCounter => format!("counter {} {}", spec.window, rule.buckets()),

@@ -3,6 +3,7 @@
 //! hit every rounding edge.
 
 mod cases;
+pub(crate) mod compact;
 mod random;
 
 pub(crate) use cases::CASES;

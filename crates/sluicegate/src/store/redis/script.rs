@@ -16,6 +16,7 @@ use crate::store::check::{Charge, Check};
 pub(super) const CHECK_LIBRARY: &str = concat!(
     include_str!("lua/prelude.lua"),
     include_str!("lua/sliding_log.lua"),
+    include_str!("lua/sliding_log_compact.lua"),
     include_str!("lua/sliding_counter.lua"),
     include_str!("lua/fixed_window.lua"),
     include_str!("lua/gcra.lua"),
