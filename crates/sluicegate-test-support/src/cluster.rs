@@ -62,10 +62,11 @@ impl RedisCluster {
         self.nodes.iter().filter(|node| node.is_master()).collect()
     }
 
-    /// Moves `slot` from master `source` to master `target` as `redis-cli --cluster
-    /// reshard` does: `CLUSTER SETSLOT … IMPORTING` on the target and `MIGRATING` on the
-    /// source, `MIGRATE` key by key (calling `between_keys` before each, so that whatever
-    /// runs meanwhile meets every stage), then `SETSLOT … NODE` on every master.
+    /// Moves `slot` from master `source` to master `target`, as a reshard does: `CLUSTER
+    /// SETSLOT … IMPORTING` on the target and `MIGRATING` on the source, `MIGRATE` key by key
+    /// (calling `between_keys` before each, so that whatever runs meanwhile meets every
+    /// stage), then `SETSLOT … NODE` on the target, the source and the other masters, in
+    /// that order.
     pub fn move_slot(
         &self,
         slot: u16,
@@ -101,8 +102,15 @@ impl RedisCluster {
                 )
                 .expect("MIGRATE");
         }
+        // The target first, then the source: between the source's SETSLOT and the target's,
+        // the source would send a command for the slot to the target (MOVED), and the
+        // target, still importing, back to the source, until a client's retries ran out.
+        setslot(target, "NODE", &target_id);
+        setslot(source, "NODE", &target_id);
         for master in self.current_masters() {
-            setslot(master, "NODE", &target_id);
+            if master.port != source.port && master.port != target.port {
+                setslot(master, "NODE", &target_id);
+            }
         }
     }
 }
