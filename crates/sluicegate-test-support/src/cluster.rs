@@ -48,6 +48,65 @@ impl RedisCluster {
     pub fn current_masters(&self) -> Vec<&RedisServer> {
         self.nodes.iter().filter(|node| node.is_master()).collect()
     }
+
+    /// Moves `slot` from master `source` to master `target`, as a reshard does: `CLUSTER
+    /// SETSLOT … IMPORTING` on the target and `MIGRATING` on the source, `MIGRATE` key by key
+    /// (calling `between_keys` before each, so that whatever runs meanwhile meets every
+    /// stage), then `SETSLOT … NODE` on the target, the source and the other masters, in
+    /// that order.
+    pub fn move_slot(
+        &self,
+        slot: u16,
+        source: &RedisServer,
+        target: &RedisServer,
+        mut between_keys: impl FnMut(),
+    ) {
+        let (source_id, target_id) = (node_id(source), node_id(target));
+        let setslot = |node: &RedisServer, how: &str, id: &str| {
+            node.query::<()>(cmd("CLUSTER").arg("SETSLOT").arg(slot).arg(how).arg(id))
+                .unwrap_or_else(|e| panic!("SETSLOT {how} on {}: {e}", node.port));
+        };
+        setslot(target, "IMPORTING", &source_id);
+        setslot(source, "MIGRATING", &target_id);
+        loop {
+            let moving: Vec<String> = source
+                .query(cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(1))
+                .expect("CLUSTER GETKEYSINSLOT");
+            if moving.is_empty() {
+                break;
+            }
+            between_keys();
+            source
+                .query::<()>(
+                    cmd("MIGRATE")
+                        .arg("127.0.0.1")
+                        .arg(target.port)
+                        .arg("")
+                        .arg(0)
+                        .arg(5000)
+                        .arg("KEYS")
+                        .arg(&moving),
+                )
+                .expect("MIGRATE");
+        }
+        // The target first, then the source: between the source's SETSLOT and the target's,
+        // the source would send a command for the slot to the target (MOVED), and the
+        // target, still importing, back to the source, until a client's retries ran out.
+        setslot(target, "NODE", &target_id);
+        setslot(source, "NODE", &target_id);
+        for master in self.current_masters() {
+            if master.port != source.port && master.port != target.port {
+                setslot(master, "NODE", &target_id);
+            }
+        }
+    }
+}
+
+/// The node id of `server` (`CLUSTER MYID`).
+fn node_id(server: &RedisServer) -> String {
+    server
+        .query::<String>(cmd("CLUSTER").arg("MYID"))
+        .expect("CLUSTER MYID")
 }
 
 /// How long `redis-cli --cluster create` may take: it assigns the slots, then waits, with

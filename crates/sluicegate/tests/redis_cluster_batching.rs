@@ -169,13 +169,6 @@ async fn checks_of_one_node_share_a_call_across_slots() {
     assert_eq!(admitted, vec![0; keys.len()]);
 }
 
-/// The node id of `server`.
-fn node_id(server: &RedisServer) -> String {
-    server
-        .query::<String>(cmd("CLUSTER").arg("MYID"))
-        .expect("CLUSTER MYID")
-}
-
 /// Keys whose identities share the slot of `first`.
 fn keys_of_one_slot(first: &str, count: usize) -> Vec<String> {
     let slot = identity_slot(first);
@@ -315,7 +308,6 @@ async fn migrate_under(
         .copied()
         .find(|m| m.port != source.port)
         .unwrap();
-    let (source_id, target_id) = (node_id(source), node_id(target));
 
     let checks = {
         let (store, rule, keys) = (store.clone(), rule.clone(), keys.to_vec());
@@ -340,39 +332,9 @@ async fn migrate_under(
             std::thread::sleep(Duration::from_millis(1));
         }
     };
-    let migrate = || {
-        let setslot = |node: &RedisServer, how: &str, id: &str| {
-            node.query::<()>(cmd("CLUSTER").arg("SETSLOT").arg(slot).arg(how).arg(id))
-                .unwrap_or_else(|e| panic!("SETSLOT {how} on {}: {e}", node.port));
-        };
-        setslot(target, "IMPORTING", &source_id);
-        setslot(source, "MIGRATING", &target_id);
-        loop {
-            let moving: Vec<String> = source
-                .query(cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(1))
-                .unwrap();
-            if moving.is_empty() {
-                break;
-            }
-            checks_move_on(store.script_calls().calls);
-            source
-                .query::<()>(
-                    cmd("MIGRATE")
-                        .arg("127.0.0.1")
-                        .arg(target.port)
-                        .arg("")
-                        .arg(0)
-                        .arg(5000)
-                        .arg("KEYS")
-                        .arg(&moving),
-                )
-                .expect("MIGRATE");
-        }
-        for master in &masters {
-            setslot(master, "NODE", &target_id);
-        }
-    };
-    migrate();
+    cluster.move_slot(slot, source, target, || {
+        checks_move_on(store.script_calls().calls)
+    });
     let (admitted, errors) = checks.await.unwrap();
     for key in keys {
         assert_eq!(owner_of(key).port, target.port, "{key} did not move");

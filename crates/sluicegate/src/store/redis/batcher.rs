@@ -67,12 +67,42 @@ struct Group<T> {
 }
 
 /// What a check of a cluster is grouped by.
-#[derive(PartialEq)]
-enum Lane<'a> {
-    /// The node its slot is on, by the slot map.
+#[derive(Clone, Copy, PartialEq)]
+enum Lane {
+    /// The node all its slots are on, by the slot map.
     Node(u16),
-    /// Its own keys: where the map does not tell, for an undo, and without functions.
-    Keys(&'a [String]),
+    /// Its own keys, all of one slot: where the map does not tell, for an undo, and
+    /// without functions.
+    Keys,
+    /// Nowhere: its keys are of several slots, which are not all on one node by the map
+    /// (or calls cannot be routed). It is turned away unsent, to be run slot by slot.
+    Nowhere,
+}
+
+impl Lane {
+    fn of(check: &ScriptCheck, slots: &SlotMap, routes: bool) -> Lane {
+        let keys = check.keys();
+        match node_of(keys, slots) {
+            Some(node) if routes && !check.is_undo() => Lane::Node(node),
+            _ if spans_slots(keys) => Lane::Nowhere,
+            _ => Lane::Keys,
+        }
+    }
+}
+
+/// The node that serves the slots of all of `keys`, by the map, if one does.
+fn node_of(keys: &[String], slots: &SlotMap) -> Option<u16> {
+    let mut nodes = keys.iter().map(|key| slots.node_of(hash_slot(key)));
+    let node = nodes.next()??;
+    nodes.all(|other| other == Some(node)).then_some(node)
+}
+
+/// Whether `keys` are of several hash slots.
+fn spans_slots(keys: &[String]) -> bool {
+    let mut key_slots = keys.iter().map(|key| hash_slot(key));
+    key_slots
+        .next()
+        .is_some_and(|first| key_slots.any(|slot| slot != first))
 }
 
 impl Target {
@@ -90,63 +120,75 @@ impl Target {
         }
     }
 
-    /// `calls` split into the groups that may share a call, each in queue order: all of
-    /// them on one server. On a cluster, with functions, the checks of one node by `slots`
-    /// go in one routed call (see [`routed_command`](super::script::routed_command)) —
-    /// unless they are all of the same keys, which go declared; without functions, or
-    /// where the map does not tell, only checks of the very same keys share a (declared)
-    /// call. A declared call whose keys are all one check's is refused or redirected
-    /// (`MOVED`, `ASK`, `TRYAGAIN` while its slot migrates) exactly when that check alone
-    /// would be.
+    /// `calls` split into the groups that may share a call, each in queue order, and those
+    /// turned away unsent: all of them go in one call on one server. On a cluster, with
+    /// functions, the checks of one node by `slots` go in one routed call (see
+    /// [`routed_command`](super::script::routed_command)) — unless they are all of the same
+    /// keys of one slot, which go declared; a check of several slots goes there too, when
+    /// the map puts them all on one node, and is turned away otherwise (a declared call
+    /// of several slots is refused with `CROSSSLOT`). Without functions, or where the map
+    /// does not tell, only checks of the very same keys share a (declared) call. A
+    /// declared call whose keys are all one check's is refused or redirected (`MOVED`,
+    /// `ASK`, `TRYAGAIN` while its slot migrates) exactly when that check alone would be.
     fn split<T>(
         &self,
         calls: Vec<T>,
         call: impl Fn(&T) -> &ScriptCheck,
         slots: &SlotMap,
         routes: bool,
-    ) -> Vec<Group<T>> {
+    ) -> (Vec<Group<T>>, Vec<T>) {
         if let Target::Server(_) = self {
-            return vec![Group {
+            let group = Group {
                 members: calls,
                 routed_to: None,
-            }];
+            };
+            return (vec![group], Vec::new());
         }
-        fn lane<'a>(check: &'a ScriptCheck, slots: &SlotMap, routes: bool) -> Lane<'a> {
-            let node = check
-                .keys()
-                .first()
-                .and_then(|key| slots.node_of(hash_slot(key)));
-            match node {
-                Some(node) if routes && !check.is_undo() => Lane::Node(node),
-                _ => Lane::Keys(check.keys()),
-            }
-        }
-        let mut groups: Vec<Group<T>> = Vec::new();
+        let address = |node| {
+            slots
+                .address(node)
+                .map(|(host, port)| (host.to_owned(), port))
+        };
+        let mut groups: Vec<(Lane, Group<T>)> = Vec::new();
+        let mut turned_away = Vec::new();
         for queued in calls {
-            // Once per check: a lane is a slot hash and a map lookup.
-            let queued_lane = lane(call(&queued), slots, routes);
-            let found = groups
-                .iter_mut()
-                .find(|group| lane(call(&group.members[0]), slots, routes) == queued_lane);
+            let check = call(&queued);
+            let lane = Lane::of(check, slots, routes);
+            if lane == Lane::Nowhere {
+                turned_away.push(queued);
+                continue;
+            }
+            let found = groups.iter_mut().find(|(group_lane, group)| {
+                *group_lane == lane
+                    && (lane != Lane::Keys || call(&group.members[0]).keys() == check.keys())
+            });
             match found {
-                Some(group) => {
+                Some((_, group)) => {
                     if group.routed_to.is_none()
-                        && call(&group.members[0]).keys() != call(&queued).keys()
-                        && let Lane::Node(node) = queued_lane
+                        && call(&group.members[0]).keys() != check.keys()
+                        && let Lane::Node(node) = lane
                     {
-                        group.routed_to = slots
-                            .address(node)
-                            .map(|(host, port)| (host.to_owned(), port));
+                        group.routed_to = address(node);
                     }
                     group.members.push(queued);
                 }
-                None => groups.push(Group {
-                    members: vec![queued],
-                    routed_to: None,
-                }),
+                None => {
+                    let routed_to = match lane {
+                        Lane::Node(node) if spans_slots(check.keys()) => address(node),
+                        _ => None,
+                    };
+                    let group = Group {
+                        members: vec![queued],
+                        routed_to,
+                    };
+                    groups.push((lane, group));
+                }
             }
         }
-        groups
+        (
+            groups.into_iter().map(|(_, group)| group).collect(),
+            turned_away,
+        )
     }
 
     /// Sends one call carrying `calls`, bounded by `hold`; replaces a single server's
@@ -245,7 +287,11 @@ impl Batcher {
                     }
                 }
                 let mut permit = Some(permit);
-                let groups = target.split(batch, |queued| &queued.call, &slots, script.routes());
+                let (groups, turned_away) =
+                    target.split(batch, |queued| &queued.call, &slots, script.routes());
+                for queued in turned_away {
+                    let _caller_gone = queued.answer.send(Err(CallError::NotOnOneNode));
+                }
                 for group in groups {
                     let permit = match permit.take() {
                         Some(permit) => permit,
@@ -317,7 +363,8 @@ fn misrouted(error: &CallError) -> bool {
 
 /// Sends `group` as one call and answers each of its checks. A routed check that reached
 /// a node that no longer holds its keys is sent again on its own, declared (the cluster
-/// client finds its node), and the slot map is read again.
+/// client finds its node) — or, when its keys are of several slots, turned away to be run
+/// slot by slot — and the slot map is read again.
 async fn send_group(
     target: &Target,
     script: &CheckScript,
@@ -347,15 +394,24 @@ async fn send_group(
         }
     };
     let mut resend = Vec::new();
+    let mut any_misrouted = false;
     for ((call, answer), reply) in calls.into_iter().zip(answers).zip(replies) {
         match reply {
-            Err(e) if routed && misrouted(&e) => resend.push((call, answer)),
+            Err(e) if routed && misrouted(&e) => {
+                any_misrouted = true;
+                if spans_slots(call.keys()) {
+                    // Declared, a call of several slots is refused: run slot by slot.
+                    let _caller_gone = answer.send(Err(CallError::NotOnOneNode));
+                } else {
+                    resend.push((call, answer));
+                }
+            }
             reply => {
                 let _caller_gone = answer.send(reply);
             }
         }
     }
-    if let (false, Target::Cluster { stale, .. }) = (resend.is_empty(), target) {
+    if let (true, Target::Cluster { stale, .. }) = (any_misrouted, target) {
         stale.store(true, Ordering::Relaxed);
     }
     for (call, answer) in resend {

@@ -1,5 +1,7 @@
-//! A check whose limits live in several Redis Cluster hash slots: one script per slot, and
-//! a give-back when a later slot refuses (none for the modes that are never refused).
+//! A check whose limits live in several Redis Cluster hash slots that could not be one
+//! routed call (not all on one node, no functions, or turned away by the node: see the
+//! store's `check`): one script per slot, and a give-back when a later slot refuses (none
+//! for the modes that are never refused).
 
 use super::keys::identity_slot;
 use super::script::{Mode, Row};

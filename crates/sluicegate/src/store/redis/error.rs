@@ -17,6 +17,10 @@ pub(super) enum CallError {
     Check(String),
     /// The batching task is gone (its runtime shut down).
     Closed,
+    /// A check of several Redis Cluster slots that cannot be one call: its slots are not
+    /// all on one node (by the slot map as last read, or the node turned it away before it
+    /// wrote), or calls cannot be routed. Nothing ran; the store runs it slot by slot.
+    NotOnOneNode,
 }
 
 /// `call`, or a timeout error once `timeout` has passed.
@@ -39,7 +43,7 @@ impl CallError {
         match self {
             CallError::Redis(e) => e.to_string().contains(WRONG_TYPE),
             CallError::Check(message) => message.contains(WRONG_TYPE),
-            CallError::Timeout | CallError::Closed => false,
+            CallError::Timeout | CallError::Closed | CallError::NotOnOneNode => false,
         }
     }
 
@@ -94,6 +98,10 @@ impl CallError {
                 server,
                 message: "the connection's batching task has stopped".to_owned(),
             },
+            CallError::NotOnOneNode => StoreError::InvalidCheck(
+                "the limits of this check live in Redis Cluster hash slots of several nodes"
+                    .to_owned(),
+            ),
         }
     }
 }

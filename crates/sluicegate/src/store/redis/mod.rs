@@ -5,11 +5,12 @@
 //!
 //! Keys: `{prefix}{TAG}:{kind}:{rule identity length}:{rule identity}:{key}`. `TAG` is a
 //! hash of the user's key alone, so every rule's state for one identity lives in one hash
-//! slot (a check of several rules on one key is one atomic script, on a cluster too), and
-//! no character of a key — braces included — can steer it into another slot; the rest is
-//! length-prefixed, so two different (rule, key) pairs never share a Redis key. `kind` is
-//! `s` for the state, `i` for request ids, `r` for leaky-bucket release times. Every name
-//! is built in `keys` ([`redis_key`]).
+//! slot (a check of several rules on one key is one atomic script, on a cluster too; so is
+//! a check of several keys whose slots share a node, routed to it), and no character of a
+//! key — braces included — can steer it into another slot; the rest is length-prefixed, so
+//! two different (rule, key) pairs never share a Redis key. `kind` is `s` for the state,
+//! `i` for request ids, `r` for leaky-bucket release times. Every name is built in `keys`
+//! ([`redis_key`]).
 
 mod batcher;
 mod cluster;
@@ -297,12 +298,15 @@ async fn ping(connection: &Connection, server: &str, timeout: Duration) -> Resul
         .map_err(|e| e.into_store_error(server, timeout, None))
 }
 
-impl RunScript for RedisStore {
-    async fn run(&self, check: &Check<'_>, mode: Mode<'_>) -> Result<Vec<Row>, StoreError> {
-        match self
-            .call_script(ScriptCheck::new(&self.prefix, check, mode))
-            .await
-        {
+impl RedisStore {
+    /// `check`'s rows from the script's `reply`, or the error that stopped it, naming the
+    /// key at fault.
+    async fn rows(
+        &self,
+        check: &Check<'_>,
+        reply: Result<Vec<ScriptRow>, CallError>,
+    ) -> Result<Vec<Row>, StoreError> {
+        match reply {
             Ok(rows) => Ok(rows
                 .into_iter()
                 .zip(check.limits)
@@ -318,6 +322,31 @@ impl RunScript for RedisStore {
             }
         }
     }
+
+    /// A check of several cluster slots as one call, when they are all on one node (by the
+    /// slot map) and calls can be routed: as atomic as on a single server. `None` when it
+    /// could not be one call (nothing ran): it is then run slot by slot.
+    async fn run_on_one_node(&self, check: &Check<'_>) -> Result<Option<Vec<Row>>, StoreError> {
+        if !self.script.routes() {
+            return Ok(None);
+        }
+        let reply = self
+            .call_script(ScriptCheck::new(&self.prefix, check, Mode::Check))
+            .await;
+        match reply {
+            Err(CallError::NotOnOneNode) => Ok(None),
+            reply => self.rows(check, reply).await.map(Some),
+        }
+    }
+}
+
+impl RunScript for RedisStore {
+    async fn run(&self, check: &Check<'_>, mode: Mode<'_>) -> Result<Vec<Row>, StoreError> {
+        let reply = self
+            .call_script(ScriptCheck::new(&self.prefix, check, mode))
+            .await;
+        self.rows(check, reply).await
+    }
 }
 
 impl Store for RedisStore {
@@ -326,9 +355,11 @@ impl Store for RedisStore {
         if let Connection::Cluster { .. } = self.connection {
             let groups = cluster::slot_groups(check);
             if groups.len() > 1 {
-                return cluster::check_across_slots(self, check, &groups)
-                    .await
-                    .map(Outcome::from_limits);
+                let rows = match self.run_on_one_node(check).await? {
+                    Some(rows) => rows.into_iter().map(|row| row.decision).collect(),
+                    None => cluster::check_across_slots(self, check, &groups).await?,
+                };
+                return Ok(Outcome::from_limits(rows));
             }
         }
         let rows = self.run(check, Mode::Check).await?;
