@@ -452,8 +452,9 @@ local function check(call_keys, call_argv, is_routed)
   return results
 end
 
--- One call routed by KEYS[1] alone, every check's keys at the end of ARGV (prelude.lua's
--- header): on a Redis Cluster, checks of several slots of one node in one call.
+-- One call sent to a node by its address, no key declared, every check's keys at the end
+-- of ARGV (prelude.lua's header): on a Redis Cluster, checks of several slots of one node
+-- in one call.
 local routed_keys = {}
 local function check_routed(call_keys, call_argv)
   if not call then

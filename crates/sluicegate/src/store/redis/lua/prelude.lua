@@ -72,8 +72,8 @@
 -- KEYS     per check and rule: the state; and when the check has a request id, its
 --          request ids (zset id -> expiry) and release times (hash) too. Called as
 --          `check_routed` (on a Redis Cluster, registered with `allow-cross-slot-keys`),
---          KEYS is only the key the call is routed by, and these keys are ARGV's last
---          values, followed by their number.
+--          KEYS is empty (the call is sent to a node by its address), and these keys are
+--          ARGV's last values, followed by their number.
 --
 -- Returns one flat array: per check, 6 numbers per rule {status (ALLOWS if the rule
 -- allows, plus RECORDED if this call recorded units), remaining, retry_after (NEVER if no
