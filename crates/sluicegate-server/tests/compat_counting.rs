@@ -284,6 +284,14 @@ async fn envoy_counting_sends_a_requests_checks_together() {
         ask(&mut c, bcd).await,
         ('O', vec![('O', 2), ('O', 2), ('O', 2)])
     );
+    // Two descriptors of one limit count in request order, as envoy's pipeline applies
+    // them: 2 of the 2 left taken, then 1 refused (and charged) — not 1 taken and 2 refused.
+    proxy.set_latency(LATENCY);
+    assert_eq!(
+        ask(&mut c, &[("b", Some(2)), ("b", Some(1))]).await,
+        ('X', vec![('O', 0), ('X', 0)])
+    );
+    proxy.set_latency(Duration::ZERO);
 }
 
 /// Without --compat envoy the envoy-only switch is refused, naming what it needs.

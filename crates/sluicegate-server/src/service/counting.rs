@@ -179,13 +179,12 @@ impl Service {
     }
 
     /// envoy's counting: each limited descriptor a check of its own, at its own cost, in
-    /// its own mode (a check's refusal charged). The checks are independent, so they are
-    /// all in flight at once and the store may share one round trip among them (envoy's
-    /// own pipeline sends a request's increments together); each is started in request
-    /// order, as envoy's pipeline runs them, and a later check of the same limits waits
-    /// for an earlier one's answer in the limiter. The outcome combines the enforced ones
-    /// that may refuse, else the standings (docs/SPEC.md, "Several rules in one check",
-    /// for the fields).
+    /// its own mode (a check's refusal charged). Descriptors of the same limit (rule and
+    /// key) are checked one after another in request order, as envoy's pipeline applies
+    /// them; the others are independent, so every such lane is in flight at once and the
+    /// store may decide them in one round trip (envoy's pipeline sends a request's
+    /// increments together). The outcome combines the enforced ones that may refuse, else
+    /// the standings (docs/SPEC.md, "Several rules in one check", for the fields).
     pub(super) async fn decide_each(
         &self,
         matched: &[Option<&ConfiguredLimit>],
@@ -193,30 +192,55 @@ impl Service {
         costs: &[u64],
         modes: &[Mode<'_>],
     ) -> Result<Counted, DecideError> {
-        let checks = matched.iter().zip(keys).zip(costs).zip(modes).map(
-            |(((limit, key), &cost), mode)| async move {
-                let Some((l, rule)) = limit.and_then(|l| Some(l).zip(l.rule.as_ref())) else {
-                    return Ok(None);
-                };
-                let charge = match mode.charge {
-                    Charge::Admitted => Charge::Attempted,
-                    other => other,
-                };
-                let outcome = self
-                    .run(&[Limit { rule, key }], cost, &[], mode.request_id, charge)
-                    .await?;
-                Ok::<_, DecideError>(Some((l.shadow_mode, charge, outcome)))
-            },
-        );
+        let rule_of = |i: usize| matched[i].and_then(|l| l.rule.as_ref());
+        let mut lanes: Vec<Vec<usize>> = Vec::new();
+        for i in 0..matched.len() {
+            let Some(rule) = rule_of(i) else { continue };
+            let same_limit = |lane: &&mut Vec<usize>| {
+                keys[lane[0]] == keys[i] && rule_of(lane[0]).is_some_and(|r| r.same_identity(rule))
+            };
+            match lanes.iter_mut().find(same_limit) {
+                Some(lane) => lane.push(i),
+                None => lanes.push(vec![i]),
+            }
+        }
+        let check = |i: usize| async move {
+            let rule = rule_of(i).expect("a lane holds limited descriptors only");
+            let charge = match modes[i].charge {
+                Charge::Admitted => Charge::Attempted,
+                other => other,
+            };
+            let limits = [Limit {
+                rule,
+                key: &keys[i],
+            }];
+            let outcome = self
+                .run(&limits, costs[i], &[], modes[i].request_id, charge)
+                .await?;
+            Ok::<_, DecideError>((charge, outcome))
+        };
+        let lanes_checked = lanes.iter().map(|lane| async move {
+            let mut checked = Vec::with_capacity(lane.len());
+            for &i in lane {
+                checked.push((i, check(i).await?));
+            }
+            Ok::<_, DecideError>(checked)
+        });
+        let mut answers: Vec<Option<(Charge, Outcome)>> = matched.iter().map(|_| None).collect();
+        for lane in futures_util::future::join_all(lanes_checked).await {
+            for (i, answer) in lane? {
+                answers[i] = Some(answer);
+            }
+        }
         let mut decisions = Vec::with_capacity(matched.len());
         let (mut enforced, mut standing) = (Vec::new(), Vec::new());
         let mut decided_by = DecidedBy::Store;
-        for checked in futures_util::future::join_all(checks).await {
-            let Some((shadow, charge, outcome)) = checked? else {
+        for (limit, answer) in matched.iter().zip(answers) {
+            let (Some(limit), Some((charge, outcome))) = (limit, answer) else {
                 decisions.push(None);
                 continue;
             };
-            if !shadow {
+            if !limit.shadow_mode {
                 if charge.may_refuse() {
                     enforced.push(outcome.decision);
                 } else {
