@@ -47,6 +47,32 @@ impl CallError {
         }
     }
 
+    /// Whether a whole call failed before Redis ran any of it: the node could not be
+    /// reached (refused, or the client no longer knows it), or it turned the command away
+    /// unrun — a replica refuses a writing function (`READONLY`), a node that has lost its
+    /// quorum, is loading or waits for its master refuses every command, and a redirection
+    /// sends it elsewhere. A timeout or a connection lost mid-call is none of these: the
+    /// call may have run.
+    pub(super) fn never_ran(&self) -> bool {
+        let CallError::Redis(e) = self else {
+            return false;
+        };
+        e.is_connection_refusal()
+            || matches!(
+                e.kind(),
+                ErrorKind::ClusterConnectionNotFound
+                    | ErrorKind::Server(
+                        ServerErrorKind::ReadOnly
+                            | ServerErrorKind::ClusterDown
+                            | ServerErrorKind::MasterDown
+                            | ServerErrorKind::BusyLoading
+                            | ServerErrorKind::Moved
+                            | ServerErrorKind::Ask
+                            | ServerErrorKind::TryAgain
+                    )
+            )
+    }
+
     /// The error as the store reports it: from `server` (its URL without credentials),
     /// whose calls may take `timeout`, about `key`.
     pub(super) fn into_store_error(
