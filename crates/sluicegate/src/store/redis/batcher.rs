@@ -144,12 +144,7 @@ impl Target {
             };
             return (vec![group], Vec::new());
         }
-        let address = |node| {
-            slots
-                .address(node)
-                .map(|(host, port)| (host.to_owned(), port))
-        };
-        let mut groups: Vec<(Lane, Group<T>)> = Vec::new();
+        let mut lanes: Vec<(Lane, Vec<T>)> = Vec::new();
         let mut turned_away = Vec::new();
         for queued in calls {
             let check = call(&queued);
@@ -158,37 +153,35 @@ impl Target {
                 turned_away.push(queued);
                 continue;
             }
-            let found = groups.iter_mut().find(|(group_lane, group)| {
+            let found = lanes.iter_mut().find(|(group_lane, members)| {
                 *group_lane == lane
-                    && (lane != Lane::Keys || call(&group.members[0]).keys() == check.keys())
+                    && (lane != Lane::Keys || call(&members[0]).keys() == check.keys())
             });
             match found {
-                Some((_, group)) => {
-                    if group.routed_to.is_none()
-                        && call(&group.members[0]).keys() != check.keys()
-                        && let Lane::Node(node) = lane
-                    {
-                        group.routed_to = address(node);
-                    }
-                    group.members.push(queued);
-                }
-                None => {
-                    let routed_to = match lane {
-                        Lane::Node(node) if spans_slots(check.keys()) => address(node),
-                        _ => None,
-                    };
-                    let group = Group {
-                        members: vec![queued],
-                        routed_to,
-                    };
-                    groups.push((lane, group));
-                }
+                Some((_, members)) => members.push(queued),
+                None => lanes.push((lane, vec![queued])),
             }
         }
-        (
-            groups.into_iter().map(|(_, group)| group).collect(),
-            turned_away,
-        )
+        let groups = lanes
+            .into_iter()
+            .map(|(lane, members)| {
+                // A node's checks go routed unless they are all of one slot's same keys.
+                let keys = call(&members[0]).keys();
+                let routed_to = match lane {
+                    Lane::Node(node)
+                        if spans_slots(keys)
+                            || members.iter().any(|other| call(other).keys() != keys) =>
+                    {
+                        slots
+                            .address(node)
+                            .map(|(host, port)| (host.to_owned(), port))
+                    }
+                    _ => None,
+                };
+                Group { members, routed_to }
+            })
+            .collect();
+        (groups, turned_away)
     }
 
     /// Sends one call carrying `calls`, bounded by `hold`; replaces a single server's
