@@ -101,15 +101,18 @@ impl RedisCluster {
             }
             between_keys();
             source
-                .query::<()>(
+                .query_within::<()>(
                     cmd("MIGRATE")
                         .arg("127.0.0.1")
                         .arg(target.port)
                         .arg("")
                         .arg(0)
-                        .arg(5000)
+                        .arg(MIGRATE_TIMEOUT.as_millis() as u64)
                         .arg("KEYS")
                         .arg(&moving),
+                    // Past MIGRATE's own timeout, so that a slow MIGRATE fails as Redis says,
+                    // never while the server may still finish it.
+                    MIGRATE_TIMEOUT * 2,
                 )
                 .expect("MIGRATE");
         }
@@ -125,6 +128,9 @@ impl RedisCluster {
         }
     }
 }
+
+/// How long `MIGRATE` may wait for the target node (its own timeout).
+const MIGRATE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The node id of `server` (`CLUSTER MYID`).
 fn node_id(server: &RedisServer) -> String {
