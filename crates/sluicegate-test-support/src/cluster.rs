@@ -49,6 +49,30 @@ impl RedisCluster {
         self.nodes.iter().filter(|node| node.is_master()).collect()
     }
 
+    /// The master serving `slot` now, by `CLUSTER SLOTS` of a node that answers: ranges
+    /// `[start, end, [host, port, …], …]`.
+    pub fn master_of(&self, slot: u16) -> &RedisServer {
+        let reply: Vec<Vec<redis::Value>> = self
+            .nodes
+            .iter()
+            .find_map(|node| node.query(cmd("CLUSTER").arg("SLOTS")).ok())
+            .expect("a node answers CLUSTER SLOTS");
+        let port = reply
+            .iter()
+            .find_map(|range| {
+                let start: u16 = redis::from_redis_value_ref(&range[0]).ok()?;
+                let end: u16 = redis::from_redis_value_ref(&range[1]).ok()?;
+                let master: Vec<redis::Value> = redis::from_redis_value_ref(&range[2]).ok()?;
+                let port: u16 = redis::from_redis_value_ref(&master[1]).ok()?;
+                (start..=end).contains(&slot).then_some(port)
+            })
+            .expect("every slot is served");
+        self.nodes
+            .iter()
+            .find(|node| node.port == port)
+            .expect("the master is a node of the cluster")
+    }
+
     /// Moves `slot` from master `source` to master `target`, as a reshard does: `CLUSTER
     /// SETSLOT … IMPORTING` on the target and `MIGRATING` on the source, `MIGRATE` key by key
     /// (calling `between_keys` before each, so that whatever runs meanwhile meets every
@@ -77,15 +101,18 @@ impl RedisCluster {
             }
             between_keys();
             source
-                .query::<()>(
+                .query_within::<()>(
                     cmd("MIGRATE")
                         .arg("127.0.0.1")
                         .arg(target.port)
                         .arg("")
                         .arg(0)
-                        .arg(5000)
+                        .arg(MIGRATE_TIMEOUT.as_millis() as u64)
                         .arg("KEYS")
                         .arg(&moving),
+                    // Past MIGRATE's own timeout, so that a slow MIGRATE fails as Redis says,
+                    // never while the server may still finish it.
+                    MIGRATE_TIMEOUT * 2,
                 )
                 .expect("MIGRATE");
         }
@@ -101,6 +128,9 @@ impl RedisCluster {
         }
     }
 }
+
+/// How long `MIGRATE` may wait for the target node (its own timeout).
+const MIGRATE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The node id of `server` (`CLUSTER MYID`).
 fn node_id(server: &RedisServer) -> String {

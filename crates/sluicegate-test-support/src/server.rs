@@ -123,6 +123,16 @@ impl RedisServer {
     /// Sends one command on a connection of its own and converts the reply, e.g.
     /// `server.query::<u64>(cmd("EXISTS").arg(&key))`.
     pub fn query<T: FromRedisValue>(&self, command: &Cmd) -> RedisResult<T> {
+        self.query_within(command, CALL_TIMEOUT)
+    }
+
+    /// [`query`](Self::query), for a command that may take up to `timeout` to answer
+    /// (one with a timeout of its own, such as `MIGRATE`).
+    pub(crate) fn query_within<T: FromRedisValue>(
+        &self,
+        command: &Cmd,
+        timeout: Duration,
+    ) -> RedisResult<T> {
         let user = self
             .access
             .user
@@ -146,7 +156,7 @@ impl RedisServer {
             None => redis::Client::open(format!("redis://{user}127.0.0.1:{}", self.port))?,
         };
         let mut connection = client.get_connection_with_timeout(CALL_TIMEOUT)?;
-        connection.set_read_timeout(Some(CALL_TIMEOUT))?;
+        connection.set_read_timeout(Some(timeout))?;
         command.query(&mut connection)
     }
 

@@ -29,27 +29,9 @@ async fn cluster_store(test: &str) -> RedisStore {
         .expect("connect to the cluster")
 }
 
-/// The master serving `slot`, by `CLUSTER SLOTS`: ranges `[start, end, [host, port, …], …]`.
+/// The master serving `slot` in the shared cluster.
 fn owner_of(slot: u16) -> &'static RedisServer {
-    let cluster = support::cluster();
-    let reply: Vec<Vec<redis::Value>> = cluster.nodes[0]
-        .query(cmd("CLUSTER").arg("SLOTS"))
-        .expect("CLUSTER SLOTS");
-    let port = reply
-        .iter()
-        .find_map(|range| {
-            let start: u16 = redis::from_redis_value_ref(&range[0]).ok()?;
-            let end: u16 = redis::from_redis_value_ref(&range[1]).ok()?;
-            let master: Vec<redis::Value> = redis::from_redis_value_ref(&range[2]).ok()?;
-            let port: u16 = redis::from_redis_value_ref(&master[1]).ok()?;
-            (start..=end).contains(&slot).then_some(port)
-        })
-        .expect("every slot is served");
-    cluster
-        .nodes
-        .iter()
-        .find(|node| node.port == port)
-        .expect("the owner is a node of the cluster")
+    support::cluster().master_of(slot)
 }
 
 /// The first `count` keys named `{stem}:{i}` whose identity's slot passes `fits`.

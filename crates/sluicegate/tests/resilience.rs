@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use sluicegate::store::redis::identity_slot;
 use sluicegate::{
     Algorithm, BreakerConfig, BreakerState, Check, DecidedBy, FailurePolicy, Limit, Limiter,
     LimiterConfig, ManualClock, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
@@ -340,6 +341,114 @@ async fn a_cluster_fails_over_under_load_and_decisions_come_back() {
     }
     // The replica of the stopped master is a master now.
     assert_eq!(cluster.current_masters().len(), 3);
+}
+
+/// Checks of two slots of one master are one routed call to it. When that master dies,
+/// the routed calls fail whole (refused, then turned away by the old master come back as
+/// a replica): the store reads the slot map again and runs them slot by slot meanwhile.
+/// Once the replica has taken over, every check is decided again, and no limit counts
+/// more units than checks were answered allowed or failed (a check that may have run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_of_one_node_are_decided_again_after_its_master_fails_over() {
+    const PAIRS: usize = 8;
+    let cluster = support::RedisCluster::start(3, 1);
+    let mut config = RedisStoreConfig::new(&cluster.url());
+    config.prefix = "failover-routed:".into();
+    config.timeout = Duration::from_millis(250);
+    let store = Arc::new(RedisStore::connect(config).await.expect("connect"));
+    let victim = cluster.master_of(identity_slot("user:0")).port;
+    let of_victim = |stem: &'static str| {
+        (0..)
+            .map(move |i| format!("{stem}:{i}"))
+            .filter(|key| cluster.master_of(identity_slot(key)).port == victim)
+    };
+    // Pairs of keys of two slots of the victim, no key in two pairs.
+    let mut others = of_victim("other");
+    let pairs: Vec<(String, String)> = of_victim("user")
+        .take(PAIRS)
+        .map(|first| {
+            let second = others
+                .find(|other| identity_slot(other) != identity_slot(&first))
+                .expect("keys without end");
+            (first, second)
+        })
+        .collect();
+    let rule = Arc::new(rule(1_000_000));
+    // Per pair: checks answered allowed, checks that failed.
+    let mut answered = vec![(0u64, 0u64); PAIRS];
+    assert_eq!(
+        check_pairs(&store, &rule, &pairs, &mut answered).await,
+        0,
+        "checks before the failover"
+    );
+
+    cluster
+        .nodes
+        .iter()
+        .find(|n| n.port == victim)
+        .unwrap()
+        .shutdown();
+    let started = Instant::now();
+    let mut saw_failures = false;
+    loop {
+        let failed = check_pairs(&store, &rule, &pairs, &mut answered).await;
+        saw_failures |= failed > 0;
+        if failed == 0 && saw_failures {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "checks of the failed-over node were not decided again ({failed} of {PAIRS} failed)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for ((first, second), (allowed, failed)) in pairs.iter().zip(&answered) {
+        let limits = [limit(&rule, first), limit(&rule, second)];
+        let peek = store.check(&Check::new(&limits, 0)).await.expect("a peek");
+        for counted in peek.limits().iter().map(|l| 1_000_000 - l.remaining) {
+            assert!(
+                counted <= allowed + failed,
+                "{counted} units counted for {allowed} checks allowed and {failed} failed"
+            );
+        }
+    }
+}
+
+/// Checks every pair at once; counts each pair's checks allowed and failed in `answered`
+/// and returns how many failed.
+async fn check_pairs(
+    store: &Arc<RedisStore>,
+    rule: &Arc<Rule>,
+    pairs: &[(String, String)],
+    answered: &mut [(u64, u64)],
+) -> usize {
+    let mut checks = tokio::task::JoinSet::new();
+    for (i, (first, second)) in pairs.iter().cloned().enumerate() {
+        let (store, rule) = (Arc::clone(store), Arc::clone(rule));
+        checks.spawn(async move {
+            let limits = [limit(&rule, &first), limit(&rule, &second)];
+            (i, store.check(&Check::new(&limits, 1)).await)
+        });
+    }
+    let mut failed = 0;
+    while let Some(done) = checks.join_next().await {
+        let (i, outcome) = done.expect("a check task");
+        match outcome {
+            Ok(outcome) => {
+                assert!(outcome.decision.allowed);
+                answered[i].0 += 1;
+            }
+            Err(_) => {
+                answered[i].1 += 1;
+                failed += 1;
+            }
+        }
+    }
+    failed
+}
+
+fn limit<'a>(rule: &'a Rule, key: &'a str) -> Limit<'a> {
+    Limit { rule, key }
 }
 
 /// Checks every key once; returns how many the store decided.

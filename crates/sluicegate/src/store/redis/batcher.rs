@@ -144,12 +144,7 @@ impl Target {
             };
             return (vec![group], Vec::new());
         }
-        let address = |node| {
-            slots
-                .address(node)
-                .map(|(host, port)| (host.to_owned(), port))
-        };
-        let mut groups: Vec<(Lane, Group<T>)> = Vec::new();
+        let mut lanes: Vec<(Lane, Vec<T>)> = Vec::new();
         let mut turned_away = Vec::new();
         for queued in calls {
             let check = call(&queued);
@@ -158,37 +153,35 @@ impl Target {
                 turned_away.push(queued);
                 continue;
             }
-            let found = groups.iter_mut().find(|(group_lane, group)| {
+            let found = lanes.iter_mut().find(|(group_lane, members)| {
                 *group_lane == lane
-                    && (lane != Lane::Keys || call(&group.members[0]).keys() == check.keys())
+                    && (lane != Lane::Keys || call(&members[0]).keys() == check.keys())
             });
             match found {
-                Some((_, group)) => {
-                    if group.routed_to.is_none()
-                        && call(&group.members[0]).keys() != check.keys()
-                        && let Lane::Node(node) = lane
-                    {
-                        group.routed_to = address(node);
-                    }
-                    group.members.push(queued);
-                }
-                None => {
-                    let routed_to = match lane {
-                        Lane::Node(node) if spans_slots(check.keys()) => address(node),
-                        _ => None,
-                    };
-                    let group = Group {
-                        members: vec![queued],
-                        routed_to,
-                    };
-                    groups.push((lane, group));
-                }
+                Some((_, members)) => members.push(queued),
+                None => lanes.push((lane, vec![queued])),
             }
         }
-        (
-            groups.into_iter().map(|(_, group)| group).collect(),
-            turned_away,
-        )
+        let groups = lanes
+            .into_iter()
+            .map(|(lane, members)| {
+                // A node's checks go routed unless they are all of one slot's same keys.
+                let keys = call(&members[0]).keys();
+                let routed_to = match lane {
+                    Lane::Node(node)
+                        if spans_slots(keys)
+                            || members.iter().any(|other| call(other).keys() != keys) =>
+                    {
+                        slots
+                            .address(node)
+                            .map(|(host, port)| (host.to_owned(), port))
+                    }
+                    _ => None,
+                };
+                Group { members, routed_to }
+            })
+            .collect();
+        (groups, turned_away)
     }
 
     /// Sends one call carrying `calls`, bounded by `hold`; replaces a single server's
@@ -361,10 +354,18 @@ fn misrouted(error: &CallError) -> bool {
     }
 }
 
-/// Sends `group` as one call and answers each of its checks. A routed check that reached
-/// a node that no longer holds its keys is sent again on its own, declared (the cluster
-/// client finds its node) — or, when its keys are of several slots, turned away to be run
-/// slot by slot — and the slot map is read again.
+/// Whether a routed check came back unrun for a reason a declared call, or a call of each
+/// of its slots, does not share: the node it went to no longer holds one of its keys, or
+/// the whole routed call never ran there (see [`CallError::never_ran`]) — after a
+/// failover, the old master refuses connections, then turns writes away as a replica.
+fn turned_away_unrun(error: &CallError) -> bool {
+    misrouted(error) || error.never_ran()
+}
+
+/// Sends `group` as one call and answers each of its checks. A routed check that came back
+/// unrun ([`turned_away_unrun`]) is sent again on its own, declared (the cluster client
+/// finds its node) — or, when its keys are of several slots, turned away to be run slot
+/// by slot — and the slot map is read again, as it is after any failed routed call.
 async fn send_group(
     target: &Target,
     script: &CheckScript,
@@ -383,22 +384,16 @@ async fn send_group(
     let reply = target
         .send(script, &calls, group.routed_to.as_ref(), hold)
         .await;
-    let replies = match reply.and_then(|reply| split_answers(reply, &calls)) {
-        Ok(replies) => replies,
-        Err(e) => {
-            drop(permit);
-            for answer in answers {
-                let _caller_gone = answer.send(Err(e.clone()));
-            }
-            return;
-        }
+    let (replies, call_failed) = match reply.and_then(|reply| split_answers(reply, &calls)) {
+        Ok(replies) => (replies, false),
+        Err(e) => (vec![Err(e); calls.len()], true),
     };
     let mut resend = Vec::new();
-    let mut any_misrouted = false;
+    let mut map_stale = routed && call_failed;
     for ((call, answer), reply) in calls.into_iter().zip(answers).zip(replies) {
         match reply {
-            Err(e) if routed && misrouted(&e) => {
-                any_misrouted = true;
+            Err(e) if routed && turned_away_unrun(&e) => {
+                map_stale = true;
                 if spans_slots(call.keys()) {
                     // Declared, a call of several slots is refused: run slot by slot.
                     let _caller_gone = answer.send(Err(CallError::NotOnOneNode));
@@ -411,7 +406,7 @@ async fn send_group(
             }
         }
     }
-    if let (true, Target::Cluster { stale, .. }) = (any_misrouted, target) {
+    if let (true, Target::Cluster { stale, .. }) = (map_stale, target) {
         stale.store(true, Ordering::Relaxed);
     }
     for (call, answer) in resend {

@@ -47,6 +47,32 @@ impl CallError {
         }
     }
 
+    /// Whether a whole call failed before Redis ran any of it: the node could not be
+    /// reached (refused, or the client no longer knows it), or it turned the command away
+    /// unrun — a replica refuses a writing function (`READONLY`), a node that has lost its
+    /// quorum, is loading or waits for its master refuses every command, and a redirection
+    /// sends it elsewhere. A timeout or a connection lost mid-call is none of these: the
+    /// call may have run.
+    pub(super) fn never_ran(&self) -> bool {
+        let CallError::Redis(e) = self else {
+            return false;
+        };
+        e.is_connection_refusal()
+            || matches!(
+                e.kind(),
+                ErrorKind::ClusterConnectionNotFound
+                    | ErrorKind::Server(
+                        ServerErrorKind::ReadOnly
+                            | ServerErrorKind::ClusterDown
+                            | ServerErrorKind::MasterDown
+                            | ServerErrorKind::BusyLoading
+                            | ServerErrorKind::Moved
+                            | ServerErrorKind::Ask
+                            | ServerErrorKind::TryAgain
+                    )
+            )
+    }
+
     /// The error as the store reports it: from `server` (its URL without credentials),
     /// whose calls may take `timeout`, about `key`.
     pub(super) fn into_store_error(
@@ -98,10 +124,34 @@ impl CallError {
                 server,
                 message: "the connection's batching task has stopped".to_owned(),
             },
-            CallError::NotOnOneNode => StoreError::InvalidCheck(
-                "the limits of this check live in Redis Cluster hash slots of several nodes"
+            // The store runs such a check slot by slot instead; should one ever surface, it
+            // is the store's failure, not the caller's, so the failure policies apply.
+            CallError::NotOnOneNode => StoreError::Unavailable {
+                server,
+                message: "a check of several Redis Cluster hash slots could not be sent as one \
+                          call, and was not run slot by slot instead"
                     .to_owned(),
-            ),
+            },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A check of several nodes' slots that escaped the slot-by-slot path is the store's
+    /// failure: the limiter's failure policies and breaker see it, as for any outage.
+    #[test]
+    fn a_check_not_on_one_node_is_reported_as_unavailable() {
+        let error = CallError::NotOnOneNode.into_store_error(
+            "redis-cluster://127.0.0.1:7000",
+            Duration::from_millis(100),
+            Some("rl:{00ab}:user"),
+        );
+        assert!(
+            matches!(&error, StoreError::Unavailable { server, .. } if server == "redis-cluster://127.0.0.1:7000"),
+            "{error:?}"
+        );
     }
 }
