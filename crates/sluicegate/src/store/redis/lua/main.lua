@@ -427,7 +427,7 @@ local function check(call_keys, call_argv, is_routed)
   read_shapes()
   check_count, done, k = tonumber(argv[p + 1]), 0, 0
   next_k, answer_start = 0, 0
-  while done < check_count do
+  while done < check_count and not held_failure do
     local ok, failure = pcall(run_checks)
     if not ok then
       -- A Redis error arrives as a table {err = text}; anything else is this script's bug.

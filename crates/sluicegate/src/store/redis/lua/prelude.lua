@@ -192,7 +192,7 @@ end
 --
 -- A write that fails when the state is written out would leave checks answered as admitted
 -- whose units Redis never took; so it fails the whole call (`held_failure`, main.lua):
--- no check of the call is answered, every one is a store error.
+-- no check after it runs, no check of the call is answered, every one is a store error.
 local held_key = false
 local held_state = {}
 local held_write = false
