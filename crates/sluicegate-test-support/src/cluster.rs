@@ -16,14 +16,21 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     /// `masters` masters with `replicas` replicas each; a node that stops answering is
-    /// failed over after one second. Returns once every node reports `cluster_state:ok`.
+    /// failed over after one second. Returns once every node reports `cluster_state:ok`
+    /// and the cluster has that shape.
     pub fn start(masters: usize, replicas: usize) -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
-            .map(|_| {
-                RedisServer::start(&["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
-            })
+            .map(|_| cluster_node())
             .collect();
         create_cluster(&nodes, replicas);
+        RedisCluster::formed(nodes, masters)
+    }
+
+    /// Waits for every node to report `cluster_state:ok`, then checks that `masters` nodes
+    /// own the slots and every other node replicates: `cluster_state:ok` holds with
+    /// slotless masters too, and a failover test would then kill a master that has no
+    /// replica, and fail for a reason it does not name.
+    fn formed(nodes: Vec<RedisServer>, masters: usize) -> RedisCluster {
         let ready = poll_until(Duration::from_secs(30), || {
             nodes.iter().all(|node| {
                 node.query::<String>(cmd("CLUSTER").arg("INFO"))
@@ -31,6 +38,19 @@ impl RedisCluster {
             })
         });
         assert!(ready, "the cluster did not become ready");
+        let views: Vec<OwnView> = nodes.iter().map(own_view).collect();
+        let owners = views.iter().filter(|view| view.owns_slots).count();
+        assert_eq!(owners, masters, "{owners} nodes own slots, not {masters}");
+        let unpaired: Vec<u16> = nodes
+            .iter()
+            .zip(&views)
+            .filter(|(_, view)| !view.owns_slots && !view.replica)
+            .map(|(node, _)| node.port)
+            .collect();
+        assert!(
+            unpaired.is_empty(),
+            "nodes with no slots that replicate no master: {unpaired:?}"
+        );
         RedisCluster { nodes }
     }
 
@@ -139,15 +159,54 @@ fn node_id(server: &RedisServer) -> String {
         .expect("CLUSTER MYID")
 }
 
+/// A redis-server in cluster mode, failed over after one second of silence.
+fn cluster_node() -> RedisServer {
+    RedisServer::start(&["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+}
+
+/// What a node says of itself in `CLUSTER NODES`.
+struct OwnView {
+    /// It replicates a master.
+    replica: bool,
+    /// It serves slots.
+    owns_slots: bool,
+}
+
+fn own_view(node: &RedisServer) -> OwnView {
+    let nodes: String = node
+        .query(cmd("CLUSTER").arg("NODES"))
+        .expect("CLUSTER NODES");
+    // `<id> <address> <flags> <master> <ping> <pong> <epoch> <link> <slot>…`
+    let fields: Vec<&str> = nodes
+        .lines()
+        .map(|line| line.split(' ').collect::<Vec<_>>())
+        .find(|fields| fields.get(2).is_some_and(|flags| flags.contains("myself")))
+        .unwrap_or_else(|| panic!("node {} does not list itself: {nodes}", node.port));
+    OwnView {
+        replica: fields[2].contains("slave"),
+        owns_slots: fields.len() > 8,
+    }
+}
+
+/// Whether `node` knows `count` nodes, itself included, each by its own id and address:
+/// none still in the handshake that precedes it.
+fn knows(node: &RedisServer, count: usize) -> bool {
+    node.query::<String>(cmd("CLUSTER").arg("NODES"))
+        .is_ok_and(|nodes| {
+            nodes.lines().count() == count
+                && !nodes.contains("handshake")
+                && !nodes.contains("noaddr")
+        })
+}
+
 /// How long `redis-cli --cluster create` may take: it assigns the slots, then waits, with
 /// no bound of its own, for every node to have met every other.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs `redis-cli --cluster create` on `nodes`. On a loaded machine a node may miss the
 /// others' gossip and redis-cli wait for the join for ever (seen: nodes knowing one or two
-/// of three after nine minutes): past [`CREATE_TIMEOUT`] it is stopped and every node is
-/// told to meet the first again — the slots were assigned before the wait; whether the
-/// cluster then forms is what the caller waits for.
+/// of three after nine minutes): past [`CREATE_TIMEOUT`] it is stopped, and the nodes are
+/// joined as [`join_after_a_stalled_create`] does.
 fn create_cluster(nodes: &[RedisServer], replicas: usize) {
     let log = std::env::temp_dir().join(format!(
         "sluicegate-cluster-create-{}-{}.log",
@@ -187,6 +246,15 @@ fn create_cluster(nodes: &[RedisServer], replicas: usize) {
         "redis-cli --cluster create still waiting after {CREATE_TIMEOUT:?}; the nodes meet again ({})",
         said().trim()
     );
+    join_after_a_stalled_create(nodes);
+}
+
+/// Finishes what a `redis-cli --cluster create` stopped in its join wait left: it had
+/// assigned the slots, but not yet told the replicas whom to replicate. Every node is told
+/// to meet the first again; once every node knows every other (a node can replicate only
+/// a master it knows), each node that owns no slot replicates a master, the masters taken
+/// in turn.
+fn join_after_a_stalled_create(nodes: &[RedisServer]) {
     for node in &nodes[1..] {
         node.query::<()>(
             cmd("CLUSTER")
@@ -195,5 +263,40 @@ fn create_cluster(nodes: &[RedisServer], replicas: usize) {
                 .arg(nodes[0].port),
         )
         .expect("CLUSTER MEET");
+    }
+    let met = poll_until(CREATE_TIMEOUT, || {
+        nodes.iter().all(|node| knows(node, nodes.len()))
+    });
+    assert!(
+        met,
+        "the cluster's nodes did not all meet within {CREATE_TIMEOUT:?}"
+    );
+    let (masters, spares): (Vec<&RedisServer>, Vec<&RedisServer>) =
+        nodes.iter().partition(|node| own_view(node).owns_slots);
+    assert!(!masters.is_empty(), "no node owns a slot");
+    for (spare, master) in spares.iter().zip(masters.iter().cycle()) {
+        spare
+            .query::<()>(cmd("CLUSTER").arg("REPLICATE").arg(node_id(master)))
+            .unwrap_or_else(|e| panic!("{} REPLICATE {}: {e}", spare.port, master.port));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two masters with a replica each, left as a `redis-cli --cluster create` stopped in
+    /// its join wait leaves them: the slots assigned, nothing else. The join gives each
+    /// master its replica.
+    #[test]
+    fn a_stalled_create_still_gives_every_master_a_replica() {
+        let nodes: Vec<RedisServer> = (0..4).map(|_| cluster_node()).collect();
+        for (node, (first, last)) in nodes.iter().zip([(0, 8191), (8192, 16383)]) {
+            node.query::<()>(cmd("CLUSTER").arg("ADDSLOTSRANGE").arg(first).arg(last))
+                .expect("CLUSTER ADDSLOTSRANGE");
+        }
+        join_after_a_stalled_create(&nodes);
+        let cluster = RedisCluster::formed(nodes, 2);
+        assert_eq!(cluster.current_masters().len(), 2);
     }
 }

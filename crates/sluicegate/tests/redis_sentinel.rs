@@ -3,7 +3,8 @@
 //! failover under load — checks the old master can no longer take fail as errors, and once
 //! the sentinels name the new master, it decides. In plain text, over TLS with ACL users
 //! (the master's and the sentinels' own), and with ACL users alone; and a wrong password
-//! or an untrusted certificate fails the connection, saying which.
+//! or an untrusted certificate fails the connection, saying which; a sentinel down with the
+//! master is not blamed on the master.
 
 #![cfg(feature = "redis")]
 
@@ -376,4 +377,46 @@ async fn wrong_credentials_and_an_untrusted_authority_each_fail_saying_which() {
     untrusted.tls_ca = Some(std::fs::read(Authority::new(&elsewhere, "other").cert()).unwrap());
     let err = refused(untrusted).await;
     says(&err, "the connection to the sentinels", "UnknownIssuer");
+}
+
+/// One of two sentinels stopped, and the master too: the live sentinel has it down and
+/// names no master, the stopped one refuses the connection. The error says that no master
+/// is usable, and does not blame the master's connection for the sentinel's refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_down_with_the_master_is_not_blamed_on_the_master() {
+    let test = "sentinel-and-master-down";
+    let deployment = Deployment::start(test, 2, PLAIN);
+    let url = deployment.url(None, None);
+    deployment.servers.sentinels[1].shutdown();
+    deployment.servers.master.shutdown();
+    // Two sentinels make a quorum of two: the live one alone sees the master subjectively
+    // down (after its down-after of 1 s) and cannot fail over.
+    let live = &deployment.servers.sentinels[0];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let master: std::collections::HashMap<String, String> = live
+            .query(
+                cmd("SENTINEL")
+                    .arg("MASTER")
+                    .arg(RedisSentinel::MASTER_NAME),
+            )
+            .expect("SENTINEL MASTER");
+        if master["flags"].contains("s_down") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sentinel never saw the master down: {master:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let err = match RedisStore::connect(deployment.config(&url, test)).await {
+        Err(err @ StoreError::Unavailable { .. }) => err.to_string(),
+        other => panic!("not refused as unavailable: {other:?}"),
+    };
+    assert!(
+        err.contains("a sentinel answers; no usable master") && !err.contains("the master the"),
+        "{err}"
+    );
 }

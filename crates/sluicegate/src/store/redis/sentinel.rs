@@ -3,6 +3,7 @@
 //! the connection moves there. Checks sent to the old master meanwhile fail (refused
 //! connections, READONLY from a demoted master) and are reported as errors like any other.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::io::tcp::TcpSettings;
@@ -66,31 +67,112 @@ pub(super) fn sentinels(
     builder.build()
 }
 
-/// The master's client, as the sentinels name it now, within `timeout`. A failure says
-/// whose connection failed, the sentinels' or the master's: a wrong password or an
-/// untrusted certificate is fixed in a different place for each.
+/// The master's client, as the sentinels name it now, within `timeout`; for connecting. A
+/// failure says whose connection failed, the sentinels' or the master's, where that can be
+/// told: a wrong password or an untrusted certificate is fixed in a different place for each.
 pub(super) async fn master(
     sentinels: &mut SentinelClient,
     timeout: Duration,
 ) -> Result<redis::Client, String> {
-    let within = |what: &str| format!("{what} did not answer within {timeout:?}");
-    let err = match tokio::time::timeout(timeout, sentinels.async_get_client()).await {
-        Ok(Ok(master)) => return Ok(master),
-        Ok(Err(err)) => err,
-        Err(_) => return Err(within("the sentinels or the master")),
+    let err = match lookup(sentinels, timeout).await {
+        Ok(master) => return Ok(master),
+        Err(Lookup::TimedOut) => return Err(within(timeout, "the sentinels or the master")),
+        Err(Lookup::Failed(err)) => err,
     };
     if err.kind() == ErrorKind::MasterNameNotFoundBySentinel {
         return Err(format!("no master from the sentinels: {err}"));
     }
     // The redis crate reports a sentinel's failure and the master's alike; a sentinel asked
-    // alone (the same credentials, the same TLS) tells them apart.
+    // alone (the same credentials, the same TLS) tells them apart when it fails. When it
+    // answers, the error may still be another sentinel's (one down while the master is
+    // too); only a failure the sentinel just passed, its password or its TLS, is the
+    // master's.
     match tokio::time::timeout(timeout, sentinels.async_get_sentinel_client()).await {
-        Ok(Ok(_)) => Err(format!(
+        Ok(Ok(_)) if is_credentials_or_tls(&err) => Err(format!(
             "the connection to the master the sentinels name failed: {err}"
+        )),
+        Ok(Ok(_)) => Err(format!(
+            "a sentinel answers; no usable master from them: {err}"
         )),
         Ok(Err(sentinel_err)) => Err(format!(
             "the connection to the sentinels failed: {sentinel_err}"
         )),
-        Err(_) => Err(within("the sentinels")),
+        Err(_) => Err(within(timeout, "the sentinels")),
+    }
+}
+
+/// The master's client, as the sentinels name it now, within `timeout`; for following it.
+/// A failure is only logged, and is not told apart as [`master`] does: that second round
+/// trip, in every failover window, would delay noticing the new master.
+pub(super) async fn current_master(
+    sentinels: &mut SentinelClient,
+    timeout: Duration,
+) -> Result<redis::Client, String> {
+    lookup(sentinels, timeout)
+        .await
+        .map_err(|failure| match failure {
+            Lookup::TimedOut => within(timeout, "the sentinels or the master"),
+            Lookup::Failed(err) => format!("no usable master from the sentinels: {err}"),
+        })
+}
+
+/// Why the sentinels named no master.
+enum Lookup {
+    TimedOut,
+    Failed(redis::RedisError),
+}
+
+async fn lookup(
+    sentinels: &mut SentinelClient,
+    timeout: Duration,
+) -> Result<redis::Client, Lookup> {
+    match tokio::time::timeout(timeout, sentinels.async_get_client()).await {
+        Ok(Ok(master)) => Ok(master),
+        Ok(Err(err)) => Err(Lookup::Failed(err)),
+        Err(_) => Err(Lookup::TimedOut),
+    }
+}
+
+fn within(timeout: Duration, what: &str) -> String {
+    format!("{what} did not answer within {timeout:?}")
+}
+
+/// Whether `err` is a refused password or user, or a failed TLS handshake (an untrusted
+/// certificate, a wrong name): failures of a server's configuration, not of its being down.
+fn is_credentials_or_tls(err: &redis::RedisError) -> bool {
+    err.kind() == ErrorKind::AuthenticationFailed || io_cause(err).is_some_and(is_tls)
+}
+
+/// The I/O error inside `err`, which the redis crate keeps behind an `Arc`.
+fn io_cause(err: &redis::RedisError) -> Option<&std::io::Error> {
+    let source = std::error::Error::source(err)?;
+    source.downcast_ref::<std::io::Error>().or_else(|| {
+        source
+            .downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>()?
+            .downcast_ref::<std::io::Error>()
+    })
+}
+
+/// tokio-rustls reports a failed handshake as an I/O error carrying the rustls error.
+fn is_tls(err: &std::io::Error) -> bool {
+    err.get_ref()
+        .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_handshake_and_a_refused_password_are_configuration_a_refusal_is_not() {
+        let handshake = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        assert!(is_credentials_or_tls(&handshake.into()));
+        let password = redis::RedisError::from((ErrorKind::AuthenticationFailed, "denied"));
+        assert!(is_credentials_or_tls(&password));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(!is_credentials_or_tls(&refused.into()));
     }
 }
