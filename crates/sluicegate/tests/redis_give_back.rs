@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use sluicegate::store::redis::{KeyKind, redis_key};
+use sluicegate::store::redis::{KeyKind, Scripting, redis_key};
 use sluicegate::{
     Algorithm, Charge, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, Rule,
     RuleSpec, Store,
@@ -344,5 +344,86 @@ async fn a_report_that_records_nothing_remembers_no_id() {
             .filter_map(|node| node.query::<u64>(cmd("ZCARD").arg(&ids)).ok())
             .sum();
         assert_eq!(remembered, 0, "{ids} ({store:?})");
+    }
+}
+
+/// The library's check function on `server`, by its name in `FUNCTION LIST` (the library
+/// and its function share it; the routed one ends in `_routed`).
+fn check_function(server: &support::RedisServer) -> String {
+    let listed: Vec<redis::Value> = server
+        .query(cmd("FUNCTION").arg("LIST"))
+        .expect("FUNCTION LIST");
+    let names: Vec<String> = listed
+        .iter()
+        .map(|library| {
+            let fields: Vec<redis::Value> = redis::from_redis_value_ref(library).unwrap();
+            redis::from_redis_value_ref(&fields[1]).unwrap()
+        })
+        .collect();
+    match names.as_slice() {
+        [name] => name.clone(),
+        _ => panic!("one check library expected, the server holds {names:?}"),
+    }
+}
+
+/// A give-back of an instant older than the log's newest (on a cluster, another client's
+/// check landed between a multi-slot check's first slot and its refusal by the second)
+/// leaves the newest instant's units apart from the ones checks clamped to it add: after
+/// 1 s (given back) and 2 s, two more units fit at 2 s, and a third does not (W = 10 s). The undo is
+/// the script's own call with the arguments the store sends (script.rs), so that the
+/// interleaving is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_of_an_older_instant_keeps_the_newest_instants_units_apart() {
+    let server = support::standalone();
+    for (layout, name) in [
+        (LogLayout::Zset, "older-give-back-zset"),
+        (LogLayout::Compact, "older-give-back-ring"),
+    ] {
+        let spec = RuleSpec {
+            window: 10 * S,
+            ..log(3, layout)
+        };
+        let rule = Rule::new(name, &spec).unwrap();
+        let limits = [Limit {
+            rule: &rule,
+            key: "k",
+        }];
+        let store = stores::store_at(&server.url(), name, Scripting::Auto).await;
+        let check = |at| Check {
+            at: Some(at),
+            ..Check::new(&limits, 1)
+        };
+        for at in [S, 2 * S] {
+            assert!(store.check(&check(at)).await.unwrap().decision.allowed);
+        }
+        let state = redis_key(store.prefix(), KeyKind::State, &rule, "k");
+        let layout_code = match layout {
+            LogLayout::Zset => 0,
+            LogLayout::Compact => 1,
+        };
+        // One rule (sliding log, L, W, no buckets, capacity or interval, layout), one
+        // shape (client time, cost, no request id, mode, one rule: number 1 recorded at
+        // 1 s), one check.
+        let given_back: Vec<i64> = server
+            .query(
+                cmd("FCALL")
+                    .arg(check_function(server))
+                    .arg(1)
+                    .arg(&state)
+                    .arg(&[1, 1, 3, 10 * S, 0, 0, 0, layout_code, 1])
+                    .arg(&[S.to_string(), "1".into(), String::new(), "undo".into()])
+                    .arg(&[1, 1, S, 1]),
+            )
+            .expect("the undo");
+        assert_eq!(given_back, [1], "{name}: the undo's answer (one check)");
+        let answers: Vec<bool> = [
+            store.check(&check(2 * S)).await,
+            store.check(&check(2 * S)).await,
+            store.check(&check(2 * S)).await,
+        ]
+        .into_iter()
+        .map(|outcome| outcome.unwrap().decision.allowed)
+        .collect();
+        assert_eq!(answers, [true, true, false], "{name}");
     }
 }

@@ -113,9 +113,10 @@ async fn cluster_agrees_with_the_reference() {
 }
 
 /// The compact log's scripted traces (redis_trace/compact.rs) through functions, EVALSHA
-/// and on the cluster: rebased, grown and shrunk, it decides as the reference does.
+/// and on the cluster: far beyond its entries' span, grown and shrunk, it decides as the
+/// reference does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn compact_logs_rebased_grown_and_shrunk_agree_with_the_reference() {
+async fn compact_logs_beyond_their_span_grown_and_shrunk_agree_with_the_reference() {
     let stores = [
         store_at(&support::standalone().url(), "compact", Scripting::Auto).await,
         evalsha_store("compact-evalsha").await,
@@ -123,7 +124,7 @@ async fn compact_logs_rebased_grown_and_shrunk_agree_with_the_reference() {
     ];
     for (i, store) in stores.iter().enumerate() {
         for (trace, Scripted { rules, lines }) in [
-            ("rebasing", compact::rebasing(&format!("rebasing-{i}"))),
+            ("spanning", compact::spanning(&format!("spanning-{i}"))),
             (
                 "growing",
                 compact::growing_and_shrinking(&format!("growing-{i}")),
@@ -138,59 +139,61 @@ async fn compact_logs_rebased_grown_and_shrunk_agree_with_the_reference() {
     }
 }
 
-/// A compact log's string as stored (docs/SPEC.md, "Redis state": base, room, head, count,
-/// latest offset) for offsets of 3 bytes: (base, head, count, room, latest offset) and the
-/// ring's offsets.
-fn compact_log_of(bytes: &[u8]) -> ([u64; 5], Vec<u64>) {
+/// A compact log's string as stored (docs/SPEC.md, "Redis state": room, head, count,
+/// latest time) for entries of 3 bytes: (head, count, room, latest) and the ring's entries.
+fn compact_log_of(bytes: &[u8]) -> ([u64; 4], Vec<u64>) {
     let number = |at: usize, width: usize| {
         let mut le = [0; 8];
         le[..width].copy_from_slice(&bytes[at..at + width]);
         u64::from_le_bytes(le)
     };
-    let base = f64::from_le_bytes(bytes[..8].try_into().unwrap()) as u64;
-    let header = [
-        base,
-        number(12, 4),
-        number(16, 4),
-        number(8, 4),
-        number(20, 3),
-    ];
-    let ring = (23..bytes.len())
+    let latest = f64::from_le_bytes(bytes[12..20].try_into().unwrap()) as u64;
+    let header = [number(4, 4), number(8, 4), number(0, 4), latest];
+    let ring = (20..bytes.len())
         .step_by(3)
         .map(|at| number(at, 3))
         .collect();
     (header, ring)
 }
 
-/// Over a minute under W = 2 s the log's times outrun 3-byte offsets several times: each
-/// time its base moves up to the oldest live entry, every entry stays in time order within
-/// the ring, the newest is the latest admission, and the string is its room, exactly.
+/// Over a minute under W = 2 s the log's times run past the span of 3-byte entries
+/// (2^24 µs, 16.8 s) several times, and no entry is rewritten for it: each entry is its
+/// time modulo the span, read against the latest time (a check's, no later than the
+/// line's), the live ones in time order within the ring and within W of the latest, and
+/// the string is its room, exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_compact_log_rebases_before_an_offset_outgrows_its_width() {
-    let store = store_at(&support::standalone().url(), "rebase", Scripting::Auto).await;
-    let Scripted { rules, lines } = compact::rebasing("rebase");
+async fn a_compact_log_reads_its_entries_far_beyond_their_span() {
+    const SPAN: u64 = 1 << 24;
+    let store = store_at(&support::standalone().url(), "span", Scripting::Auto).await;
+    let Scripted { rules, lines } = compact::spanning("span");
     let key = store.state_key(&rules[0], "user:1");
+    let window = rules[0].window();
     let reference = reference();
-    let mut bases = Vec::new();
+    let mut checked_at = Vec::new();
+    let mut latests = Vec::new();
     for (n, line) in lines.iter().enumerate() {
         decide_both(&store, &reference, &rules, line, &format!("line {n}")).await;
+        checked_at.push(line.at);
         let bytes: Vec<u8> = support::standalone().query(cmd("GET").arg(&key)).unwrap();
         if bytes.is_empty() {
             continue;
         }
-        let ([base, head, count, room, latest], ring) = compact_log_of(&bytes);
+        let ([head, count, room, latest], ring) = compact_log_of(&bytes);
         assert_eq!(ring.len() as u64, room, "line {n}: {bytes:?}");
         let times: Vec<u64> = (head..head + count)
-            .map(|i| base + ring[(i % room) as usize])
+            .map(|i| latest - (latest - ring[(i % room) as usize]) % SPAN)
             .collect();
         assert!(times.is_sorted(), "line {n}: {times:?}");
-        assert_eq!(times.last(), Some(&(base + latest)), "line {n}");
-        assert!(base + latest <= line.at, "line {n}");
-        if bases.last() != Some(&base) {
-            bases.push(base);
+        assert_eq!(times.last(), Some(&latest), "line {n}");
+        assert!(latest <= line.at, "line {n}");
+        for time in &times {
+            assert!(time + window > latest, "line {n}: {time} in {times:?}");
+            assert!(checked_at.contains(time), "line {n}: {time} in {times:?}");
         }
+        latests.push(latest);
     }
-    assert!(bases.len() > 3, "bases {bases:?}");
+    let spans = (latests.last().unwrap() - latests[0]) / SPAN;
+    assert!(spans >= 3, "the trace ran {spans} spans");
 }
 
 /// Checks in flight together on one server share script calls (the store batches them), and

@@ -7,7 +7,7 @@ use sluicegate::{Algorithm, LogLayout, Rule};
 /// names (about 70 bytes): a hash of 2–3 small fields takes 184 bytes; a sliding counter
 /// adds about 20 per bucket; a zset log about 36 per entry while Redis keeps it as a
 /// listpack (up to 128 entries) and 116 per entry as a skiplist; a compact log's string
-/// is a (20 + w)-byte header and w bytes per live entry, sized to fill its allocation
+/// is a 20-byte header and w bytes per live entry, sized to fill its allocation
 /// (an eighth more on average). `sluicegate plan --redis` measures them on a real server.
 pub(crate) fn redis_bytes(rule: &Rule, layout: LogLayout, entries: u64) -> u64 {
     match rule.algorithm() {
@@ -16,7 +16,7 @@ pub(crate) fn redis_bytes(rule: &Rule, layout: LogLayout, entries: u64) -> u64 {
             LogLayout::Zset => 200 + 116 * entries,
             LogLayout::Compact => {
                 let width = compact_entry_width(rule.window());
-                140 + (20 + width * (entries + 1)) * 9 / 8
+                140 + (20 + width * entries) * 9 / 8
             }
         },
         Algorithm::SlidingCounter => 184 + 20 * rule.buckets().saturating_sub(1),
@@ -54,9 +54,9 @@ mod tests {
         let rule = Rule::new("r", &RuleSpec::new(Algorithm::SlidingLog, 1000, S)).unwrap();
         assert_eq!(redis_bytes(&rule, LogLayout::Zset, 1000), 116_200);
         // 3 bytes an entry under 1 s, 5 under an hour.
-        assert_eq!(redis_bytes(&rule, LogLayout::Compact, 1000), 3_540);
-        assert_eq!(redis_bytes(&rule, LogLayout::Compact, 100), 503);
+        assert_eq!(redis_bytes(&rule, LogLayout::Compact, 1000), 3_537);
+        assert_eq!(redis_bytes(&rule, LogLayout::Compact, 100), 500);
         let hour = Rule::new("r", &RuleSpec::new(Algorithm::SlidingLog, 1000, 3600 * S)).unwrap();
-        assert_eq!(redis_bytes(&hour, LogLayout::Compact, 1000), 5_793);
+        assert_eq!(redis_bytes(&hour, LogLayout::Compact, 1000), 5_787);
     }
 }

@@ -356,9 +356,9 @@ impl RuleInner {
     /// number keeps each key's usage:
     ///
     /// - `sliding-log`: the window (the log keeps only one window of entries, so it cannot
-    ///   answer for a longer one), and the layout (`cpt2`: the compact string's second
-    ///   layout, whose keys no instance of the first reads, as long as `zset` so that key
-    ///   names cost the same; it holds any L);
+    ///   answer for a longer one), and the layout (`cpt3`: the compact string's third
+    ///   layout, whose keys no instance of an earlier one reads, as long as `zset` so that
+    ///   key names cost the same; it holds any L);
     /// - `sliding-counter`: the window and the buckets (they fix the buckets' edges);
     /// - `fixed-window`: the window (it fixes the windows' edges);
     /// - `token-bucket`, `leaky-bucket`: nothing but the algorithm (the state converts).
@@ -376,7 +376,7 @@ impl RuleInner {
                 identity += &format!("|w={}|zset", self.window);
             }
             (Algorithm::SlidingLog, LogLayout::Compact) => {
-                identity += &format!("|w={}|cpt2", self.window);
+                identity += &format!("|w={}|cpt3", self.window);
             }
             (Algorithm::SlidingCounter, _) => {
                 identity += &format!("|w={}|n={}", self.window, self.buckets);

@@ -74,9 +74,9 @@ pub enum LogLayout {
     /// `ZRANGE key 0 -1 WITHSCORES`.
     #[default]
     Zset,
-    /// A ring of time offsets of 3 to 7 bytes (by the window) in one string sized to what
-    /// is live: a fraction of the memory, constant work per check but for a rewrite when
-    /// the string grows, shrinks or rebases.
+    /// A ring of times, each in 3 to 7 bytes (by the window: modulo a span over twice it),
+    /// in one string sized to what is live: a fraction of the memory, constant work per
+    /// check but for a rewrite when the string grows or shrinks.
     Compact,
 }
 

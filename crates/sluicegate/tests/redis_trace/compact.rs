@@ -1,5 +1,5 @@
 //! Scripted traces of the compact sliding log for the differential tests: a log whose
-//! times outrun the width of its entries' offsets again and again (rebases), and one that
+//! times run past the span of its entries again and again, and one that
 //! fills to its limit, quiets down and fills again (its string grows and shrinks), also
 //! under a lowered limit.
 
@@ -79,9 +79,9 @@ impl Writer {
     }
 }
 
-/// W = 2 s, so offsets of 3 bytes (a span of 16.8 s), over a minute of checks every 0 to
-/// 300 ms: the log is never empty, so only rebases move its base (at least three).
-pub(crate) fn rebasing(name: &str) -> Scripted {
+/// W = 2 s, so entries of 3 bytes (a span of 16.8 s), over a minute of checks every 0 to
+/// 300 ms: the log is never empty while its times pass three spans and more.
+pub(crate) fn spanning(name: &str) -> Scripted {
     let mut writer = Writer::new(0x5eed_0001);
     writer.lines(0, 500, 300_000, 3);
     assert!(writer.t > T0 + 60 * SECOND);

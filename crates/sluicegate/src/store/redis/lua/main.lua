@@ -10,8 +10,8 @@ local function new_rule_slot()
   return {
     spec = false, algorithm = 0, limit = 0, window = 0, buckets = 0, capacity = 0,
     interval = 0, key = false, ids = false, releases = false, now = 0, latest = false,
-    live = 0, expired = 0, cutoff = 0, head = 0, count = 0, new_key = false, base = 0,
-    room = 0,
+    live = 0, expired = 0, cutoff = 0, head = 0, count = 0, new_key = false,
+    latest_residue = 0, room = 0,
     repeat_release = false, verdict = false, cost = 0, units = 0, repeated = false,
     reserved = 0, reserved_at = 0, reserved_tat = 0,
     evaluate = false, record = false, answer = false, give_back = false, report = false,

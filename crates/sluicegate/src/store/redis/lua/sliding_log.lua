@@ -198,10 +198,20 @@ local function zset_log_steps()
   end
 
   -- Units recorded at one instant are indistinguishable: any `cost` members at `at` will do.
+  -- `at` may be older than the newest instant (another check landed between the admission
+  -- and its give-back), whose numbers then run past the live count: they are renumbered,
+  -- counting live what a check clamped to that instant would.
   local function give_back(r, at, cost)
     local taken = members_at(r, at, cost)
-    if #taken > 0 then
-      call('ZREM', r.key, unpack(taken))
+    if #taken == 0 then
+      return
+    end
+    local key = r.key
+    call('ZREM', key, unpack(taken))
+    local total = call('ZCARD', key)
+    if total > 0 then
+      local cutoff = entry(r, -1) - r.window
+      renumber_newest(r, total - call('ZCOUNT', key, '-inf', int(cutoff)))
     end
   end
 

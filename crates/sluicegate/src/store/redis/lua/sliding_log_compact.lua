@@ -1,34 +1,47 @@
 -- The steps of the COMPACT sliding-log layout: one string, a header and a ring of `room`
--- entries, oldest at head. An entry is its time's offset from the header's base time, in
--- w bytes: the fewest (3 to 7) whose span 2^(8w) exceeds twice the window W. Every entry is
--- at or after the base; the live ones lie within W of now, so once the base is the oldest
--- of them (a rebase, at most once a window) now's offset fits again.
--- The header (COMPACT_FIXED + w bytes): base (a double) and room (4 bytes), which only a
--- rewrite changes, then head and count (4 bytes each) and the latest time's offset (w
--- bytes; the key's latest admission is its newest entry), which an admission writes at
--- COMPACT_STATE. The ring grows and shrinks with what is live: a string rewritten whole
--- with one SET, sized to fill its allocation (room_for), never grown in place (Redis would
--- double it). See sliding_log.lua for what evaluating leaves in the rule; also base and
--- room. The steps are made per width (compact_log_maker), their formats constants.
-local COMPACT_FIXED, COMPACT_STATE = 20, 12
+-- entries, oldest at head. An entry is its time modulo SPAN = 2^(8w), in w bytes: the
+-- fewest (3 to 7) whose SPAN exceeds twice the window W. It is read against the latest
+-- time, which the header holds whole: every entry stored lies in (latest - W, latest] (an
+-- admission drops what has expired before it writes, a report into debt keeps the newest
+-- L live, a refund or give-back makes the latest the newest entry left), so an entry is
+-- the one time of that span with its residue, latest - ((latest - entry) mod SPAN), and no
+-- entry is ever rewritten as time runs on.
+-- The header (COMPACT_FIXED bytes): room (4 bytes), which only a rewrite changes, then head
+-- and count (4 bytes each) and the latest time (a double; the key's latest admission is its
+-- newest entry), which an admission writes at COMPACT_STATE. The ring grows and shrinks
+-- with what is live: a string rewritten whole with one SET, sized to fill its allocation
+-- (room_for), never grown in place (Redis would double it). See sliding_log.lua for what
+-- evaluating leaves in the rule; also room and latest_residue. The steps are made per
+-- width (compact_log_maker), their formats constants.
+local COMPACT_FIXED, COMPACT_STATE = 20, 4
 -- How many of the oldest entries evaluating reads at once (see evaluate).
 local COMPACT_FRONT = 8
 
 local function compact_log_steps(w)
   -- The header's struct format, the state's (its part from COMPACT_STATE on), an entry's,
-  -- the span of an entry's offsets, and where the ring starts.
-  local HEADER, STATE, ENTRY = '<dI4I4I4I' .. w, '<I4I4I' .. w, '<I' .. w
-  local SPAN, RING = 2 ^ (8 * w), COMPACT_FIXED + w
+  -- the span of the entries' residues, and where the ring starts.
+  local HEADER, STATE, ENTRY = '<I4I4I4d', '<I4I4d', '<I' .. w
+  local SPAN, RING = 2 ^ (8 * w), COMPACT_FIXED
+
+  -- The time whose residue is `residue`, among the W before the latest.
+  local function decoded(r, residue)
+    return r.latest - (r.latest_residue - residue) % SPAN
+  end
 
   -- The time of entry i (from 0, oldest first).
   local function entry(r, i)
     local o = RING + w * ((r.head + i) % r.room)
-    return r.base + unpack_struct(ENTRY, call('GETRANGE', r.key, o, o + w - 1))
+    return decoded(r, unpack_struct(ENTRY, call('GETRANGE', r.key, o, o + w - 1)))
   end
 
-  -- The header's head, count and latest time (base and room stay).
+  local function set_latest(r, latest)
+    r.latest, r.latest_residue = latest, latest % SPAN
+  end
+
+  -- The header's head, count and latest time (room stays).
   local function write_state(r, head, count, latest)
-    call('SETRANGE', r.key, COMPACT_STATE, pack(STATE, head, count, latest - r.base))
+    call('SETRANGE', r.key, COMPACT_STATE, pack(STATE, head, count, latest))
+    set_latest(r, latest)
   end
 
   -- Reads the header into `r`; false when there is no key.
@@ -38,27 +51,32 @@ local function compact_log_steps(w)
       return false
     end
     local latest
-    r.base, r.room, r.head, r.count, latest = unpack_struct(HEADER, header)
-    r.latest = r.base + latest
+    r.room, r.head, r.count, latest = unpack_struct(HEADER, header)
+    set_latest(r, latest)
     return true
   end
 
   local function evaluate(r, t, units)
     if not read_header(r) then
-      r.base, r.room, r.latest, r.new_key = 0, 0, 0, true
+      r.room, r.new_key = 0, true
+      set_latest(r, 0)
     end
     r.now = max(t, r.latest)
     r.cutoff = r.now - r.window
     -- Admissions drop what has expired, so what has expired since is usually a few of the
     -- oldest entries: one read of up to COMPACT_FRONT of them finds where the live ones
-    -- start; only when all of those have expired does a binary search go on.
+    -- start; only when all of those have expired does a binary search go on. Once the
+    -- latest has, all have: nothing is read.
     local front = r.count > 0 and min(r.count, COMPACT_FRONT, r.room - r.head) or 0
-    if front > 0 then
+    if front > 0 and r.latest <= r.cutoff then
+      r.expired, front = r.count, 0
+    elseif front > 0 then
       local o = RING + w * r.head
       local entries = call('GETRANGE', r.key, o, o + w * front - 1)
-      local cutoff = r.cutoff - r.base
+      local cutoff = r.cutoff
       local expired = 0
-      while expired < front and unpack_struct(ENTRY, entries, w * expired + 1) <= cutoff do
+      while expired < front
+        and decoded(r, unpack_struct(ENTRY, entries, w * expired + 1)) <= cutoff do
         expired = expired + 1
       end
       r.expired = expired
@@ -132,59 +150,35 @@ local function compact_log_steps(w)
     local class = spacing * floor((size + spacing - 1) / spacing)
     -- A longer string may take a longer sds header.
     local filled = class - sds_header(class - header - 1) - 1
-    return max(needed, min(floor((filled - COMPACT_FIXED) / w) - 1, limit))
+    return max(needed, min(floor((filled - COMPACT_FIXED) / w), limit))
   end
 
-  -- The live `entries` (offsets from `base`) as offsets from the oldest of them, and that
-  -- base: every offset rewritten, in chunks (L may be tens of millions).
-  local function rebased(entries, base)
-    local oldest = unpack_struct(ENTRY, entries, 1)
-    local chunks, chunk = {}, {}
-    for p = 1, #entries, w do
-      chunk[#chunk + 1] = pack(ENTRY, unpack_struct(ENTRY, entries, p) - oldest)
-      if #chunk == 1024 then
-        chunks[#chunks + 1] = table.concat(chunk)
-        chunk = {}
-      end
-    end
-    chunks[#chunks + 1] = table.concat(chunk)
-    return table.concat(chunks), base + oldest
-  end
-
-  -- The key written whole, with one SET and its TTL: the live entries, oldest first (head
-  -- 0), then `cost` at now, in a ring sized to them (room_for); rebased when now's offset
-  -- would not fit.
+  -- The key written whole, with one SET and its TTL: the live entries as they are, oldest
+  -- first (head 0), then `cost` at now, in a ring sized to them (room_for).
   local function rewrite(r, cost, margin)
     local live, now = r.live, r.now
     local needed = live + cost
     local entries = read_entries(r, r.expired, live)
-    if live == 0 then
-      r.base = now
-    elseif now - r.base >= SPAN then
-      entries, r.base = rebased(entries, r.base)
-    end
     r.room = room_for(needed, r.limit)
-    local offset = now - r.base
-    call('SET', r.key, pack(HEADER, r.base, r.room, 0, needed, offset) .. entries
-      .. string.rep(pack(ENTRY, offset), cost) .. string.rep('\0', w * (r.room - needed)),
+    call('SET', r.key, pack(HEADER, r.room, 0, needed, now) .. entries
+      .. string.rep(pack(ENTRY, now % SPAN), cost) .. string.rep('\0', w * (r.room - needed)),
       'PX', ttl_ms(r.window, margin))
+    set_latest(r, now)
   end
 
-  -- `cost` entries at now after the live ones, in place while they fit the ring, now's
-  -- offset fits its width and the string needs no more than half its length for them;
-  -- otherwise rewritten.
+  -- `cost` entries at now after the live ones, in place while they fit the ring and the
+  -- string needs no more than half its length for them; otherwise rewritten.
   local function record(r, cost, margin)
     local room, live = r.room, r.live
     local needed = live + cost
-    local offset = r.now - r.base
-    -- (The string, F + w·(1 + room) bytes, over twice what needed takes: w·(room − 2·needed
-    -- − 1) ≥ F.)
-    if needed > room or offset >= SPAN or w * (room - 2 * needed - 1) >= COMPACT_FIXED then
+    -- (The string, F + w·room bytes, at least twice what needed takes: w·(room − 2·needed)
+    -- ≥ F.)
+    if needed > room or w * (room - 2 * needed) >= COMPACT_FIXED then
       rewrite(r, cost, margin)
       return
     end
     local key = r.key
-    local run = string.rep(pack(ENTRY, offset), cost)
+    local run = string.rep(pack(ENTRY, r.now % SPAN), cost)
     local head = (r.head + r.expired) % room
     -- The run may wrap around the end of the ring.
     local first = (head + live) % room
