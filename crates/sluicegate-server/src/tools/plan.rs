@@ -173,8 +173,8 @@ mod tests {
         assert_eq!(rows.len(), 6);
         let text = table(&w, &rows, None);
         assert!(text.contains("sliding-log (compact)"), "{text}");
-        // 100 keys × (140 + (20 + 4 × 101) × 9/8) bytes: 4-byte entries under a minute.
-        assert!(text.contains("617 B"), "{text}");
-        assert!(text.contains("60.3 KiB"), "{text}");
+        // 100 keys × (140 + (20 + 4 × 100) × 9/8) bytes: 4-byte entries under a minute.
+        assert!(text.contains("612 B"), "{text}");
+        assert!(text.contains("59.8 KiB"), "{text}");
     }
 }
