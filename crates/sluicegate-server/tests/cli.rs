@@ -2,34 +2,16 @@
 
 use sluicegate_test_support as support;
 
+mod replay;
 mod server;
 
+use replay::replay;
 use server::Server;
 
-use std::io::Write;
-
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 
 fn sluicegate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluicegate"))
-}
-
-fn replay(args: &[&str], input: &str) -> Output {
-    let mut child = sluicegate()
-        .arg("replay")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
 }
 
 /// Seed 003's trace in µs, with a comment, a blank line, a second key and a request id.

@@ -4,8 +4,9 @@
 //! are read from the SPEC itself, so the text and the binary cannot drift apart; only the
 //! rule each example names in words is spelled out here as flags.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+mod replay;
+
+use replay::replay;
 
 /// The SPEC section that holds the examples.
 const SECTION: &str = "### Usage: worked examples";
@@ -88,22 +89,9 @@ fn blocks_after<'a>(text: &'a str, lead: &str) -> (&'a str, &'a str) {
     (input, output)
 }
 
-fn replay(args: &[&str], input: &str) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
-        .arg("replay")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+/// The report of `sluicegate replay ARGS` on `input`, which must succeed.
+fn replayed(args: &[&str], input: &str) -> String {
+    let out = replay(args, input);
     assert!(
         out.status.success(),
         "replay {args:?} failed: {}",
@@ -119,6 +107,6 @@ fn the_usage_examples_replay_as_printed() {
     let examples = section(&spec, SECTION);
     for (lead, args) in EXAMPLES {
         let (input, output) = blocks_after(examples, lead);
-        assert_eq!(replay(args, input), output, "{lead}");
+        assert_eq!(replayed(args, input), output, "{lead}");
     }
 }
