@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 use sluicegate_test_support as support;
 use sluicegate_test_support::{FaultProxy, RedisServer};
 
+mod python;
 mod server;
 
+use python::run_python;
 use server::Server;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -312,19 +314,12 @@ fn stop_increment_needs_compat_envoy() {
 #[test]
 fn envoy_counting_from_python_grpcio() {
     let server = start("python", Store::Memory, &["--compat", "envoy"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/rls_counting.py");
     let call = |descriptors: &[&str]| {
-        let out = Command::new("python3")
-            .args([script, &server.address, "counting"])
-            .args(descriptors)
-            .output()
-            .expect("python3");
-        assert!(
-            out.status.success(),
-            "python grpcio call failed (scripts/test installs grpcio and xds-protos): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        let args: Vec<&str> = [server.address.as_str(), "counting"]
+            .into_iter()
+            .chain(descriptors.iter().copied())
+            .collect();
+        run_python("rls_counting.py", &args)
     };
     assert_eq!(
         call(&["a=v*3", "b=v*2"]),

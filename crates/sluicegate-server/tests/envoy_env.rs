@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 
 use sluicegate_test_support::{RedisServer, cmd};
 
+mod python;
+
+use python::run_python;
+
 /// A port free now.
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -33,17 +37,7 @@ fn curl(address: &str, path: &str) -> (u16, String) {
 
 /// One ShouldRateLimit from Python's grpcio: the overall code, then the headers to add.
 fn rls(address: &str, domain: &str, key: &str, value: &str) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/rls_check.py");
-    let out = Command::new("python3")
-        .args([script, address, domain, key, value])
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    run_python("rls_check.py", &[address, domain, key, value])
 }
 
 /// The binary, killed when dropped.

@@ -3,8 +3,10 @@
 
 use sluicegate_test_support as support;
 
+mod python;
 mod server;
 
+use python::run_python;
 use server::Server;
 
 use std::process::Command;
@@ -127,18 +129,7 @@ async fn rls_on_redis() {
 fn rls_from_python_grpcio() {
     let server = Server::start(&["--response-headers", "ietf"]);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/rls_check.py");
-    let call = || {
-        let out = Command::new("python3")
-            .args([script, &server.address, "example", "user", "bob"])
-            .output()
-            .expect("python3");
-        assert!(
-            out.status.success(),
-            "python grpcio call failed (scripts/test installs grpcio and xds-protos): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let call = || run_python("rls_check.py", &[&server.address, "example", "user", "bob"]);
     let garbage = Command::new("python3")
         .args([script, &server.address, "--garbage"])
         .output()

@@ -6,12 +6,12 @@
 //!
 //! The rules are per day, so that no window boundary falls inside a test but once a day.
 
-use std::process::Command;
-
 use sluicegate_test_support as support;
 
+mod python;
 mod server;
 
+use python::run_python;
 use server::Server;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -368,19 +368,8 @@ async fn retry_after_only_for_a_refusal() {
 #[test]
 fn envoy_stream_done_reports_from_python_grpcio() {
     let server = start("python", Store::Memory, &[]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/rls_counting.py");
-    let call = |descriptor: &str| {
-        let out = Command::new("python3")
-            .args([script, &server.address, "llm", descriptor])
-            .output()
-            .expect("python3");
-        assert!(
-            out.status.success(),
-            "python grpcio call failed (scripts/test installs grpcio and xds-protos): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let call =
+        |descriptor: &str| run_python("rls_counting.py", &[&server.address, "llm", descriptor]);
     assert_eq!(call("model=py*0"), "OK\nOK 999\n");
     for _ in 0..2 {
         assert_eq!(call("model=py,request_id=p1*300"), "OK\nOK 700\n");
