@@ -41,8 +41,7 @@ local function fixed_window_steps()
     local key, now = r.key, r.now
     local ttl = r.stored_window ~= r.index and ttl_ms(r.window_end - now, margin)
     if holding then
-      if key ~= held_key then
-        hold(key, write_held_state)
+      if hold(key, write_held_state) then
         held_state.ttl = false
       end
       held_state.k, held_state.n, held_state.t = r.index, r.count + cost, now

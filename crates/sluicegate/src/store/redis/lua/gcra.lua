@@ -58,8 +58,7 @@ local function gcra_steps()
   local function write(r, tat, margin)
     local ttl = ttl_ms(tat - r.now, margin)
     if holding then
-      if r.key ~= held_key then
-        hold(r.key, write_held_state)
+      if hold(r.key, write_held_state) then
         held_state.blank = false
       end
       held_state.tat, held_state.t, held_state.T, held_state.ttl = tat, r.now, r.interval, ttl

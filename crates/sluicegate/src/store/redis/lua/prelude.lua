@@ -211,11 +211,14 @@ local function write_held()
 end
 
 -- Holds `key`'s state, written by `write`, from now on (the one held before is written
--- out): the caller then sets its fields in held_state.
+-- out): the caller then sets its fields in held_state. Whether `key` is newly held, its
+-- fields still the last key's.
 local function hold(key, write)
-  if key ~= held_key then
-    write_held()
-    held_key, held_write = key, write
+  if key == held_key then
+    return false
   end
+  write_held()
+  held_key, held_write = key, write
+  return true
 end
 

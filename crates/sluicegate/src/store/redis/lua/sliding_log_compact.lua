@@ -120,10 +120,12 @@ local function compact_log_steps(w)
     end
     local start = (r.head + i) % r.room
     local fitting = min(n, r.room - start)
-    call('SETRANGE', r.key, RING + w * start, string.sub(entries, 1, w * fitting))
-    if fitting < n then
-      call('SETRANGE', r.key, RING, string.sub(entries, w * fitting + 1))
+    if fitting == n then
+      call('SETRANGE', r.key, RING + w * start, entries)
+      return
     end
+    call('SETRANGE', r.key, RING + w * start, string.sub(entries, 1, w * fitting))
+    call('SETRANGE', r.key, RING, string.sub(entries, w * fitting + 1))
   end
 
   -- The header of a Redis string (sds) of `length` bytes.
@@ -177,20 +179,9 @@ local function compact_log_steps(w)
       rewrite(r, cost, margin)
       return
     end
-    local key = r.key
-    local run = string.rep(pack(ENTRY, r.now % SPAN), cost)
-    local head = (r.head + r.expired) % room
-    -- The run may wrap around the end of the ring.
-    local first = (head + live) % room
-    local fitting = min(cost, room - first)
-    if fitting == cost then
-      call('SETRANGE', key, RING + w * first, run)
-    else
-      call('SETRANGE', key, RING + w * first, string.sub(run, 1, w * fitting))
-      call('SETRANGE', key, RING, string.sub(run, w * fitting + 1))
-    end
-    write_state(r, head, needed, r.now)
-    call('PEXPIRE', key, ttl_ms(r.window, margin))
+    write_entries(r, r.expired + live, string.rep(pack(ENTRY, r.now % SPAN), cost))
+    write_state(r, (r.head + r.expired) % room, needed, r.now)
+    call('PEXPIRE', r.key, ttl_ms(r.window, margin))
   end
 
   -- Into debt the ring keeps its newest L live units: the oldest live ones are dropped as
