@@ -357,9 +357,7 @@ impl MemoryStore {
                     .enumerate()
                     .map(|(i, (rule, state))| {
                         let cost = check.cost_of(i);
-                        state
-                            .decide_alone(rule, t, cost, check.request_id, check.charge)
-                            .0
+                        state.record_usage(rule, t, cost, check.request_id, check.charge)
                     })
                     .collect()
             }
