@@ -38,7 +38,7 @@ struct Index {
 
 /// Which ids an id is compared with: a `check` and a `reserve` are both admissions; each
 /// never-refused mode keeps its own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Namespace {
     Admission,
     Report,

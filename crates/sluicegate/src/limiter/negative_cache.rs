@@ -265,7 +265,7 @@ impl NegativeCache {
     fn insert(&self, check: &Check<'_>, hash: u64, sent: u64, wait: u64, decisions: &[Decision]) {
         // Room is taken before an entry for the same limits is replaced, so a full cache
         // of live refusals keeps them as they are.
-        if !self.table.reserve(|_| {}) {
+        if !self.table.reserve() {
             return;
         }
         let entry = Entry {

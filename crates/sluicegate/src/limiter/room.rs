@@ -89,8 +89,8 @@ impl<T: Expiring> ExpiringTable<T> {
     }
 
     /// Takes room for one entry. When the table is full, every expired entry is dropped
-    /// (each shown to `dropping` first) and the room is tried once more.
-    pub(crate) fn reserve(&self, mut dropping: impl FnMut(&T)) -> bool {
+    /// and the room is tried once more.
+    pub(crate) fn reserve(&self) -> bool {
         let take = || {
             self.len
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
@@ -102,19 +102,13 @@ impl<T: Expiring> ExpiringTable<T> {
             return true;
         }
         let now = self.clock.now_micros();
-        self.remove_where(|entry| {
-            let expired = entry.until() <= now;
-            if expired {
-                dropping(entry);
-            }
-            expired
-        });
+        self.remove_where(|entry| entry.until() <= now);
         take()
     }
 
     /// Removes every entry for which `remove` says so, shard by shard (no lock is held
     /// across shards), and gives back their room.
-    pub(crate) fn remove_where(&self, mut remove: impl FnMut(&T) -> bool) {
+    fn remove_where(&self, mut remove: impl FnMut(&T) -> bool) {
         let mut removed = 0;
         for shard in self.shards.iter() {
             let mut table = shard.lock();

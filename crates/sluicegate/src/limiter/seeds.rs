@@ -76,7 +76,7 @@ impl Seeds {
             Err(_) if used == 0 => {}
             Err(_) => {
                 drop(shard);
-                if !self.table.reserve(|_| {}) {
+                if !self.table.reserve() {
                     return;
                 }
                 let seed = Seed {
