@@ -321,7 +321,8 @@ fn groups<'a>(modes: &[Mode<'a>], counting: Counting) -> Result<Vec<Group<'a>>, 
         members: Vec::new(),
     };
     let mut others: Vec<Group<'a>> = Vec::new();
-    let mut first_id: Option<usize> = None;
+    // The first descriptor with a request id, and the id: every other must be the same.
+    let mut first_id: Option<(usize, &'a str)> = None;
     for (i, mode) in modes.iter().enumerate() {
         if !mode.charge.may_refuse() {
             match others.iter_mut().find(|g| g.mode == *mode) {
@@ -337,23 +338,21 @@ fn groups<'a>(modes: &[Mode<'a>], counting: Counting) -> Result<Vec<Group<'a>>, 
             refusable.mode.charge = Charge::Reserved;
         }
         if let Some(id) = mode.request_id {
-            match (first_id, refusable.mode.request_id) {
-                (Some(j), Some(other)) if other != id => {
+            match first_id {
+                Some((j, other)) if other != id => {
                     return Err(DecideError::Invalid(format!(
                         "descriptors[{i}]: request id {id:?} is not descriptors[{j}]'s \
                          {other:?}; a request's check and reserve descriptors are one \
                          check, under one id"
                     )));
                 }
-                (Some(_), _) => {}
-                (None, _) => {
-                    first_id = Some(i);
-                    refusable.mode.request_id = Some(id);
-                }
+                Some(_) => {}
+                None => first_id = Some((i, id)),
             }
         }
         refusable.members.push(i);
     }
+    refusable.mode.request_id = first_id.map(|(_, id)| id);
     let mut groups = Vec::with_capacity(others.len() + 1);
     if !refusable.members.is_empty() {
         groups.push(refusable);
