@@ -272,7 +272,15 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
         .enumerate()
         .map(|(i, s)| Rule::new(&name(i), s).unwrap())
         .collect();
-    let store = MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)));
+    // The default shards, and one shard for every key: there every check meets the refusal
+    // another key published, and the writes that must clear it.
+    let stores = [MemoryStoreConfig::default().shards, 1].map(|shards| {
+        let config = MemoryStoreConfig {
+            shards,
+            ..MemoryStoreConfig::default()
+        };
+        MemoryStore::new(config, Arc::new(ManualClock::new(0)))
+    });
     let mut model = Model::default();
     let mut t: u64 = 1_000;
     let mut last_reserve: Option<(String, usize)> = None;
@@ -330,26 +338,30 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
             at: Some(t),
             charge: event.mode,
         };
-        let got = store.check_now(&check).unwrap();
         let costs: Vec<u64> = (0..limits.len())
             .map(|i| own_costs.get(i).copied().unwrap_or(event.cost))
             .collect();
         let (want, want_limits) = model.check(&chosen, key, t, &costs, id.as_deref(), event.mode);
-        prop_assert_eq!(
-            got.limits(),
-            &want_limits,
-            "event {} at t={} {:?}: per-rule decisions differ",
-            n,
-            t,
-            event
-        );
-        prop_assert_eq!(
-            got.decision,
-            want,
-            "event {} at t={}: combined differs",
-            n,
-            t
-        );
+        for (store, shards) in stores.iter().zip(["default shards", "one shard"]) {
+            let got = store.check_now(&check).unwrap();
+            prop_assert_eq!(
+                got.limits(),
+                &want_limits[..],
+                "{}: event {} at t={} {:?}: per-rule decisions differ",
+                shards,
+                n,
+                t,
+                event
+            );
+            prop_assert_eq!(
+                got.decision,
+                want,
+                "{}: event {} at t={}: combined differs",
+                shards,
+                n,
+                t
+            );
+        }
     }
     Ok(())
 }

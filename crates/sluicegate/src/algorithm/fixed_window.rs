@@ -19,6 +19,19 @@ pub(crate) struct FixedPlan {
 }
 
 impl FixedWindowState {
+    /// The window and its count, as [`FixedWindowState::from_words`] takes them back.
+    pub(crate) fn words(&self) -> [u64; 2] {
+        [self.window_index, self.count]
+    }
+
+    pub(crate) fn from_words([window_index, count]: [u64; 2]) -> Self {
+        FixedWindowState {
+            window_index,
+            count,
+        }
+    }
+
+    #[inline] // on the memory store's refusal without a lock (RuleState::from_words)
     pub(crate) fn plan(&self, rule: &Rule, now: u64) -> FixedPlan {
         let window_index = now / rule.window();
         let count = if window_index == self.window_index {
@@ -32,6 +45,7 @@ impl FixedWindowState {
         }
     }
 
+    #[inline] // on the memory store's refusal without a lock (RuleState::from_words)
     pub(crate) fn fits(plan: FixedPlan, rule: &Rule, units: u64) -> bool {
         plan.count + units <= rule.limit()
     }
@@ -72,6 +86,7 @@ impl FixedWindowState {
         }
     }
 
+    #[inline] // on the memory store's refusal without a lock (RuleState::from_words)
     pub(crate) fn refuse(rule: &Rule, plan: FixedPlan, now: u64, retry: RetryNeed) -> Decision {
         let reset_after = if plan.count > 0 {
             window_end(rule, plan) - now

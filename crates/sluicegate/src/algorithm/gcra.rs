@@ -30,10 +30,20 @@ fn tolerance(rule: &Rule) -> u64 {
 }
 
 impl GcraState {
+    /// TAT and its interval, as [`GcraState::from_words`] takes them back.
+    pub(crate) fn words(&self) -> [u64; 2] {
+        [self.tat, self.interval]
+    }
+
+    pub(crate) fn from_words([tat, interval]: [u64; 2]) -> Self {
+        GcraState { tat, interval }
+    }
+
     /// `max(TAT, t)`, read under `rule`'s numbers: the backlog `TAT − t` as it stands when
     /// it was written under the rule's interval, debt included (d' = d); under another, the
     /// units it holds (rounded up, as a decision reports them used) at the rule's interval,
     /// at most the capacity: a change of rate forgives debt beyond it.
+    #[inline] // on the memory store's refusal without a lock (RuleState::from_words)
     pub(crate) fn plan(&self, rule: &Rule, now: u64) -> GcraPlan {
         let backlog = self.tat.saturating_sub(now);
         let interval = rule.emission_interval();
@@ -46,6 +56,7 @@ impl GcraState {
     }
 
     /// `new − t ≤ τ` with `new = tat + c·T`.
+    #[inline] // on the memory store's refusal without a lock (RuleState::from_words)
     pub(crate) fn fits(plan: GcraPlan, rule: &Rule, now: u64, units: u64) -> bool {
         plan.tat + units * rule.emission_interval() - now <= tolerance(rule)
     }
@@ -106,6 +117,7 @@ impl GcraState {
         true
     }
 
+    #[inline] // on the memory store's refusal without a lock (RuleState::from_words)
     pub(crate) fn refuse(rule: &Rule, plan: GcraPlan, now: u64, retry: RetryNeed) -> Decision {
         let interval = rule.emission_interval();
         let tolerance = tolerance(rule);

@@ -48,6 +48,14 @@ enum StateKind {
     Gcra(GcraState),
 }
 
+/// A fixed window's or a bucket's state as plain words: all that a check without a request
+/// id is decided from, so that a store can publish it to readers that take no lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StateWords {
+    pub(crate) latest: u64,
+    pub(crate) words: [u64; 2],
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Plan {
     Log(LogPlan),
@@ -150,7 +158,67 @@ impl RuleState {
         }
     }
 
+    /// This state as words, for a fixed window or a bucket; `None` for a log or a counter,
+    /// whose state does not fit in a few words. The request ids are left out: only a check
+    /// with an id reads them.
+    pub(crate) fn words(&self) -> Option<StateWords> {
+        let words = match &self.kind {
+            StateKind::Fixed(state) => state.words(),
+            StateKind::Gcra(state) => state.words(),
+            StateKind::Log(_) | StateKind::Counter(_) => return None,
+        };
+        Some(StateWords {
+            latest: self.latest,
+            words,
+        })
+    }
+
+    /// The state [`RuleState::words`] gave of a state of `rule`, remembering no request id
+    /// (so to be asked only by a check without one); `None` for a log or a counter.
+    // Inlined (as are `evaluate` and `refuse`) into the memory store's refusal without a
+    // lock: returned through the stack, their results were read back wider than they were
+    // written, and each such read waited for the stores to land (perf: most of that path).
+    #[inline(always)]
+    pub(crate) fn from_words(
+        rule: &Rule,
+        StateWords { latest, words }: StateWords,
+    ) -> Option<Self> {
+        let kind = match rule.algorithm() {
+            Algorithm::FixedWindow => StateKind::Fixed(FixedWindowState::from_words(words)),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                StateKind::Gcra(GcraState::from_words(words))
+            }
+            Algorithm::SlidingLog | Algorithm::SlidingCounter => return None,
+        };
+        Some(RuleState {
+            latest,
+            kind,
+            request_ids: RequestIds::default(),
+        })
+    }
+
+    /// The refusal of a check of this rule alone when it is refused and its refusal records
+    /// nothing: decided by reading only, so under a shared lock or from published words.
+    /// `None` when the check fits, is charged, or never refuses (it must then be decided by
+    /// [`RuleState::decide_alone`]).
+    #[inline(always)]
+    pub(crate) fn refusal(
+        &self,
+        rule: &Rule,
+        t: u64,
+        cost: u64,
+        request_id: Option<&str>,
+        charge: Charge,
+    ) -> Option<Decision> {
+        if !charge.may_refuse() {
+            return None;
+        }
+        let eval = self.evaluate(rule, t, cost, request_id);
+        (!eval.allows() && !eval.charged(charge)).then(|| self.refuse(rule, &eval))
+    }
+
     /// What the state holds at `now`, read under `rule`'s numbers.
+    #[inline] // on the memory store's refusal without a lock (RuleState::from_words)
     fn plan(&self, rule: &Rule, now: u64) -> Plan {
         match &self.kind {
             StateKind::Log(state) => Plan::Log(state.plan(rule, now)),
@@ -162,6 +230,7 @@ impl RuleState {
 
     /// Decides whether `cost` fits at `t` (clamped so time never runs backwards). Reads
     /// only: what has expired is dropped by the next admission.
+    #[inline(always)]
     pub(crate) fn evaluate(
         &self,
         rule: &Rule,
@@ -313,6 +382,7 @@ impl RuleState {
 
     /// Answers without recording: the rule's own refusal, or, when it fits but another rule
     /// refused the check, what its state says with nothing taken.
+    #[inline(always)]
     pub(crate) fn refuse(&self, rule: &Rule, eval: &Evaluation) -> Decision {
         let retry = eval.retry_need();
         let now = eval.now;

@@ -265,6 +265,12 @@ impl Rule {
         self.inner.fingerprint
     }
 
+    /// Where this rule's shared part lives: the same for every clone of one rule, and no two
+    /// rules alive at once share it, so it names a rule in a word an atomic can hold.
+    pub(crate) fn address(&self) -> usize {
+        Arc::as_ptr(&self.inner).addr()
+    }
+
     /// Whether two rules share state: the same identity, whatever their other numbers.
     pub fn same_identity(&self, other: &Rule) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner) || self.identity() == other.identity()

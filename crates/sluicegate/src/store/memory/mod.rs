@@ -18,6 +18,12 @@
 //! allowed nor rejected, and no existing entry is evicted, so a flood of new keys cannot
 //! push a busy key's state out and reset its limit. Keys already held keep deciding
 //! exactly; peeks and refused checks never create entries.
+//!
+//! A key being refused is decided without the lock: each shard publishes the state of the
+//! fixed window or bucket it refused last ([`refusal_hint`]), and its next refusals are
+//! read from there.
+
+mod refusal_hint;
 
 use parking_lot::{RwLock, RwLockWriteGuard};
 use std::hash::BuildHasher;
@@ -26,6 +32,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
+
+use refusal_hint::{HintedRule, RefusalHint};
 
 use super::check::{Check, Outcome, Store};
 use super::error::StoreError;
@@ -58,6 +66,8 @@ impl Default for MemoryStoreConfig {
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[RwLock<Shard>]>,
+    /// Each shard's refusal hint, beside its lock, not under it: read without it.
+    hints: Box<[RefusalHint]>,
     shard_mask: u64,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
@@ -73,6 +83,8 @@ pub struct MemoryStore {
 struct Shard {
     table: HashTable<Slot>,
     next_sweep: u64,
+    /// The rule this shard's hint names.
+    hinted: HintedRule,
 }
 
 /// One (rule, key) entry: one cache line, aligned to it, so a lookup that finds it reads one
@@ -143,6 +155,7 @@ impl MemoryStore {
         let shard_count = config.shards.clamp(1, 1 << 16).next_power_of_two();
         MemoryStore {
             shards: (0..shard_count).map(|_| RwLock::default()).collect(),
+            hints: (0..shard_count).map(|_| RefusalHint::default()).collect(),
             shard_mask: shard_count as u64 - 1,
             hasher: RandomState::default(),
             clock,
@@ -165,16 +178,17 @@ impl MemoryStore {
     /// returns how many were dropped.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_micros();
-        self.shards
-            .iter()
-            .map(|shard| self.sweep_shard(&mut shard.write(), now))
+        (0..self.shards.len())
+            .map(|index| self.sweep_shard(index, &mut self.shards[index].write(), now))
             .sum()
     }
 
     /// Forgets the state `rule` holds for `key`, as if it had never been used.
     pub fn forget(&self, rule: &Rule, key: &str) {
         let hash = self.hash(rule, key.as_bytes());
-        let mut shard = self.shards[self.shard_of(hash)].write();
+        let index = self.shard_of(hash);
+        let shard = &mut *self.shards[index].write();
+        self.hints[index].clear_if_holds(&mut shard.hinted, hash);
         if let Ok(entry) = shard.table.find_entry(hash, |s| s.holds(rule, key)) {
             entry.remove();
             self.keys.fetch_sub(1, Ordering::Relaxed);
@@ -202,13 +216,25 @@ impl MemoryStore {
         check: &Check<'_>,
     ) -> Result<crate::Decision, StoreError> {
         let hash = self.hash(rule, key.as_bytes());
-        let lock = &self.shards[self.shard_of(hash)];
+        let index = self.shard_of(hash);
+        let cost = check.cost_of(0);
+        let (request_id, charge) = (check.request_id, check.charge);
+        let hint = &self.hints[index];
+        if request_id.is_none()
+            && let Some(refused) = hint
+                .read(hash, rule, key)
+                .and_then(|words| RuleState::from_words(rule, words))
+                .and_then(|state| state.refusal(rule, t, cost, None, charge))
+        {
+            return Ok(refused);
+        }
+        let lock = &self.shards[index];
         // Uncontended, take the shard exclusively at once: most checks write. Contended (a
         // hot key hammered from several threads), decide under a shared lock first: a
         // refusal only reads, so concurrent refusals of one key run side by side instead of
         // queueing; only a check that fits goes on to the exclusive lock, and decides again
         // there. Either way each decision sees a state no writer is changing.
-        let mut shard = match lock.try_write() {
+        let mut guard = match lock.try_write() {
             Some(shard) => shard,
             None => {
                 if let Some(refused) = Self::refuse_shared(&lock.read(), hash, rule, key, t, check)
@@ -218,18 +244,27 @@ impl MemoryStore {
                 lock.write()
             }
         };
-        self.sweep_if_due(&mut shard, t);
-        let cost = check.cost_of(0);
-        let (request_id, charge) = (check.request_id, check.charge);
+        let shard = &mut *guard;
+        self.sweep_if_due(index, shard, t);
         if let Some(slot) = shard.table.find_mut(hash, |s| s.holds(rule, key)) {
-            return Ok(slot.state.decide_alone(rule, t, cost, request_id, charge).0);
+            // Whatever the mode, a hint of this entry must go when its words change; a
+            // refusal that left them as they were is published for the next ones.
+            let before = slot.state.words();
+            let decision = slot.state.decide_alone(rule, t, cost, request_id, charge).0;
+            let after = slot.state.words();
+            if after != before {
+                hint.clear_if_holds(&mut shard.hinted, hash);
+            } else if let Some(words) = after.filter(|_| !decision.allowed) {
+                hint.publish(&mut shard.hinted, hash, rule, key, words);
+            }
+            return Ok(decision);
         }
         // A new entry is made only for what records; deciding on a fresh state first is
         // safe, as nothing is stored until the key is accounted for.
         let mut state = RuleState::new(rule);
         let (decision, records) = state.decide_alone(rule, t, cost, request_id, charge);
         if records {
-            self.reserve_keys(&mut shard, t, 1)?;
+            self.reserve_keys(index, shard, t, 1)?;
             shard.table.insert_unique(
                 hash,
                 Slot {
@@ -253,14 +288,9 @@ impl MemoryStore {
         t: u64,
         check: &Check<'_>,
     ) -> Option<crate::Decision> {
-        if !check.charge.may_refuse() {
-            return None;
-        }
         let slot = shard.table.find(hash, |s| s.holds(rule, key))?;
-        let eval = slot
-            .state
-            .evaluate(rule, t, check.cost_of(0), check.request_id);
-        (!eval.allows() && !eval.charged(check.charge)).then(|| slot.state.refuse(rule, &eval))
+        slot.state
+            .refusal(rule, t, check.cost_of(0), check.request_id, check.charge)
     }
 
     /// A check of several limits, maybe in several shards: lock every shard it touches in
@@ -277,8 +307,8 @@ impl MemoryStore {
         shard_ids.dedup();
         let mut guards: Vec<RwLockWriteGuard<'_, Shard>> =
             shard_ids.iter().map(|&i| self.shards[i].write()).collect();
-        for guard in &mut guards {
-            self.sweep_if_due(guard, t);
+        for (&index, guard) in shard_ids.iter().zip(&mut guards) {
+            self.sweep_if_due(index, guard, t);
         }
         let guard_of = |hash: u64| {
             shard_ids
@@ -286,6 +316,11 @@ impl MemoryStore {
                 .expect("every touched shard is locked")
         };
 
+        // Every entry the check takes out may change: no hint may hold one of them.
+        for &hash in &hashes {
+            let index = self.shard_of(hash);
+            self.hints[index].clear_if_holds(&mut guards[guard_of(hash)].hinted, hash);
+        }
         let mut slots: Vec<(Slot, bool)> = check
             .limits
             .iter()
@@ -336,7 +371,7 @@ impl MemoryStore {
             .count();
         let reserved = if new_keys > 0 {
             // Sweeping for room may touch any locked shard; the first is as good as any.
-            self.reserve_keys(&mut guards[0], t, new_keys)
+            self.reserve_keys(shard_ids[0], &mut guards[0], t, new_keys)
         } else {
             Ok(())
         };
@@ -374,15 +409,22 @@ impl MemoryStore {
         decisions
     }
 
-    /// Accounts for `count` new entries, sweeping `shard` once if the cap is reached.
-    fn reserve_keys(&self, shard: &mut Shard, now: u64, count: usize) -> Result<(), StoreError> {
+    /// Accounts for `count` new entries, sweeping `shard` (number `index`) once if the cap
+    /// is reached.
+    fn reserve_keys(
+        &self,
+        index: usize,
+        shard: &mut Shard,
+        now: u64,
+        count: usize,
+    ) -> Result<(), StoreError> {
         for attempt in 0..2 {
             let before = self.keys.fetch_add(count, Ordering::Relaxed);
             if before + count <= self.max_keys {
                 return Ok(());
             }
             self.keys.fetch_sub(count, Ordering::Relaxed);
-            if attempt == 0 && self.sweep_shard(shard, now) == 0 {
+            if attempt == 0 && self.sweep_shard(index, shard, now) == 0 {
                 break;
             }
         }
@@ -391,18 +433,23 @@ impl MemoryStore {
         })
     }
 
-    fn sweep_if_due(&self, shard: &mut Shard, now: u64) {
+    fn sweep_if_due(&self, index: usize, shard: &mut Shard, now: u64) {
         if now >= shard.next_sweep {
-            self.sweep_shard(shard, now);
+            self.sweep_shard(index, shard, now);
         }
     }
 
-    fn sweep_shard(&self, shard: &mut Shard, now: u64) -> usize {
+    /// Drops the expired entries of `shard`, number `index`.
+    fn sweep_shard(&self, index: usize, shard: &mut Shard, now: u64) -> usize {
         let before = shard.table.len();
         shard
             .table
             .retain(|slot| slot.state.expires_at(&slot.rule) > now);
         let removed = before - shard.table.len();
+        if removed > 0 {
+            // The hinted entry may be among them, and a check must then find no state.
+            self.hints[index].clear(&mut shard.hinted);
+        }
         self.keys.fetch_sub(removed, Ordering::Relaxed);
         shard.next_sweep = now.saturating_add(SWEEP_INTERVAL);
         removed
@@ -430,6 +477,134 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::Charge;
+    use crate::clock::ManualClock;
+    use crate::decision::Decision;
+    use crate::rule::{Algorithm, RuleSpec};
+    use crate::store::check::Limit;
+
+    const SECOND: u64 = 1_000_000;
+
+    /// A token bucket of one a second, and a store on a clock at 10 s.
+    fn bucket_store() -> (MemoryStore, Rule, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new(10 * SECOND));
+        let store = MemoryStore::new(MemoryStoreConfig::default(), clock.clone());
+        let spec = RuleSpec::new(Algorithm::TokenBucket, 1, SECOND);
+        (store, Rule::new("hinted", &spec).unwrap(), clock)
+    }
+
+    fn decide(store: &MemoryStore, rule: &Rule, at: Option<u64>, charge: Charge) -> Decision {
+        let limits = [Limit { rule, key: "k" }];
+        let check = Check {
+            at,
+            charge,
+            ..Check::new(&limits, 1)
+        };
+        store.check_now(&check).unwrap().decision
+    }
+
+    /// Admits the key's one unit, then refuses it under the lock, which publishes the hint.
+    fn refused_once(store: &MemoryStore, rule: &Rule) -> Decision {
+        assert!(decide(store, rule, None, Charge::Admitted).allowed);
+        let refused = decide(store, rule, None, Charge::Admitted);
+        assert!(!refused.allowed);
+        refused
+    }
+
+    #[test]
+    fn a_refused_key_is_refused_while_its_shard_is_locked() {
+        let (store, rule, _clock) = bucket_store();
+        let first = refused_once(&store, &rule);
+        let index = store.shard_of(store.hash(&rule, b"k"));
+        let (sent, answered) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            let held = store.shards[index].write();
+            scope.spawn(|| {
+                sent.send(decide(&store, &rule, None, Charge::Admitted))
+                    .unwrap()
+            });
+            // Without the hint the check waits for the lock, which is held until it answers
+            // or this gives up.
+            let got = answered.recv_timeout(std::time::Duration::from_secs(30));
+            drop(held);
+            assert_eq!(got.expect("refused without the shard's lock"), first);
+        });
+    }
+
+    #[test]
+    fn a_refund_clears_the_hint_of_its_key() {
+        let (store, rule, _clock) = bucket_store();
+        refused_once(&store, &rule);
+        let limits = [Limit {
+            rule: &rule,
+            key: "k",
+        }];
+        let refund = Check {
+            charge: Charge::Refunded,
+            request_id: Some("refund-1"),
+            ..Check::new(&limits, 1)
+        };
+        store.check_now(&refund).unwrap();
+        assert!(decide(&store, &rule, None, Charge::Admitted).allowed);
+    }
+
+    #[test]
+    fn a_check_of_several_rules_clears_the_hint_of_its_keys() {
+        let (store, rule, _clock) = bucket_store();
+        refused_once(&store, &rule);
+        // A refund under this rule and another gives the unit back.
+        let other = Rule::new("other", &RuleSpec::new(Algorithm::FixedWindow, 5, SECOND)).unwrap();
+        let limits = [
+            Limit {
+                rule: &rule,
+                key: "k",
+            },
+            Limit {
+                rule: &other,
+                key: "k",
+            },
+        ];
+        let refund = Check {
+            charge: Charge::Refunded,
+            request_id: Some("refund-1"),
+            ..Check::new(&limits, 1)
+        };
+        store.check_now(&refund).unwrap();
+        assert!(decide(&store, &rule, None, Charge::Admitted).allowed);
+    }
+
+    #[test]
+    fn a_swept_key_is_no_longer_hinted() {
+        let (store, rule, clock) = bucket_store();
+        refused_once(&store, &rule);
+        clock.advance(SECOND);
+        assert_eq!(store.sweep(), 1);
+        // Stamped before the sweep, a check finds no state at all, as the sweep left it.
+        let earlier = 10 * SECOND;
+        assert!(decide(&store, &rule, Some(earlier), Charge::Admitted).allowed);
+    }
+
+    #[test]
+    fn a_forgotten_key_is_no_longer_hinted() {
+        let (store, rule, _clock) = bucket_store();
+        refused_once(&store, &rule);
+        store.forget(&rule, "k");
+        assert!(decide(&store, &rule, None, Charge::Admitted).allowed);
+    }
+
+    #[test]
+    fn a_reloaded_rule_is_not_answered_from_the_old_rules_hint() {
+        let (store, rule, _clock) = bucket_store();
+        refused_once(&store, &rule);
+        // The same identity with a larger burst: the state is shared, the numbers are not.
+        let spec = RuleSpec {
+            burst: Some(2),
+            ..rule.spec()
+        };
+        let reloaded = Rule::new("hinted", &spec).unwrap();
+        assert!(reloaded.same_identity(&rule));
+        assert!(decide(&store, &reloaded, None, Charge::Admitted).allowed);
+    }
 
     #[test]
     fn an_entry_is_one_cache_line() {
