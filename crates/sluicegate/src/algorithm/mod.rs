@@ -56,6 +56,16 @@ pub(crate) struct StateWords {
     pub(crate) words: [u64; 2],
 }
 
+impl StateWords {
+    /// Whether the states of `rule` are words: a fixed window's or a bucket's.
+    pub(crate) fn hold(rule: &Rule) -> bool {
+        !matches!(
+            rule.algorithm(),
+            Algorithm::SlidingLog | Algorithm::SlidingCounter
+        )
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Plan {
     Log(LogPlan),

@@ -37,7 +37,7 @@ use refusal_hint::{HintedRule, RefusalHint};
 
 use super::check::{Check, Outcome, Store};
 use super::error::StoreError;
-use crate::algorithm::{self, RuleState};
+use crate::algorithm::{self, RuleState, StateWords};
 use crate::clock::{Clock, SystemClock};
 use crate::rule::Rule;
 
@@ -221,6 +221,8 @@ impl MemoryStore {
         let (request_id, charge) = (check.request_id, check.charge);
         let hint = &self.hints[index];
         if request_id.is_none()
+            && charge.may_refuse()
+            && StateWords::hold(rule)
             && let Some(refused) = hint
                 .read(hash, rule, key)
                 .and_then(|words| RuleState::from_words(rule, words))
@@ -247,14 +249,13 @@ impl MemoryStore {
         let shard = &mut *guard;
         self.sweep_if_due(index, shard, t);
         if let Some(slot) = shard.table.find_mut(hash, |s| s.holds(rule, key)) {
-            // Whatever the mode, a hint of this entry must go when its words change; a
-            // refusal that left them as they were is published for the next ones.
-            let before = slot.state.words();
+            // Whatever the mode, a hint of this entry goes before its state may change (a
+            // panic cannot leave it stale), and a refusal publishes the state it leaves.
+            hint.clear_if_holds(&mut shard.hinted, hash);
             let decision = slot.state.decide_alone(rule, t, cost, request_id, charge).0;
-            let after = slot.state.words();
-            if after != before {
-                hint.clear_if_holds(&mut shard.hinted, hash);
-            } else if let Some(words) = after.filter(|_| !decision.allowed) {
+            if !decision.allowed
+                && let Some(words) = slot.state.words()
+            {
                 hint.publish(&mut shard.hinted, hash, rule, key, words);
             }
             return Ok(decision);
@@ -582,6 +583,71 @@ mod tests {
         // Stamped before the sweep, a check finds no state at all, as the sweep left it.
         let earlier = 10 * SECOND;
         assert!(decide(&store, &rule, Some(earlier), Charge::Admitted).allowed);
+    }
+
+    #[test]
+    fn a_key_dropped_by_any_sweep_is_no_longer_hinted() {
+        for trigger in ["a check", "a check of several rules", "the key cap"] {
+            // One shard, so that other keys' checks sweep the hinted key's shard, and a
+            // bucket that is empty again 100 ms after its one unit.
+            let clock = Arc::new(ManualClock::new(10 * SECOND));
+            let config = MemoryStoreConfig {
+                max_keys: 2,
+                shards: 1,
+            };
+            let store = MemoryStore::new(config, clock.clone());
+            let spec = RuleSpec::new(Algorithm::TokenBucket, 1, SECOND / 10);
+            let rule = Rule::new("hinted", &spec).unwrap();
+            refused_once(&store, &rule);
+            let other =
+                Rule::new("other", &RuleSpec::new(Algorithm::FixedWindow, 5, SECOND)).unwrap();
+            let at = |micros: u64, limits: &[Limit]| {
+                let check = Check {
+                    at: Some(micros),
+                    ..Check::new(limits, 1)
+                };
+                store.check_now(&check)
+            };
+            let j = [Limit {
+                rule: &rule,
+                key: "j",
+            }];
+            match trigger {
+                // Past the shard's next sweep (1 s after the first check).
+                "a check" => assert!(at(12 * SECOND, &j).unwrap().decision.allowed),
+                "a check of several rules" => {
+                    let both = [
+                        j[0],
+                        Limit {
+                            rule: &other,
+                            key: "j",
+                        },
+                    ];
+                    assert!(at(12 * SECOND, &both).unwrap().decision.allowed);
+                }
+                // Before it: the cap's sweep makes the room.
+                _ => {
+                    assert!(at(10 * SECOND + SECOND / 2, &j).unwrap().decision.allowed);
+                    let m = [Limit {
+                        rule: &rule,
+                        key: "m",
+                    }];
+                    assert!(at(10 * SECOND + SECOND / 2, &m).unwrap().decision.allowed);
+                }
+            }
+            // Stamped when the key was refused, a check finds no state, as the sweep left it:
+            // admitted, or, with the cap full, not taken in (never refused from the hint).
+            let k = [Limit {
+                rule: &rule,
+                key: "k",
+            }];
+            let answer = at(10 * SECOND, &k);
+            assert!(
+                matches!(answer, Ok(ref o) if o.decision.allowed)
+                    || matches!(answer, Err(StoreError::KeyCapacity { .. })),
+                "after {trigger}: {answer:?}"
+            );
+        }
     }
 
     #[test]

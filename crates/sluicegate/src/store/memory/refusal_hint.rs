@@ -27,9 +27,10 @@ use crate::rule::Rule;
 const HINT_KEY_BYTES: usize = 15;
 
 /// One shard's hint: one cache line, written only when the shard's writer publishes or
-/// clears it.
+/// clears it, and aligned to two so that no neighbour's writes reach its readers (the
+/// adjacent-line prefetch pairs lines, as for the shards).
 #[derive(Debug, Default)]
-#[repr(align(64))]
+#[repr(align(128))]
 pub(super) struct RefusalHint {
     /// Even while the fields below are stable, odd while the shard's writer changes them.
     sequence: AtomicU64,
@@ -43,8 +44,10 @@ pub(super) struct RefusalHint {
     words: [AtomicU64; 2],
 }
 
-/// The rule a shard's hint names, kept alive for as long as it names it. Held in the shard,
-/// under its lock: a `&mut HintedRule` is the proof that the caller may write the hint.
+/// The rule a shard's hint names, kept alive for as long as it names it (and until the next
+/// rule is published: a clear leaves it, so that neither touches the rule's shared count).
+/// Held in the shard, under its lock: a `&mut HintedRule` is the proof that the caller may
+/// write the hint.
 #[derive(Debug, Default)]
 pub(super) struct HintedRule(Option<Rule>);
 
@@ -55,7 +58,6 @@ impl RefusalHint {
     // the read waited for the stores to land (perf: a fifth of a refusal).
     #[inline(always)]
     pub(super) fn read(&self, hash: u64, rule: &Rule, key: &str) -> Option<StateWords> {
-        let key = packed(key)?;
         let sequence = self.sequence.load(Ordering::Acquire);
         if sequence % 2 == 1
             || self.hash.load(Ordering::Relaxed) != hash
@@ -63,6 +65,7 @@ impl RefusalHint {
         {
             return None;
         }
+        let key = packed(key)?;
         let held_key = [0, 1].map(|i| self.key[i].load(Ordering::Relaxed));
         let words = StateWords {
             latest: self.latest.load(Ordering::Relaxed),
@@ -86,14 +89,6 @@ impl RefusalHint {
         let Some(key) = packed(key) else {
             return;
         };
-        let unchanged = self.hash.load(Ordering::Relaxed) == hash
-            && self.rule.load(Ordering::Relaxed) == rule.address()
-            && [0, 1].map(|i| self.key[i].load(Ordering::Relaxed)) == key
-            && self.latest.load(Ordering::Relaxed) == words.latest
-            && [0, 1].map(|i| self.words[i].load(Ordering::Relaxed)) == words.words;
-        if unchanged {
-            return;
-        }
         self.write(|hint| {
             hint.hash.store(hash, Ordering::Relaxed);
             hint.rule.store(rule.address(), Ordering::Relaxed);
@@ -105,13 +100,15 @@ impl RefusalHint {
                 field.store(word, Ordering::Relaxed);
             }
         });
-        // Dropped only now: until the sequence moved, readers could still match its address.
-        let replaced = hinted.0.replace(rule.clone());
-        drop(replaced);
+        // The rule it replaces is dropped only now: until the sequence moved, readers could
+        // still match its address.
+        if hinted.0.as_ref().map(Rule::address) != Some(rule.address()) {
+            hinted.0 = Some(rule.clone());
+        }
     }
 
     /// Clears the hint if it may hold the entry that hashes to `hash`: to be called, under
-    /// the write lock, when that entry's words changed or it went.
+    /// the write lock, before that entry's words may change or it goes.
     pub(super) fn clear_if_holds(&self, hinted: &mut HintedRule, hash: u64) {
         if self.hash.load(Ordering::Relaxed) == hash {
             self.clear(hinted);
@@ -119,12 +116,11 @@ impl RefusalHint {
     }
 
     /// Clears the hint, whatever entry it holds.
-    pub(super) fn clear(&self, hinted: &mut HintedRule) {
+    pub(super) fn clear(&self, _hinted: &mut HintedRule) {
         if self.rule.load(Ordering::Relaxed) == 0 {
             return;
         }
         self.write(|hint| hint.rule.store(0, Ordering::Relaxed));
-        hinted.0 = None;
     }
 
     /// Changes fields between an odd and the next even sequence number. Only the holder of
@@ -181,8 +177,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_hint_is_one_cache_line() {
-        assert_eq!(std::mem::size_of::<RefusalHint>(), 64);
+    fn a_hint_has_a_pair_of_cache_lines_to_itself() {
+        assert_eq!(std::mem::size_of::<RefusalHint>(), 128);
+    }
+
+    fn bucket(burst: u64) -> Rule {
+        let spec = crate::rule::RuleSpec {
+            burst: Some(burst),
+            ..crate::rule::RuleSpec::new(crate::rule::Algorithm::TokenBucket, 1, 1_000)
+        };
+        Rule::new("hinted", &spec).unwrap()
+    }
+
+    #[test]
+    fn a_hint_answers_only_its_own_rule_and_key() {
+        let (hint, mut hinted) = (RefusalHint::default(), HintedRule::default());
+        let rule = bucket(1);
+        let words = StateWords {
+            latest: 5,
+            words: [7, 9],
+        };
+        hint.publish(&mut hinted, 42, &rule, "k", words);
+        assert_eq!(hint.read(42, &rule, "k"), Some(words));
+        assert_eq!(hint.read(42, &rule.clone(), "k"), Some(words));
+        // Another rule of the same identity and numbers, another key, another hash: none.
+        let twin = bucket(1);
+        assert!(twin.same_rule(&rule));
+        assert_eq!(hint.read(42, &twin, "k"), None);
+        assert_eq!(hint.read(42, &rule, "j"), None);
+        assert_eq!(hint.read(43, &rule, "k"), None);
+        // The rule stays alive with the hint, whoever else lets it go.
+        drop(rule);
+        let held = hinted.0.as_ref().expect("the hint keeps its rule");
+        assert_eq!(hint.read(42, held, "k"), Some(words));
+        // Cleared, it answers nothing; a long key is never published.
+        hint.clear_if_holds(&mut hinted, 42);
+        assert_eq!(hint.read(42, hinted.0.as_ref().unwrap(), "k"), None);
+        let long = "sixteen-bytes-ky";
+        hint.publish(&mut hinted, 44, &twin, long, words);
+        assert_eq!(hint.read(44, &twin, long), None);
     }
 
     #[test]
