@@ -127,22 +127,20 @@ impl SlidingLogState {
         units: u64,
         reserved: u64,
     ) -> bool {
-        let intact = self
+        let Some(held) = self
             .run_at(at)
-            .is_some_and(|i| self.runs[i].units >= reserved);
-        if at + rule.window() <= now || !intact {
+            .filter(|&i| self.runs[i].units >= reserved && at + rule.window() > now)
+        else {
             return false;
-        }
+        };
         self.drop_expired(plan);
-        let i = self
-            .run_at(at)
-            .expect("a live run is not dropped as expired");
-        let run = &mut self.runs[i];
+        // A live run is not among the expired ones dropped in front of it.
+        let run = &mut self.runs[held - plan.expired_runs];
         let taken = run.units.min(units);
         run.units -= taken;
         self.live -= taken;
         if run.units == 0 {
-            self.runs.remove(i);
+            self.runs.remove(held - plan.expired_runs);
         }
         true
     }

@@ -13,10 +13,10 @@
 //! words of the hinted entry or drops it clears the hint before it lets go of the write
 //! lock. Until then nobody else can see the change (the lock keeps it from them), so a
 //! refusal read from the hint is ordered before the change, as if it had been decided under
-//! the lock just before it. The hint names its
-//! rule by [`Rule::address`], and keeps that rule alive while it names it (in
-//! [`HintedRule`], which lives under the shard's lock): an address read in a consistent
-//! snapshot is then one of a live rule, so a check's rule at the same address is that rule.
+//! the lock just before it. The hint names its rule by [`Rule::address`], and keeps that
+//! rule alive while it names it (in [`HintedRule`], which lives under the shard's lock): an
+//! address read in a consistent snapshot is then one of a live rule, so a check's rule at
+//! the same address is that rule.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
 
