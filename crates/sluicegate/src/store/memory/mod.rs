@@ -253,10 +253,8 @@ impl MemoryStore {
             // panic cannot leave it stale), and a refusal publishes the state it leaves.
             hint.clear_if_holds(&mut shard.hinted, hash);
             let decision = slot.state.decide_alone(rule, t, cost, request_id, charge).0;
-            if !decision.allowed
-                && let Some(words) = slot.state.words()
-            {
-                hint.publish(&mut shard.hinted, hash, rule, key, words);
+            if !decision.allowed {
+                Self::publish_refusal(hint, &mut shard.hinted, hash, rule, key, &slot.state);
             }
             return Ok(decision);
         }
@@ -277,6 +275,23 @@ impl MemoryStore {
             );
         }
         Ok(decision)
+    }
+
+    /// Publishes the state a refusal left, if it is words. Out of line and cold: an
+    /// admission only tests whether to call it.
+    #[cold]
+    #[inline(never)]
+    fn publish_refusal(
+        hint: &RefusalHint,
+        hinted: &mut HintedRule,
+        hash: u64,
+        rule: &Rule,
+        key: &str,
+        state: &RuleState,
+    ) {
+        if let Some(words) = state.words() {
+            hint.publish(hinted, hash, rule, key, words);
+        }
     }
 
     /// The refusal of a check of a held key, decided under a shared lock; `None` when the

@@ -44,12 +44,17 @@ pub(super) struct RefusalHint {
     words: [AtomicU64; 2],
 }
 
-/// The rule a shard's hint names, kept alive for as long as it names it (and until the next
-/// rule is published: a clear leaves it, so that neither touches the rule's shared count).
-/// Held in the shard, under its lock: a `&mut HintedRule` is the proof that the caller may
-/// write the hint.
+/// What the shard's writers know of its hint: the hash of the entry it holds, so that a
+/// writer tells whether it must clear the hint from a line it holds anyway, and the rule
+/// the hint names, kept alive for as long as it names it (and until the next rule is
+/// published: a clear leaves it, so that neither touches the rule's shared count). Held in
+/// the shard, under its lock: a `&mut HintedRule` is the proof that the caller may write
+/// the hint.
 #[derive(Debug, Default)]
-pub(super) struct HintedRule(Option<Rule>);
+pub(super) struct HintedRule {
+    hash: Option<u64>,
+    rule: Option<Rule>,
+}
 
 impl RefusalHint {
     /// The published state of `rule` for `key` (whose entry hashes to `hash`), if this hint
@@ -100,27 +105,29 @@ impl RefusalHint {
                 field.store(word, Ordering::Relaxed);
             }
         });
+        hinted.hash = Some(hash);
         // The rule it replaces is dropped only now: until the sequence moved, readers could
         // still match its address.
-        if hinted.0.as_ref().map(Rule::address) != Some(rule.address()) {
-            hinted.0 = Some(rule.clone());
+        if hinted.rule.as_ref().map(Rule::address) != Some(rule.address()) {
+            hinted.rule = Some(rule.clone());
         }
     }
 
     /// Clears the hint if it may hold the entry that hashes to `hash`: to be called, under
     /// the write lock, before that entry's words may change or it goes.
+    #[inline]
     pub(super) fn clear_if_holds(&self, hinted: &mut HintedRule, hash: u64) {
-        if self.hash.load(Ordering::Relaxed) == hash {
+        if hinted.hash == Some(hash) {
             self.clear(hinted);
         }
     }
 
     /// Clears the hint, whatever entry it holds.
-    pub(super) fn clear(&self, _hinted: &mut HintedRule) {
-        if self.rule.load(Ordering::Relaxed) == 0 {
-            return;
+    #[cold]
+    pub(super) fn clear(&self, hinted: &mut HintedRule) {
+        if hinted.hash.take().is_some() {
+            self.write(|hint| hint.rule.store(0, Ordering::Relaxed));
         }
-        self.write(|hint| hint.rule.store(0, Ordering::Relaxed));
     }
 
     /// Changes fields between an odd and the next even sequence number. Only the holder of
@@ -208,11 +215,11 @@ mod tests {
         assert_eq!(hint.read(43, &rule, "k"), None);
         // The rule stays alive with the hint, whoever else lets it go.
         drop(rule);
-        let held = hinted.0.as_ref().expect("the hint keeps its rule");
+        let held = hinted.rule.as_ref().expect("the hint keeps its rule");
         assert_eq!(hint.read(42, held, "k"), Some(words));
         // Cleared, it answers nothing; a long key is never published.
         hint.clear_if_holds(&mut hinted, 42);
-        assert_eq!(hint.read(42, hinted.0.as_ref().unwrap(), "k"), None);
+        assert_eq!(hint.read(42, hinted.rule.as_ref().unwrap(), "k"), None);
         let long = "sixteen-bytes-ky";
         hint.publish(&mut hinted, 44, &twin, long, words);
         assert_eq!(hint.read(44, &twin, long), None);
