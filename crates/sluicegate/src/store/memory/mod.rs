@@ -253,7 +253,7 @@ impl MemoryStore {
             // panic cannot leave it stale), and a refusal publishes the state it leaves.
             hint.clear_if_holds(&mut shard.hinted, hash);
             let decision = slot.state.decide_alone(rule, t, cost, request_id, charge).0;
-            if !decision.allowed {
+            if !decision.allowed && StateWords::hold(rule) {
                 Self::publish_refusal(hint, &mut shard.hinted, hash, rule, key, &slot.state);
             }
             return Ok(decision);
