@@ -118,6 +118,21 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
 #[derive(Clone, Copy)]
 struct RequestCodec;
 
+type RlsCodec = ProstCodec<RateLimitResponse, RateLimitRequest>;
+
+/// The buffer tonic allocates per call for the request and again for the answer, where its
+/// default is 8 KiB: an RLS message is tens of bytes (a domain, a few short entries), and
+/// two 8 KiB blocks per call are past the allocator's per-thread caches, which made them
+/// a measurable share of a call's CPU. A larger message grows its buffer as it needs.
+const CALL_BUFFER_BYTES: usize = 1024;
+
+/// tonic's default yield threshold, which only streaming calls reach.
+const YIELD_THRESHOLD_BYTES: usize = 32 * 1024;
+
+fn buffer_settings() -> BufferSettings {
+    BufferSettings::new(CALL_BUFFER_BYTES, YIELD_THRESHOLD_BYTES)
+}
+
 impl Codec for RequestCodec {
     type Encode = RateLimitResponse;
     type Decode = RateLimitRequest;
@@ -125,11 +140,11 @@ impl Codec for RequestCodec {
     type Decoder = RequestDecoder;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstCodec::<RateLimitResponse, RateLimitRequest>::default().encoder()
+        RlsCodec::raw_encoder(buffer_settings())
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        RequestDecoder(ProstCodec::<RateLimitResponse, RateLimitRequest>::default().decoder())
+        RequestDecoder(RlsCodec::raw_decoder(buffer_settings()))
     }
 }
 

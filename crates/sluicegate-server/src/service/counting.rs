@@ -159,11 +159,15 @@ impl Service {
                     .map(Some)
             }
         };
+        // Boxed: held inline, a shadow check's future would double the size of every
+        // request's future (copied and allocated per call), for the few that have one.
         let shadow_check = async {
             if shadow.is_empty() {
                 Ok(None)
             } else {
-                self.run_costed(&shadow, request_id, charge).await.map(Some)
+                Box::pin(self.run_costed(&shadow, request_id, charge))
+                    .await
+                    .map(Some)
             }
         };
         let (outcome, shadow_outcome) = tokio::try_join!(enforced_check, shadow_check)?;
