@@ -548,45 +548,31 @@ mod tests {
     }
 
     #[test]
-    fn a_refund_clears_the_hint_of_its_key() {
-        let (store, rule, _clock) = bucket_store();
-        refused_once(&store, &rule);
-        let limits = [Limit {
-            rule: &rule,
-            key: "k",
-        }];
-        let refund = Check {
-            charge: Charge::Refunded,
-            request_id: Some("refund-1"),
-            ..Check::new(&limits, 1)
-        };
-        store.check_now(&refund).unwrap();
-        assert!(decide(&store, &rule, None, Charge::Admitted).allowed);
-    }
-
-    #[test]
-    fn a_check_of_several_rules_clears_the_hint_of_its_keys() {
-        let (store, rule, _clock) = bucket_store();
-        refused_once(&store, &rule);
-        // A refund under this rule and another gives the unit back.
+    fn a_refund_clears_the_hint_of_its_key_alone_or_with_another_rule() {
         let other = Rule::new("other", &RuleSpec::new(Algorithm::FixedWindow, 5, SECOND)).unwrap();
-        let limits = [
-            Limit {
+        for with_other in [false, true] {
+            let (store, rule, _clock) = bucket_store();
+            refused_once(&store, &rule);
+            // One rule goes through check_one, two through check_many.
+            let mut limits = vec![Limit {
                 rule: &rule,
                 key: "k",
-            },
-            Limit {
-                rule: &other,
-                key: "k",
-            },
-        ];
-        let refund = Check {
-            charge: Charge::Refunded,
-            request_id: Some("refund-1"),
-            ..Check::new(&limits, 1)
-        };
-        store.check_now(&refund).unwrap();
-        assert!(decide(&store, &rule, None, Charge::Admitted).allowed);
+            }];
+            if with_other {
+                limits.push(Limit {
+                    rule: &other,
+                    key: "k",
+                });
+            }
+            let refund = Check {
+                charge: Charge::Refunded,
+                request_id: Some("refund-1"),
+                ..Check::new(&limits, 1)
+            };
+            store.check_now(&refund).unwrap();
+            let after = decide(&store, &rule, None, Charge::Admitted);
+            assert!(after.allowed, "with another rule: {with_other}");
+        }
     }
 
     #[test]
