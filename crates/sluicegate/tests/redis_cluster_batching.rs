@@ -3,24 +3,18 @@
 
 #![cfg(feature = "redis")]
 
+#[path = "redis_trace/stores.rs"]
+mod stores;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sluicegate::store::redis::identity_slot;
+use sluicegate::store::redis::{Scripting, identity_slot};
 use sluicegate::{
-    Algorithm, Charge, Check, Limit, Outcome, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store,
-    StoreError,
+    Algorithm, Charge, Check, Limit, Outcome, RedisStore, Rule, RuleSpec, Store, StoreError,
 };
 use sluicegate_test_support::{self as support, RedisServer, cmd};
-
-async fn cluster_store(test: &str) -> RedisStore {
-    let mut config = RedisStoreConfig::new(&support::cluster().url());
-    config.prefix = format!("test:{test}:{}:", std::process::id());
-    config.timeout = Duration::from_secs(5);
-    RedisStore::connect(config)
-        .await
-        .expect("connect to the cluster")
-}
+use stores::store_at;
 
 async fn check_one(
     store: &RedisStore,
@@ -105,7 +99,7 @@ async fn remaining(store: &RedisStore, rule: &Rule, key: &str) -> u64 {
 /// limit is admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_of_one_slot_share_a_call() {
-    let store = cluster_store("one-slot").await;
+    let store = store_at(&support::cluster().url(), "one-slot", Scripting::Auto).await;
     let rule = Rule::new(
         "b",
         &RuleSpec::new(Algorithm::SlidingLog, 50, 3_600_000_000),
@@ -129,7 +123,7 @@ async fn checks_of_one_slot_share_a_call() {
 /// (each key admits exactly its limit), whichever slot and master it lives on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_of_many_slots_are_each_decided_on_their_own() {
-    let store = cluster_store("many-slots").await;
+    let store = store_at(&support::cluster().url(), "many-slots", Scripting::Auto).await;
     let rule = Rule::new(
         "m",
         &RuleSpec::new(Algorithm::TokenBucket, 7, 3_600_000_000),
@@ -145,7 +139,7 @@ async fn checks_of_many_slots_are_each_decided_on_their_own() {
 /// calls by node: routed by one key, the others passed as arguments, each decided alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_of_one_node_share_a_call_across_slots() {
-    let store = cluster_store("by-node").await;
+    let store = store_at(&support::cluster().url(), "by-node", Scripting::Auto).await;
     let rule = Rule::new(
         "n",
         &RuleSpec::new(Algorithm::FixedWindow, 1, 3_600_000_000),
@@ -187,7 +181,7 @@ fn keys_of_one_slot(first: &str, count: usize) -> Vec<String> {
 /// by Redis for as long as its slot migrates.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migrating_under_checks_loses_and_doubles_nothing() {
-    let store = cluster_store("migration").await;
+    let store = store_at(&support::cluster().url(), "migration", Scripting::Auto).await;
     let rule = Rule::new(
         "g",
         &RuleSpec::new(Algorithm::SlidingLog, 1000, 3_600_000_000),
@@ -215,7 +209,12 @@ async fn a_slot_migrating_under_checks_loses_and_doubles_nothing() {
 /// count: its backlog is one emission interval per report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migrating_under_reports_loses_and_doubles_nothing() {
-    let store = cluster_store("migration-reports").await;
+    let store = store_at(
+        &support::cluster().url(),
+        "migration-reports",
+        Scripting::Auto,
+    )
+    .await;
     let rule = Rule::new(
         "r",
         &RuleSpec::new(Algorithm::TokenBucket, 1, 3_600_000_000),
@@ -239,7 +238,12 @@ async fn a_slot_migrating_under_reports_loses_and_doubles_nothing() {
 /// three units of debt on a token bucket whose burst is two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_of_one_node_share_a_call_and_each_counts() {
-    let store = cluster_store("reports-by-node").await;
+    let store = store_at(
+        &support::cluster().url(),
+        "reports-by-node",
+        Scripting::Auto,
+    )
+    .await;
     let rule = Rule::new(
         "p",
         &RuleSpec::new(Algorithm::TokenBucket, 2, 3_600_000_000),

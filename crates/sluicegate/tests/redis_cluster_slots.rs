@@ -4,30 +4,22 @@
 
 #![cfg(feature = "redis")]
 
+#[path = "redis_trace/stores.rs"]
+mod stores;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sluicegate::store::redis::identity_slot;
-use sluicegate::{
-    Algorithm, Check, Limit, Outcome, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store,
-    StoreError,
-};
+use sluicegate::store::redis::{Scripting, identity_slot};
+use sluicegate::{Algorithm, Check, Limit, Outcome, RedisStore, Rule, RuleSpec, Store, StoreError};
 use sluicegate_test_support::{self as support, RedisServer, cmd};
+use stores::store_at;
 use tokio::sync::Mutex;
 
 /// The tests run one at a time: they count a node's script calls (`INFO commandstats`),
 /// and one moves a slot.
 static SERIAL: Mutex<()> = Mutex::const_new(());
-
-async fn cluster_store(test: &str) -> RedisStore {
-    let mut config = RedisStoreConfig::new(&support::cluster().url());
-    config.prefix = format!("test:{test}:{}:", std::process::id());
-    config.timeout = Duration::from_secs(5);
-    RedisStore::connect(config)
-        .await
-        .expect("connect to the cluster")
-}
 
 /// The master serving `slot` in the shared cluster.
 fn owner_of(slot: u16) -> &'static RedisServer {
@@ -127,7 +119,7 @@ async fn admit_then_refuse(store: &RedisStore, limits: &[Limit<'_>; 2], t0: u64)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_of_two_slots_of_one_node_is_one_call() {
     let _serial = SERIAL.lock().await;
-    let store = cluster_store("one-node").await;
+    let store = store_at(&support::cluster().url(), "one-node", Scripting::Auto).await;
     let (per_user, global) = user_and_global();
     let user = "alice";
     let everyone = key_beside(user, "everyone", true);
@@ -150,7 +142,7 @@ async fn a_check_of_two_slots_of_one_node_is_one_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_of_slots_on_two_nodes_gives_back() {
     let _serial = SERIAL.lock().await;
-    let store = cluster_store("two-nodes").await;
+    let store = store_at(&support::cluster().url(), "two-nodes", Scripting::Auto).await;
     let (per_user, global) = user_and_global();
     let user = "alice";
     let everyone = key_beside(user, "everyone", false);
@@ -171,7 +163,7 @@ async fn a_check_of_slots_on_two_nodes_gives_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_check_of_one_node_never_shows_units_taken() {
     let _serial = SERIAL.lock().await;
-    let store = cluster_store("never-taken").await;
+    let store = store_at(&support::cluster().url(), "never-taken", Scripting::Auto).await;
     let (per_user, global) = user_and_global();
     let user = "bob";
     let everyone = key_beside(user, "everyone", true);
@@ -224,7 +216,7 @@ async fn a_refused_check_of_one_node_never_shows_units_taken() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migrating_under_checks_of_two_slots_loses_and_doubles_nothing() {
     let _serial = SERIAL.lock().await;
-    let store = cluster_store("migration").await;
+    let store = store_at(&support::cluster().url(), "migration", Scripting::Auto).await;
     let per_user = Rule::new(
         "user",
         &RuleSpec::new(Algorithm::SlidingLog, 1000, 3_600_000_000),

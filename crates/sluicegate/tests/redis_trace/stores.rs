@@ -1,6 +1,7 @@
 //! How the Redis tests reach Redis: a store with keys of its own (named by the test and
-//! this process, so no test meets another's state), a patient timeout, and its checks sent
-//! as functions or by EVALSHA.
+//! this process, so no test meets another's state), a patient timeout (long enough for a
+//! cluster's slot to move under its checks on a loaded machine), and its checks sent as
+//! functions or by EVALSHA.
 
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ pub(crate) fn prefix(test: &str) -> String {
 pub(crate) async fn store_at(url: &str, test: &str, scripting: Scripting) -> RedisStore {
     let mut config = RedisStoreConfig::new(url);
     config.prefix = prefix(test);
-    config.timeout = Duration::from_secs(2);
+    config.timeout = Duration::from_secs(5);
     config.scripting = scripting;
     RedisStore::connect(config)
         .await
