@@ -28,6 +28,29 @@ fn get(path: &str) -> String {
 const HALF_SENT_CHECK: &[u8] = b"POST /v1/check HTTP/1.1\r\nhost: sluicegate\r\n\
     content-type: application/json\r\ncontent-length: 200\r\n\r\n{\"domain\":";
 
+/// Sends a check whose body stops after its first bytes, once the server has taken its
+/// request in: it asks `100-continue` and waits for the server to read the body, so that a
+/// signal sent next finds a request in flight (not a connection still idle, which a drain
+/// closes at once).
+fn send_half_check_in_flight(stream: &mut TcpStream) {
+    let (head, body) = HALF_SENT_CHECK.split_at(HALF_SENT_CHECK.len() - br#"{"domain":"#.len());
+    let head = std::str::from_utf8(head).unwrap().replacen(
+        "\r\n\r\n",
+        "\r\nexpect: 100-continue\r\n\r\n",
+        1,
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    while !answer.ends_with(b"\r\n\r\n") {
+        let read = stream.read(&mut byte).unwrap();
+        assert_eq!(read, 1, "closed before 100 Continue: {answer:?}");
+        answer.push(byte[0]);
+    }
+    assert!(answer.starts_with(b"HTTP/1.1 100 Continue"), "{answer:?}");
+    stream.write_all(body).unwrap();
+}
+
 /// One request on a kept-alive connection: the answer's status and body.
 fn exchange(stream: &mut TcpStream, request: &str) -> io::Result<(u16, String)> {
     stream.write_all(request.as_bytes())?;
@@ -300,7 +323,7 @@ fn a_flood_under_a_hard_descriptor_limit_is_refused_not_queued() {
 fn sigterm_with_a_half_sent_body_exits_0_after_the_shutdown_timeout() {
     let mut server = Server::binary(&["--shutdown-timeout", "1s", "--body-timeout", "60s"]);
     let mut stream = connect(&server);
-    stream.write_all(HALF_SENT_CHECK).unwrap();
+    send_half_check_in_flight(&mut stream);
     wait_for_open_connections(&server, 2);
     let signalled = Instant::now();
     server.signal("TERM");
@@ -320,7 +343,7 @@ fn sigterm_with_a_half_sent_body_exits_0_after_the_shutdown_timeout() {
 fn a_second_signal_exits_at_once() {
     let mut server = Server::binary(&["--shutdown-timeout", "60s", "--body-timeout", "60s"]);
     let mut stream = connect(&server);
-    stream.write_all(HALF_SENT_CHECK).unwrap();
+    send_half_check_in_flight(&mut stream);
     wait_for_open_connections(&server, 2);
     server.signal("TERM");
     // The first signal is taken once the listener is closed.
