@@ -303,21 +303,63 @@ fn invalid_checks_are_errors_not_decisions() {
     let twice = [one[0], one[0]];
     let long_id = "x".repeat(300);
     let cases = [
-        Check::new(&[], 1),
-        Check::new(&twice, 1),
-        Check::new(&one, 1 << 53),
-        Check {
-            at: Some(1 << 52),
-            ..Check::new(&one, 1)
-        },
-        Check {
-            request_id: Some(&long_id),
-            ..Check::new(&one, 1)
-        },
+        (Check::new(&[], 1), "a check needs at least one rule"),
+        (
+            Check::new(&twice, 1),
+            "rule \"r\" is named twice for key \"k\" in one check",
+        ),
+        (
+            Check::new(&one, 1 << 53),
+            "cost 9007199254740992 is not below 2^53",
+        ),
+        (
+            Check {
+                costs: &[1, 2],
+                ..Check::new(&one, 1)
+            },
+            "2 costs given for 1 limits",
+        ),
+        (
+            Check {
+                costs: &[(1 << 53) + 1],
+                ..Check::new(&one, 1)
+            },
+            "cost 9007199254740993 is not below 2^53",
+        ),
+        (
+            Check {
+                at: Some(1 << 52),
+                ..Check::new(&one, 1)
+            },
+            "time 4503599627370496 µs is not below 2^52 µs (the year 2112)",
+        ),
+        (
+            Check {
+                charge: Charge::Reserved,
+                ..Check::new(&one, 1)
+            },
+            "a reserve needs a request id",
+        ),
+        (
+            Check {
+                request_id: Some(""),
+                ..Check::new(&one, 1)
+            },
+            "request id must be 1 to 256 bytes, got 0",
+        ),
+        (
+            Check {
+                request_id: Some(&long_id),
+                ..Check::new(&one, 1)
+            },
+            "request id must be 1 to 256 bytes, got 300",
+        ),
     ];
-    for check in cases {
-        let err = store.check_now(&check).unwrap_err();
-        assert!(matches!(err, StoreError::InvalidCheck(_)), "{err}");
+    for (check, message) in cases {
+        match store.check_now(&check) {
+            Err(StoreError::InvalidCheck(said)) => assert_eq!(said, message),
+            other => panic!("{message:?}: {other:?}"),
+        }
     }
     assert!(store.is_empty());
 }

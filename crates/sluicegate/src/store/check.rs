@@ -81,54 +81,74 @@ impl<'a> Check<'a> {
     }
 
     /// Rejects what no store can decide, before any state is touched.
+    // Inlined, with the messages out of line: a memory store's check runs it every time,
+    // and called it cost a tenth of a refusal.
+    #[inline]
     pub fn validate(&self) -> Result<(), StoreError> {
-        let invalid = |message: String| Err(StoreError::InvalidCheck(message));
         if self.limits.is_empty() {
-            return invalid("a check needs at least one rule".into());
+            return invalid(|| "a check needs at least one rule".into());
         }
         if !self.costs.is_empty() && self.costs.len() != self.limits.len() {
-            return invalid(format!(
-                "{} costs given for {} limits",
-                self.costs.len(),
-                self.limits.len()
-            ));
+            return invalid(|| {
+                format!(
+                    "{} costs given for {} limits",
+                    self.costs.len(),
+                    self.limits.len()
+                )
+            });
         }
-        if let Some(cost) = std::iter::once(&self.cost)
-            .chain(self.costs)
-            .find(|&&c| c >= EXACT_LIMIT)
-        {
-            return invalid(format!("cost {cost} is not below 2^53"));
+        if self.cost >= EXACT_LIMIT || self.costs.iter().any(|&c| c >= EXACT_LIMIT) {
+            return invalid(|| {
+                let cost = std::iter::once(&self.cost)
+                    .chain(self.costs)
+                    .find(|&&c| c >= EXACT_LIMIT);
+                format!(
+                    "cost {} is not below 2^53",
+                    cost.expect("one is that large")
+                )
+            });
         }
         if let Some(at) = self.at
             && at >= MAX_TIME
         {
-            return invalid(format!("time {at} µs is not below 2^52 µs (the year 2112)"));
+            return invalid(|| format!("time {at} µs is not below 2^52 µs (the year 2112)"));
         }
-        if self.request_id.is_none() && self.charge.needs_request_id() {
-            return invalid(format!("a {} needs a request id", self.charge.name()));
+        match self.request_id {
+            None if self.charge.needs_request_id() => {
+                return invalid(|| format!("a {} needs a request id", self.charge.name()));
+            }
+            Some(id) if id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES => {
+                return invalid(|| {
+                    format!(
+                        "request id must be 1 to {MAX_REQUEST_ID_BYTES} bytes, got {}",
+                        id.len()
+                    )
+                });
+            }
+            _ => {}
         }
-        if let Some(id) = self.request_id
-            && (id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES)
-        {
-            return invalid(format!(
-                "request id must be 1 to {MAX_REQUEST_ID_BYTES} bytes, got {}",
-                id.len()
-            ));
-        }
-        for (i, a) in self.limits.iter().enumerate() {
+        for (i, a) in self.limits.iter().enumerate().skip(1) {
             if self.limits[..i]
                 .iter()
                 .any(|b| a.key == b.key && a.rule.same_identity(b.rule))
             {
-                return invalid(format!(
-                    "rule {:?} is named twice for key {:?} in one check",
-                    a.rule.name(),
-                    a.key
-                ));
+                return invalid(|| {
+                    format!(
+                        "rule {:?} is named twice for key {:?} in one check",
+                        a.rule.name(),
+                        a.key
+                    )
+                });
             }
         }
         Ok(())
     }
+}
+
+/// A check's validation error, its message made only when there is one.
+#[cold]
+fn invalid(message: impl FnOnce() -> String) -> Result<(), StoreError> {
+    Err(StoreError::InvalidCheck(message()))
 }
 
 /// What a check decided: the combined decision, and each limit's own, in the check's order.
