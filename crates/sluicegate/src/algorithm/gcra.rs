@@ -43,7 +43,7 @@ impl GcraState {
     /// it was written under the rule's interval, debt included (d' = d); under another, the
     /// units it holds (rounded up, as a decision reports them used) at the rule's interval,
     /// at most the capacity: a change of rate forgives debt beyond it.
-    #[inline] // on the memory store's refusal without a lock (RuleState::from_words)
+    #[inline(always)] // on the memory store's checks (RuleState::plan)
     pub(crate) fn plan(&self, rule: &Rule, now: u64) -> GcraPlan {
         let backlog = self.tat.saturating_sub(now);
         let interval = rule.emission_interval();
@@ -56,7 +56,7 @@ impl GcraState {
     }
 
     /// `new − t ≤ τ` with `new = tat + c·T`.
-    #[inline] // on the memory store's refusal without a lock (RuleState::from_words)
+    #[inline(always)] // on the memory store's checks (RuleState::plan)
     pub(crate) fn fits(plan: GcraPlan, rule: &Rule, now: u64, units: u64) -> bool {
         plan.tat + units * rule.emission_interval() - now <= tolerance(rule)
     }

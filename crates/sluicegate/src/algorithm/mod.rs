@@ -143,6 +143,7 @@ impl Evaluation {
 }
 
 impl Plan {
+    #[inline(always)] // on the memory store's checks, as `RuleState::plan`
     fn fits(self, rule: &Rule, now: u64, units: u64) -> bool {
         match self {
             Plan::Log(p) => SlidingLogState::fits(p, rule, units),

@@ -71,10 +71,16 @@ impl RefusalHint {
             return None;
         }
         let key = packed(key)?;
-        let held_key = [0, 1].map(|i| self.key[i].load(Ordering::Relaxed));
+        // Each word loaded by name: `[0, 1].map` was a call out of line on every refusal.
+        let [key_low, key_high] = &self.key;
+        let held_key = [
+            key_low.load(Ordering::Relaxed),
+            key_high.load(Ordering::Relaxed),
+        ];
+        let [low, high] = &self.words;
         let words = StateWords {
             latest: self.latest.load(Ordering::Relaxed),
-            words: [0, 1].map(|i| self.words[i].load(Ordering::Relaxed)),
+            words: [low.load(Ordering::Relaxed), high.load(Ordering::Relaxed)],
         };
         // Orders the reads above before the sequence is read again: if it is unchanged, no
         // writer touched them in between.
@@ -144,6 +150,7 @@ impl RefusalHint {
 
 /// `key` in two words, zero-padded, its length in the last byte; `None` when longer than a
 /// hint holds.
+#[inline] // on every refusal from the hint
 fn packed(key: &str) -> Option<[u64; 2]> {
     let bytes = key.as_bytes();
     if bytes.len() > HINT_KEY_BYTES {
@@ -159,6 +166,7 @@ fn packed(key: &str) -> Option<[u64; 2]> {
 /// Up to 8 bytes as a little-endian word, read with at most three loads and no copy: a
 /// check packs its key every time, and bytes copied to the stack and read back as a word
 /// stall the load until the copies land.
+#[inline]
 fn little_endian(bytes: &[u8]) -> u64 {
     let len = bytes.len();
     let at = |i: usize| u64::from(bytes[i]) << (8 * i);
