@@ -62,7 +62,7 @@ impl GcraState {
     }
 
     /// The answer to a check of `units` that is allowed at `now`.
-    #[inline]
+    #[inline(always)] // on the memory store's checks (RuleState::admit)
     pub(crate) fn allowed(rule: &Rule, plan: GcraPlan, now: u64, units: u64) -> Decision {
         let new = plan.tat + units * rule.emission_interval();
         Decision {
@@ -81,7 +81,7 @@ impl GcraState {
 
     /// Records `cost` units, whatever the limit says: `TAT = tat + c·T`, the backlog held at
     /// most [`MAX_BACKLOG`] (an admission never comes near it: it stays within τ).
-    #[inline]
+    #[inline(always)] // on the memory store's checks (RuleState::record)
     pub(crate) fn record(&mut self, rule: &Rule, plan: GcraPlan, now: u64, cost: u64) {
         let interval = rule.emission_interval();
         self.tat = plan

@@ -276,7 +276,7 @@ impl RuleState {
 
     /// Records an evaluation that allows (a repeat records nothing) and answers. A
     /// `reserve` (`charge`) also remembers its units under the request id.
-    #[inline]
+    #[inline(always)] // on the memory store's checks, as `decide_alone`
     pub(crate) fn admit(
         &mut self,
         rule: &Rule,
@@ -332,7 +332,7 @@ impl RuleState {
 
     /// Records `cost` units at `now` as `plan` read the state, and moves `latest` there
     /// (forgetting the ids expired by then).
-    #[inline]
+    #[inline(always)] // on the memory store's checks, as `decide_alone`
     fn record(&mut self, rule: &Rule, plan: Plan, now: u64, cost: u64) {
         match (&mut self.kind, plan) {
             (StateKind::Log(s), Plan::Log(p)) => s.record(rule, p, now, cost),
@@ -349,7 +349,7 @@ impl RuleState {
 
     /// Decides a check of this rule alone: admits what allows, charges a refusal that
     /// `charge` charges, and refuses the rest.
-    #[inline]
+    #[inline(always)] // on the memory store's checks, as `decide_alone`
     pub(crate) fn finish(
         &mut self,
         rule: &Rule,
