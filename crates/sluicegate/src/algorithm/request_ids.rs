@@ -80,6 +80,20 @@ pub(crate) struct Reservation {
 }
 
 impl Index {
+    /// Forgets the ids that have expired at `now`; whether none is left.
+    #[inline(never)]
+    fn forget_expired(&mut self, now: u64) -> bool {
+        while let Some(Reverse((expires_at, ..))) = self.by_expiry.peek()
+            && *expires_at <= now
+        {
+            let Reverse((expires_at, hash)) = self.by_expiry.pop().expect("peeked just now");
+            if let Ok(held) = self.by_id.find_entry(hash, |r| r.expires_at == expires_at) {
+                held.remove();
+            }
+        }
+        self.by_id.is_empty()
+    }
+
     fn hash(&self, namespace: Namespace, id: &str) -> u64 {
         id_hash(&self.hasher, namespace, id)
     }
@@ -159,25 +173,9 @@ impl RequestIds {
     // The test inline, the work out of line: nearly every state records with no id held.
     #[inline]
     pub(super) fn forget_expired(&mut self, now: u64) {
-        if self.ids.is_some() {
-            self.forget_expired_ids(now);
-        }
-    }
-
-    #[inline(never)]
-    fn forget_expired_ids(&mut self, now: u64) {
-        let Some(index) = self.ids.as_deref_mut() else {
-            return;
-        };
-        while let Some(Reverse((expires_at, ..))) = index.by_expiry.peek()
-            && *expires_at <= now
+        if let Some(index) = self.ids.as_deref_mut()
+            && index.forget_expired(now)
         {
-            let Reverse((expires_at, hash)) = index.by_expiry.pop().expect("peeked just now");
-            if let Ok(held) = index.by_id.find_entry(hash, |r| r.expires_at == expires_at) {
-                held.remove();
-            }
-        }
-        if index.by_id.is_empty() {
             self.ids = None;
         }
     }
