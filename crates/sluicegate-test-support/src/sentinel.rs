@@ -96,9 +96,14 @@ impl RedisSentinel {
 
         let name = RedisSentinel::MASTER_NAME;
         let quorum = options.sentinels / 2 + 1;
+        // A sentinel that started a failover and lost the election (the votes split, or
+        // the machine is too loaded for an answer in time) tries again only after twice
+        // the failover timeout: six minutes by default. Ten seconds keeps the retry within
+        // a test's patience, and still gives a loopback promotion ample time to finish.
         let mut config = format!(
             "{tls}sentinel monitor {name} 127.0.0.1 {master_port} {quorum}\n\
-             sentinel down-after-milliseconds {name} 1000\n"
+             sentinel down-after-milliseconds {name} 1000\n\
+             sentinel failover-timeout {name} 10000\n"
         );
         let (sentinel_user, sentinel_password) = (
             RedisSentinel::SENTINEL_USER,
@@ -142,6 +147,17 @@ impl RedisSentinel {
             replica,
             sentinels,
         }
+    }
+
+    /// Every sentinel's log, each under its port: for the message of a test whose failover
+    /// did not happen, since the sentinels' log lines (`+odown`, `+elected-leader`,
+    /// `-failover-abort-…`, `+tilt`) say which step stalled.
+    pub fn sentinel_logs(&self) -> String {
+        self.sentinels
+            .iter()
+            .map(|sentinel| format!("--- sentinel on {} ---\n{}", sentinel.port, sentinel.log()))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }
 

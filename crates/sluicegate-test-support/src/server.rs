@@ -1,7 +1,7 @@
 //! One redis-server process on a loopback port, and the client calls tests make to it.
 
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -36,6 +36,8 @@ pub struct RedisServer {
     pub port: u16,
     /// How [`query`](Self::query) reaches it.
     access: Access,
+    /// Where its output goes: see [`log`](Self::log).
+    log: PathBuf,
     /// The shell the server runs under: dropping it closes the pipe the shell waits on,
     /// and the shell then kills the server.
     _shell: Child,
@@ -98,6 +100,7 @@ impl RedisServer {
             port,
             access,
             _shell: spawn_under_shell(&args, &log),
+            log,
         };
         let answers = poll_until(Duration::from_secs(10), || {
             server
@@ -105,7 +108,7 @@ impl RedisServer {
                 .is_ok_and(|reply| reply == "PONG")
         });
         if !answers {
-            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            let log = server.log();
             let tail: Vec<&str> = log.lines().rev().take(5).collect();
             panic!(
                 "redis-server did not start on port {port}. {HOW_TO_GET_REDIS}. \
@@ -113,6 +116,12 @@ impl RedisServer {
             );
         }
         server
+    }
+
+    /// What it has written to standard output and error so far: for a test's failure
+    /// message, where the server's own account of what it did says why.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// `redis://127.0.0.1:PORT`.
