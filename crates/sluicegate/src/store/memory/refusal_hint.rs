@@ -71,16 +71,10 @@ impl RefusalHint {
             return None;
         }
         let key = packed(key)?;
-        // Each word loaded by name: `[0, 1].map` was a call out of line on every refusal.
-        let [key_low, key_high] = &self.key;
-        let held_key = [
-            key_low.load(Ordering::Relaxed),
-            key_high.load(Ordering::Relaxed),
-        ];
-        let [low, high] = &self.words;
+        let held_key = load_pair(&self.key);
         let words = StateWords {
             latest: self.latest.load(Ordering::Relaxed),
-            words: [low.load(Ordering::Relaxed), high.load(Ordering::Relaxed)],
+            words: load_pair(&self.words),
         };
         // Orders the reads above before the sequence is read again: if it is unchanged, no
         // writer touched them in between.
@@ -146,6 +140,14 @@ impl RefusalHint {
         change(self);
         self.sequence.store(sequence + 2, Ordering::Release);
     }
+}
+
+/// Both words of `pair`, each loaded by name: `[0, 1].map` was a call out of line on every
+/// refusal.
+#[inline(always)]
+fn load_pair(pair: &[AtomicU64; 2]) -> [u64; 2] {
+    let [low, high] = pair;
+    [low.load(Ordering::Relaxed), high.load(Ordering::Relaxed)]
 }
 
 /// `key` in two words, zero-padded, its length in the last byte; `None` when longer than a

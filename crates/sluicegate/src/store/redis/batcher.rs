@@ -42,7 +42,7 @@ pub(super) fn call_hold(check_timeout: Duration) -> Duration {
 /// Checks per script call, at most.
 const MAX_BATCH: usize = 64;
 /// Script calls in flight on a single server's connection at once. Two: while Redis runs
-/// one, the next is on its way or gathering checks, so Redis always has work queued; more
+/// one, the next is on its way or gathering checks, so Redis has the next call queued; more
 /// calls in flight only split the same checks into smaller calls, each paying the fixed
 /// costs again (a lone check of a hot key costs Redis as many instructions as five more
 /// checks of it in the same call). Under load, two carry a service's checks in about 0.6×
