@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Args;
 
 use super::args::PaceArgs;
-use super::runtime::runtime;
+use super::runtime::runtime_without_lifo_slot;
 use crate::tools::load;
 
 #[derive(Args)]
@@ -55,7 +55,7 @@ pub(super) fn run(args: LoadArgs) -> Result<()> {
         key: args.key,
         requests_per_connection: args.requests_per_connection,
     };
-    let report = runtime()?.block_on(load::run(target, drive))?;
+    let report = runtime_without_lifo_slot()?.block_on(load::run(target, drive))?;
     report.print(args.pace.json)?;
     report.verdict()
 }

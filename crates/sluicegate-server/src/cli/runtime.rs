@@ -8,7 +8,7 @@ pub(crate) fn runtime() -> Result<Runtime> {
     build(&mut Builder::new_multi_thread())
 }
 
-/// The runtime `serve` runs in: [`runtime`]'s, without the LIFO slot.
+/// The runtime `serve` and `load` run in: [`runtime`]'s, without the LIFO slot.
 ///
 /// With the slot, a task woken by the task running is run next, before every task already
 /// waiting. In the service that splits what belongs together. When a Redis call's answers
@@ -17,22 +17,23 @@ pub(crate) fn runtime() -> Result<Runtime> {
 /// check wakes the batcher, which sends it before the other requests ready to run have
 /// queued theirs. Without the slot, woken tasks wait their turn: a connection writes the
 /// responses of all the requests answered together, and a script call carries the checks
-/// of all the requests that were ready (docs/BENCHMARKS.md, "Serving without the LIFO
-/// slot": 1.05× to 1.23× the decisions per second on Redis, at less CPU per decision in the
-/// service and in Redis; the memory store's about even).
+/// of all the requests that were ready. The load generator's requests share HTTP/2
+/// connections the same way. (docs/BENCHMARKS.md, "Serving without the LIFO slot": 1.05×
+/// to 1.23× the decisions per second on Redis, at less CPU per decision in the service and
+/// in Redis, the memory store's about even; and "The load generator without it".)
 ///
 /// The option is one of tokio's unstable ones (`--cfg tokio_unstable`, which
-/// .cargo/config.toml sets). A build without it serves with the slot, and says so at start.
-pub(crate) fn serving_runtime() -> Result<Runtime> {
+/// .cargo/config.toml sets). A build without it runs with the slot, and says so at start.
+pub(crate) fn runtime_without_lifo_slot() -> Result<Runtime> {
     #[cfg(not(tokio_unstable))]
     tracing::warn!(
-        "built without --cfg tokio_unstable: serving with tokio's LIFO slot, which costs \
-         CPU per decision on a Redis store (see .cargo/config.toml)"
+        "built without --cfg tokio_unstable: running with tokio's LIFO slot, which costs \
+         CPU per request on HTTP/2 and on a Redis store (see .cargo/config.toml)"
     );
-    build(&mut serving_builder())
+    build(&mut builder_without_lifo_slot())
 }
 
-fn serving_builder() -> Builder {
+fn builder_without_lifo_slot() -> Builder {
     let mut builder = Builder::new_multi_thread();
     #[cfg(tokio_unstable)]
     builder.disable_lifo_slot();
@@ -52,7 +53,7 @@ mod tests {
 
     use tokio::runtime::Builder;
 
-    use super::{build, serving_builder};
+    use super::{build, builder_without_lifo_slot};
 
     /// The order in which three tasks spawned one after another first run, on one worker.
     fn first_runs(builder: &mut Builder) -> Vec<usize> {
@@ -76,11 +77,12 @@ mod tests {
         })
     }
 
-    /// `serve`'s runtime runs woken tasks in the order they were woken. The workspace's
-    /// builds make it so (.cargo/config.toml); this fails when that setting is lost.
+    /// `serve`'s and `load`'s runtime runs woken tasks in the order they were woken. The
+    /// workspace's builds make it so (.cargo/config.toml); this fails when that setting is
+    /// lost.
     #[test]
-    fn serving_runs_tasks_in_the_order_they_were_woken() {
-        assert_eq!(first_runs(&mut serving_builder()), [0, 1, 2]);
+    fn without_the_slot_tasks_run_in_the_order_they_were_woken() {
+        assert_eq!(first_runs(&mut builder_without_lifo_slot()), [0, 1, 2]);
         // With the LIFO slot, the last one woken runs first.
         assert_eq!(first_runs(&mut Builder::new_multi_thread()), [2, 0, 1]);
     }

@@ -12,7 +12,7 @@ use sluicegate::{Algorithm, BreakerConfig, LimiterConfig, MemoryStoreConfig, Sto
 
 use super::args::{DurationArg, PrecheckArgs, StoreArgs, parse_duration_arg};
 use super::logging::LogArgs;
-use super::runtime::serving_runtime;
+use super::runtime::runtime_without_lifo_slot;
 use crate::compat::Compat;
 use crate::config::DEFAULT_MAX_NODES;
 use crate::metrics::DEFAULT_NEAR_LIMIT_RATIO;
@@ -374,7 +374,7 @@ const RUNTIME_STOP: Duration = Duration::from_secs(1);
 pub(super) fn serve(args: ServeArgs) -> anyhow::Result<()> {
     args.log.init();
     let options = args.options()?;
-    let runtime = serving_runtime()?;
+    let runtime = runtime_without_lifo_slot()?;
     let served = runtime.block_on(async {
         // Listened for before anything else: a signal during the start is not lost.
         let signals = Signals::listen()?;
