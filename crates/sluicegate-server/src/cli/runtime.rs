@@ -20,7 +20,8 @@ pub(crate) fn runtime() -> Result<Runtime> {
 /// of all the requests that were ready. The load generator's requests share HTTP/2
 /// connections the same way. (docs/BENCHMARKS.md, "Serving without the LIFO slot": 1.05×
 /// to 1.23× the decisions per second on Redis, at less CPU per decision in the service and
-/// in Redis, the memory store's about even; and "The load generator without it".)
+/// in Redis, the memory store's about even; and "The load generator without the slot, and
+/// run 12".)
 ///
 /// The option is one of tokio's unstable ones (`--cfg tokio_unstable`, which
 /// .cargo/config.toml sets). A build without it runs with the slot, and says so at start.
