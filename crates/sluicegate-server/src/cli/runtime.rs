@@ -35,6 +35,8 @@ pub(crate) fn runtime_without_lifo_slot() -> Result<Runtime> {
 }
 
 fn builder_without_lifo_slot() -> Builder {
+    // Changed only where tokio's unstable options are open.
+    #[cfg_attr(not(tokio_unstable), allow(unused_mut))]
     let mut builder = Builder::new_multi_thread();
     #[cfg(tokio_unstable)]
     builder.disable_lifo_slot();
