@@ -15,6 +15,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/sluicegate /usr/local/bin/sluicegate
+# envoyproxy/ratelimit's command: run as /bin/ratelimit, the binary is
+# `sluicegate serve --compat envoy` on envoy's environment, so a Deployment that names that
+# command (Envoy Gateway's) keeps it when it swaps the image (docs/envoy-gateway.md).
+COPY --from=build /out/sluicegate /bin/ratelimit
 # envoyproxy/ratelimit's layout: descriptor files under /data/ratelimit/config. The image
 # carries the example rules there; mount a directory of your own over it.
 COPY examples/sluicegate.yaml /data/ratelimit/config/example.yaml

@@ -275,6 +275,15 @@ fn the_dockerfile_builds_locked_and_runs_what_the_binary_accepts() {
             .any(|c| c.ends_with(&format!(" {}", entrypoint[0]))),
         "{entrypoint:?}"
     );
+    // envoyproxy/ratelimit's command runs the same binary (invoked as `ratelimit`, it is
+    // `serve --compat envoy`: tests/envoy_env.rs).
+    let source_of = |to: &str| {
+        all("COPY")
+            .iter()
+            .find_map(|c| c.strip_suffix(&format!(" {to}")))
+            .map(|from| from.split_whitespace().collect::<Vec<_>>())
+    };
+    assert_eq!(source_of("/bin/ratelimit"), source_of(&entrypoint[0]));
     let listen = flag(&command, "--listen");
     assert!(listen.starts_with("0.0.0.0:"), "{listen}");
     assert_eq!(all("EXPOSE"), [listen.rsplit_once(':').unwrap().1]);

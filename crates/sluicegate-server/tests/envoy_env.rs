@@ -144,3 +144,53 @@ fn the_binary_runs_on_envoys_environment_alone() {
     assert_eq!(started["level"], "INFO", "{started}");
     drop(running);
 }
+
+/// Envoy Gateway's rate-limit Deployment runs the command `/bin/ratelimit` with no
+/// arguments (envoyproxy/gateway@d32f282
+/// internal/infrastructure/kubernetes/ratelimit/testdata/deployments/default.yaml:38-39)
+/// and lets its users swap only the image: the binary under that name is
+/// `serve --compat envoy`, its settings all from envoy's environment.
+#[test]
+fn invoked_as_ratelimit_it_serves_envoys_environment() {
+    let redis = RedisServer::start(&[]);
+    let root = std::env::temp_dir().join(format!("sluicegate-as-ratelimit-{}", std::process::id()));
+    let config_dir = root.join("config");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    std::fs::write(
+        config_dir.join("rl.yaml"),
+        "domain: as-ratelimit\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let binary = root.join("ratelimit");
+    let _ = std::fs::remove_file(&binary);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluicegate"), &binary).unwrap();
+    let (http, grpc) = (free_port(), free_port());
+    let child = Command::new(&binary)
+        .env_clear()
+        .envs([
+            ("HOST", "127.0.0.1"),
+            ("PORT", &http.to_string()),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", &grpc.to_string()),
+            ("DEBUG_HOST", "127.0.0.1"),
+            ("DEBUG_PORT", &free_port().to_string()),
+            ("RUNTIME_ROOT", root.to_str().unwrap()),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &format!("127.0.0.1:{}", redis.port)),
+            ("USE_STATSD", "false"),
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _running = Running(child);
+    let http = format!("127.0.0.1:{http}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while curl(&http, "/healthcheck").0 != 200 {
+        assert!(Instant::now() < deadline, "never answered on envoy's PORT");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // RUNTIME_ROOT/config's rule, envoy's fixed window, on GRPC_PORT.
+    let grpc = format!("127.0.0.1:{grpc}");
+    assert!(rls(&grpc, "as-ratelimit", "user", "u").starts_with("1\n"));
+    assert!(rls(&grpc, "as-ratelimit", "user", "u").starts_with("2\n"));
+}

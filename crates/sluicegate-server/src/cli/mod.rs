@@ -17,6 +17,7 @@ mod trace;
 
 pub use serve::ServeArgs;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -62,9 +63,8 @@ enum Command {
 
 /// Runs the command line: parses the arguments, runs the command, and says how it ended.
 pub fn main() -> ExitCode {
-    let argv = envoy_env::with_envoy_env(std::env::args_os().collect(), &|name| {
-        std::env::var(name).ok()
-    });
+    let argv = as_envoy_ratelimit(std::env::args_os().collect());
+    let argv = envoy_env::with_envoy_env(argv, &|name| std::env::var(name).ok());
     let cli = match argv {
         Ok(argv) => Cli::parse_from(argv),
         Err(error) => {
@@ -89,6 +89,30 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The name envoyproxy/ratelimit's binary goes by. Deployments that run it name the
+/// command and cannot change it (Envoy Gateway's rate-limit Deployment runs `/bin/ratelimit`
+/// and lets its users swap only the image), so invoked under that name the binary is
+/// `sluicegate serve --compat envoy`, its flags taken from envoy's environment.
+const ENVOY_RATELIMIT_BINARY: &str = "ratelimit";
+
+/// `argv` as `sluicegate serve --compat envoy ARGS…` when the program was invoked as
+/// [`ENVOY_RATELIMIT_BINARY`]; unchanged otherwise.
+fn as_envoy_ratelimit(argv: Vec<OsString>) -> Vec<OsString> {
+    let invoked_as = argv
+        .first()
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_name);
+    if invoked_as != Some(ENVOY_RATELIMIT_BINARY.as_ref()) {
+        return argv;
+    }
+    let mut rest = argv.into_iter();
+    let program = rest.next().unwrap_or_default();
+    [program, "serve".into(), "--compat".into(), "envoy".into()]
+        .into_iter()
+        .chain(rest)
+        .collect()
+}
+
 /// A yes-or-no command's exit status, as grep's: 0 yes, 1 no, 2 no answer.
 fn verdict(answer: anyhow::Result<bool>) -> ExitCode {
     match answer {
@@ -103,4 +127,40 @@ fn failed(error: &anyhow::Error, code: ExitCode) -> ExitCode {
     // `:#` writes the whole chain: what was being done, then why it failed.
     eprintln!("sluicegate: error: {error:#}");
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(argv: &[&str]) -> Vec<OsString> {
+        argv.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn invoked_as_envoys_binary_it_serves_with_envoy_compatibility() {
+        assert_eq!(
+            as_envoy_ratelimit(args(&["/bin/ratelimit"])),
+            args(&["/bin/ratelimit", "serve", "--compat", "envoy"])
+        );
+        assert_eq!(
+            as_envoy_ratelimit(args(&["ratelimit", "--log-level", "debug"])),
+            args(&[
+                "ratelimit",
+                "serve",
+                "--compat",
+                "envoy",
+                "--log-level",
+                "debug"
+            ])
+        );
+        for other in [
+            &["/usr/local/bin/sluicegate", "serve"][..],
+            &["/bin/ratelimit-client"],
+            &["ratelimit/sluicegate", "check"],
+            &[],
+        ] {
+            assert_eq!(as_envoy_ratelimit(args(other)), args(other));
+        }
+    }
 }
