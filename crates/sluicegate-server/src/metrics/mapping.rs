@@ -9,7 +9,7 @@
 //! or `observer_type: histogram`, `scale`, `histogram_options.buckets`). As in
 //! statsd_exporter, glob mappings are tried first, then regular expressions, each in file
 //! order, and the first that matches decides; a statistic none matches keeps its statsd
-//! name with every character Prometheus does not allow made `_`. Anything else — a
+//! name with every character but letters, digits and `_` made `_`. Anything else — a
 //! summary, a TTL, defaults, an unknown field, a glob that matches no statistic the
 //! service exports — stops the start with the file and the mapping named.
 
@@ -211,7 +211,7 @@ impl PrometheusMapping {
                         out
                     };
                     Mapped::Series {
-                        name: escape_name(&expand(name)),
+                        name: escape_name(&expand(name), true),
                         labels: labels.iter().map(|(k, v)| (k.clone(), expand(v))).collect(),
                         help: mapping.help.clone(),
                         histogram: histogram.clone(),
@@ -220,7 +220,7 @@ impl PrometheusMapping {
             };
         }
         Mapped::Series {
-            name: escape_name(name),
+            name: escape_name(name, false),
             labels: Vec::new(),
             help: None,
             histogram: None,
@@ -498,13 +498,14 @@ fn valid_name(name: &str, metric: bool) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || (metric && c == ':'))
 }
 
-/// A name as statsd_exporter escapes it: every character but letters, digits and `_` made
-/// `_`, and `_` before a leading digit.
-fn escape_name(name: &str) -> String {
+/// A name as statsd_exporter escapes one no mapping takes: every character but letters,
+/// digits and `_` made `_`, and `_` before a leading digit. A mapped name keeps its `:`s,
+/// which Prometheus allows and a mapping may ask for.
+fn escape_name(name: &str, mapped: bool) -> String {
     let mut out: String = name
         .chars()
         .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+            if c.is_ascii_alphanumeric() || c == '_' || (mapped && c == ':') {
                 c
             } else {
                 '_'
