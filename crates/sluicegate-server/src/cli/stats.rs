@@ -93,3 +93,17 @@ fn parse_statsd_address(text: &str) -> Result<String, String> {
         _ => Err(format!("{text:?} is not HOST:PORT")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_statsd_address_is_a_host_and_a_port() {
+        assert!(parse_statsd_address("localhost:8125").is_ok());
+        assert!(parse_statsd_address("[::1]:8125").is_ok());
+        for bad in ["localhost", ":8125", "host:port", "host:70000"] {
+            assert!(parse_statsd_address(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -262,6 +262,7 @@ impl PrometheusMapping {
             *family.1.entry(label_text(&labels, None)).or_default() += stat.value;
         }
         for (name, (help, series)) in &families {
+            let help = escape_help(help);
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             for (labels, value) in series {
                 let _ = writeln!(out, "{name}{labels} {value}");
@@ -276,7 +277,7 @@ impl PrometheusMapping {
         else {
             return;
         };
-        let help = help.as_deref().unwrap_or("ShouldRateLimit response times.");
+        let help = escape_help(help.as_deref().unwrap_or("ShouldRateLimit response times."));
         let count = times.count();
         match histogram {
             Some(h) => {
@@ -532,6 +533,11 @@ fn label_text(labels: &[(String, String)], le: Option<&str>) -> String {
     } else {
         format!("{{{}}}", parts.join(","))
     }
+}
+
+/// A `# HELP` text as the text format writes it.
+fn escape_help(help: &str) -> String {
+    help.replace('\\', "\\\\").replace('\n', "\\n")
 }
 
 /// A label value as the text format writes it.
