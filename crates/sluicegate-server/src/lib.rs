@@ -19,6 +19,7 @@ mod tools;
 
 pub use compat::{Compat, Counting};
 pub use config::Config;
+pub use metrics::{EnvoyStatsOptions, PrometheusMapping, StatsdOptions, StatsdTags};
 pub use server::{
     ConnectionOptions, Listeners, Prepared, ServeOptions, TlsOptions, prepare, serve,
 };

@@ -13,6 +13,7 @@ mod replay;
 mod runtime;
 mod serve;
 mod simulate;
+mod stats;
 mod trace;
 
 pub use serve::ServeArgs;

@@ -13,6 +13,7 @@ use sluicegate::{Algorithm, BreakerConfig, LimiterConfig, MemoryStoreConfig, Sto
 use super::args::{DurationArg, PrecheckArgs, StoreArgs, parse_duration_arg};
 use super::logging::LogArgs;
 use super::runtime::runtime_without_lifo_slot;
+use super::stats::StatsArgs;
 use crate::compat::Compat;
 use crate::config::DEFAULT_MAX_NODES;
 use crate::metrics::DEFAULT_NEAR_LIMIT_RATIO;
@@ -192,6 +193,8 @@ pub struct ServeArgs {
     /// mTLS: clients must present a certificate this authority (PEM) signed.
     #[arg(long, env = "SLUICEGATE_TLS_CLIENT_CA", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
+    #[command(flatten)]
+    stats: StatsArgs,
 }
 
 impl ServeArgs {
@@ -203,6 +206,7 @@ impl ServeArgs {
             "--breaker-window must be longer than zero"
         );
         let (response_headers, envoy_header_names) = self.response_headers();
+        let (envoy_stats, statsd) = self.stats.options()?;
         Ok(ServeOptions {
             config: self.config.clone(),
             default_algorithm: self.compat.default_algorithm(self.default_algorithm),
@@ -248,6 +252,7 @@ impl ServeArgs {
                     .compat
                     .counting(self.stop_increment_when_over_limit)
                     .map_err(anyhow::Error::msg)?,
+                envoy_stats,
             },
             reload_interval: self.reload_interval.duration(),
             connections: ConnectionOptions {
@@ -268,6 +273,7 @@ impl ServeArgs {
                 _ => None,
             },
             otlp_endpoint: self.otlp_endpoint.clone(),
+            statsd,
         })
     }
 

@@ -21,6 +21,7 @@ use tonic::{Request, Response, Status};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 use crate::envoy;
+use crate::metrics::CallError;
 use crate::service::{DecideError, Service};
 use crate::telemetry::Telemetry;
 
@@ -100,16 +101,20 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
             SHOULD_RATE_LIMIT.trim_start_matches('/'),
             request.metadata().as_ref(),
         );
+        let started = std::time::Instant::now();
         Box::pin(async move {
-            envoy::should_rate_limit(&service, request.get_ref(), span)
-                .await
-                .map(Response::new)
-                .map_err(|e| match e {
-                    DecideError::Invalid(message) | DecideError::UnknownDomain(message) => {
-                        Status::invalid_argument(message)
-                    }
-                    DecideError::Store(e) => Status::unavailable(e.to_string()),
-                })
+            let answer = envoy::should_rate_limit(&service, request.get_ref(), span).await;
+            let failed = answer.as_ref().err().map(|e| match e {
+                DecideError::Store(_) => CallError::Store,
+                DecideError::Invalid(_) | DecideError::UnknownDomain(_) => CallError::Service,
+            });
+            service.metrics().grpc_answered(started.elapsed(), failed);
+            answer.map(Response::new).map_err(|e| match e {
+                DecideError::Invalid(message) | DecideError::UnknownDomain(message) => {
+                    Status::invalid_argument(message)
+                }
+                DecideError::Store(e) => Status::unavailable(e.to_string()),
+            })
         })
     }
 }

@@ -1,15 +1,17 @@
-//! envoyproxy/ratelimit's per-limit counters — `total_hits`, `over_limit`, `near_limit`,
-//! `within_limit`, `shadow_mode` — counted by its rules (src/limiter/base_limiter.go) and
-//! written under the names and labels its Prometheus mapping gives them
-//! (src/stats/prom/default_mapper.yaml): `ratelimit_service_rate_limit_total_hits{domain,
-//! key1[, key2]}`, no `_total` suffix, so its dashboards keep working.
+//! envoyproxy/ratelimit's statistics, under its statsd names (src/stats/manager_impl.go,
+//! src/metrics/metrics.go): each limit's `total_hits`, `over_limit`, `near_limit`,
+//! `within_limit` and `shadow_mode`, counted by its rules (src/limiter/base_limiter.go), and
+//! the service's own — gRPC calls, their errors and response times, configuration loads.
+//! The one list of them: the statsd sink sends it, the Prometheus mapping names it in
+//! `/metrics`.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
 
 use sluicegate::Decision;
+use tokio::sync::mpsc;
 
 /// The counters, in the order they are written.
 const COUNTERS: [(&str, &str); 5] = [
@@ -77,105 +79,260 @@ impl EnvoyCounters {
     }
 }
 
-/// A limit's labels: `domain`, `key1`, maybe `key2`, with their values.
-type Labels = Vec<(&'static str, String)>;
+/// Every limit's counters, by its stat key (sanitized), sorted as they are written.
+type ByKey = BTreeMap<String, Arc<EnvoyCounters>>;
 
-/// Every limit's counters, by its labels, sorted as they are written.
-type ByLabels = BTreeMap<Labels, Arc<EnvoyCounters>>;
+/// The statsd name of `ShouldRateLimit`'s response time (envoy's timer, in whole
+/// milliseconds: src/metrics/metrics.go).
+pub(crate) const RESPONSE_TIME: &str = "ratelimit_server.ShouldRateLimit.response_time";
 
-/// Every limit's counters, and the service's own that envoy's mapping names.
-#[derive(Debug, Default)]
-pub(crate) struct EnvoyMetrics {
-    limits: RwLock<ByLabels>,
-    /// `ShouldRateLimit` calls over gRPC.
-    grpc_calls: AtomicU64,
+/// What kind of statistic a name is, as statsd and a mapping's `match_metric_type` tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StatKind {
+    /// Counted up; sent as the change since the last flush.
+    Counter,
+    /// A timer's samples.
+    Observer,
 }
 
-/// What the service counts elsewhere that envoy's mapping also names.
+/// Every name the service's statistics can have, with `{key}` for a limit's stat key (a
+/// domain and one or more descriptor parts): what a mapping may ask for.
+pub(crate) const EXPORTED: [(&str, StatKind); 11] = [
+    (
+        "ratelimit.service.rate_limit.{key}.total_hits",
+        StatKind::Counter,
+    ),
+    (
+        "ratelimit.service.rate_limit.{key}.over_limit",
+        StatKind::Counter,
+    ),
+    (
+        "ratelimit.service.rate_limit.{key}.near_limit",
+        StatKind::Counter,
+    ),
+    (
+        "ratelimit.service.rate_limit.{key}.within_limit",
+        StatKind::Counter,
+    ),
+    (
+        "ratelimit.service.rate_limit.{key}.shadow_mode",
+        StatKind::Counter,
+    ),
+    ("ratelimit.service.config_load_success", StatKind::Counter),
+    ("ratelimit.service.config_load_error", StatKind::Counter),
+    (
+        "ratelimit.service.call.should_rate_limit.redis_error",
+        StatKind::Counter,
+    ),
+    (
+        "ratelimit.service.call.should_rate_limit.service_error",
+        StatKind::Counter,
+    ),
+    (
+        "ratelimit_server.ShouldRateLimit.total_requests",
+        StatKind::Counter,
+    ),
+    (RESPONSE_TIME, StatKind::Observer),
+];
+
+/// One counter as it stands, under its statsd name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct CounterStat {
+    pub(crate) name: String,
+    pub(crate) help: &'static str,
+    pub(crate) value: u64,
+}
+
+/// Why a `ShouldRateLimit` call failed, as envoy counts it
+/// (`ratelimit.service.call.should_rate_limit.*`, src/service/ratelimit.go).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CallError {
+    /// The store failed (envoy's `redis_error`).
+    Store,
+    /// The request or the configuration in force did not allow an answer
+    /// (`service_error`).
+    Service,
+}
+
+/// Every limit's counters, and the service's own that envoy also counts.
+#[derive(Debug)]
+pub(crate) struct EnvoyMetrics {
+    limits: RwLock<ByKey>,
+    /// `ShouldRateLimit` calls over gRPC.
+    grpc_calls: AtomicU64,
+    store_errors: AtomicU64,
+    service_errors: AtomicU64,
+    response_times: ResponseTimes,
+}
+
+/// What the service counts elsewhere that envoy also counts.
 pub(crate) struct ServiceCounts {
     pub(crate) config_loads: u64,
     pub(crate) config_errors: u64,
 }
 
 impl EnvoyMetrics {
+    /// The counters, with response times counted at each of `thresholds_ms` (what the
+    /// Prometheus mapping's buckets come to in whole milliseconds).
+    pub(crate) fn new(thresholds_ms: Vec<u64>) -> Self {
+        EnvoyMetrics {
+            limits: RwLock::default(),
+            grpc_calls: AtomicU64::new(0),
+            store_errors: AtomicU64::new(0),
+            service_errors: AtomicU64::new(0),
+            response_times: ResponseTimes::new(thresholds_ms),
+        }
+    }
+
     /// The counters of the limit whose stat key (envoy's: `domain.key_value.key…`) is
     /// `key`: created on first use, shared afterwards.
     pub(crate) fn counters(&self, key: &str) -> Arc<EnvoyCounters> {
-        let labels = labels(key);
-        if let Some(counters) = self.read().get(&labels) {
+        let key = sanitize(key);
+        if let Some(counters) = self.read().get(&key) {
             return Arc::clone(counters);
         }
         let mut limits = self.limits.write().unwrap_or_else(|e| e.into_inner());
-        Arc::clone(limits.entry(labels).or_default())
+        Arc::clone(limits.entry(key).or_default())
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, ByLabels> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, ByKey> {
         self.limits.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Counts a `ShouldRateLimit` call over gRPC whose request decoded, answered or failed
-    /// (`/json` calls are not among them, as in envoy).
+    /// Counts a `ShouldRateLimit` call over gRPC whose request decoded (`/json` calls are
+    /// not among them, as in envoy).
     pub(crate) fn grpc_call(&self) {
         self.grpc_calls.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The counters in Prometheus' text format: the per-limit ones, then
-    /// `ratelimit_service_total_requests` and the configuration loads.
-    pub(crate) fn render(&self, service: &ServiceCounts, out: &mut String) {
-        let mut counter = |name: &str, help: &str, labels: &str, value: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}.\n# TYPE {name} counter\n{name}{labels} {value}"
-            );
+    /// Counts a `ShouldRateLimit` call answered after `took`, failed with `error` if it
+    /// failed.
+    pub(crate) fn grpc_answered(&self, took: Duration, error: Option<CallError>) {
+        match error {
+            Some(CallError::Store) => self.store_errors.fetch_add(1, Ordering::Relaxed),
+            Some(CallError::Service) => self.service_errors.fetch_add(1, Ordering::Relaxed),
+            None => 0,
         };
-        counter(
-            "ratelimit_service_total_requests",
-            "ShouldRateLimit calls over gRPC",
-            "{grpc_method=\"ShouldRateLimit\"}",
-            self.grpc_calls.load(Ordering::Relaxed),
-        );
-        counter(
-            "ratelimit_service_config_load_success",
-            "Configurations loaded",
-            "",
-            service.config_loads,
-        );
-        counter(
-            "ratelimit_service_config_load_error",
-            "Configurations rejected",
-            "",
-            service.config_errors,
-        );
-        let limits = self.read();
-        for (i, (name, help)) in COUNTERS.iter().enumerate() {
-            let name = format!("ratelimit_service_rate_limit_{name}");
-            let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} counter");
-            for (labels, counters) in limits.iter() {
-                let labels: Vec<String> = labels
-                    .iter()
-                    .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-                    .collect();
-                let value = counters.0[i].load(Ordering::Relaxed);
-                let _ = writeln!(out, "{name}{{{}}} {value}", labels.join(","));
+        // Whole milliseconds, as envoy's interceptor takes them.
+        let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        self.response_times.observe(ms);
+    }
+
+    /// The response times counted so far.
+    pub(crate) fn response_times(&self) -> &ResponseTimes {
+        &self.response_times
+    }
+
+    /// Every counter as it stands, under envoy's statsd names: the service's own, then
+    /// each limit's, by its key.
+    pub(crate) fn counter_stats(&self, service: &ServiceCounts) -> Vec<CounterStat> {
+        let stat = |name: &str, help, value| CounterStat {
+            name: name.to_owned(),
+            help,
+            value,
+        };
+        let mut stats = vec![
+            stat(
+                "ratelimit_server.ShouldRateLimit.total_requests",
+                "ShouldRateLimit calls over gRPC",
+                self.grpc_calls.load(Ordering::Relaxed),
+            ),
+            stat(
+                "ratelimit.service.config_load_success",
+                "Configurations loaded",
+                service.config_loads,
+            ),
+            stat(
+                "ratelimit.service.config_load_error",
+                "Configurations rejected",
+                service.config_errors,
+            ),
+            stat(
+                "ratelimit.service.call.should_rate_limit.redis_error",
+                "ShouldRateLimit calls the store failed",
+                self.store_errors.load(Ordering::Relaxed),
+            ),
+            stat(
+                "ratelimit.service.call.should_rate_limit.service_error",
+                "ShouldRateLimit calls answered with an error other than the store's",
+                self.service_errors.load(Ordering::Relaxed),
+            ),
+        ];
+        for (key, counters) in self.read().iter() {
+            for (i, (name, help)) in COUNTERS.iter().enumerate() {
+                stats.push(CounterStat {
+                    name: format!("ratelimit.service.rate_limit.{key}.{name}"),
+                    help,
+                    value: counters.0[i].load(Ordering::Relaxed),
+                });
             }
         }
+        stats
     }
 }
 
-/// The labels envoy's mapping gives a stat key: the statsd name is sanitized as envoy
-/// sanitizes it (`:` and `|` to `_`, the dots of IPv4 addresses to `_`), then its first
-/// part is the domain, the second key1, the third (when there is one) key2; deeper parts
-/// are dropped, as the mapping drops them.
-fn labels(key: &str) -> Labels {
-    let sanitized = sanitize(key);
-    let mut parts = sanitized.split('.');
-    let mut labels = vec![("domain", parts.next().unwrap_or_default().to_owned())];
-    for name in ["key1", "key2"] {
-        if let Some(part) = parts.next() {
-            labels.push((name, part.to_owned()));
+/// `ShouldRateLimit`'s response times in whole milliseconds, counted at fixed thresholds
+/// (the histogram's buckets, known at start), and handed to the statsd sink when one
+/// listens.
+#[derive(Debug)]
+pub(crate) struct ResponseTimes {
+    /// Sorted, without repeats.
+    thresholds: Vec<u64>,
+    /// `counts[i]`: the times above `thresholds[i - 1]` and at most `thresholds[i]`; the
+    /// last, those above every threshold.
+    counts: Vec<AtomicU64>,
+    sum_ms: AtomicU64,
+    /// The statsd sink's queue, bounded: a full queue drops the sample rather than wait.
+    statsd: OnceLock<mpsc::Sender<u64>>,
+}
+
+impl ResponseTimes {
+    fn new(mut thresholds: Vec<u64>) -> Self {
+        thresholds.sort_unstable();
+        thresholds.dedup();
+        let counts = (0..=thresholds.len()).map(|_| AtomicU64::new(0)).collect();
+        ResponseTimes {
+            thresholds,
+            counts,
+            sum_ms: AtomicU64::new(0),
+            statsd: OnceLock::new(),
         }
     }
-    labels
+
+    fn observe(&self, ms: u64) {
+        let slot = self.thresholds.partition_point(|&t| t < ms);
+        self.counts[slot].fetch_add(1, Ordering::Relaxed);
+        self.sum_ms.fetch_add(ms, Ordering::Relaxed);
+        if let Some(queue) = self.statsd.get() {
+            let _ = queue.try_send(ms);
+        }
+    }
+
+    /// Hands every time from now on to a statsd sink, through a queue of `capacity`;
+    /// `None` if one already has them.
+    pub(crate) fn send_to_statsd(&self, capacity: usize) -> Option<mpsc::Receiver<u64>> {
+        let (queue, times) = mpsc::channel(capacity);
+        self.statsd.set(queue).ok().map(|()| times)
+    }
+
+    /// How many times were counted.
+    pub(crate) fn count(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Their sum, in milliseconds.
+    pub(crate) fn sum_ms(&self) -> u64 {
+        self.sum_ms.load(Ordering::Relaxed)
+    }
+
+    /// How many times were at most `threshold` ms, one of the thresholds counted at.
+    pub(crate) fn at_most(&self, threshold: u64) -> u64 {
+        let slots = self.thresholds.partition_point(|&t| t <= threshold);
+        self.counts[..slots]
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
 }
 
 /// envoyproxy/ratelimit's SanitizeStatName (src/utils/utilities.go:63-69).
@@ -222,14 +379,6 @@ fn ipv4_at(text: &[u8]) -> Option<usize> {
         at += digits;
     }
     Some(at)
-}
-
-/// A label value as the text format writes it.
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -284,63 +433,27 @@ mod tests {
     }
 
     #[test]
-    fn labels_follow_envoys_mapping() {
-        let l = |key| labels(key);
-        assert_eq!(
-            l("d.key_v"),
-            [("domain", "d".into()), ("key1", "key_v".into())]
-        );
-        assert_eq!(
-            l("d.a.b_c.e"),
-            [
-                ("domain", "d".into()),
-                ("key1", "a".into()),
-                ("key2", "b_c".into())
-            ]
-        );
-        // An address in a value is one part; ':' and '|' are no separators.
-        assert_eq!(
-            l("d.remote_address_10.0.0.1:80|x"),
-            [
-                ("domain", "d".into()),
-                ("key1", "remote_address_10_0_0_1_80_x".into())
-            ]
+    fn stat_keys_are_sanitized_as_envoys() {
+        let metrics = EnvoyMetrics::new(vec![]);
+        metrics.counters("d.remote_address_10.0.0.1:80|x");
+        let stats = metrics.counter_stats(&ServiceCounts {
+            config_loads: 1,
+            config_errors: 0,
+        });
+        assert!(
+            stats.iter().any(|s| s.name
+                == "ratelimit.service.rate_limit.d.remote_address_10_0_0_1_80_x.total_hits")
         );
     }
 
     #[test]
-    fn renders_envoys_names_without_a_suffix() {
-        let metrics = EnvoyMetrics::default();
-        metrics
-            .counters("d.user")
-            .count(&decision(true, 10, 9), 1, false, 0.8);
-        let mut out = String::new();
-        let service = ServiceCounts {
-            config_loads: 2,
-            config_errors: 1,
-        };
-        metrics.grpc_call();
-        metrics.render(&service, &mut out);
-        assert!(
-            out.contains("ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} 1\n")
-        );
-        assert!(
-            out.contains("ratelimit_service_config_load_success 2\n"),
-            "{out}"
-        );
-        assert!(
-            out.contains("ratelimit_service_config_load_error 1\n"),
-            "{out}"
-        );
-        assert!(out.contains("# TYPE ratelimit_service_rate_limit_total_hits counter\n"));
-        assert!(
-            out.contains("ratelimit_service_rate_limit_total_hits{domain=\"d\",key1=\"user\"} 1\n"),
-            "{out}"
-        );
-        assert!(
-            out.contains(
-                "ratelimit_service_rate_limit_within_limit{domain=\"d\",key1=\"user\"} 1\n"
-            )
-        );
+    fn response_times_count_at_their_thresholds() {
+        let metrics = EnvoyMetrics::new(vec![5, 1, 5]);
+        for ms in [0, 1, 2, 7] {
+            metrics.grpc_answered(Duration::from_millis(ms), None);
+        }
+        let times = metrics.response_times();
+        assert_eq!((times.at_most(1), times.at_most(5)), (2, 3));
+        assert_eq!((times.count(), times.sum_ms()), (4, 10));
     }
 }

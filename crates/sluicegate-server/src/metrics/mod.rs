@@ -9,6 +9,8 @@
 
 mod connections;
 mod envoy;
+mod mapping;
+mod statsd;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,7 +26,11 @@ use prometheus_client::registry::Registry;
 use sluicegate::{AnyStore, BreakerState, Charge, DecidedBy, Decision, FailurePolicy, Limiter};
 
 pub(crate) use self::connections::{ConnectionMetrics, ConnectionTimeout, OpenConnection};
+pub(crate) use self::envoy::CallError;
 use self::envoy::{EnvoyCounters, EnvoyMetrics, ServiceCounts};
+pub use self::mapping::PrometheusMapping;
+pub(crate) use self::statsd::StatsdSink;
+pub use self::statsd::{StatsdOptions, StatsdTags};
 use crate::config::Config;
 
 /// The content type of [`Metrics::render`]'s text.
@@ -146,6 +152,24 @@ impl RuleMetrics {
     }
 }
 
+/// What becomes of envoyproxy/ratelimit's statistics in `/metrics`.
+#[derive(Clone, Debug)]
+pub struct EnvoyStatsOptions {
+    /// The names they are written under (`--prometheus-mapper`).
+    pub mapping: Arc<PrometheusMapping>,
+    /// Not written at all (`--disable-stats`).
+    pub disabled: bool,
+}
+
+impl Default for EnvoyStatsOptions {
+    fn default() -> Self {
+        EnvoyStatsOptions {
+            mapping: PrometheusMapping::envoy_default(false),
+            disabled: false,
+        }
+    }
+}
+
 /// Everything the service counts.
 pub(crate) struct Metrics {
     registry: Registry,
@@ -158,6 +182,7 @@ pub(crate) struct Metrics {
     config_errors: Counter,
     connections: ConnectionMetrics,
     envoy: EnvoyMetrics,
+    envoy_stats: EnvoyStatsOptions,
     near_limit_ratio: f32,
     /// The counters of `detailed_metric` rules' values, by detailed key, once made: a
     /// decision finds them with one read lock instead of building every label again.
@@ -166,13 +191,14 @@ pub(crate) struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics::new(DEFAULT_NEAR_LIMIT_RATIO)
+        Metrics::new(DEFAULT_NEAR_LIMIT_RATIO, EnvoyStatsOptions::default())
     }
 }
 
 impl Metrics {
-    /// The service's metrics, a hit near its limit past `near_limit_ratio` of it.
-    pub(crate) fn new(near_limit_ratio: f32) -> Self {
+    /// The service's metrics, a hit near its limit past `near_limit_ratio` of it, envoy's
+    /// statistics written as `envoy_stats` says.
+    pub(crate) fn new(near_limit_ratio: f32, envoy_stats: EnvoyStatsOptions) -> Self {
         let mut registry = Registry::default();
         let rule_hits = Family::<RuleLabels, Counter>::default();
         registry.register(
@@ -229,7 +255,8 @@ impl Metrics {
             config_loads,
             config_errors,
             connections,
-            envoy: EnvoyMetrics::default(),
+            envoy: EnvoyMetrics::new(envoy_stats.mapping.response_time_thresholds()),
+            envoy_stats,
             near_limit_ratio,
             detailed: parking_lot::RwLock::default(),
         }
@@ -318,6 +345,30 @@ impl Metrics {
         self.envoy.grpc_call();
     }
 
+    /// Counts a `ShouldRateLimit` call answered after `took`, failed with `error` if it
+    /// failed.
+    pub(crate) fn grpc_answered(&self, took: Duration, error: Option<CallError>) {
+        self.envoy.grpc_answered(took, error);
+    }
+
+    /// A sink sending envoy's statistics to `options`' statsd server from now on, each time
+    /// it is flushed.
+    pub(crate) fn statsd_sink(&self, options: &StatsdOptions) -> anyhow::Result<StatsdSink> {
+        StatsdSink::new(options, &self.envoy)
+    }
+
+    /// Sends what changed since the last flush to `sink`.
+    pub(crate) fn flush_statsd(&self, sink: &mut StatsdSink) {
+        sink.flush(&self.envoy.counter_stats(&self.service_counts()));
+    }
+
+    fn service_counts(&self) -> ServiceCounts {
+        ServiceCounts {
+            config_loads: self.config_loads.get(),
+            config_errors: self.config_errors.get(),
+        }
+    }
+
     /// Counts a configuration put in force.
     pub(crate) fn config_loaded(&self) {
         self.config_loads.inc();
@@ -334,11 +385,11 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_text::encode(&mut out, &self.registry);
         let _ = prometheus_text::encode(&mut out, &limiter_registry(limiter));
-        let counts = ServiceCounts {
-            config_loads: self.config_loads.get(),
-            config_errors: self.config_errors.get(),
-        };
-        self.envoy.render(&counts, &mut out);
+        if !self.envoy_stats.disabled {
+            let counters = self.envoy.counter_stats(&self.service_counts());
+            let times = self.envoy.response_times();
+            self.envoy_stats.mapping.render(&counters, times, &mut out);
+        }
         out
     }
 }

@@ -60,6 +60,8 @@ pub struct ServeOptions {
     pub tls: Option<TlsOptions>,
     /// The OTLP/gRPC collector the check spans go to; none without it.
     pub otlp_endpoint: Option<String>,
+    /// The statsd server envoy's statistics go to; none without it.
+    pub statsd: Option<crate::metrics::StatsdOptions>,
 }
 
 /// Where the service listens.
@@ -132,6 +134,9 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         .unwrap_or_default();
     let service = Arc::new(Service::new(config, limiter, options.service.clone()));
     service.metrics().config_loaded();
+    if let Some(statsd) = &options.statsd {
+        flush_statsd(statsd, Arc::clone(&service))?;
+    }
     let sampled = Arc::clone(&service);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(crate::history::SAMPLE_PERIOD);
@@ -264,6 +269,25 @@ impl Prepared {
         telemetry.shutdown().await;
         Ok(())
     }
+}
+
+/// Sends envoy's statistics to `statsd` every flush interval, from a task of its own.
+fn flush_statsd(
+    statsd: &crate::metrics::StatsdOptions,
+    service: Arc<Service>,
+) -> anyhow::Result<()> {
+    let mut sink = service.metrics().statsd_sink(statsd)?;
+    let mut tick = tokio::time::interval(statsd.flush_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::spawn(async move {
+        // The first tick is at once: nothing to send yet.
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            service.metrics().flush_statsd(&mut sink);
+        }
+    });
+    Ok(())
 }
 
 /// The configuration at `path`, or the example rules without one.

@@ -229,7 +229,7 @@ impl Service {
         limiter: Arc<Limiter<AnyStore>>,
         options: ServiceOptions,
     ) -> Self {
-        let metrics = Metrics::new(options.near_limit_ratio);
+        let metrics = Metrics::new(options.near_limit_ratio, options.envoy_stats.clone());
         let offenders = Offenders::new(DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD);
         let now = limiter.clock().now_micros();
         let live = ArcSwap::from_pointee(Live::new(config, &metrics, &offenders, 1, now));

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::compat::{Compat, Counting};
+use crate::metrics::EnvoyStatsOptions;
 
 use super::DEFAULT_MAX_ENTRY_BYTES;
 
@@ -71,6 +72,8 @@ pub struct ServiceOptions {
     /// How a request's descriptors are counted (`--compat` and
     /// `--stop-increment-when-over-limit`, resolved by [`Compat::counting`]).
     pub counting: Counting,
+    /// How envoyproxy/ratelimit's statistics are written in `/metrics`.
+    pub envoy_stats: EnvoyStatsOptions,
 }
 
 impl Default for ServiceOptions {
@@ -87,6 +90,7 @@ impl Default for ServiceOptions {
             refusal_log_share: 0.0,
             compat: Compat::None,
             counting: Counting::AllOrNothing,
+            envoy_stats: EnvoyStatsOptions::default(),
         }
     }
 }
