@@ -76,6 +76,12 @@ pub struct ServeArgs {
     /// counted, each descriptor counted on its own; its environment variables read too).
     #[arg(long, env = "SLUICEGATE_COMPAT", default_value = "none")]
     compat: Compat,
+    /// With --compat envoy on Redis: a fixed window's counter, envoy's own key, lives its
+    /// window plus a jitter below this (whole seconds; envoy's
+    /// EXPIRATION_JITTER_MAX_SECONDS), so that one window's counters do not all expire at
+    /// once.
+    #[arg(long, env = "SLUICEGATE_EXPIRATION_JITTER_MAX", default_value = "300s", value_parser = parse_duration_arg)]
+    expiration_jitter_max: DurationArg,
     /// With --compat envoy: when a descriptor of a request goes over its limit, the
     /// others do not count the request (envoy's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
     #[arg(long, env = "SLUICEGATE_STOP_INCREMENT_WHEN_OVER_LIMIT")]
@@ -214,7 +220,8 @@ impl ServeArgs {
                     max_keys: self.max_keys,
                     ..MemoryStoreConfig::default()
                 },
-                ..self.store.options("sluicegate:")?
+                expiration_jitter_max: self.expiration_jitter_max()?,
+                ..self.store.options(self.compat.default_prefix())?
             },
             limiter: LimiterConfig {
                 on_store_error: self.on_store_error,
@@ -293,6 +300,17 @@ impl ServeArgs {
             reset: self.reset_header.clone(),
         };
         (self.response_headers, names)
+    }
+
+    /// --expiration-jitter-max, which Redis' EXPIRE can honour in whole seconds only.
+    fn expiration_jitter_max(&self) -> anyhow::Result<std::time::Duration> {
+        let jitter = &self.expiration_jitter_max;
+        anyhow::ensure!(
+            jitter.micros().is_multiple_of(1_000_000),
+            "--expiration-jitter-max {}: must be whole seconds (Redis EXPIRE takes seconds)",
+            jitter.as_written()
+        );
+        Ok(jitter.duration())
     }
 
     /// --breaker-min-calls, or the deprecated --breaker-failures standing in for it.
