@@ -5,14 +5,20 @@
 
 #![cfg(feature = "redis")]
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sluicegate::store::redis::{Scripting, envoy_counter_key, hash_slot};
 use sluicegate::{
-    Algorithm, Charge, Check, Limit, Outcome, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store,
-    StoreError,
+    Algorithm, Charge, Check, Limit, ManualClock, MemoryStore, MemoryStoreConfig, Outcome,
+    RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
 };
 use sluicegate_test_support::{self as support, RedisServer, cmd};
+
+#[path = "redis_trace/random.rs"]
+mod random;
+
+use random::Random;
 
 /// envoy's `EXPIRATION_JITTER_MAX_SECONDS` in these tests.
 const JITTER: u64 = 300;
@@ -268,4 +274,64 @@ async fn envoy_counters_take_no_request_ids_and_whole_seconds_only() {
     assert!(half_second.with_envoy_counter().is_err());
     let log = Rule::new("l", &RuleSpec::new(Algorithm::SlidingLog, 5, 1_000_000)).unwrap();
     assert!(log.with_envoy_counter().is_err());
+}
+
+/// The Lua follows the Rust: random checks of envoy counters (one or two limits, costs
+/// from a peek to more than L, refusals charged or not, time moving on across windows)
+/// decide alike on the memory store and on Redis, by functions and by EVALSHA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_counters_agree_with_the_reference() {
+    let url = support::standalone().url();
+    for (scripting, name) in [(Scripting::Auto, "fn"), (Scripting::Eval, "eval")] {
+        let rules = [
+            Rule::new("a", &RuleSpec::new(Algorithm::FixedWindow, 3, 1_000_000))
+                .unwrap()
+                .with_envoy_counter()
+                .unwrap(),
+            Rule::new("b", &RuleSpec::new(Algorithm::FixedWindow, 7, 2_000_000))
+                .unwrap()
+                .with_envoy_counter()
+                .unwrap(),
+        ];
+        // Each rule its own keys: a key counted under two windows shares envoy's counter
+        // whenever their starts coincide (as envoy's does), which the memory store, keeping
+        // a window per rule, does not follow.
+        let keys = [["d_a_x", "d_a_y", "d_a_z"], ["d_b_x", "d_b_y", "d_b_z"]];
+        for seed in 1..=4u64 {
+            // Counters of their own: the traces' times overlap.
+            let prefix = format!("envoy-diff-{name}-{seed}:{}:", std::process::id());
+            let store = store(&url, &prefix, scripting).await;
+            let reference =
+                MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)));
+            let mut random = Random(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut at = now_micros();
+            for line in 0..300 {
+                at += random.below(400_000);
+                let (rule, first) = (random.below(2) as usize, random.below(3) as usize);
+                let mut limits = vec![Limit {
+                    rule: &rules[rule],
+                    key: keys[rule][first],
+                }];
+                if random.below(3) == 0 {
+                    let other = random.below(2) as usize;
+                    limits.push(Limit {
+                        rule: &rules[other],
+                        key: keys[other][(first + 1) % 3],
+                    });
+                }
+                let check = Check {
+                    at: Some(at),
+                    charge: if random.below(2) == 0 {
+                        Charge::Admitted
+                    } else {
+                        Charge::Attempted
+                    },
+                    ..Check::new(&limits, random.below(5))
+                };
+                let want = reference.check_now(&check).unwrap();
+                let got = store.check(&check).await.unwrap();
+                assert_eq!(got, want, "{name} seed {seed} line {line}: {check:?}");
+            }
+        }
+    }
 }
