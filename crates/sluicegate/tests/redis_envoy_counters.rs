@@ -1,7 +1,8 @@
-//! Envoy counters (`Rule::with_envoy_counter`) on a real redis-server and a real
-//! three-master Redis Cluster: a fixed window counted in envoyproxy/ratelimit's own key, with
-//! its arithmetic, so that envoy's instances and the store's share one counter — a count
-//! envoy left is honoured, and what the store counts is what envoy reads.
+//! Envoy counters (`Rule::with_envoy_counter`) on a real redis-server, a Sentinel
+//! deployment and a real three-master Redis Cluster: a fixed window counted in
+//! envoyproxy/ratelimit's own key, with its arithmetic, so that envoy's instances and the
+//! store's share one counter — a count envoy left is honoured, and what the store counts is
+//! what envoy reads.
 
 #![cfg(feature = "redis")]
 
@@ -13,7 +14,7 @@ use sluicegate::{
     Algorithm, Charge, Check, Limit, ManualClock, MemoryStore, MemoryStoreConfig, Outcome,
     RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
 };
-use sluicegate_test_support::{self as support, RedisServer, cmd};
+use sluicegate_test_support::{self as support, RedisSentinel, RedisServer, cmd};
 
 #[path = "redis_trace/random.rs"]
 mod random;
@@ -72,25 +73,36 @@ async fn charged(
         .await
 }
 
-/// The server holding `key`: the one standalone server, or the cluster's master of its slot.
-fn server_of(cluster: bool, key: &str) -> &'static RedisServer {
-    if cluster {
-        support::cluster().master_of(hash_slot(key))
-    } else {
-        support::standalone()
+/// Where the counters are: the one standalone server, the cluster (each key on the master
+/// of its slot), or a Sentinel deployment's master.
+#[derive(Clone, Copy)]
+enum Servers<'a> {
+    Standalone,
+    Cluster,
+    Sentinel(&'a RedisSentinel),
+}
+
+impl<'a> Servers<'a> {
+    /// The server holding `key`.
+    fn server_of(self, key: &str) -> &'a RedisServer {
+        match self {
+            Servers::Standalone => support::standalone(),
+            Servers::Cluster => support::cluster().master_of(hash_slot(key)),
+            Servers::Sentinel(deployment) => &deployment.master,
+        }
     }
 }
 
 /// What envoy left, or what the store counted, at `key`: its value and TTL in seconds.
-fn counter(cluster: bool, key: &str) -> (Option<u64>, i64) {
-    let server = server_of(cluster, key);
+fn counter(servers: Servers<'_>, key: &str) -> (Option<u64>, i64) {
+    let server = servers.server_of(key);
     let value: Option<u64> = server.query(cmd("GET").arg(key)).unwrap();
     let ttl: i64 = server.query(cmd("TTL").arg(key)).unwrap();
     (value, ttl)
 }
 
-/// Every case on one server (standalone or the cluster), both ways of calling the script.
-async fn shares_envoys_counter(url: &str, cluster: bool, scripting: Scripting, test: &str) {
+/// Every case on one deployment, the script called as `scripting` says.
+async fn shares_envoys_counter(url: &str, servers: Servers<'_>, scripting: Scripting, test: &str) {
     let prefix = format!("{test}:{}:", std::process::id());
     let store = store(url, &prefix, scripting).await;
     let rule = per_minute("per_user", 5);
@@ -106,13 +118,14 @@ async fn shares_envoys_counter(url: &str, cluster: bool, scripting: Scripting, t
         name,
         format!("{prefix}domain_key_left_{}", at / 60_000_000 * 60)
     );
-    let _: () = server_of(cluster, &name)
+    let _: () = servers
+        .server_of(&name)
         .query(cmd("SET").arg(&name).arg(5).arg("EX").arg(60))
         .unwrap();
     let refused = charged(&store, &rule, left, 1, at).await.unwrap();
     assert!(!refused.decision.allowed, "{refused:?}");
     assert_eq!(refused.decision.remaining, 0);
-    assert_eq!(counter(cluster, &name).0, Some(6));
+    assert_eq!(counter(servers, &name).0, Some(6));
     // A check that does not charge refusals leaves envoy's count alone.
     let limits = [Limit {
         rule: &rule,
@@ -123,25 +136,25 @@ async fn shares_envoys_counter(url: &str, cluster: bool, scripting: Scripting, t
         ..Check::new(&limits, 1)
     };
     assert!(!store.check(&plain).await.unwrap().decision.allowed);
-    assert_eq!(counter(cluster, &name).0, Some(6));
+    assert_eq!(counter(servers, &name).0, Some(6));
 
     // What the store counts is envoy's counter: its name, its value, and a TTL of the
     // window plus a jitter below EXPIRATION_JITTER_MAX_SECONDS, set on every increment
     // (src/redis/fixed_cache_impl.go:31-34, 166-171).
     let fresh = "domain_key_fresh";
     let name = envoy_counter_key(&prefix, &rule, fresh, at);
-    assert_eq!(counter(cluster, &name), (None, -2));
+    assert_eq!(counter(servers, &name), (None, -2));
     for (cost, remaining) in [(2, 3), (3, 0)] {
         let outcome = charged(&store, &rule, fresh, cost, at).await.unwrap();
         assert!(outcome.decision.allowed);
         assert_eq!(outcome.decision.remaining, remaining);
     }
-    let (value, ttl) = counter(cluster, &name);
+    let (value, ttl) = counter(servers, &name);
     assert_eq!(value, Some(5));
     assert!((60 - 1..60 + JITTER as i64).contains(&ttl), "TTL {ttl}");
     let over = charged(&store, &rule, fresh, 1, at).await.unwrap();
     assert!(!over.decision.allowed);
-    assert_eq!(counter(cluster, &name).0, Some(6));
+    assert_eq!(counter(servers, &name).0, Some(6));
     // A peek counts nothing.
     let limits = [Limit {
         rule: &rule,
@@ -152,7 +165,7 @@ async fn shares_envoys_counter(url: &str, cluster: bool, scripting: Scripting, t
         ..Check::new(&limits, 0)
     };
     assert!(!store.check(&peek).await.unwrap().decision.allowed);
-    assert_eq!(counter(cluster, &name).0, Some(6));
+    assert_eq!(counter(servers, &name).0, Some(6));
 
     // The next window is another key, as envoy's is.
     let next = at + 60_000_000;
@@ -164,7 +177,7 @@ async fn shares_envoys_counter(url: &str, cluster: bool, scripting: Scripting, t
             .allowed
     );
     assert_eq!(
-        counter(cluster, &envoy_counter_key(&prefix, &rule, fresh, next)).0,
+        counter(servers, &envoy_counter_key(&prefix, &rule, fresh, next)).0,
         Some(1)
     );
 
@@ -187,7 +200,7 @@ async fn shares_envoys_counter(url: &str, cluster: bool, scripting: Scripting, t
         .iter()
         .map(|&t| {
             counter(
-                cluster,
+                servers,
                 &envoy_counter_key(&prefix, &rule, "domain_key_clock", t),
             )
             .0
@@ -199,15 +212,29 @@ async fn shares_envoys_counter(url: &str, cluster: bool, scripting: Scripting, t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standalone_server_shares_envoys_counters() {
     let url = support::standalone().url();
-    shares_envoys_counter(&url, false, Scripting::Auto, "envoy-fn").await;
-    shares_envoys_counter(&url, false, Scripting::Eval, "envoy-eval").await;
+    let servers = Servers::Standalone;
+    shares_envoys_counter(&url, servers, Scripting::Auto, "envoy-fn").await;
+    shares_envoys_counter(&url, servers, Scripting::Eval, "envoy-eval").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_shares_envoys_counters() {
     let url = support::cluster().url();
-    shares_envoys_counter(&url, true, Scripting::Auto, "envoy-cluster-fn").await;
-    shares_envoys_counter(&url, true, Scripting::Eval, "envoy-cluster-eval").await;
+    let servers = Servers::Cluster;
+    shares_envoys_counter(&url, servers, Scripting::Auto, "envoy-cluster-fn").await;
+    shares_envoys_counter(&url, servers, Scripting::Eval, "envoy-cluster-eval").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_deployment_shares_envoys_counters() {
+    let deployment = RedisSentinel::start(1);
+    let url = format!(
+        "redis+sentinel://127.0.0.1:{}/{}",
+        deployment.sentinels[0].port,
+        RedisSentinel::MASTER_NAME
+    );
+    let servers = Servers::Sentinel(&deployment);
+    shares_envoys_counter(&url, servers, Scripting::Auto, "envoy-sentinel").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,13 +267,13 @@ async fn envoy_counters_in_several_slots_give_back_when_one_refuses() {
         ..Check::new(&limits, 1)
     };
     assert!(store.check(&check).await.unwrap().decision.allowed);
-    assert_eq!(counter(true, &first).0, Some(1));
-    assert_eq!(counter(true, &second).0, Some(1));
+    assert_eq!(counter(Servers::Cluster, &first).0, Some(1));
+    assert_eq!(counter(Servers::Cluster, &second).0, Some(1));
     // The second is full: the first's admission is given back.
     let refused = store.check(&check).await.unwrap();
     assert!(!refused.decision.allowed);
-    assert_eq!(counter(true, &first).0, Some(1));
-    assert_eq!(counter(true, &second).0, Some(1));
+    assert_eq!(counter(Servers::Cluster, &first).0, Some(1));
+    assert_eq!(counter(Servers::Cluster, &second).0, Some(1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
