@@ -79,7 +79,7 @@ pub struct ServeArgs {
     /// With --compat envoy on Redis: a fixed window's counter, envoy's own key, lives its
     /// window plus a jitter below this (whole seconds; envoy's
     /// EXPIRATION_JITTER_MAX_SECONDS), so that one window's counters do not all expire at
-    /// once.
+    /// once. The default is the library's (a test holds them equal).
     #[arg(long, env = "SLUICEGATE_EXPIRATION_JITTER_MAX", default_value = "300s", value_parser = parse_duration_arg)]
     expiration_jitter_max: DurationArg,
     /// With --compat envoy: when a descriptor of a request goes over its limit, the
@@ -517,6 +517,33 @@ mod tests {
             options.store.timeout,
             sluicegate::StoreOptions::new("redis://127.0.0.1:6379").timeout
         );
+    }
+
+    #[test]
+    fn envoy_compatibility_keeps_envoys_prefix_and_the_librarys_jitter() {
+        let url = "redis://127.0.0.1:6379";
+        let options = |args: &[&str]| {
+            let all = ["serve", "--store", url]
+                .into_iter()
+                .chain(args.iter().copied());
+            Serve::try_parse_from(all)
+                .unwrap()
+                .args
+                .options()
+                .unwrap()
+                .store
+        };
+        let envoy = options(&["--compat", "envoy"]);
+        assert_eq!(envoy.prefix, "");
+        assert_eq!(
+            envoy.expiration_jitter_max,
+            sluicegate::StoreOptions::new(url).expiration_jitter_max
+        );
+        assert_eq!(options(&[]).prefix, "sluicegate:");
+        let given = options(&["--compat", "envoy", "--prefix", "rl_"]);
+        assert_eq!(given.prefix, "rl_");
+        let jitter = options(&["--expiration-jitter-max", "0s"]).expiration_jitter_max;
+        assert!(jitter.is_zero());
     }
 
     #[test]

@@ -200,6 +200,7 @@ impl ScriptCheck {
         let mut rules = Vec::with_capacity(check.limits.len());
         for (i, limit) in check.limits.iter().enumerate() {
             let rule = limit.rule;
+            // `at` is set whenever an envoy counter, the one key it names, is in the check.
             keys.push(state_key(prefix, rule, limit.key, at.unwrap_or(0)));
             if with_request_id {
                 keys.push(redis_key(prefix, KeyKind::RequestIds, rule, limit.key));
