@@ -6,7 +6,10 @@
 //!   ([`Compat::default_algorithm`]), as envoy's cache keys are (`(now/divider)*divider`,
 //!   envoyproxy/ratelimit@f2fb157 src/limiter/cache_key.go:81-82); ours too are
 //!   `floor(t / W)`, epoch-aligned (docs/SPEC.md, fixed-window);
-//! - counting is envoy's ([`Compat::counting`]).
+//! - counting is envoy's ([`Compat::counting`]);
+//! - on Redis, a fixed window counts in envoy's own counter, so that envoy's instances and
+//!   these share it during a rolling replacement ([`Compat::envoy_counters`]), under
+//!   envoy's key prefix, none unless `--prefix` gives one ([`Compat::default_prefix`]).
 
 use clap::ValueEnum;
 use sluicegate::Algorithm;
@@ -49,6 +52,23 @@ impl Compat {
             Compat::None => Algorithm::SlidingLog,
             Compat::Envoy => Algorithm::FixedWindow,
         })
+    }
+
+    /// Whether a fixed window of whole seconds counts in envoyproxy/ratelimit's own Redis
+    /// key, with its arithmetic (`Rule::with_envoy_counter`; docs/SPEC.md, "Envoy
+    /// compatibility: shared counters").
+    pub fn envoy_counters(self) -> bool {
+        self == Compat::Envoy
+    }
+
+    /// The Redis key prefix unless `--prefix` gives one: envoy's `CACHE_KEY_PREFIX`
+    /// default, none, so that its counters and ours are one
+    /// (envoyproxy/ratelimit@f2fb157 src/limiter/cache_key.go:62).
+    pub fn default_prefix(self) -> &'static str {
+        match self {
+            Compat::None => "sluicegate:",
+            Compat::Envoy => "",
+        }
     }
 
     /// How requests are counted; `stop_increment_when_over_limit` is envoy's other

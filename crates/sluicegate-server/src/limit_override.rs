@@ -17,7 +17,7 @@
 
 use sluicegate::{Algorithm, Rule, RuleSpec};
 
-use crate::config::{ConfiguredLimit, Entry, place};
+use crate::config::{ConfiguredLimit, Entry, place, with_envoy_counter};
 
 /// A descriptor's `limit`: requests per unit, and the unit as a window in µs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,13 +56,17 @@ impl LimitOverride {
     }
 
     /// The limit this override makes of a descriptor `entries` of `domain` that matched
-    /// `configured` (if anything).
+    /// `configured` (if anything); with `envoy_counters`, counted in envoy's own Redis key
+    /// as envoy counts an override: in the descriptor's key, whatever its numbers
+    /// (envoyproxy/ratelimit@f2fb157 src/limiter/cache_key.go:49-87).
     pub(crate) fn apply(
         self,
         domain: &str,
         entries: &[Entry],
         configured: Option<&ConfiguredLimit>,
+        envoy_counters: bool,
     ) -> Result<ConfiguredLimit, String> {
+        let usage = configured.is_some_and(|l| l.usage);
         let configured_rule = configured.and_then(|l| l.rule.as_ref());
         let (name, path, base) = match (configured, configured_rule) {
             (Some(limit), Some(rule)) => (rule.name().to_owned(), limit.path.clone(), Some(rule)),
@@ -87,10 +91,11 @@ impl LimitOverride {
             let rule = Rule::new(&name, &spec)
                 .map_err(|e| format!("limit: {e}"))?
                 .in_scope(&place(domain, &path));
-            Some(match base.and_then(Rule::failure_policy) {
+            let rule = match base.and_then(Rule::failure_policy) {
                 Some(policy) => rule.with_failure_policy(policy),
                 None => rule,
-            })
+            };
+            Some(with_envoy_counter(rule, envoy_counters, usage))
         };
         Ok(ConfiguredLimit {
             block_window: rule.is_none().then_some(self.window),
@@ -101,7 +106,7 @@ impl LimitOverride {
             replaces: Vec::new(),
             shadow_mode: false,
             detailed_metric: false,
-            usage: configured.is_some_and(|l| l.usage),
+            usage,
         })
     }
 }

@@ -401,7 +401,8 @@ async fn a_give_back_of_an_older_instant_keeps_the_newest_instants_units_apart()
             LogLayout::Zset => 0,
             LogLayout::Compact => 1,
         };
-        // One rule (sliding log, L, W, no buckets, capacity or interval, layout), one
+        // One rule (sliding log, L, W, no buckets, capacity or interval, layout, no envoy
+        // counter's jitter), one
         // shape (client time, cost, no request id, mode, one rule: number 1 recorded at
         // 1 s), one check.
         let given_back: Vec<i64> = server
@@ -410,7 +411,7 @@ async fn a_give_back_of_an_older_instant_keeps_the_newest_instants_units_apart()
                     .arg(check_function(server))
                     .arg(1)
                     .arg(&state)
-                    .arg(&[1, 1, 3, 10 * S, 0, 0, 0, layout_code, 1])
+                    .arg(&[1, 1, 3, 10 * S, 0, 0, 0, layout_code, 0, 1])
                     .arg(&[S.to_string(), "1".into(), String::new(), "undo".into()])
                     .arg(&[1, 1, S, 1]),
             )

@@ -84,7 +84,8 @@ pub(crate) struct StoreArgs {
     /// redis+sentinel://host:port,host:port/master-name (rediss+sentinel://… for TLS).
     #[arg(long, env = "SLUICEGATE_STORE", default_value = "memory", value_parser = parse_store_url)]
     pub(crate) store: String,
-    /// Prefix of every Redis key.
+    /// Prefix of every Redis key [default: sluicegate:; none with serve --compat envoy, as
+    /// envoy's CACHE_KEY_PREFIX].
     #[arg(long, env = "SLUICEGATE_PREFIX")]
     prefix: Option<String>,
     /// Per-call Redis timeout. The default is the library's (a test holds them equal).

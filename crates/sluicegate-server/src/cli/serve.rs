@@ -77,6 +77,12 @@ pub struct ServeArgs {
     /// counted, each descriptor counted on its own; its environment variables read too).
     #[arg(long, env = "SLUICEGATE_COMPAT", default_value = "none")]
     compat: Compat,
+    /// With --compat envoy on Redis: a fixed window's counter, envoy's own key, lives its
+    /// window plus a jitter below this (whole seconds; envoy's
+    /// EXPIRATION_JITTER_MAX_SECONDS), so that one window's counters do not all expire at
+    /// once. The default is the library's (a test holds them equal).
+    #[arg(long, env = "SLUICEGATE_EXPIRATION_JITTER_MAX", default_value = "300s", value_parser = parse_duration_arg)]
+    expiration_jitter_max: DurationArg,
     /// With --compat envoy: when a descriptor of a request goes over its limit, the
     /// others do not count the request (envoy's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
     #[arg(long, env = "SLUICEGATE_STOP_INCREMENT_WHEN_OVER_LIMIT")]
@@ -218,7 +224,8 @@ impl ServeArgs {
                     max_keys: self.max_keys,
                     ..MemoryStoreConfig::default()
                 },
-                ..self.store.options("sluicegate:")?
+                expiration_jitter_max: self.expiration_jitter_max()?,
+                ..self.store.options(self.compat.default_prefix())?
             },
             limiter: LimiterConfig {
                 on_store_error: self.on_store_error,
@@ -299,6 +306,17 @@ impl ServeArgs {
             reset: self.reset_header.clone(),
         };
         (self.response_headers, names)
+    }
+
+    /// --expiration-jitter-max, which Redis' EXPIRE can honour in whole seconds only.
+    fn expiration_jitter_max(&self) -> anyhow::Result<std::time::Duration> {
+        let jitter = &self.expiration_jitter_max;
+        anyhow::ensure!(
+            jitter.micros().is_multiple_of(1_000_000),
+            "--expiration-jitter-max {}: must be whole seconds (Redis EXPIRE takes seconds)",
+            jitter.as_written()
+        );
+        Ok(jitter.duration())
     }
 
     /// --breaker-min-calls, or the deprecated --breaker-failures standing in for it.
@@ -505,6 +523,33 @@ mod tests {
             options.store.timeout,
             sluicegate::StoreOptions::new("redis://127.0.0.1:6379").timeout
         );
+    }
+
+    #[test]
+    fn envoy_compatibility_keeps_envoys_prefix_and_the_librarys_jitter() {
+        let url = "redis://127.0.0.1:6379";
+        let options = |args: &[&str]| {
+            let all = ["serve", "--store", url]
+                .into_iter()
+                .chain(args.iter().copied());
+            Serve::try_parse_from(all)
+                .unwrap()
+                .args
+                .options()
+                .unwrap()
+                .store
+        };
+        let envoy = options(&["--compat", "envoy"]);
+        assert_eq!(envoy.prefix, "");
+        assert_eq!(
+            envoy.expiration_jitter_max,
+            sluicegate::StoreOptions::new(url).expiration_jitter_max
+        );
+        assert_eq!(options(&[]).prefix, "sluicegate:");
+        let given = options(&["--compat", "envoy", "--prefix", "rl_"]);
+        assert_eq!(given.prefix, "rl_");
+        let jitter = options(&["--expiration-jitter-max", "0s"]).expiration_jitter_max;
+        assert!(jitter.is_zero());
     }
 
     #[test]

@@ -5,6 +5,18 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use sluicegate::Rule;
 
+/// `rule`, counted in envoyproxy/ratelimit's own Redis key when `envoy_counters` says so
+/// and the rule can be: a fixed window of whole seconds (every envoy unit is) without
+/// `usage` (envoy's counter keeps no request ids). Any other rule keeps its own state,
+/// which no envoy instance reads.
+pub(crate) fn with_envoy_counter(rule: Rule, envoy_counters: bool, usage: bool) -> Rule {
+    if envoy_counters && !usage {
+        rule.with_envoy_counter().unwrap_or(rule)
+    } else {
+        rule
+    }
+}
+
 /// A `rate_limit` of the configuration.
 #[derive(Debug)]
 pub(crate) struct ConfiguredLimit {

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use sluicegate::Algorithm;
 
 pub(crate) use files::fingerprint;
-pub(crate) use limit::{ConfiguredLimit, Entry};
+pub(crate) use limit::{ConfiguredLimit, Entry, with_envoy_counter};
 #[cfg(test)]
 pub(crate) use raw::DEFAULT_ALGORITHM;
 use raw::RawFile;
@@ -46,6 +46,9 @@ pub(crate) struct LoadOptions {
     /// Files that declare one domain add their descriptors to it (envoyproxy/ratelimit's
     /// MERGE_DOMAIN_CONFIG); without it a domain declared twice is an error.
     pub(crate) merge_domains: bool,
+    /// Fixed windows of whole seconds count in envoy's own Redis keys
+    /// (`limit::with_envoy_counter`).
+    pub(crate) envoy_counters: bool,
 }
 
 #[cfg(test)]
@@ -58,6 +61,7 @@ impl LoadOptions {
             max_nodes: DEFAULT_MAX_NODES,
             ignore_dotfiles: true,
             merge_domains: false,
+            envoy_counters: false,
         }
     }
 }
@@ -156,6 +160,7 @@ impl Config {
         let build = Build {
             domain: &file.domain,
             default: options.default_algorithm,
+            envoy_counters: options.envoy_counters,
         };
         let mut tree = DescriptorTree::default();
         tree.extend(&build, &file.domain, &[], file.descriptors.0)

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use sluicegate::{Algorithm, Rule};
 
-use super::limit::{ConfiguredLimit, Entry};
+use super::limit::{ConfiguredLimit, Entry, with_envoy_counter};
 use super::raw::{RawDescriptor, RawRateLimit};
 use super::wildcard::Wildcard;
 
@@ -49,6 +49,8 @@ pub(crate) fn place(domain: &str, path: &str) -> String {
 pub(super) struct Build<'a> {
     pub(super) domain: &'a str,
     pub(super) default: Algorithm,
+    /// Fixed windows count in envoy's own Redis keys (`limit::with_envoy_counter`).
+    pub(super) envoy_counters: bool,
 }
 
 impl DescriptorTree {
@@ -284,6 +286,7 @@ fn configured_limit(
                     Some(policy) => rule.with_failure_policy(policy),
                     None => rule,
                 })
+                .map(|rule| with_envoy_counter(rule, build.envoy_counters, usage))
         })
         .transpose()?;
     Ok(ConfiguredLimit {

@@ -107,6 +107,7 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         max_nodes: options.max_config_nodes,
         ignore_dotfiles: options.config_ignore_dotfiles,
         merge_domains: options.merge_domain_config,
+        envoy_counters: options.service.compat.envoy_counters(),
     };
     // The files as they were before loading, so an edit made meanwhile is reloaded too.
     let loaded_files = options

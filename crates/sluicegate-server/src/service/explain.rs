@@ -82,7 +82,7 @@ impl Service {
         let found = matched(config, domain, descriptors)?;
         let mut limits = found.clone();
         apply_replaces(&mut limits);
-        let keys = counted_keys(descriptors, &limits);
+        let keys = counted_keys(domain, descriptors, &limits);
         // The units each descriptor's limit is asked for: descriptors on one rule and key
         // are one limit, at the larger cost when all-or-nothing, at their sum when each
         // one counts (decide_together, decide_each); a peek answers as a cost of 1.

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use sluicegate::{AnyStore, Limiter};
+use sluicegate::{AnyStore, Limiter, Rule};
 
 pub(crate) mod explain;
 
@@ -114,9 +114,9 @@ fn apply_replaces<'c>(matched: &mut [Option<&'c ConfiguredLimit>]) {
     }
 }
 
-/// The key each descriptor counts under in its limit: its entries, but a
-/// `share_threshold` wildcard's values count as one (ConfiguredLimit::counted_entries).
+/// The key each descriptor of `domain` counts under in its limit (`counter_key`).
 fn counted_keys<E: AsRef<[Entry]>>(
+    domain: &str,
     descriptors: &[E],
     matched: &[Option<&ConfiguredLimit>],
 ) -> Vec<String> {
@@ -124,10 +124,42 @@ fn counted_keys<E: AsRef<[Entry]>>(
         .iter()
         .zip(matched)
         .map(|(d, limit)| match limit {
-            Some(l) => descriptor_key(&l.counted_entries(d.as_ref())),
+            Some(l) => counter_key(domain, l, d.as_ref()),
             None => descriptor_key(d.as_ref()),
         })
         .collect()
+}
+
+/// The key a descriptor `entries` of `domain` counts under in `limit`: its entries, but a
+/// `share_threshold` wildcard's values count as one (ConfiguredLimit::counted_entries);
+/// for a rule kept in envoy's counter, envoy's cache key of them.
+fn counter_key(domain: &str, limit: &ConfiguredLimit, entries: &[Entry]) -> String {
+    let entries = limit.counted_entries(entries);
+    if limit.rule.as_ref().is_some_and(Rule::envoy_counter) {
+        envoy_cache_key(domain, &entries)
+    } else {
+        descriptor_key(&entries)
+    }
+}
+
+/// envoyproxy/ratelimit's cache key of a descriptor, but for the prefix and the window
+/// start (the store adds both: `sluicegate::store::redis::envoy_counter_key`):
+/// `domain_key_value_key2_value2`, an empty value written as nothing
+/// (envoyproxy/ratelimit@f2fb157 src/limiter/cache_key.go:62-81).
+fn envoy_cache_key(domain: &str, entries: &[Entry]) -> String {
+    let bytes: usize = entries
+        .iter()
+        .map(|e| e.key.len() + e.value.len() + 2)
+        .sum();
+    let mut key = String::with_capacity(domain.len() + bytes);
+    key.push_str(domain);
+    for entry in entries {
+        key.push('_');
+        key.push_str(&entry.key);
+        key.push('_');
+        key.push_str(&entry.value);
+    }
+    key
 }
 
 /// The identity of a request descriptor within its rule: every entry, length-prefixed, so
@@ -361,7 +393,14 @@ impl Service {
                 .enumerate()
                 .map(|(i, ((entries, configured), limit))| {
                     limit
-                        .map(|o| o.apply(domain, entries, *configured))
+                        .map(|o| {
+                            o.apply(
+                                domain,
+                                entries,
+                                *configured,
+                                self.options.compat.envoy_counters(),
+                            )
+                        })
                         .transpose()
                         .map_err(|e| DecideError::Invalid(format!("descriptors[{i}].{e}")))
                 })
@@ -378,7 +417,7 @@ impl Service {
             l.is_some_and(|l| l.blocked() && !l.shadow_mode) && m.charge.may_refuse()
         });
 
-        let keys = counted_keys(&descriptors, &matched);
+        let keys = counted_keys(domain, &descriptors, &matched);
         usage::validate(given, &matched, &keys, costs, &modes)?;
         let asked = Instant::now();
         let (decisions, outcome, refusable) = match self.options.counting {
@@ -450,7 +489,7 @@ impl Service {
             if let Some((limit, rule)) = limit.and_then(|l| Some(l).zip(l.rule.as_ref())) {
                 self.limiter
                     .store()
-                    .forget(rule, &descriptor_key(&limit.counted_entries(entries)))
+                    .forget(rule, &counter_key(domain, limit, entries))
                     .await?;
                 forgotten.push(limit.path.clone());
             }

@@ -54,6 +54,9 @@ struct RuleInner {
     capacity: u64,
     emission_interval: u64,
     layout: LogLayout,
+    /// A fixed window whose Redis state is envoyproxy/ratelimit's counter (see
+    /// [`Rule::with_envoy_counter`]).
+    envoy_counter: bool,
     /// What the limiter does with this rule when the store fails (not part of identity:
     /// it changes no state).
     on_store_error: Option<FailurePolicy>,
@@ -217,6 +220,7 @@ impl Rule {
             capacity,
             emission_interval,
             layout,
+            envoy_counter: false,
             on_store_error: None,
         };
         inner.identify();
@@ -330,6 +334,52 @@ impl Rule {
         }
     }
 
+    /// This fixed window kept in Redis as envoyproxy/ratelimit keeps its counters, so that
+    /// its instances and this store's share them: a plain integer at
+    /// `{prefix}{key}_{window start in s}`, incremented by each check's hits and given the
+    /// window's length (plus the store's jitter) to live (docs/SPEC.md, "Envoy
+    /// compatibility: shared counters"). The check's key is then envoy's cache key without
+    /// the prefix and the window start. Only a fixed window of whole seconds has such a
+    /// counter, and it keeps no request ids. A state of its own: the identity says so.
+    pub fn with_envoy_counter(&self) -> Result<Rule, RuleError> {
+        let r = &self.inner;
+        if r.algorithm != Algorithm::FixedWindow {
+            return Err(RuleError::new(
+                "algorithm",
+                format!(
+                    "envoy's counter is a fixed window's, not a {}'s",
+                    r.algorithm
+                ),
+            ));
+        }
+        if !r.window.is_multiple_of(1_000_000) {
+            return Err(RuleError::new(
+                "window",
+                format!(
+                    "window {} is not a whole number of seconds, as envoy's counter's window \
+                     start is",
+                    format_duration(r.window)
+                ),
+            ));
+        }
+        let mut inner = RuleInner {
+            name: r.name.clone(),
+            scope: r.scope.clone(),
+            identity: Box::default(),
+            envoy_counter: true,
+            ..**r
+        };
+        inner.identify();
+        Ok(Rule {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Whether this rule's Redis state is envoy's counter ([`Rule::with_envoy_counter`]).
+    pub fn envoy_counter(&self) -> bool {
+        self.inner.envoy_counter
+    }
+
     /// The rule's own policy for store failures, if it has one.
     pub fn failure_policy(&self) -> Option<FailurePolicy> {
         self.inner.on_store_error
@@ -371,24 +421,32 @@ impl RuleInner {
     ///
     /// Lengths prefix the scope and the name, so no choice of either can spell another
     /// rule's identity: `{len}:{name}|…`, or `{len}:{scope}/{len}:{name}|…` in a scope.
+    ///
+    /// An envoy counter's identity is `envoy|w={window}` alone: envoy's counter is its key
+    /// and its window, whichever rule counts in it (a limit override, another rule whose
+    /// key joins to the same text), so every store keeps one count for them, as envoy does.
     fn identify(&mut self) {
         let mut identity = String::new();
-        if let Some(scope) = &self.scope {
-            identity = format!("{}:{scope}/", scope.len());
-        }
-        identity += &format!("{}:{}|{}", self.name.len(), self.name, self.algorithm);
-        match (self.algorithm, self.layout) {
-            (Algorithm::SlidingLog, LogLayout::Zset) => {
-                identity += &format!("|w={}|zset", self.window);
+        if self.envoy_counter {
+            identity = format!("envoy|w={}", self.window);
+        } else {
+            if let Some(scope) = &self.scope {
+                identity = format!("{}:{scope}/", scope.len());
             }
-            (Algorithm::SlidingLog, LogLayout::Compact) => {
-                identity += &format!("|w={}|cpt3", self.window);
+            identity += &format!("{}:{}|{}", self.name.len(), self.name, self.algorithm);
+            match (self.algorithm, self.layout) {
+                (Algorithm::SlidingLog, LogLayout::Zset) => {
+                    identity += &format!("|w={}|zset", self.window);
+                }
+                (Algorithm::SlidingLog, LogLayout::Compact) => {
+                    identity += &format!("|w={}|cpt3", self.window);
+                }
+                (Algorithm::SlidingCounter, _) => {
+                    identity += &format!("|w={}|n={}", self.window, self.buckets);
+                }
+                (Algorithm::FixedWindow, _) => identity += &format!("|w={}", self.window),
+                (Algorithm::TokenBucket | Algorithm::LeakyBucket, _) => {}
             }
-            (Algorithm::SlidingCounter, _) => {
-                identity += &format!("|w={}|n={}", self.window, self.buckets);
-            }
-            (Algorithm::FixedWindow, _) => identity += &format!("|w={}", self.window),
-            (Algorithm::TokenBucket | Algorithm::LeakyBucket, _) => {}
         }
         let mut hasher = std::hash::DefaultHasher::new();
         identity.hash(&mut hasher);

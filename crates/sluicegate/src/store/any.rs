@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::check::{
-    Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome,
-    Store,
+    Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_EXPIRATION_JITTER_MAX, DEFAULT_REDIS_PREFIX,
+    DEFAULT_REDIS_TIMEOUT, Outcome, Store,
 };
 use super::error::StoreError;
 use super::memory::{MemoryStore, MemoryStoreConfig};
@@ -42,6 +42,9 @@ pub struct StoreOptions {
     /// How often Redis' `maxmemory-policy` is read again after connecting; zero: at
     /// connect only.
     pub eviction_check_interval: Duration,
+    /// How much longer than its window an envoy counter may live in Redis, at most
+    /// (`RedisStoreConfig::expiration_jitter_max`).
+    pub expiration_jitter_max: Duration,
     /// The in-memory store's settings.
     pub memory: MemoryStoreConfig,
 }
@@ -55,6 +58,7 @@ impl StoreOptions {
             timeout: DEFAULT_REDIS_TIMEOUT,
             tls_ca: None,
             eviction_check_interval: DEFAULT_EVICTION_CHECK_INTERVAL,
+            expiration_jitter_max: DEFAULT_EXPIRATION_JITTER_MAX,
             memory: MemoryStoreConfig::default(),
         }
     }
@@ -78,6 +82,7 @@ impl AnyStore {
                 options.tls_ca,
                 options.eviction_check_interval,
                 Scripting::Auto,
+                options.expiration_jitter_max,
             )
             .await
             .map(AnyStore::Redis),

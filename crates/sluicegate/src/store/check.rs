@@ -21,6 +21,10 @@ pub(crate) const DEFAULT_REDIS_PREFIX: &str = "sluicegate:";
 /// percentile of round trips ranged from 6 ms to 226 ms; at the old 50 ms, CPU contention
 /// alone timed out checks, so 250 ms.
 pub(crate) const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(250);
+/// How long beyond its window an envoy counter may live unless configured: envoy's
+/// `EXPIRATION_JITTER_MAX_SECONDS` default (envoyproxy/ratelimit@f2fb157
+/// src/settings/settings.go:107).
+pub(crate) const DEFAULT_EXPIRATION_JITTER_MAX: Duration = Duration::from_secs(300);
 /// How often Redis' `maxmemory-policy` is read again unless configured.
 pub(crate) const DEFAULT_EVICTION_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -121,6 +125,24 @@ impl<'a> Check<'a> {
                 });
             }
             _ => {}
+        }
+        if let Some(limit) = self.limits.iter().find(|l| l.rule.envoy_counter())
+            && (self.request_id.is_some()
+                || !matches!(self.charge, Charge::Admitted | Charge::Attempted))
+        {
+            return invalid(|| {
+                format!(
+                    "rule {:?} counts in envoy's counter, which takes checks without a \
+                     request id only (this is a {}{})",
+                    limit.rule.name(),
+                    self.charge.name(),
+                    if self.request_id.is_some() {
+                        " with a request id"
+                    } else {
+                        ""
+                    }
+                )
+            });
         }
         for (i, a) in self.limits.iter().enumerate().skip(1) {
             if self.limits[..i]

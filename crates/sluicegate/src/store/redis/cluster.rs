@@ -3,7 +3,7 @@
 //! store's `check`): one script per slot, and a give-back when a later slot refuses (none
 //! for the modes that are never refused).
 
-use super::keys::identity_slot;
+use super::keys::state_slot;
 use super::script::{Mode, Row};
 use crate::decision::Decision;
 use crate::store::check::{Check, Limit};
@@ -19,11 +19,13 @@ pub(super) trait RunScript: Sync {
     ) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
 }
 
-/// The check's limits grouped by hash slot, in the order each slot first appears.
-pub(super) fn slot_groups(check: &Check<'_>) -> Vec<Vec<usize>> {
+/// The check's limits (their keys under `prefix`) grouped by hash slot, in the order each
+/// slot first appears.
+pub(super) fn slot_groups(prefix: &str, check: &Check<'_>) -> Vec<Vec<usize>> {
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
     for (i, limit) in check.limits.iter().enumerate() {
-        let slot = identity_slot(limit.key);
+        // The store sets `at` on a check of an envoy counter, the one slot it names.
+        let slot = state_slot(prefix, limit.rule, limit.key, check.at.unwrap_or(0));
         match groups.iter_mut().find(|(s, _)| *s == slot) {
             Some((_, group)) => group.push(i),
             None => groups.push((slot, vec![i])),

@@ -29,6 +29,9 @@ impl KeyKind {
 
     /// The Redis type the script keeps at a key of this kind for `rule`.
     pub(super) fn redis_type(self, rule: &Rule) -> &'static str {
+        if self == KeyKind::State && rule.envoy_counter() {
+            return "string";
+        }
         match (self, rule.algorithm(), rule.layout()) {
             (KeyKind::State, Algorithm::SlidingLog, LogLayout::Zset)
             | (KeyKind::RequestIds, ..) => "zset",
@@ -48,6 +51,45 @@ pub fn redis_key(prefix: &str, kind: KeyKind, rule: &Rule, key: &str) -> String 
         kind.letter(),
         identity.len()
     )
+}
+
+/// The Redis key of an envoy counter ([`Rule::with_envoy_counter`]) of `rule` for `key` at
+/// `at` (µs since the epoch): `{prefix}{key}_{window start in s}`, envoyproxy/ratelimit's
+/// cache key, whose window start is `(now / unit) * unit` in whole seconds
+/// (envoyproxy/ratelimit@f2fb157 src/limiter/cache_key.go:49-87). No hash tag: on a
+/// Redis Cluster the whole name picks the slot, as envoy's client hashes it.
+pub fn envoy_counter_key(prefix: &str, rule: &Rule, key: &str, at: u64) -> String {
+    let window = rule.window();
+    format!("{prefix}{key}_{}", at / window * window / 1_000_000)
+}
+
+/// The Redis key holding the state of `rule` for `key`; an envoy counter's names the
+/// window that `at` falls in.
+pub(super) fn state_key(prefix: &str, rule: &Rule, key: &str, at: u64) -> String {
+    if rule.envoy_counter() {
+        envoy_counter_key(prefix, rule, key, at)
+    } else {
+        redis_key(prefix, KeyKind::State, rule, key)
+    }
+}
+
+/// The hash slot of every key of `rule` for `key` (at `at`, for an envoy counter).
+pub(super) fn state_slot(prefix: &str, rule: &Rule, key: &str, at: u64) -> u16 {
+    if rule.envoy_counter() {
+        hash_slot(&envoy_counter_key(prefix, rule, key, at))
+    } else {
+        identity_slot(key)
+    }
+}
+
+/// The time an envoy counter's key is named by when a check carries none: this
+/// instance's wall clock, as envoy's instances name theirs (µs since the epoch).
+pub(super) fn wall_clock_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+        })
 }
 
 /// A Redis glob pattern (for `KEYS` or `SCAN … MATCH`) matching exactly the keys of `kind`
@@ -158,6 +200,37 @@ mod tests {
             &attacker[attacker.find('{').unwrap()..=attacker.find('}').unwrap()],
             tag
         );
+    }
+
+    #[test]
+    fn envoy_counters_are_named_as_envoy_names_them() {
+        let minute = Rule::new("m", &RuleSpec::new(Algorithm::FixedWindow, 10, 60_000_000))
+            .unwrap()
+            .with_envoy_counter()
+            .unwrap();
+        let second = Rule::new("s", &RuleSpec::new(Algorithm::FixedWindow, 10, 1_000_000))
+            .unwrap()
+            .with_envoy_counter()
+            .unwrap();
+        // envoyproxy/ratelimit@f2fb157 test/redis/fixed_cache_impl_test.go:70,87 (now =
+        // 1234 s) and test/limiter/base_limiter_test.go:47-54 (CACHE_KEY_PREFIX).
+        let at = 1_234_567_890;
+        assert_eq!(
+            envoy_counter_key("", &second, "domain_key_value", at),
+            "domain_key_value_1234"
+        );
+        assert_eq!(
+            state_key("", &minute, "domain_key2_value2_subkey2_subvalue2", at),
+            "domain_key2_value2_subkey2_subvalue2_1200"
+        );
+        assert_eq!(
+            envoy_counter_key("prefix:", &second, "domain_key_value", at),
+            "prefix:domain_key_value_1234"
+        );
+        assert_eq!(KeyKind::State.redis_type(&second), "string");
+        // Not hash-tagged: the slot is the whole name's.
+        let name = envoy_counter_key("", &second, "domain_key_value", at);
+        assert_eq!(hash_slot(&name), crc16(name.as_bytes()) % 16384);
     }
 
     #[test]

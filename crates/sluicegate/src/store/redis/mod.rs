@@ -28,13 +28,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use eviction::{Eviction, NO_EVICTION, NodePolicy};
-pub use keys::{KeyKind, hash_slot, identity_slot, key_pattern, redis_key};
+pub use keys::{KeyKind, envoy_counter_key, hash_slot, identity_slot, key_pattern, redis_key};
 pub use script::{ScriptCalls, ScriptTime};
 pub use scripting::Scripting;
 
 use super::check::{
-    Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome,
-    Store,
+    Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_EXPIRATION_JITTER_MAX, DEFAULT_REDIS_PREFIX,
+    DEFAULT_REDIS_TIMEOUT, Outcome, Store,
 };
 use super::error::StoreError;
 use super::url::{RedisUrl, StoreUrl, Target};
@@ -66,6 +66,10 @@ pub struct RedisStoreConfig {
     pub eviction_check_interval: Duration,
     /// How the check script is run: as a Redis Function where the server has them.
     pub scripting: Scripting,
+    /// An envoy counter ([`Rule::with_envoy_counter`]) lives for its window plus a jitter
+    /// below this many whole seconds (envoy's `EXPIRATION_JITTER_MAX_SECONDS`), so that
+    /// the counters of one window do not all expire at once.
+    pub expiration_jitter_max: Duration,
 }
 
 impl RedisStoreConfig {
@@ -79,6 +83,7 @@ impl RedisStoreConfig {
             tls_ca: None,
             eviction_check_interval: DEFAULT_EVICTION_CHECK_INTERVAL,
             scripting: Scripting::Auto,
+            expiration_jitter_max: DEFAULT_EXPIRATION_JITTER_MAX,
         }
     }
 }
@@ -90,6 +95,8 @@ pub struct RedisStore {
     script: Arc<CheckScript>,
     calls: Arc<CallCounters>,
     prefix: String,
+    /// Whole seconds: see [`RedisStoreConfig::expiration_jitter_max`].
+    expiration_jitter_max: u64,
     timeout: Duration,
     /// Where it connects, without credentials: named in every error.
     server: String,
@@ -124,6 +131,7 @@ impl RedisStore {
                     config.tls_ca,
                     config.eviction_check_interval,
                     config.scripting,
+                    config.expiration_jitter_max,
                 )
                 .await
             }
@@ -142,6 +150,7 @@ impl RedisStore {
         tls_ca: Option<Vec<u8>>,
         eviction_check_interval: Duration,
         scripting: Scripting,
+        expiration_jitter_max: Duration,
     ) -> Result<RedisStore, StoreError> {
         let script = Arc::new(CheckScript::new());
         let calls = Arc::new(CallCounters::default());
@@ -165,6 +174,7 @@ impl RedisStore {
             script,
             calls,
             prefix,
+            expiration_jitter_max: expiration_jitter_max.as_secs(),
             timeout,
             server,
             eviction: Arc::new(eviction),
@@ -197,10 +207,14 @@ impl RedisStore {
             .map_err(|e| self.error(e, Some(&state_key)))
     }
 
-    /// Deletes every key of `rule` for `key` (state, request ids, release times).
+    /// Deletes every key of `rule` for `key` (state, request ids, release times; an envoy
+    /// counter's of the current window).
     pub async fn forget(&self, rule: &Rule, key: &str) -> Result<(), StoreError> {
-        for kind in KeyKind::ALL {
-            let redis_key = redis_key(&self.prefix, kind, rule, key);
+        let state_key = self.state_key(rule, key);
+        let others = KeyKind::ALL[1..]
+            .iter()
+            .map(|&kind| redis_key(&self.prefix, kind, rule, key));
+        for redis_key in std::iter::once(state_key).chain(others) {
             self.query::<u64>(redis::cmd("DEL").arg(&redis_key))
                 .await
                 .map_err(|e| self.error(e, Some(&redis_key)))?;
@@ -238,9 +252,15 @@ impl RedisStore {
         &self.prefix
     }
 
-    /// The Redis key holding the state of `rule` for `key`.
+    /// The Redis key holding the state of `rule` for `key` (an envoy counter's: of the
+    /// window this instance's wall clock is in).
     pub fn state_key(&self, rule: &Rule, key: &str) -> String {
-        redis_key(&self.prefix, KeyKind::State, rule, key)
+        keys::state_key(&self.prefix, rule, key, keys::wall_clock_micros())
+    }
+
+    /// `check`'s keys and arguments for the script, in `mode`.
+    fn script_check(&self, check: &Check<'_>, mode: Mode<'_>) -> ScriptCheck {
+        ScriptCheck::new(&self.prefix, self.expiration_jitter_max, check, mode)
     }
 
     fn error(&self, error: CallError, key: Option<&str>) -> StoreError {
@@ -258,9 +278,13 @@ impl RedisStore {
 
     /// Finds which of a check's keys holds a value of a type the script cannot read.
     async fn wrong_type_key(&self, check: &Check<'_>) -> Option<String> {
+        let at = check.at.unwrap_or_else(keys::wall_clock_micros);
         for limit in check.limits {
             for kind in KeyKind::ALL {
-                let key = redis_key(&self.prefix, kind, limit.rule, limit.key);
+                let key = match kind {
+                    KeyKind::State => keys::state_key(&self.prefix, limit.rule, limit.key, at),
+                    _ => redis_key(&self.prefix, kind, limit.rule, limit.key),
+                };
                 let found = self.query::<String>(redis::cmd("TYPE").arg(&key)).await;
                 if let Ok(found) = found
                     && found != "none"
@@ -318,7 +342,9 @@ impl RedisStore {
             }
             Err(e) => {
                 let first = check.limits[0];
-                Err(self.error(e, Some(&self.state_key(first.rule, first.key))))
+                let at = check.at.unwrap_or_else(keys::wall_clock_micros);
+                let key = keys::state_key(&self.prefix, first.rule, first.key, at);
+                Err(self.error(e, Some(&key)))
             }
         }
     }
@@ -331,7 +357,7 @@ impl RedisStore {
             return Ok(None);
         }
         let reply = self
-            .call_script(ScriptCheck::new(&self.prefix, check, Mode::Check))
+            .call_script(self.script_check(check, Mode::Check))
             .await;
         match reply {
             Err(CallError::NotOnOneNode) => Ok(None),
@@ -342,9 +368,7 @@ impl RedisStore {
 
 impl RunScript for RedisStore {
     async fn run(&self, check: &Check<'_>, mode: Mode<'_>) -> Result<Vec<Row>, StoreError> {
-        let reply = self
-            .call_script(ScriptCheck::new(&self.prefix, check, mode))
-            .await;
+        let reply = self.call_script(self.script_check(check, mode)).await;
         self.rows(check, reply).await
     }
 }
@@ -352,8 +376,20 @@ impl RunScript for RedisStore {
 impl Store for RedisStore {
     async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         check.validate()?;
+        // An envoy counter's key names its window: the time is fixed once, so that a
+        // check run slot by slot, and its give-back, name the same keys.
+        let pinned;
+        let check = if check.at.is_none() && check.limits.iter().any(|l| l.rule.envoy_counter()) {
+            pinned = Check {
+                at: Some(keys::wall_clock_micros()),
+                ..*check
+            };
+            &pinned
+        } else {
+            check
+        };
         if let Connection::Cluster { .. } = self.connection {
-            let groups = cluster::slot_groups(check);
+            let groups = cluster::slot_groups(&self.prefix, check);
             if groups.len() > 1 {
                 let rows = match self.run_on_one_node(check).await? {
                     Some(rows) => rows.into_iter().map(|row| row.decision).collect(),

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::error::CallError;
-use super::keys::{KeyKind, redis_key};
+use super::keys::{KeyKind, redis_key, state_key, wall_clock_micros};
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::{Algorithm, LogLayout, Rule};
 use crate::store::check::{Charge, Check};
@@ -33,9 +33,10 @@ mod code {
     pub(super) const TOKEN_BUCKET: u64 = 4;
     pub(super) const LEAKY_BUCKET: u64 = 5;
 
-    /// A sliding log's layout.
+    /// A sliding log's layout; a fixed window's is its own (`ZSET`'s code) or `ENVOY`.
     pub(super) const ZSET: u64 = 0;
     pub(super) const COMPACT: u64 = 1;
+    pub(super) const ENVOY: u64 = 2;
 
     /// Modes.
     pub(super) const CHECK: &str = "check";
@@ -137,10 +138,22 @@ pub(super) struct ScriptCheck {
 }
 
 /// A rule as the script reads it: algorithm, limit, window, buckets, capacity, emission
-/// interval, layout.
-type RuleSpec = [u64; 7];
+/// interval, layout, and an envoy counter's expiration jitter (s).
+type RuleSpec = [u64; 8];
 
-fn rule_spec(rule: &Rule) -> RuleSpec {
+fn rule_spec(rule: &Rule, expiration_jitter_max: u64) -> RuleSpec {
+    if rule.envoy_counter() {
+        return [
+            code::FIXED_WINDOW,
+            rule.limit(),
+            rule.window(),
+            rule.buckets(),
+            rule.capacity(),
+            rule.emission_interval(),
+            code::ENVOY,
+            expiration_jitter_max,
+        ];
+    }
     [
         algorithm_code(rule.algorithm()),
         rule.limit(),
@@ -152,6 +165,7 @@ fn rule_spec(rule: &Rule) -> RuleSpec {
             LogLayout::Zset => code::ZSET,
             LogLayout::Compact => code::COMPACT,
         },
+        0,
     ]
 }
 
@@ -166,14 +180,28 @@ fn algorithm_code(algorithm: Algorithm) -> u64 {
 }
 
 impl ScriptCheck {
-    /// The script's keys (under `prefix`) and arguments for `check`, in `mode`.
-    pub(super) fn new(prefix: &str, check: &Check<'_>, mode: Mode<'_>) -> Self {
+    /// The script's keys (under `prefix`) and arguments for `check`, in `mode`; envoy
+    /// counters expire after their window and up to `expiration_jitter_max` seconds more.
+    /// A check of an envoy counter is decided at its own time, or this instance's wall
+    /// clock, which names the counter's window as envoy's instances do.
+    pub(super) fn new(
+        prefix: &str,
+        expiration_jitter_max: u64,
+        check: &Check<'_>,
+        mode: Mode<'_>,
+    ) -> Self {
+        let at = if check.limits.iter().any(|l| l.rule.envoy_counter()) {
+            Some(check.at.unwrap_or_else(wall_clock_micros))
+        } else {
+            check.at
+        };
         let with_request_id = check.request_id.is_some();
         let mut keys = Vec::with_capacity(if with_request_id { 3 } else { 1 } * check.limits.len());
         let mut rules = Vec::with_capacity(check.limits.len());
         for (i, limit) in check.limits.iter().enumerate() {
             let rule = limit.rule;
-            keys.push(redis_key(prefix, KeyKind::State, rule, limit.key));
+            // `at` is set whenever an envoy counter, the one key it names, is in the check.
+            keys.push(state_key(prefix, rule, limit.key, at.unwrap_or(0)));
             if with_request_id {
                 keys.push(redis_key(prefix, KeyKind::RequestIds, rule, limit.key));
                 keys.push(redis_key(prefix, KeyKind::ReleaseTimes, rule, limit.key));
@@ -182,11 +210,11 @@ impl ScriptCheck {
                 Mode::Undo(rows) => rows[i].recorded_at,
                 Mode::Check | Mode::Dry => None,
             };
-            rules.push((rule_spec(rule), recorded_at));
+            rules.push((rule_spec(rule, expiration_jitter_max), recorded_at));
         }
         ScriptCheck {
             keys,
-            at: check.at,
+            at,
             cost: check.cost,
             costs: check.costs.to_vec(),
             request_id: check.request_id.map(str::to_owned),

@@ -94,3 +94,45 @@ local function fixed_window_steps()
 
   return evaluate, record, answer, give_back, report, refund, unreserve
 end
+
+-- A fixed window kept as envoyproxy/ratelimit keeps its counters (Rule::with_envoy_counter),
+-- so that its instances and these checks count together: a plain integer at the key the
+-- client named for the window (keys.rs, `envoy_counter_key`), which envoy increments by a
+-- request's hits and, on every increment, gives the window's length plus a jitter below J
+-- seconds to live (INCRBY, then EXPIRE: envoyproxy/ratelimit@f2fb157
+-- src/redis/fixed_cache_impl.go:31-34, 166-171). The count decides as a fixed window's
+-- does, and answers as one (its `answer`); the key holds nothing else, so the time is the
+-- check's own, which named the window. The fields it leaves are a fixed window's.
+local function envoy_counter_steps()
+  local _, _, answer = fixed_window_steps()
+
+  local function evaluate(r, t, units)
+    r.now = t
+    r.index = div(t, r.window)
+    r.window_end = (r.index + 1) * r.window
+    r.count = tonumber(call('GET', r.key)) or 0
+    return r.count + units <= r.limit
+  end
+
+  -- The jitter: the check's time in µs modulo J. envoy draws it at random; any value below
+  -- J spreads the counters' expiry alike, and this one needs no random source in a script.
+  local function record(r, cost)
+    call('INCRBY', r.key, int(cost))
+    local jitter = r.jitter > 0 and r.now - div(r.now, r.jitter) * r.jitter or 0
+    call('EXPIRE', r.key, int(r.window / 1000000 + jitter))
+  end
+
+  -- The key names the admission's window; a counter that expired has nothing to give.
+  local function give_back(r, _, cost)
+    if call('EXISTS', r.key) == 1 and call('DECRBY', r.key, int(cost)) < 0 then
+      call('SET', r.key, '0', 'KEEPTTL')
+    end
+  end
+
+  -- Checks only (the store refuses any other mode for these rules before calling).
+  local function check_only()
+    error('an envoy counter takes checks only')
+  end
+
+  return evaluate, record, answer, give_back, check_only, check_only, check_only
+end

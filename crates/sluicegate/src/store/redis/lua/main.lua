@@ -9,7 +9,7 @@ local rule_slots = {}
 local function new_rule_slot()
   return {
     spec = false, algorithm = 0, limit = 0, window = 0, buckets = 0, capacity = 0,
-    interval = 0, key = false, ids = false, releases = false, now = 0, latest = false,
+    interval = 0, jitter = 0, key = false, ids = false, releases = false, now = 0, latest = false,
     live = 0, expired = 0, cutoff = 0, head = 0, count = 0, new_key = false,
     latest_residue = 0, room = 0,
     repeat_release = false, verdict = false, cost = 0, units = 0, repeated = false,
@@ -46,6 +46,8 @@ local function find_steps()
       make = compact_log_maker(tonumber(argv[spec + 3]))
     elseif algorithm == SLIDING_COUNTER then
       make = sliding_counter_steps
+    elseif algorithm == FIXED_WINDOW and layout == ENVOY then
+      make = envoy_counter_steps
     elseif algorithm == FIXED_WINDOW then
       make = fixed_window_steps
     elseif algorithm == TOKEN_BUCKET or algorithm == LEAKY_BUCKET then
@@ -71,6 +73,7 @@ local function rule_of(i, spec, q, keys_per_rule)
     r.algorithm, r.limit = tonumber(argv[spec + 1]), tonumber(argv[spec + 2])
     r.window, r.buckets = tonumber(argv[spec + 3]), tonumber(argv[spec + 4])
     r.capacity, r.interval = tonumber(argv[spec + 5]), tonumber(argv[spec + 6])
+    r.jitter = tonumber(argv[spec + 8])
     local steps = steps_of_spec[spec]
     r.evaluate, r.record, r.answer, r.give_back = steps[1], steps[2], steps[3], steps[4]
     r.report, r.refund, r.unreserve = steps[5], steps[6], steps[7]

@@ -49,9 +49,11 @@
 -- slower. Offsets go as Lua numbers; exclusive bounds are written `x + 1` (every time is a
 -- whole µs).
 --
--- ARGV     the number of rules S, then RULE_VALUES (7) values per rule: algorithm
+-- ARGV     the number of rules S, then RULE_VALUES (8) values per rule: algorithm
 --          (SLIDING_LOG … LEAKY_BUCKET, below), limit L, window W (µs), buckets N,
---          capacity, emission interval T (µs), layout (ZSET or COMPACT; sliding-log only).
+--          capacity, emission interval T (µs), layout (ZSET or COMPACT for a sliding-log;
+--          ENVOY for a fixed window kept as envoy's counter, else ZSET's code), and an
+--          envoy counter's expiration jitter J (whole seconds; 0 otherwise).
 --          Then the number of check shapes H, and per shape:
 --            client time in µs, or '' for Redis TIME (read once per call)
 --            cost (0 is a peek: answers as a cost of 1, records nothing), or '' when
@@ -86,7 +88,7 @@
 -- The codes of the arguments and the reply, by name. store/redis/script.rs (`mod code`)
 -- names the same codes: the two must match.
 local SLIDING_LOG, SLIDING_COUNTER, FIXED_WINDOW, TOKEN_BUCKET, LEAKY_BUCKET = 1, 2, 3, 4, 5
-local ZSET, COMPACT = 0, 1
+local ZSET, COMPACT, ENVOY = 0, 1, 2
 -- The modes the script tells apart from CHECK ('check', which decides and records); DRY
 -- is evaluated as CHECK is, but never records.
 local DRY, UNDO, CHARGE, DRY_CHARGE = 'dry', 'undo', 'charge', 'dry-charge'
@@ -112,7 +114,7 @@ local MAX_BACKLOG = 2 ^ 51
 local ALLOWS, RECORDED = 1, 2
 local NEVER = -1
 local GIVEN_BACK = 1
-local RULE_VALUES = 7
+local RULE_VALUES = 8
 
 -- The standard functions the chunk uses, bound on the first call (see the header), and the
 -- call's keys and arguments (set by `check`).
