@@ -6,7 +6,9 @@
 //!   ([`Compat::default_algorithm`]), as envoy's cache keys are (`(now/divider)*divider`,
 //!   envoyproxy/ratelimit@f2fb157 src/limiter/cache_key.go:81-82); ours too are
 //!   `floor(t / W)`, epoch-aligned (docs/SPEC.md, fixed-window);
-//! - counting is envoy's ([`Compat::counting`]).
+//! - counting is envoy's ([`Compat::counting`]);
+//! - a request's descriptors and their entries are not counted, and a descriptor without
+//!   entries matches nothing ([`Compat::counts_descriptors`]).
 
 use clap::ValueEnum;
 use sluicegate::Algorithm;
@@ -49,6 +51,15 @@ impl Compat {
             Compat::None => Algorithm::SlidingLog,
             Compat::Envoy => Algorithm::FixedWindow,
         })
+    }
+
+    /// Whether a request may carry at most 64 descriptors of 1 to 16 entries each
+    /// (sluicegate's bounds). envoyproxy/ratelimit bounds neither count, only its message
+    /// size does, and answers a descriptor without entries OK with no limit: `GetLimit`
+    /// walks no entry and finds none (envoyproxy/ratelimit@f2fb157
+    /// src/config/config_impl.go:446-673).
+    pub fn counts_descriptors(self) -> bool {
+        self == Compat::None
     }
 
     /// How requests are counted; `stop_increment_when_over_limit` is envoy's other
