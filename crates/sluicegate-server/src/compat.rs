@@ -10,6 +10,8 @@
 //! - on Redis, a fixed window counts in envoy's own counter, so that envoy's instances and
 //!   these share it during a rolling replacement ([`Compat::envoy_counters`]), under
 //!   envoy's key prefix, none unless `--prefix` gives one ([`Compat::default_prefix`]).
+//! - a request's descriptors and their entries are not counted, and a descriptor without
+//!   entries matches nothing ([`Compat::counts_descriptors`]).
 
 use clap::ValueEnum;
 use sluicegate::Algorithm;
@@ -69,6 +71,15 @@ impl Compat {
             Compat::None => "sluicegate:",
             Compat::Envoy => "",
         }
+    }
+
+    /// Whether a request may carry at most 64 descriptors of 1 to 16 entries each
+    /// (sluicegate's bounds). envoyproxy/ratelimit bounds neither count, only its message
+    /// size does, and answers a descriptor without entries OK with no limit: `GetLimit`
+    /// walks no entry and finds none (envoyproxy/ratelimit@f2fb157
+    /// src/config/config_impl.go:446-673).
+    pub fn counts_descriptors(self) -> bool {
+        self == Compat::None
     }
 
     /// How requests are counted; `stop_increment_when_over_limit` is envoy's other

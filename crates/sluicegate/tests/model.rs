@@ -83,7 +83,7 @@ impl Model {
                     .keys
                     .entry((i, shared_by(rule), key.to_owned()))
                     .or_default();
-                model_evaluate(rule, state, t, cost, id)
+                model_evaluate(rule, state, t, cost, id, charge)
             })
             .collect();
         let all = evals
@@ -137,7 +137,7 @@ impl Model {
                             && rule.algorithm() == Algorithm::FixedWindow =>
                     {
                         usage::record(rule, state, e.now, cost);
-                        model_evaluate(rule, state, t, cost, id).refused
+                        model_evaluate(rule, state, t, cost, id, charge).refused
                     }
                     (false, fit) => Decision {
                         allowed: matches!(fit, Fit::Fits | Fit::Repeat(_)),

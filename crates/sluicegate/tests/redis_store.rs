@@ -415,3 +415,79 @@ async fn a_check_whose_caller_gave_up_is_never_sent() {
          in the queue must not have been"
     );
 }
+
+/// A peek (cost 0) under charged refusals, envoy's counting, is decided for no units
+/// (docs/SPEC.md, "Charging refusals"): allowed at exactly the limit, with nothing left;
+/// refused only once the key is past it (a fixed window's charged refusal, or a report's
+/// debt elsewhere); the sliding log, which cannot tell a full log from one past its
+/// limit, refuses it once full. A plain check's peek is one unit's, refused at the limit.
+/// A peek records nothing: a fresh key stays absent. Redis and the memory store answer
+/// alike, and as said here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charged_peek_is_refused_only_past_the_limit_on_both_stores() {
+    use sluicegate::Charge;
+
+    const T: u64 = 3_600 * 1_000_000 * 24 * 365 * 50 + 1_000;
+    let store = store_at(
+        &support::standalone().url(),
+        "charged-peek",
+        Scripting::Auto,
+    )
+    .await;
+    let reference = reference();
+    for (algorithm, layout) in CASES {
+        let spec = RuleSpec {
+            layout,
+            ..RuleSpec::new(algorithm, 3, 60_000_000)
+        };
+        let rule = Rule::new(&format!("peek-{algorithm}-{layout:?}"), &spec).unwrap();
+        let limits = [Limit {
+            rule: &rule,
+            key: "k",
+        }];
+        // A check of `cost` in mode `charge`, `step` µs in, on both stores.
+        let both = |cost: u64, charge: Charge, step: u64| {
+            let (store, reference, limits) = (&store, &reference, &limits);
+            async move {
+                let check = Check {
+                    at: Some(T + step),
+                    charge,
+                    ..Check::new(limits, cost)
+                };
+                let want = reference.check_now(&check).unwrap().decision;
+                let got = store.check(&check).await.unwrap().decision;
+                assert_eq!(got, want, "{algorithm} {layout:?}: {charge:?} of {cost}");
+                (got.allowed, got.remaining)
+            }
+        };
+        let is_log = algorithm == Algorithm::SlidingLog;
+        // Fresh: allowed, every unit left, and nothing written.
+        let capacity = rule.capacity();
+        let entries = reference.len();
+        let fresh = both(0, Charge::Attempted, 0).await;
+        let all = if is_log { capacity - 1 } else { capacity };
+        assert_eq!(fresh, (true, all), "{algorithm}");
+        assert_eq!(
+            reference.len(),
+            entries,
+            "{algorithm}: a peek made no entry"
+        );
+        // The limit taken.
+        assert_eq!(both(capacity, Charge::Attempted, 1).await, (true, 0));
+        let at_limit = both(0, Charge::Attempted, 2).await;
+        assert_eq!(at_limit, (!is_log, 0), "{algorithm} at the limit");
+        assert_eq!(
+            both(0, Charge::Admitted, 3).await,
+            (false, 0),
+            "{algorithm}: a plain peek at the limit"
+        );
+        // Past it: a fixed window counts a refused hit; the others take a report's debt.
+        if algorithm == Algorithm::FixedWindow {
+            assert_eq!(both(1, Charge::Attempted, 4).await, (false, 0));
+        } else {
+            both(1, Charge::Reported, 4).await;
+        }
+        let past = both(0, Charge::Attempted, 5).await;
+        assert_eq!(past, (false, 0), "{algorithm} past the limit");
+    }
+}

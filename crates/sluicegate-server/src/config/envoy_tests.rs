@@ -384,3 +384,50 @@ fn metadata() {
     assert_eq!(limit(&c, &[("key1", "value1"), ("subkey1", "x")]), "5/1s");
     assert_eq!(limit(&c, &[("key2", "x")]), "20/60s");
 }
+
+/// Envoy Gateway's rate limit configurations, as its translator writes them
+/// (`tests/fixtures/envoy/gateway/`, one file per test, the configurations of several
+/// domains as YAML documents of one file): each loads, its top-level `name`, `rate_limit:
+/// null`, `name: ""`, `replaces: []` and every flag written out included, with each of its
+/// rate limits, unnamed.
+#[test]
+fn envoy_gateway_configurations_load() {
+    let dir = fixture("gateway");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 26, "{}", dir.display());
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for document in text.split("\n---\n") {
+            let config = Config::parse(file, document, options(false))
+                .unwrap_or_else(|e| panic!("{e}\n{document}"));
+            let name = document
+                .lines()
+                .find_map(|line| line.strip_prefix("name: "))
+                .unwrap();
+            assert!(config.find(name, &[]).is_ok(), "{}: {name}", file.display());
+            let limits = config.limits();
+            assert_eq!(
+                limits.len(),
+                document.matches("requests_per_unit:").count(),
+                "{}",
+                file.display()
+            );
+            assert!(limits.iter().all(|l| l.rule.is_some() && l.name.is_none()));
+            let shadow = limits.iter().filter(|l| l.shadow_mode).count();
+            let wanted = usize::from(file.ends_with("global-shadow-mode.yaml"));
+            assert_eq!(shadow, wanted, "{}", file.display());
+        }
+    }
+    // `value: ""` is no value: the key matches whatever value comes.
+    let text = std::fs::read_to_string(dir.join("distinct-match.yaml")).unwrap();
+    let c = Config::parse(&dir, &text, options(false)).unwrap();
+    for value in ["a", "192.0.2.1"] {
+        let pairs = [("first-route", "first-route"), ("rule-0-match-0", value)];
+        let found = c.find("first-listener", &entries(&pairs)).unwrap();
+        assert_eq!(found.map(|l| l.rule.as_ref().unwrap().limit()), Some(5));
+    }
+}

@@ -19,6 +19,11 @@ pub(crate) const DEFAULT_ALGORITHM: Algorithm = Algorithm::SlidingLog;
 #[serde(deny_unknown_fields)]
 pub(super) struct RawFile {
     pub(super) domain: String,
+    /// Envoy Gateway names each configuration it writes (after its domain);
+    /// envoyproxy/ratelimit accepts a `name` anywhere and reads none at the top, nor does
+    /// sluicegate.
+    #[serde(default, rename = "name")]
+    _name: Option<String>,
     #[serde(default)]
     pub(super) descriptors: DescriptorList,
 }
@@ -53,8 +58,9 @@ pub(super) struct RawDescriptor {
     #[serde(default)]
     pub(super) share_threshold: bool,
     // Accepted so that envoyproxy/ratelimit's files load, and typed so that a wrong one is
-    // refused; sluicegate does not act on them yet. `quota_mode` would answer a request
-    // over the limit OK (counted as over) unless the request asks for quota; `metadata`
+    // refused; sluicegate does not act on them yet. `quota_mode` would let a request over
+    // the limit through unless every quota-mode descriptor of it is over: not acted on, the
+    // limit refuses as any other (stricter, never looser); `metadata`
     // would go into the answer's dynamic metadata (envoy's RESPONSE_DYNAMIC_METADATA);
     // `value_to_metric` would name the request's values in metric names.
     #[serde(default, rename = "quota_mode")]
@@ -121,6 +127,10 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
     type Error = String;
 
     fn try_from(mut f: RateLimitFields) -> Result<Self, String> {
+        // An empty name is none: envoyproxy/ratelimit replaces only a limit whose name is
+        // not empty (envoyproxy/ratelimit@f2fb157 src/service/ratelimit.go:170), and Envoy
+        // Gateway writes `name: ""` on every limit it does not name.
+        f.name = f.name.filter(|name| !name.is_empty());
         let replaces = replaces(std::mem::take(&mut f.replaces), f.name.as_deref())?;
         if let Some(n) = f.requests_per_unit.filter(|n| *n > u64::from(u32::MAX)) {
             // envoyproxy/ratelimit reads it as a uint32 and refuses a larger number.

@@ -135,7 +135,7 @@ impl DescriptorTree {
             },
             Err((i, level)) => {
                 let Some(entry) = entries.get(i) else {
-                    return "a descriptor needs at least one entry".to_owned();
+                    return "a descriptor without entries matches nothing".to_owned();
                 };
                 // Wildcard values are filed among the values too.
                 let known = level.by_key_value.contains_key(&entry.key);
@@ -183,7 +183,8 @@ impl DescriptorTree {
             reached = Some(node);
             level = &node.children;
         }
-        // A request descriptor has at least one entry (Service::validate).
+        // A descriptor without entries reaches no node (under `--compat envoy` it is
+        // decided: it matches nothing, as in envoyproxy/ratelimit).
         reached.ok_or((0, self))
     }
 

@@ -94,7 +94,10 @@ fn descriptor(d: &DescriptorExplained) -> Value {
     if let (Match::Rule(rule), Some(state)) = (&d.matched, &d.state) {
         fields.insert("units".into(), d.units.into());
         fields.insert("numbers".into(), numbers(rule));
-        fields.insert("state".into(), state_body(rule, state, d.units));
+        fields.insert(
+            "state".into(),
+            state_body(rule, state, d.units, d.would_refuse),
+        );
     }
     body
 }
@@ -120,8 +123,8 @@ fn numbers(rule: &Rule) -> Value {
     numbers
 }
 
-/// A peek's answer in numbers and words.
-fn state_body(rule: &Rule, state: &Outcome, units: u64) -> Value {
+/// A peek's answer in numbers and words, and whether `units` would be refused.
+fn state_body(rule: &Rule, state: &Outcome, units: u64, would_refuse: bool) -> Value {
     let d = state.decision;
     let available = available(state);
     let in_use = d.limit.saturating_sub(available);
@@ -130,7 +133,7 @@ fn state_body(rule: &Rule, state: &Outcome, units: u64) -> Value {
         RetryAfter::Micros(us) => format!("the next unit frees in {}", duration(us)),
         RetryAfter::Never => "no unit will ever free".to_owned(),
     };
-    let verdict = if units > available {
+    let verdict = if would_refuse {
         format!("{units} would not fit")
     } else {
         format!("{units} would fit")

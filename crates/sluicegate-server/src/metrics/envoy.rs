@@ -432,6 +432,21 @@ mod tests {
         assert_eq!(counts(&c), [3, 0, 1, 0, 0]);
     }
 
+    /// A look of 0 hits counts none, below, at and past the limit, as envoy adds its 0
+    /// (envoyproxy/ratelimit@f2fb157 test/redis/fixed_cache_impl_test.go:139-142).
+    #[test]
+    fn a_look_of_no_hits_counts_nothing() {
+        let c = EnvoyCounters::default();
+        for d in [
+            decision(true, 10, 1),
+            decision(true, 10, 0),
+            decision(false, 10, 0),
+        ] {
+            c.count(&d, 0, true, 0.8);
+        }
+        assert_eq!(counts(&c), [0; 5]);
+    }
+
     #[test]
     fn stat_keys_are_sanitized_as_envoys() {
         let metrics = EnvoyMetrics::new(vec![]);

@@ -4,9 +4,11 @@
 //!
 //! A peek (a check of cost 0) answers as a check of cost 1 at the same instant and records
 //! nothing, on every store (docs/SPEC.md, "A check and its cost"). Each rule is peeked
-//! alone, so that its numbers are its own and not held back by another rule.
+//! alone, so that its numbers are its own and not held back by another rule. A request of
+//! cost 0 under envoy's counting is itself a peek with refusals charged, which is decided
+//! for no units: its verdict is read with such a peek.
 
-use sluicegate::{Check, Limit, Outcome, Rule};
+use sluicegate::{Charge, Check, Limit, Outcome, Rule};
 
 use super::{DecideError, Service, apply_replaces, counted_keys, descriptor_text, matched};
 use crate::compat::Counting;
@@ -96,8 +98,9 @@ impl Service {
                     .filter(|(other, other_key)| *other_key == key && same_limit(limit, other))
                     .count() as u64;
                 match self.options.counting {
-                    // A peek records nothing: each answers for one unit alone.
-                    _ if cost == 0 => 1,
+                    // A peek records nothing: each answers for one unit alone, but for none
+                    // under envoy's counting (docs/SPEC.md, "Charging refusals").
+                    Counting::AllOrNothing if cost == 0 => 1,
                     Counting::AllOrNothing => cost,
                     Counting::EachDescriptor | Counting::StopIncrementWhenOverLimit => {
                         cost.saturating_mul(sharing.max(1))
@@ -134,6 +137,11 @@ impl Service {
             };
             let would_refuse = match (&matched, &state) {
                 (Match::Block, _) => true,
+                // Envoy's look at no units: refused only past the limit, which a peek of
+                // one unit cannot tell from at it; a peek as envoy's counting makes it can.
+                (Match::Rule(rule), Some(_)) if units == 0 => {
+                    !self.peek_charged(rule, &keys[i]).await?.decision.allowed
+                }
                 (_, Some(state)) => units > available(state),
                 _ => false,
             };
@@ -162,6 +170,17 @@ impl Service {
         let limits = [Limit { rule, key }];
         Check::new(&limits, cost).validate()?;
         Ok(self.limiter.decide(&Check::new(&limits, 0)).await?)
+    }
+
+    /// One rule's look under `key` as envoy's counting makes it: a peek with refusals
+    /// charged, which records nothing.
+    async fn peek_charged(&self, rule: &Rule, key: &str) -> Result<Outcome, DecideError> {
+        let limits = [Limit { rule, key }];
+        let check = Check {
+            charge: Charge::Attempted,
+            ..Check::new(&limits, 0)
+        };
+        Ok(self.limiter.decide(&check).await?)
     }
 }
 

@@ -193,9 +193,9 @@ fn detailed_key(domain: &str, entries: &[Entry]) -> String {
     key
 }
 
-/// The most descriptors one request may carry.
+/// The most descriptors one request may carry (but under `--compat envoy`).
 pub(crate) const MAX_DESCRIPTORS: usize = 64;
-/// The most entries one descriptor may carry.
+/// The most entries one descriptor may carry (but under `--compat envoy`).
 pub(crate) const MAX_ENTRIES: usize = 16;
 /// The longest key or value of an entry, in bytes, unless `--max-entry-bytes` says: 64 KiB,
 /// no tighter than Envoy, whose default cap on a request's headers is 60 KiB
@@ -322,21 +322,25 @@ impl Service {
         &self.options
     }
 
-    /// Refuses a request too large or empty to decide, naming the field.
+    /// Refuses a request too large or empty to decide, naming the field. Under `--compat
+    /// envoy` neither descriptors nor entries are counted, and a descriptor without entries
+    /// is decided (it matches nothing), as envoyproxy/ratelimit does: only the bytes of an
+    /// entry, and the message's, bound a request then.
     fn validate(&self, descriptors: &[Vec<Entry>]) -> Result<(), DecideError> {
         if descriptors.is_empty() {
             return Err(DecideError::Invalid(
                 "descriptors: at least one is required".into(),
             ));
         }
-        if descriptors.len() > MAX_DESCRIPTORS {
+        let counted = self.options.compat.counts_descriptors();
+        if counted && descriptors.len() > MAX_DESCRIPTORS {
             return Err(DecideError::Invalid(format!(
                 "descriptors: {} given, at most {MAX_DESCRIPTORS} allowed",
                 descriptors.len()
             )));
         }
         for (i, entries) in descriptors.iter().enumerate() {
-            if entries.is_empty() || entries.len() > MAX_ENTRIES {
+            if counted && (entries.is_empty() || entries.len() > MAX_ENTRIES) {
                 return Err(DecideError::Invalid(format!(
                     "descriptors[{i}].entries: 1 to {MAX_ENTRIES} entries are required, {} given",
                     entries.len()

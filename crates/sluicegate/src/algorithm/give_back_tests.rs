@@ -22,7 +22,7 @@ fn run(
     charge: Charge,
 ) -> Decision {
     if charge.may_refuse() {
-        let eval = state.evaluate(rule, t, cost, id);
+        let eval = state.evaluate(rule, t, cost, id, Charge::Admitted);
         state.finish(rule, &eval, id, charge)
     } else {
         state.record_usage(rule, t, cost, id, charge)

@@ -92,13 +92,25 @@ pub(crate) enum Verdict {
     },
 }
 
+/// The units a check of `cost` in mode `charge` is decided for under `rule` (docs/SPEC.md,
+/// "A check and its cost"): its cost, and for a peek (cost 0) one unit — but none when
+/// refusals are charged, as envoyproxy/ratelimit adds the hits and then compares (so a
+/// peek fits while the usage is at most the capacity, and is refused only past it), in
+/// every algorithm but the sliding log, which keeps only its newest L live units and so
+/// cannot tell a full log from one past its limit.
+#[inline(always)]
+pub(crate) fn units_of(rule: &Rule, cost: u64, charge: Charge) -> u64 {
+    let counted_after = charge == Charge::Attempted && rule.algorithm() != Algorithm::SlidingLog;
+    if cost == 0 && !counted_after { 1 } else { cost }
+}
+
 /// The outcome of [`RuleState::evaluate`]: to be passed back to `admit` or `refuse` of the
 /// same state, unchanged in between.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Evaluation {
     now: u64,
     cost: u64,
-    /// The cost the decision answers for: a peek (cost 0) answers as a cost of 1.
+    /// The units the decision answers for ([`units_of`]).
     units: u64,
     verdict: Verdict,
     plan: Plan,
@@ -229,7 +241,7 @@ impl RuleState {
         if !charge.may_refuse() {
             return None;
         }
-        let eval = self.evaluate(rule, t, cost, request_id);
+        let eval = self.evaluate(rule, t, cost, request_id, charge);
         (!eval.allows() && !eval.charged(charge)).then(|| self.refuse(rule, &eval))
     }
 
@@ -244,8 +256,8 @@ impl RuleState {
         }
     }
 
-    /// Decides whether `cost` fits at `t` (clamped so time never runs backwards). Reads
-    /// only: what has expired is dropped by the next admission.
+    /// Decides whether `cost` fits at `t` (clamped so time never runs backwards) in a check
+    /// of mode `charge`. Reads only: what has expired is dropped by the next admission.
     #[inline(always)]
     pub(crate) fn evaluate(
         &self,
@@ -253,9 +265,10 @@ impl RuleState {
         t: u64,
         cost: u64,
         request_id: Option<&str>,
+        charge: Charge,
     ) -> Evaluation {
         let now = t.max(self.latest);
-        let units = cost.max(1);
+        let units = units_of(rule, cost, charge);
         let plan = self.plan(rule, now);
         let repeat = request_id.and_then(|id| self.request_ids.admission(id, now));
         // The capacity bound comes first: the algorithms' arithmetic assumes units ≤ capacity.
@@ -384,7 +397,7 @@ impl RuleState {
         charge: Charge,
     ) -> (Decision, bool) {
         if charge.may_refuse() {
-            let eval = self.evaluate(rule, t, cost, request_id);
+            let eval = self.evaluate(rule, t, cost, request_id, charge);
             let records = eval.records(eval.allows(), charge);
             (self.finish(rule, &eval, request_id, charge), records)
         } else {
@@ -470,12 +483,13 @@ pub(crate) fn evaluate_all(
     t: u64,
     cost_of: impl Fn(usize) -> u64,
     request_id: Option<&str>,
+    charge: Charge,
 ) -> Vec<Evaluation> {
     rules
         .iter()
         .zip(states)
         .enumerate()
-        .map(|(i, (rule, state))| state.evaluate(rule, t, cost_of(i), request_id))
+        .map(|(i, (rule, state))| state.evaluate(rule, t, cost_of(i), request_id, charge))
         .collect()
 }
 

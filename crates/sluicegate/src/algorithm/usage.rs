@@ -76,7 +76,7 @@ impl RuleState {
     /// What one unit would be answered at `now`, recording nothing: `allowed` when it fits,
     /// else the refusal of one unit.
     fn standing(&self, rule: &Rule, now: u64) -> Decision {
-        self.unrecorded(rule, &self.evaluate(rule, now, 1, None))
+        self.unrecorded(rule, &self.evaluate(rule, now, 1, None, Charge::Admitted))
     }
 
     /// Applies `change` at `now`; whether it changed anything. A refund or give-back that

@@ -20,7 +20,7 @@ fn check_as(
     id: Option<&str>,
     charge: Charge,
 ) -> Decision {
-    let eval = state.evaluate(rule, t, cost, id);
+    let eval = state.evaluate(rule, t, cost, id, Charge::Admitted);
     state.finish(rule, &eval, id, charge)
 }
 
@@ -80,7 +80,7 @@ fn the_standing_of_a_report_within_the_limit_allows_one_more() {
     for rule in every_algorithm() {
         let mut state = RuleState::new(&rule);
         let standing = report(&mut state, &rule, 10 * S, 4);
-        let peek = state.evaluate(&rule, 10 * S, 0, None);
+        let peek = state.evaluate(&rule, 10 * S, 0, None, Charge::Admitted);
         assert!(standing.allowed);
         assert_eq!(standing.retry_after, RetryAfter::Micros(0));
         assert_eq!(standing.remaining, state.refuse(&rule, &peek).remaining);

@@ -3,7 +3,7 @@
 //! found by trying every µs, GCRA's TAT is refolded from the history of what was recorded
 //! and given back.
 
-use sluicegate::{Algorithm, Decision, RetryAfter, Rule};
+use sluicegate::{Algorithm, Charge, Decision, RetryAfter, Rule};
 
 /// The most backlog a GCRA report may leave: 2^51 µs.
 const MAX_BACKLOG: u64 = 1 << 51;
@@ -144,9 +144,13 @@ pub(crate) fn model_evaluate(
     t: u64,
     cost: u64,
     id: Option<&str>,
+    charge: Charge,
 ) -> ModelEval {
     let now = t.max(key.latest);
-    let units = cost.max(1);
+    // docs/SPEC.md, "A check and its cost": a peek answers for one unit; under charged
+    // refusals for none (envoy adds, then compares), but in a sliding log.
+    let counted_after = charge == Charge::Attempted && rule.algorithm() != Algorithm::SlidingLog;
+    let units = if cost == 0 && !counted_after { 1 } else { cost };
     let l = rule.limit();
     let w_full = rule.window();
     let (fits, admitted, mut refused, retry_units);

@@ -158,7 +158,7 @@ fn refund(
 
 /// One unit's answer at `now`, recording nothing.
 fn standing(rule: &Rule, key: &ModelKey, now: u64) -> Decision {
-    let e = model_evaluate(rule, key, now, 1, None);
+    let e = model_evaluate(rule, key, now, 1, None, Charge::Admitted);
     Decision {
         allowed: e.fit == Fit::Fits,
         ..e.refused

@@ -363,7 +363,14 @@ impl MemoryStore {
         let mut states: Vec<&mut RuleState> = slots.iter_mut().map(|(s, _)| &mut s.state).collect();
         let may_refuse = check.charge.may_refuse();
         let evaluations = if may_refuse {
-            algorithm::evaluate_all(&rules, &states, t, |i| check.cost_of(i), check.request_id)
+            algorithm::evaluate_all(
+                &rules,
+                &states,
+                t,
+                |i| check.cost_of(i),
+                check.request_id,
+                check.charge,
+            )
         } else {
             Vec::new()
         };

@@ -283,7 +283,12 @@ local function run_check(shape, k)
     end
     -- Each rule's own cost when the check gives them, else the check's.
     local rule_cost = costs and costs[i] or cost
-    local units = max(rule_cost, 1)
+    -- A peek is decided for one unit; for none when refusals are charged (envoy adds,
+    -- then compares), but in a sliding log (algorithm/mod.rs, units_of).
+    local units = rule_cost
+    if units == 0 and not (shape.charge and r.algorithm ~= SLIDING_LOG) then
+      units = 1
+    end
     r.cost, r.units = rule_cost, units
     local fits = r:evaluate(t, units)
     if request_id ~= '' then
