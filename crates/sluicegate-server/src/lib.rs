@@ -20,6 +20,7 @@ mod tools;
 pub use compat::{Compat, Counting};
 pub use config::Config;
 pub use server::{
-    ConnectionOptions, Listeners, Prepared, ServeOptions, TlsOptions, prepare, serve,
+    ConnectionOptions, Listeners, OtlpOptions, OtlpProtocol, Prepared, ServeOptions, TlsOptions,
+    prepare, serve,
 };
 pub use service::{EnvoyHeaderNames, ResponseHeaders, ServiceOptions};

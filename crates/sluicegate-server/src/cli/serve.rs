@@ -16,7 +16,9 @@ use super::runtime::runtime_without_lifo_slot;
 use crate::compat::Compat;
 use crate::config::DEFAULT_MAX_NODES;
 use crate::metrics::DEFAULT_NEAR_LIMIT_RATIO;
-use crate::server::{self, ConnectionOptions, Listeners, ServeOptions, TlsOptions};
+use crate::server::{
+    self, ConnectionOptions, Listeners, OtlpOptions, OtlpProtocol, ServeOptions, TlsOptions,
+};
 use crate::service::{DEFAULT_MAX_ENTRY_BYTES, EnvoyHeaderNames, ResponseHeaders, ServiceOptions};
 
 #[derive(Args)]
@@ -135,10 +137,50 @@ pub struct ServeArgs {
     /// Do not serve the live page (GET /ui); /v1/overview stays.
     #[arg(long, env = "SLUICEGATE_NO_UI")]
     no_ui: bool,
-    /// Send a trace span per check to this OTLP/gRPC collector (http://host:4317); no
-    /// traces without it.
+    /// Send a trace span per check to this OTLP collector (http://host:4317 for gRPC,
+    /// http://host:4318 for HTTP); no traces without it.
     #[arg(long, env = "SLUICEGATE_OTLP_ENDPOINT", value_name = "URL")]
     otlp_endpoint: Option<String>,
+    /// How spans reach --otlp-endpoint: grpc (OTLP/gRPC) or http (OTLP/HTTP, protobuf,
+    /// POSTed to /v1/traces).
+    #[arg(
+        long,
+        env = "SLUICEGATE_OTLP_PROTOCOL",
+        default_value = "grpc",
+        requires = "otlp_endpoint"
+    )]
+    otlp_protocol: OtlpProtocol,
+    /// The traces' service.name.
+    #[arg(
+        long,
+        env = "SLUICEGATE_OTLP_SERVICE_NAME",
+        default_value = "sluicegate",
+        requires = "otlp_endpoint"
+    )]
+    otlp_service_name: String,
+    /// The traces' service.namespace.
+    #[arg(
+        long,
+        env = "SLUICEGATE_OTLP_SERVICE_NAMESPACE",
+        requires = "otlp_endpoint"
+    )]
+    otlp_service_namespace: Option<String>,
+    /// The traces' service.instance.id [default: a random one].
+    #[arg(
+        long,
+        env = "SLUICEGATE_OTLP_SERVICE_INSTANCE_ID",
+        requires = "otlp_endpoint"
+    )]
+    otlp_service_instance_id: Option<String>,
+    /// The share (0 to 1) of traces begun here that are sampled; a check whose caller's
+    /// trace context says sampled, or not, follows it.
+    #[arg(
+        long,
+        env = "SLUICEGATE_OTLP_SAMPLING_RATIO",
+        default_value_t = 1.0,
+        requires = "otlp_endpoint"
+    )]
+    otlp_sampling_ratio: f64,
     /// How often to look for edits of the --config files and the TLS certificate and
     /// key (SIGHUP reloads the configuration at once).
     #[arg(long, env = "SLUICEGATE_RELOAD_INTERVAL", default_value = "1s", value_parser = parse_duration_arg)]
@@ -192,6 +234,30 @@ pub struct ServeArgs {
     /// mTLS: clients must present a certificate this authority (PEM) signed.
     #[arg(long, env = "SLUICEGATE_TLS_CLIENT_CA", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
+    /// TLS on the --grpc-listen port alone (instead of --tls-cert there): the certificate
+    /// chain (PEM), reloaded when it changes. The --listen port then answers no gRPC
+    /// call (PERMISSION_DENIED), so gRPC is never served past this TLS.
+    #[arg(long, env = "SLUICEGATE_GRPC_TLS_CERT", requires_all = ["grpc_tls_key", "grpc_listen"])]
+    grpc_tls_cert: Option<PathBuf>,
+    /// The --grpc-tls-cert certificate's private key (PEM), reloaded with it.
+    #[arg(long, env = "SLUICEGATE_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    grpc_tls_key: Option<PathBuf>,
+    /// mTLS on the --grpc-listen port: clients must present a certificate this authority
+    /// (PEM) signed.
+    #[arg(
+        long,
+        env = "SLUICEGATE_GRPC_TLS_CLIENT_CA",
+        requires = "grpc_tls_cert"
+    )]
+    grpc_tls_client_ca: Option<PathBuf>,
+    /// With --grpc-tls-client-ca: the client's certificate must also carry this DNS name
+    /// or IP address among its subject alternative names.
+    #[arg(
+        long,
+        env = "SLUICEGATE_GRPC_TLS_CLIENT_SAN",
+        requires = "grpc_tls_client_ca"
+    )]
+    grpc_tls_client_san: Option<String>,
 }
 
 impl ServeArgs {
@@ -264,10 +330,27 @@ impl ServeArgs {
                     cert: cert.clone(),
                     key: key.clone(),
                     client_ca: self.tls_client_ca.clone(),
+                    client_san: None,
                 }),
                 _ => None,
             },
-            otlp_endpoint: self.otlp_endpoint.clone(),
+            grpc_tls: match (&self.grpc_tls_cert, &self.grpc_tls_key) {
+                (Some(cert), Some(key)) => Some(TlsOptions {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: self.grpc_tls_client_ca.clone(),
+                    client_san: self.grpc_tls_client_san.clone(),
+                }),
+                _ => None,
+            },
+            otlp: self.otlp_endpoint.clone().map(|endpoint| OtlpOptions {
+                endpoint,
+                protocol: self.otlp_protocol,
+                service_name: self.otlp_service_name.clone(),
+                service_namespace: self.otlp_service_namespace.clone(),
+                service_instance_id: self.otlp_service_instance_id.clone(),
+                sampling_ratio: self.otlp_sampling_ratio,
+            }),
         })
     }
 

@@ -26,6 +26,7 @@ use crate::config::{self, Config, LoadOptions};
 use crate::http;
 use crate::service::{Service, ServiceOptions};
 use crate::telemetry::Telemetry;
+pub use crate::telemetry::{OtlpOptions, OtlpProtocol};
 
 /// The example configuration served when no configuration path is given (examples/).
 const EXAMPLE_CONFIG: &str = include_str!("../../../../examples/sluicegate.yaml");
@@ -58,8 +59,11 @@ pub struct ServeOptions {
     pub connections: ConnectionOptions,
     /// TLS on every listener; plain TCP without it.
     pub tls: Option<TlsOptions>,
-    /// The OTLP/gRPC collector the check spans go to; none without it.
-    pub otlp_endpoint: Option<String>,
+    /// TLS on the gRPC-only listener alone, instead of `tls` there; with it, the other
+    /// listeners answer no gRPC call (see [`crate::http::app`]).
+    pub grpc_tls: Option<TlsOptions>,
+    /// The OTLP collector the check spans go to, and how; none without it.
+    pub otlp: Option<OtlpOptions>,
 }
 
 /// Where the service listens.
@@ -85,6 +89,7 @@ pub struct Prepared {
     store_url: String,
     connections: ConnectionOptions,
     tls: Option<Arc<Tls>>,
+    grpc_tls: Option<Arc<Tls>>,
     reload_interval: Duration,
 }
 
@@ -97,6 +102,13 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         .clone()
         .map(Tls::load)
         .transpose()?
+        .map(Arc::new);
+    let grpc_tls = options
+        .grpc_tls
+        .clone()
+        .map(Tls::load)
+        .transpose()
+        .context("the gRPC listener's TLS")?
         .map(Arc::new);
     // A zero interval would spin the watch.
     let reload_interval = options.reload_interval.max(Duration::from_millis(1));
@@ -125,8 +137,8 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         });
     }
     let telemetry = options
-        .otlp_endpoint
-        .as_deref()
+        .otlp
+        .as_ref()
         .map(Telemetry::otlp)
         .transpose()?
         .unwrap_or_default();
@@ -164,6 +176,7 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         store_url: options.store.url,
         connections: options.connections,
         tls,
+        grpc_tls,
         reload_interval,
     })
 }
@@ -210,9 +223,18 @@ impl Prepared {
         }
         // One budget of connections over every listener: descriptors are the process's.
         let slots = Arc::new(Semaphore::new(options.max_connections));
-        if let Some(tls) = &self.tls {
+        for tls in self.tls.iter().chain(&self.grpc_tls) {
             tokio::spawn(Arc::clone(tls).reload_on_change(self.reload_interval));
         }
+        // gRPC over its own TLS: plaintext gRPC elsewhere would bypass it.
+        let grpc_elsewhere = self.grpc_tls.is_none();
+        let grpc_connections = self.grpc_tls.clone().map(|grpc_tls| {
+            Arc::new(Connections::new(
+                options.clone(),
+                Arc::clone(&service),
+                Some(grpc_tls),
+            ))
+        });
         let connections = Arc::new(Connections::new(options, Arc::clone(&service), self.tls));
         // One signal stops every listener.
         let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -222,26 +244,32 @@ impl Prepared {
         });
         let mut others = Vec::new();
         if let Some(listener) = listeners.grpc_only {
-            tracing::info!(grpc_address = %listener.local_addr()?, "gRPC also on its own port");
+            tracing::info!(
+                grpc_address = %listener.local_addr()?,
+                tls = grpc_connections.is_some(),
+                "gRPC also on its own port"
+            );
             let app = http::grpc_only(Arc::clone(&service), telemetry.clone());
-            others.push(("gRPC", listener, app));
+            let connections = grpc_connections.unwrap_or_else(|| Arc::clone(&connections));
+            others.push(("gRPC", listener, app, connections));
         }
         if let Some(listener) = listeners.debug {
             tracing::info!(debug_address = %listener.local_addr()?, "probes and metrics on their own port");
-            others.push(("debug", listener, http::debug(Arc::clone(&service))));
+            let app = http::debug(Arc::clone(&service));
+            others.push(("debug", listener, app, Arc::clone(&connections)));
         }
         if let Some(listener) = listeners.metrics {
             tracing::info!(metrics_address = %listener.local_addr()?, "/metrics on its own port");
             let app = http::metrics_only(Arc::clone(&service));
-            others.push(("metrics", listener, app));
+            others.push(("metrics", listener, app, Arc::clone(&connections)));
         }
         let others: Vec<_> = others
             .into_iter()
-            .map(|(name, listener, app)| {
+            .map(|(name, listener, app, connections)| {
                 let served = tokio::spawn(accept::serve(
                     listener,
                     app,
-                    Arc::clone(&connections),
+                    connections,
                     Arc::clone(&slots),
                     stopping.clone(),
                 ));
@@ -250,7 +278,7 @@ impl Prepared {
             .collect();
         accept::serve(
             listeners.main,
-            http::app(service, telemetry.clone()),
+            http::app(service, telemetry.clone(), grpc_elsewhere),
             connections,
             slots,
             stopping,
