@@ -66,7 +66,12 @@ pub fn main() -> ExitCode {
         std::env::var(name).ok()
     });
     let cli = match argv {
-        Ok(argv) => Cli::parse_from(argv),
+        Ok(envoy) => {
+            for warning in &envoy.warnings {
+                eprintln!("sluicegate: warning: --compat envoy: {warning}");
+            }
+            Cli::parse_from(envoy.argv)
+        }
         Err(error) => {
             eprintln!("sluicegate: error: {error:#}");
             return ExitCode::FAILURE;
