@@ -7,13 +7,17 @@
 //! the decision code itself never sees a span.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::HeaderMap;
+use axum::body::Bytes;
+use axum::http::{HeaderMap, Request, Response};
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{Span, SpanKind, Status, Tracer, TracerProvider};
 use opentelemetry::{KeyValue, StringValue, Value};
-use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_http::hyper::HyperClient;
+use opentelemetry_http::{HttpClient, HttpError};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
@@ -91,8 +95,13 @@ impl Telemetry {
                 } else {
                     endpoint.to_owned()
                 };
+                let client = OnRuntime {
+                    client: Arc::new(HyperClient::with_default_connector(HTTP_TIMEOUT, None)),
+                    runtime: tokio::runtime::Handle::current(),
+                };
                 opentelemetry_otlp::SpanExporter::builder()
                     .with_http()
+                    .with_http_client(client)
                     .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                     .with_endpoint(traces)
                     .build()
@@ -168,6 +177,27 @@ impl Telemetry {
             Ok(Err(e)) => tracing::warn!("traces: the last spans were not sent: {e}"),
             Err(e) => tracing::warn!("traces: the exporter's shutdown failed: {e}"),
         }
+    }
+}
+
+/// How long an OTLP/HTTP export may take (the OpenTelemetry exporters' default).
+const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The OTLP/HTTP client: hyper's, run on the service's runtime. The batch processor
+/// exports from a thread of its own, outside any runtime, and hyper needs one.
+#[derive(Debug)]
+struct OnRuntime {
+    client: Arc<HyperClient>,
+    runtime: tokio::runtime::Handle,
+}
+
+#[async_trait::async_trait]
+impl HttpClient for OnRuntime {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let client = Arc::clone(&self.client);
+        self.runtime
+            .spawn(async move { client.send_bytes(request).await })
+            .await?
     }
 }
 
