@@ -145,7 +145,7 @@ fn check_values(env: &Environment<'_>) -> anyhow::Result<()> {
         }
         if variable.here == Here::Refused && !is_default(variable, env) {
             bail!(
-                "{name}={text:?}: {} (envoy's default is {:?})",
+                "{name}={text:?} is refused: {} (only envoy's default, {:?}, is accepted)",
                 variable.meaning,
                 variable.default
             );

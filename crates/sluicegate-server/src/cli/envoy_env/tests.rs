@@ -94,6 +94,8 @@ fn envoys_variables_are_read() {
             ("LOG_FORMAT", "json"),
             ("CACHE_KEY_PREFIX", "rl_"),
             ("REDIS_TIMEOUT", "2s"),
+            ("REDIS_TLS_CLIENT_CERT", "/certs/redis-client.crt"),
+            ("REDIS_TLS_CLIENT_KEY", "/certs/redis-client.key"),
         ],
     )
     .unwrap();
@@ -109,6 +111,8 @@ fn envoys_variables_are_read() {
         "--log-format=json",
         "--prefix=rl_",
         "--store-timeout=2s",
+        "--store-tls-cert=/certs/redis-client.crt",
+        "--store-tls-key=/certs/redis-client.key",
     ] {
         assert!(flags.iter().any(|f| f == flag), "{flag} not in {flags:?}");
     }
@@ -408,7 +412,7 @@ fn values_asking_for_what_is_not_done_here_are_refused_naming_them() {
     for (vars, says) in [
         (
             vec![("REDIS_PERSECOND", "true")],
-            "REDIS_PERSECOND=\"true\": a second Redis",
+            "REDIS_PERSECOND=\"true\" is refused: a second Redis",
         ),
         (vec![("QUOTA_MODE", "1")], "QUOTA_MODE=\"1\""),
         (
@@ -422,6 +426,10 @@ fn values_asking_for_what_is_not_done_here_are_refused_naming_them() {
         (
             vec![("REDIS_POOL_ON_EMPTY_BEHAVIOR", "CREATE")],
             "REDIS_POOL_ON_EMPTY_BEHAVIOR=\"CREATE\"",
+        ),
+        (
+            vec![("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true")],
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=\"true\" is refused: skipping",
         ),
         (
             vec![("USE_DOG_STATSD_MOGRIFIERS", "a")],

@@ -579,8 +579,8 @@ pub(super) const VARIABLES: &[EnvoyVariable] = &[
         "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
         "false",
         Kind::Bool,
-        Here::Flag("--store-tls-insecure-hostname"),
-        "true: Redis' certificate is checked against the authority, not its name",
+        Here::Refused,
+        "skipping the check of Redis' certificate name: refused, it is always checked here",
     ),
     variable(
         "REDIS_PIPELINE_WINDOW",
