@@ -65,20 +65,15 @@ pub fn main() -> ExitCode {
     let argv = envoy_env::with_envoy_env(std::env::args_os().collect(), &|name| {
         std::env::var(name).ok()
     });
-    let cli = match argv {
-        Ok(envoy) => {
-            for warning in &envoy.warnings {
-                eprintln!("sluicegate: warning: --compat envoy: {warning}");
-            }
-            Cli::parse_from(envoy.argv)
-        }
+    let (cli, envoy_warnings) = match argv {
+        Ok(envoy) => (Cli::parse_from(envoy.argv), envoy.warnings),
         Err(error) => {
             eprintln!("sluicegate: error: {error:#}");
             return ExitCode::FAILURE;
         }
     };
     let result = match cli.command {
-        Command::Serve(args) => serve::serve(*args),
+        Command::Serve(args) => serve::serve(*args, &envoy_warnings),
         Command::Replay(args) => replay::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Simulate(args) => simulate::run(&args),

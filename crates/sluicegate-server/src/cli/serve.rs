@@ -453,9 +453,13 @@ fn unless_zero(flag: &DurationArg) -> Option<Duration> {
 /// in a system call must not hold the exit.
 const RUNTIME_STOP: Duration = Duration::from_secs(1);
 
-/// Runs the service in this process until SIGTERM or SIGINT.
-pub(super) fn serve(args: ServeArgs) -> anyhow::Result<()> {
+/// Runs the service in this process until SIGTERM or SIGINT, having logged the warnings
+/// `--compat envoy` has about envoy's environment.
+pub(super) fn serve(args: ServeArgs, envoy_warnings: &[String]) -> anyhow::Result<()> {
     args.log.init();
+    for warning in envoy_warnings {
+        tracing::warn!("--compat envoy: {warning}");
+    }
     let options = args.options()?;
     let runtime = runtime_without_lifo_slot()?;
     let served = runtime.block_on(async {
