@@ -258,6 +258,13 @@ pub struct ServeArgs {
         requires = "grpc_tls_client_ca"
     )]
     grpc_tls_client_san: Option<String>,
+    /// A --grpc-listen connection this old (give or take 10%) is told to go away (HTTP/2
+    /// GOAWAY), so that clients spread over new instances [default: never].
+    #[arg(long, env = "SLUICEGATE_GRPC_MAX_CONNECTION_AGE", value_parser = parse_duration_arg, requires = "grpc_listen")]
+    grpc_max_connection_age: Option<DurationArg>,
+    /// Then, calls still in flight this long after are cut [default: they finish].
+    #[arg(long, env = "SLUICEGATE_GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = parse_duration_arg, requires = "grpc_max_connection_age")]
+    grpc_max_connection_age_grace: Option<DurationArg>,
 }
 
 impl ServeArgs {
@@ -324,7 +331,17 @@ impl ServeArgs {
                 http2_keepalive_interval: unless_zero(&self.http2_keepalive_interval),
                 http2_keepalive_timeout: self.http2_keepalive_timeout.duration(),
                 shutdown_timeout: self.shutdown_timeout.duration(),
+                max_age: None,
+                max_age_grace: None,
             },
+            grpc_max_connection_age: self
+                .grpc_max_connection_age
+                .as_ref()
+                .map(DurationArg::duration),
+            grpc_max_connection_age_grace: self
+                .grpc_max_connection_age_grace
+                .as_ref()
+                .map(DurationArg::duration),
             tls: match (&self.tls_cert, &self.tls_key) {
                 (Some(cert), Some(key)) => Some(TlsOptions {
                     cert: cert.clone(),

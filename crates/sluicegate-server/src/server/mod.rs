@@ -57,6 +57,11 @@ pub struct ServeOptions {
     pub reload_interval: Duration,
     /// Limits and timeouts of every listener.
     pub connections: ConnectionOptions,
+    /// The gRPC-only listener's connections are told to go away this old
+    /// ([`ConnectionOptions::max_age`]).
+    pub grpc_max_connection_age: Option<Duration>,
+    /// And cut this long after ([`ConnectionOptions::max_age_grace`]).
+    pub grpc_max_connection_age_grace: Option<Duration>,
     /// TLS on every listener; plain TCP without it.
     pub tls: Option<TlsOptions>,
     /// TLS on the gRPC-only listener alone, instead of `tls` there; with it, the other
@@ -88,6 +93,8 @@ pub struct Prepared {
     config_name: PathBuf,
     store_url: String,
     connections: ConnectionOptions,
+    grpc_max_connection_age: Option<Duration>,
+    grpc_max_connection_age_grace: Option<Duration>,
     tls: Option<Arc<Tls>>,
     grpc_tls: Option<Arc<Tls>>,
     reload_interval: Duration,
@@ -175,6 +182,8 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
             .unwrap_or_else(|| PathBuf::from(EXAMPLE_CONFIG_NAME)),
         store_url: options.store.url,
         connections: options.connections,
+        grpc_max_connection_age: options.grpc_max_connection_age,
+        grpc_max_connection_age_grace: options.grpc_max_connection_age_grace,
         tls,
         grpc_tls,
         reload_interval,
@@ -228,13 +237,18 @@ impl Prepared {
         }
         // gRPC over its own TLS: plaintext gRPC elsewhere would bypass it.
         let grpc_elsewhere = self.grpc_tls.is_none();
-        let grpc_connections = self.grpc_tls.clone().map(|grpc_tls| {
-            Arc::new(Connections::new(
-                options.clone(),
-                Arc::clone(&service),
-                Some(grpc_tls),
-            ))
-        });
+        // The gRPC listener's own: its TLS, and a maximum age.
+        let grpc_tls = self.grpc_tls.or_else(|| self.tls.clone());
+        let grpc_listener_tls = grpc_tls.is_some();
+        let grpc_connections = Arc::new(Connections::new(
+            ConnectionOptions {
+                max_age: self.grpc_max_connection_age,
+                max_age_grace: self.grpc_max_connection_age_grace,
+                ..options.clone()
+            },
+            Arc::clone(&service),
+            grpc_tls,
+        ));
         let connections = Arc::new(Connections::new(options, Arc::clone(&service), self.tls));
         // One signal stops every listener.
         let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -246,12 +260,11 @@ impl Prepared {
         if let Some(listener) = listeners.grpc_only {
             tracing::info!(
                 grpc_address = %listener.local_addr()?,
-                tls = grpc_connections.is_some(),
+                tls = grpc_listener_tls,
                 "gRPC also on its own port"
             );
             let app = http::grpc_only(Arc::clone(&service), telemetry.clone());
-            let connections = grpc_connections.unwrap_or_else(|| Arc::clone(&connections));
-            others.push(("gRPC", listener, app, connections));
+            others.push(("gRPC", listener, app, grpc_connections));
         }
         if let Some(listener) = listeners.debug {
             tracing::info!(debug_address = %listener.local_addr()?, "probes and metrics on their own port");

@@ -55,6 +55,8 @@ fn envoys_defaults_apply() {
         "--log-level=WARN",
         "--log-format=text",
         "--limit-header=RateLimit-Limit",
+        "--grpc-max-connection-age=1d",
+        "--grpc-max-connection-age-grace=1h",
     ] {
         assert!(flags.iter().any(|f| f == flag), "{flag} not in {flags:?}");
     }
