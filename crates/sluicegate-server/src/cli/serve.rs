@@ -259,10 +259,10 @@ pub struct ServeArgs {
     )]
     grpc_tls_client_san: Option<String>,
     /// A --grpc-listen connection this old (give or take 10%) is told to go away (HTTP/2
-    /// GOAWAY), so that clients spread over new instances [default: never].
+    /// GOAWAY), so that clients spread over new instances [default and 0s: never].
     #[arg(long, env = "SLUICEGATE_GRPC_MAX_CONNECTION_AGE", value_parser = parse_duration_arg, requires = "grpc_listen")]
     grpc_max_connection_age: Option<DurationArg>,
-    /// Then, calls still in flight this long after are cut [default: they finish].
+    /// Then, calls still in flight this long after are cut [default and 0s: they finish].
     #[arg(long, env = "SLUICEGATE_GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = parse_duration_arg, requires = "grpc_max_connection_age")]
     grpc_max_connection_age_grace: Option<DurationArg>,
 }
@@ -334,14 +334,12 @@ impl ServeArgs {
                 max_age: None,
                 max_age_grace: None,
             },
-            grpc_max_connection_age: self
-                .grpc_max_connection_age
-                .as_ref()
-                .map(DurationArg::duration),
+            // 0s is never, as grpc-go reads a zero age or grace.
+            grpc_max_connection_age: self.grpc_max_connection_age.as_ref().and_then(unless_zero),
             grpc_max_connection_age_grace: self
                 .grpc_max_connection_age_grace
                 .as_ref()
-                .map(DurationArg::duration),
+                .and_then(unless_zero),
             tls: match (&self.tls_cert, &self.tls_key) {
                 (Some(cert), Some(key)) => Some(TlsOptions {
                     cert: cert.clone(),
