@@ -232,3 +232,20 @@ fn envoy_gateways_tls_environment_puts_tls_on_the_grpc_port() {
     };
     assert!(warned.contains("GRPC_CLIENT_TLS_CACERT"), "{warned}");
 }
+
+/// A variable asking for what sluicegate does not do stops the binary's start, naming it:
+/// not a service that runs without what was asked.
+#[test]
+fn a_refused_variable_stops_the_start_naming_it() {
+    for (name, value) in [("REDIS_PERSECOND", "true"), ("GRPC_SERVER_USE_TLS", "true")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+            .arg("serve")
+            .env_clear()
+            .envs([("SLUICEGATE_COMPAT", "envoy"), (name, value)])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{name}={value} started");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains(name), "{name}: {said}");
+    }
+}
