@@ -882,6 +882,7 @@ pub(super) const VARIABLES: &[EnvoyVariable] = &[
 /// and the variable that does that job: envoy ignores them, and so does sluicegate, with a
 /// warning.
 pub(super) const LOOKALIKES: &[(&str, &str)] = &[
-    // Envoy Gateway's rate-limit deployment sets it beside GRPC_SERVER_TLS_CERT/_KEY.
+    // Envoy Gateway's rate-limit deployment sets it beside GRPC_SERVER_TLS_CERT/_KEY
+    // (envoyproxy/gateway@d32f282 internal/infrastructure/kubernetes/ratelimit/resource.go:61).
     ("GRPC_SERVER_TLS_CA_CERT", "GRPC_CLIENT_TLS_CACERT"),
 ];
