@@ -21,6 +21,7 @@ pub use compat::{Compat, Counting};
 pub use config::Config;
 pub use metrics::{EnvoyStatsOptions, PrometheusMapping, StatsdOptions, StatsdTags};
 pub use server::{
-    ConnectionOptions, Listeners, Prepared, ServeOptions, TlsOptions, prepare, serve,
+    ConnectionOptions, Listeners, OtlpOptions, OtlpProtocol, Prepared, ServeOptions, TlsOptions,
+    prepare, serve,
 };
 pub use service::{EnvoyHeaderNames, ResponseHeaders, ServiceOptions};

@@ -1,24 +1,58 @@
-//! OpenTelemetry traces: one span per check, exported over OTLP/gRPC when
-//! `--otlp-endpoint` names a collector. Off by default, and then nothing here runs but one
-//! `Option` test per check: no exporter, no thread, no span.
+//! OpenTelemetry traces: one span per check, exported over OTLP (gRPC, or HTTP with
+//! protobuf bodies) when `--otlp-endpoint` names a collector. Off by default, and then
+//! nothing here runs but one `Option` test per check: no exporter, no thread, no span.
 //!
 //! The front ends call [`Telemetry::check_span`] at the edge, with the request's headers
 //! (gRPC metadata are headers too), and [`CheckSpan::end`] with what the service decided;
 //! the decision code itself never sees a span.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::HeaderMap;
+use axum::body::Bytes;
+use axum::http::{HeaderMap, Request, Response};
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{Span, SpanKind, Status, Tracer, TracerProvider};
 use opentelemetry::{KeyValue, StringValue, Value};
-use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_http::hyper::HyperClient;
+use opentelemetry_http::{HttpClient, HttpError};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::{
+    IdGenerator as _, RandomIdGenerator, Sampler, SdkTracer, SdkTracerProvider,
+};
 
 use crate::service::{DecideError, Decided};
+
+/// How OTLP reaches the collector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OtlpProtocol {
+    /// OTLP/gRPC (a collector's port 4317).
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies (port 4318), POSTed to `/v1/traces`.
+    Http,
+}
+
+/// Where spans go and what they say of the service.
+#[derive(Clone, Debug)]
+pub struct OtlpOptions {
+    /// The collector: `http://host:4317` for gRPC; for HTTP its base URL
+    /// (`http://host:4318`, `/v1/traces` appended) or the full traces URL.
+    pub endpoint: String,
+    /// gRPC or HTTP.
+    pub protocol: OtlpProtocol,
+    /// The resource's `service.name`.
+    pub service_name: String,
+    /// The resource's `service.namespace`, if any.
+    pub service_namespace: Option<String>,
+    /// The resource's `service.instance.id`; a random one without it.
+    pub service_instance_id: Option<String>,
+    /// The share (0 to 1) of traces begun here that are sampled; a span whose caller's
+    /// trace context says sampled (or not) follows the caller.
+    pub sampling_ratio: f64,
+}
 
 /// Where traces go, or nowhere. Cheap to clone: the exporter is shared.
 #[derive(Clone, Debug, Default)]
@@ -33,18 +67,72 @@ struct Export {
 }
 
 impl Telemetry {
-    /// Spans batched and sent to the OTLP/gRPC collector at `endpoint`
-    /// (`http://host:4317`). The batch's schedule and size follow the SDK's `OTEL_BSP_*`
-    /// variables. Needs a tokio runtime: the exporter's channel runs on it.
-    pub(crate) fn otlp(endpoint: &str) -> anyhow::Result<Telemetry> {
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(endpoint)
-            .build()
-            .map_err(|e| anyhow::anyhow!("--otlp-endpoint {endpoint}: {e}"))?;
+    /// Spans batched and sent to the OTLP collector `options` name. The batch's schedule
+    /// and size follow the SDK's `OTEL_BSP_*` variables. Needs a tokio runtime: the
+    /// exporter's channel runs on it.
+    pub(crate) fn otlp(options: &OtlpOptions) -> anyhow::Result<Telemetry> {
+        let endpoint = options.endpoint.as_str();
+        let refused =
+            |why: &dyn std::fmt::Display| anyhow::anyhow!("--otlp-endpoint {endpoint}: {why}");
+        let uri: axum::http::Uri = endpoint.parse().map_err(|e| refused(&e))?;
+        // No TLS to a collector here: an https endpoint would fail every export.
+        if uri.scheme_str() != Some("http") {
+            return Err(refused(&"only http:// collectors are supported (no TLS)"));
+        }
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&options.sampling_ratio),
+            "--otlp-sampling-ratio {}: not between 0 and 1",
+            options.sampling_ratio
+        );
+        let exporter = match options.protocol {
+            OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint)
+                .build(),
+            OtlpProtocol::Http => {
+                let traces = if matches!(uri.path(), "" | "/") {
+                    format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+                } else {
+                    endpoint.to_owned()
+                };
+                let client = OnRuntime {
+                    client: Arc::new(HyperClient::with_default_connector(HTTP_TIMEOUT, None)),
+                    runtime: tokio::runtime::Handle::current(),
+                };
+                opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_http_client(client)
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_endpoint(traces)
+                    .build()
+            }
+        }
+        .map_err(|e| refused(&e))?;
+        let instance = options.service_instance_id.clone().unwrap_or_else(|| {
+            // 128 random bits, written as a UUID as envoyproxy/ratelimit writes its own.
+            let bits = format!("{:032x}", RandomIdGenerator::default().new_trace_id());
+            format!(
+                "{}-{}-{}-{}-{}",
+                &bits[..8],
+                &bits[8..12],
+                &bits[12..16],
+                &bits[16..20],
+                &bits[20..]
+            )
+        });
+        let mut resource = Resource::builder()
+            .with_service_name(options.service_name.clone())
+            .with_attribute(KeyValue::new("service.instance.id", instance));
+        if let Some(namespace) = &options.service_namespace {
+            resource =
+                resource.with_attribute(KeyValue::new("service.namespace", namespace.clone()));
+        }
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(exporter)
-            .with_resource(Resource::builder().with_service_name("sluicegate").build())
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+                options.sampling_ratio,
+            ))))
+            .with_resource(resource.build())
             .build();
         let tracer = provider.tracer("sluicegate");
         Ok(Telemetry {
@@ -89,6 +177,27 @@ impl Telemetry {
             Ok(Err(e)) => tracing::warn!("traces: the last spans were not sent: {e}"),
             Err(e) => tracing::warn!("traces: the exporter's shutdown failed: {e}"),
         }
+    }
+}
+
+/// How long an OTLP/HTTP export may take (the OpenTelemetry exporters' default).
+const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The OTLP/HTTP client: hyper's, run on the service's runtime. The batch processor
+/// exports from a thread of its own, outside any runtime, and hyper needs one.
+#[derive(Debug)]
+struct OnRuntime {
+    client: Arc<HyperClient>,
+    runtime: tokio::runtime::Handle,
+}
+
+#[async_trait::async_trait]
+impl HttpClient for OnRuntime {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let client = Arc::clone(&self.client);
+        self.runtime
+            .spawn(async move { client.send_bytes(request).await })
+            .await?
     }
 }
 

@@ -1,6 +1,6 @@
 //! The listeners against hostile clients, over real sockets: idle connections, slowloris
 //! headers, bodies never finished, more connections than allowed, a low descriptor limit,
-//! and stopping with a request half-sent.
+//! and stopping with a request half-sent; the gRPC port's maximum connection age.
 
 mod server;
 
@@ -375,4 +375,92 @@ fn wait_for_open_connections(server: &Server, n: u32) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A connection to the gRPC-only port of `server`.
+fn connect_grpc(server: &Server) -> TcpStream {
+    let stream = TcpStream::connect(server.grpc_address.as_ref().expect("--grpc-listen")).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    stream
+}
+
+/// The types of the HTTP/2 frames in `bytes` (each behind its 9-byte header).
+fn frame_types(bytes: &[u8]) -> Vec<u8> {
+    let mut types = Vec::new();
+    let mut at = 0;
+    while at + 9 <= bytes.len() {
+        let length = usize::from(bytes[at]) << 16
+            | usize::from(bytes[at + 1]) << 8
+            | usize::from(bytes[at + 2]);
+        types.push(bytes[at + 3]);
+        at += 9 + length;
+    }
+    types
+}
+
+/// An HTTP/2 connection to the gRPC port is told to go away (GOAWAY) once
+/// --grpc-max-connection-age old, give or take 10%; the main port's connections have no
+/// maximum age.
+#[test]
+fn grpc_connections_go_away_at_their_maximum_age() {
+    let server = Server::start(&[
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--grpc-max-connection-age",
+        "300ms",
+    ]);
+    let mut plain = connect(&server);
+    let mut stream = connect_grpc(&server);
+    let opened = Instant::now();
+    // The client preface and an empty SETTINGS frame.
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .unwrap();
+    stream.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).unwrap();
+    const GOAWAY: u8 = 7;
+    let mut received = Vec::new();
+    let mut buf = [0; 4096];
+    while !frame_types(&received).contains(&GOAWAY) {
+        let n = stream.read(&mut buf).expect("a GOAWAY before PATIENCE");
+        assert_ne!(n, 0, "closed without a GOAWAY: {received:?}");
+        received.extend_from_slice(&buf[..n]);
+    }
+    assert_between(opened.elapsed(), Duration::from_millis(270), PATIENCE);
+    assert_eq!(exchange(&mut plain, &get("/healthz")).unwrap().0, 200);
+}
+
+/// A call still in flight --grpc-max-connection-age-grace after the connection was told
+/// to go away is cut with it.
+#[test]
+fn grpc_calls_outlasting_the_grace_are_cut() {
+    let server = Server::start(&[
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--grpc-max-connection-age",
+        "300ms",
+        "--grpc-max-connection-age-grace",
+        "300ms",
+        "--body-timeout",
+        "60s",
+    ]);
+    let mut stream = connect_grpc(&server);
+    let opened = Instant::now();
+    // A ShouldRateLimit whose body never comes in full: in flight until cut. It asks
+    // 100-continue, answered once the service reads the body.
+    stream
+        .write_all(
+            b"POST /envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit HTTP/1.1\r\n\
+              host: sluicegate\r\ncontent-type: application/grpc\r\ncontent-length: 200\r\n\
+              expect: 100-continue\r\n\r\n",
+        )
+        .unwrap();
+    let mut continued = [0u8; 25];
+    stream.read_exact(&mut continued).unwrap();
+    assert!(
+        continued.starts_with(b"HTTP/1.1 100 Continue"),
+        "{continued:?}"
+    );
+    stream.write_all(&[0, 0, 0, 0, 100]).unwrap();
+    read_until_closed(&mut stream);
+    assert_between(opened.elapsed(), Duration::from_millis(540), PATIENCE);
 }

@@ -65,11 +65,18 @@ fn healthz(server: &Server, authority: &Authority, client: Option<&Issued>) -> (
 
 /// One ShouldRateLimit from Python's grpcio over TLS: what tests/python/rls_check.py printed.
 fn grpc_check(server: &Server, authority: &Authority, client: Option<&Issued>) -> String {
+    grpc_check_at(&server.address, Some(authority), client)
+}
+
+/// One ShouldRateLimit from Python's grpcio to `address`, over TLS trusting `authority`
+/// (with the client certificate `client`), or in plaintext without one.
+fn grpc_check_at(address: &str, authority: Option<&Authority>, client: Option<&Issued>) -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/rls_check.py");
     let mut python = Command::new("python3");
-    python
-        .args([script, &server.address, "example", "user", "carol"])
-        .env("RLS_CHECK_CA", authority.cert());
+    python.args([script, address, "example", "user", "carol"]);
+    if let Some(authority) = authority {
+        python.env("RLS_CHECK_CA", authority.cert());
+    }
     if let Some(client) = client {
         python
             .env("RLS_CHECK_CERT", &client.cert)
@@ -287,4 +294,93 @@ fn a_missing_certificate_stops_the_start() {
         said.contains("cannot read") && said.contains("absent.crt"),
         "{said}"
     );
+}
+
+/// The service with TLS on its gRPC port alone (`--grpc-tls-*`, envoy's
+/// GRPC_SERVER_USE_TLS), `extra` flags too.
+fn grpc_tls_server(pair: &Issued, extra: &[&str]) -> Server {
+    let mut args = vec![
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--grpc-tls-cert",
+        text(&pair.cert),
+        "--grpc-tls-key",
+        text(&pair.key),
+    ];
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}
+
+/// With --grpc-tls-cert, the gRPC port answers over TLS and refuses plaintext; the main
+/// port stays plain HTTP (its probes answer) and answers gRPC PERMISSION_DENIED, so no
+/// gRPC is served past the TLS.
+#[test]
+fn grpc_tls_is_on_the_grpc_port_alone() {
+    let dir = scratch("grpc-port");
+    let authority = Authority::new(&dir, "ca");
+    let server = grpc_tls_server(&authority.issue("server"), &[]);
+    let grpc = server.grpc_address.clone().expect("a gRPC address");
+
+    let answer = grpc_check_at(&grpc, Some(&authority), None);
+    assert!(answer.starts_with("1\n"), "{answer}");
+    let plaintext = grpc_check_at(&grpc, None, None);
+    assert!(plaintext.starts_with("UNAVAILABLE\n"), "{plaintext}");
+
+    let (status, answer) = curl(&[&format!("http://{}/healthz", server.address)]);
+    assert_eq!((status, answer.as_str()), (0, "ok\n"));
+    let refused = grpc_check_at(&server.address, None, None);
+    assert!(
+        refused.starts_with("PERMISSION_DENIED\n")
+            && refused.contains("gRPC is served over TLS on the gRPC port"),
+        "{refused}"
+    );
+}
+
+/// mTLS on the gRPC port: a client without a certificate, or with one of another
+/// authority, is refused in the handshake; one of the authority is answered.
+#[test]
+fn grpc_mtls_refuses_clients_without_a_trusted_certificate() {
+    let dir = scratch("grpc-mtls");
+    let authority = Authority::new(&dir, "ca");
+    let ca = authority.cert();
+    let server = grpc_tls_server(
+        &authority.issue("server"),
+        &["--grpc-tls-client-ca", text(&ca)],
+    );
+    let grpc = server.grpc_address.clone().expect("a gRPC address");
+    let client = authority.issue("client");
+    let stranger = Authority::new(&dir, "other").issue("stranger");
+
+    let answer = grpc_check_at(&grpc, Some(&authority), Some(&client));
+    assert!(answer.starts_with("1\n"), "{answer}");
+    for refused in [None, Some(&stranger)] {
+        let answer = grpc_check_at(&grpc, Some(&authority), refused);
+        assert!(answer.starts_with("UNAVAILABLE\n"), "{answer}");
+    }
+}
+
+/// With --grpc-tls-client-san, a client certificate of the authority that does not carry
+/// the name is refused too (envoy's GRPC_CLIENT_TLS_SAN).
+#[test]
+fn grpc_mtls_refuses_a_client_certificate_without_the_name() {
+    let dir = scratch("grpc-san");
+    let authority = Authority::new(&dir, "ca");
+    let ca = authority.cert();
+    let server = grpc_tls_server(
+        &authority.issue("server"),
+        &[
+            "--grpc-tls-client-ca",
+            text(&ca),
+            "--grpc-tls-client-san",
+            "envoy.gateway.example",
+        ],
+    );
+    let grpc = server.grpc_address.clone().expect("a gRPC address");
+    let named = authority.issue_for("named", "DNS:envoy.gateway.example");
+    let other = authority.issue_for("other-name", "DNS:someone.else.example");
+
+    let answer = grpc_check_at(&grpc, Some(&authority), Some(&named));
+    assert!(answer.starts_with("1\n"), "{answer}");
+    let refused = grpc_check_at(&grpc, Some(&authority), Some(&other));
+    assert!(refused.starts_with("UNAVAILABLE\n"), "{refused}");
 }

@@ -1,6 +1,7 @@
-//! OpenTelemetry traces (`--otlp-endpoint`): each check's span reaches a real OTLP/gRPC
-//! receiver started here, with its attributes, joined to the caller's trace when the
-//! request carries W3C trace context — over HTTP and gRPC, on memory and on Redis.
+//! OpenTelemetry traces (`--otlp-endpoint`): each check's span reaches a real OTLP
+//! receiver started here (gRPC, or HTTP with protobuf bodies), with its attributes, joined
+//! to the caller's trace when the request carries W3C trace context — over HTTP and gRPC,
+//! on memory and on Redis; envoy's tracing environment under `--compat envoy`; sampling.
 
 use sluicegate_test_support as support;
 
@@ -31,17 +32,38 @@ const HTTP_PARENT: &str = "00f067aa0ba902b7";
 const GRPC_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 const GRPC_PARENT: &str = "b7ad6b7169203331";
 
-/// What the receiver was sent: every span of every export, and the resources' service
-/// names.
+/// What the receiver was sent: every span of every export, the resources' service
+/// names, and their attributes.
 #[derive(Default)]
 struct Received {
     spans: Vec<Span>,
     services: Vec<String>,
+    resources: Vec<Vec<KeyValue>>,
 }
 
-/// An OTLP/gRPC trace receiver, as a collector serves it.
+/// An OTLP trace receiver, as a collector serves it: over gRPC, or over HTTP
+/// ([`start_http_receiver`]).
 #[derive(Clone, Default)]
 struct Receiver(Arc<Mutex<Received>>);
+
+impl Receiver {
+    fn record(&self, request: ExportTraceServiceRequest) {
+        let mut received = self.0.lock().unwrap();
+        for resource_spans in request.resource_spans {
+            if let Some(resource) = &resource_spans.resource {
+                if let Some(Value::StringValue(name)) =
+                    attribute(&resource.attributes, "service.name")
+                {
+                    received.services.push(name.clone());
+                }
+                received.resources.push(resource.attributes.clone());
+            }
+            for scope in resource_spans.scope_spans {
+                received.spans.extend(scope.spans);
+            }
+        }
+    }
+}
 
 #[tonic::async_trait]
 impl TraceService for Receiver {
@@ -49,18 +71,7 @@ impl TraceService for Receiver {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut received = self.0.lock().unwrap();
-        for resource_spans in request.into_inner().resource_spans {
-            if let Some(resource) = &resource_spans.resource
-                && let Some(Value::StringValue(name)) =
-                    attribute(&resource.attributes, "service.name")
-            {
-                received.services.push(name.clone());
-            }
-            for scope in resource_spans.scope_spans {
-                received.spans.extend(scope.spans);
-            }
-        }
+        self.record(request.into_inner());
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
 }
@@ -78,6 +89,42 @@ fn start_receiver(receiver: Receiver) -> (String, tokio::runtime::Runtime) {
         .unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let router = tonic::service::Routes::new(TraceServiceServer::new(receiver)).into_axum_router();
+    runtime.spawn(async move { axum::serve(listener, router).await });
+    (address, runtime)
+}
+
+/// The receiver over OTLP/HTTP (protobuf bodies POSTed to `/v1/traces`) on a free
+/// loopback port, as [`start_receiver`].
+fn start_http_receiver(receiver: Receiver) -> (String, tokio::runtime::Runtime) {
+    use prost::Message as _;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let export = move |body: axum::body::Bytes| async move {
+        match ExportTraceServiceRequest::decode(body) {
+            Ok(request) => {
+                receiver.record(request);
+                let answer = ExportTraceServiceResponse::default().encode_to_vec();
+                (
+                    axum::http::StatusCode::OK,
+                    [("content-type", "application/x-protobuf")],
+                    answer,
+                )
+            }
+            Err(e) => (
+                axum::http::StatusCode::BAD_REQUEST,
+                [("content-type", "text/plain")],
+                e.to_string().into_bytes(),
+            ),
+        }
+    };
+    let router = axum::Router::new().route("/v1/traces", axum::routing::post(export));
     runtime.spawn(async move { axum::serve(listener, router).await });
     (address, runtime)
 }
@@ -217,7 +264,9 @@ fn spans_of_checks(store_args: &[&str], least_store_us: f64) {
     while receiver.0.lock().unwrap().spans.len() < 9 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let Received { spans, services } = std::mem::take(&mut *receiver.0.lock().unwrap());
+    let Received {
+        spans, services, ..
+    } = std::mem::take(&mut *receiver.0.lock().unwrap());
     assert_eq!(spans.len(), 9, "one span per check: {spans:#?}");
     assert!(services.iter().all(|s| s == "sluicegate"), "{services:?}");
 
@@ -305,6 +354,11 @@ fn an_endpoint_that_is_no_url_is_refused() {
         .err()
         .expect("the start fails");
     assert!(error.contains("--otlp-endpoint not a url: "), "{error}");
+    // TLS to a collector is not done here: refused rather than failing every export.
+    let error = Server::try_start(&["--otlp-endpoint", "https://localhost:4318"])
+        .err()
+        .expect("the start fails");
+    assert!(error.contains("only http:// collectors"), "{error}");
 }
 
 /// The env twin, and spans sent while the service runs: the batch's schedule is the
@@ -371,4 +425,100 @@ fn a_collector_that_is_down_costs_the_checks_nothing() {
         "{:?}",
         stopping.elapsed()
     );
+}
+
+/// envoy's tracing environment on the real binary (`--compat envoy`): TRACING_ENABLED,
+/// the default protocol (OTLP/HTTP, protobuf) to OTEL_EXPORTER_OTLP_ENDPOINT, and the
+/// service's name, namespace and instance id on the spans' resource.
+#[test]
+fn envoys_tracing_environment_reaches_an_otlp_http_collector() {
+    let receiver = Receiver::default();
+    let (collector, _receiving) = start_http_receiver(receiver.clone());
+    let config = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/sluicegate.yaml"
+    );
+    let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    let endpoint = format!("http://{collector}");
+    let server = Server::binary_with_env(
+        &[
+            "--compat",
+            "envoy",
+            "--store",
+            "memory",
+            "--config",
+            config,
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--debug-listen",
+            "127.0.0.1:0",
+        ],
+        &env(&[
+            ("TRACING_ENABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("TRACING_SERVICE_NAMESPACE", "gateway"),
+            ("TRACING_SERVICE_INSTANCE_ID", "ratelimit-pod-1"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ]),
+    );
+    let (status, body) = server.request("POST", "/v1/check", &check_body("frank"));
+    assert_eq!(status, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while receiver.0.lock().unwrap().spans.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no span within 20 s: {:#?}",
+            server.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(server.stop().success());
+    let received = std::mem::take(&mut *receiver.0.lock().unwrap());
+    assert_eq!(received.spans[0].name, "POST /v1/check");
+    assert_eq!(received.services, ["RateLimit"]);
+    let resource = &received.resources[0];
+    for (key, expected) in [
+        ("service.namespace", "gateway"),
+        ("service.instance.id", "ratelimit-pod-1"),
+    ] {
+        match attribute(resource, key) {
+            Some(Value::StringValue(value)) => assert_eq!(value, expected, "{key}"),
+            other => panic!("{key} is {other:?}"),
+        }
+    }
+}
+
+/// --otlp-sampling-ratio 0: a trace begun here is not sampled, while a check whose caller's
+/// trace context says sampled is (the sampler follows the parent).
+#[test]
+fn the_sampling_ratio_applies_to_traces_begun_here() {
+    let receiver = Receiver::default();
+    let (collector, _receiving) = start_receiver(receiver.clone());
+    let endpoint = format!("http://{collector}");
+    let server = Server::start(&["--otlp-endpoint", &endpoint, "--otlp-sampling-ratio", "0"]);
+    let traceparent = format!("00-{HTTP_TRACE}-{HTTP_PARENT}-01");
+    for _ in 0..3 {
+        let (status, body) = server.request("POST", "/v1/check", &check_body("gina"));
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = server.request_with_headers(
+        "POST",
+        "/v1/check",
+        &check_body("gina"),
+        &[("traceparent", &traceparent)],
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(server.stop().success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while receiver.0.lock().unwrap().spans.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let spans = std::mem::take(&mut receiver.0.lock().unwrap().spans);
+    assert_eq!(spans.len(), 1, "{spans:#?}");
+    assert_eq!(hex(&spans[0].trace_id), HTTP_TRACE);
 }

@@ -52,6 +52,12 @@ impl Authority {
     /// Signs a certificate `name` (`name.crt`, `name.key`) for 127.0.0.1 and localhost,
     /// good for a server and a client alike.
     pub fn issue(&self, name: &str) -> Issued {
+        self.issue_for(name, "IP:127.0.0.1,DNS:localhost")
+    }
+
+    /// Signs a certificate `name` whose subject alternative names are `names` (openssl's
+    /// form: `DNS:a.example,IP:127.0.0.1`), good for a server and a client alike.
+    pub fn issue_for(&self, name: &str, names: &str) -> Issued {
         self.openssl(&[
             "req",
             "-newkey",
@@ -67,7 +73,7 @@ impl Authority {
         let extensions = format!("{name}.ext");
         std::fs::write(
             self.dir.join(&extensions),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
+            format!("subjectAltName={names}\nextendedKeyUsage=serverAuth,clientAuth\n"),
         )
         .unwrap();
         self.openssl(&[

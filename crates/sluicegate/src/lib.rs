@@ -24,7 +24,7 @@ pub use rule::{
 };
 pub use store::{
     AnyStore, Charge, Check, DecidedBy, Limit, MemoryStore, MemoryStoreConfig, Outcome, Store,
-    StoreError, StoreOptions, StoreUrl, StoreUrlError,
+    StoreError, StoreOptions, StoreUrl, StoreUrlError, TlsClientIdentity,
 };
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreConfig};

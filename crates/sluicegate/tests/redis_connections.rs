@@ -1,5 +1,6 @@
-//! The connection strings a deployment uses: TLS with its own authority, an ACL user and
-//! password, a unix socket — each against a real redis-server started here.
+//! The connection strings a deployment uses: TLS with its own authority, TLS with a client
+//! certificate, an ACL user and password, a unix socket — each against a real
+//! redis-server started here.
 
 #![cfg(feature = "redis")]
 
@@ -8,6 +9,7 @@ use std::time::Duration;
 
 use sluicegate::{
     Algorithm, Check, Limit, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
+    TlsClientIdentity,
 };
 use sluicegate_test_support as support;
 
@@ -72,6 +74,69 @@ async fn tls_with_the_deployments_own_authority() {
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+}
+
+/// A Redis that asks clients for a certificate (`tls-auth-clients yes`) answers one that
+/// presents a certificate of its authority, and refuses one without, or with a
+/// certificate of another authority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_client_certificate() {
+    let dir = std::env::temp_dir().join(format!("sluicegate-mtls-{}", std::process::id()));
+    let authority = support::certificates::Authority::new(&dir, "ca");
+    let server_cert = authority.issue("server");
+    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let path = |path: &Path| path.display().to_string();
+    let (cert, key, ca) = (
+        path(&server_cert.cert),
+        path(&server_cert.key),
+        path(&authority.cert()),
+    );
+    let tls_port_arg = tls_port.to_string();
+    let _server = support::RedisServer::start(&[
+        "--tls-port",
+        &tls_port_arg,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "yes",
+    ]);
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let identity = |issued: &support::certificates::Issued| TlsClientIdentity {
+        cert: std::fs::read(&issued.cert).unwrap(),
+        key: std::fs::read(&issued.key).unwrap(),
+    };
+    let with = |test: &str, client: Option<TlsClientIdentity>| {
+        let mut config = config(&url, test);
+        config.tls_ca = Some(std::fs::read(authority.cert()).unwrap());
+        config.tls_client = client;
+        config
+    };
+
+    let client = identity(&authority.issue("client"));
+    let store = RedisStore::connect(with("mtls", Some(client)))
+        .await
+        .expect("TLS with a client certificate of the authority");
+    decides(&store).await;
+
+    let stranger = support::certificates::Authority::new(&dir, "other").issue("stranger");
+    for (test, client) in [
+        ("mtls-none", None),
+        ("mtls-stranger", Some(identity(&stranger))),
+    ] {
+        let err = RedisStore::connect(with(test, client)).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::Unavailable { .. }),
+            "{test}: {err:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Args;
 use sluicegate::duration::{DurationError, parse_duration};
-use sluicegate::{Algorithm, LogLayout, Rule, RuleSpec, StoreOptions, StoreUrl, StoreUrlError};
+use sluicegate::{
+    Algorithm, LogLayout, Rule, RuleSpec, StoreOptions, StoreUrl, StoreUrlError, TlsClientIdentity,
+};
 
 use crate::tools::bench::Drive;
 
@@ -95,6 +97,13 @@ pub(crate) struct StoreArgs {
     /// not in the system's trust store.
     #[arg(long, env = "SLUICEGATE_STORE_TLS_CA")]
     store_tls_ca: Option<PathBuf>,
+    /// PEM certificate presented to a TLS Redis that asks clients for one
+    /// (`tls-auth-clients`).
+    #[arg(long, env = "SLUICEGATE_STORE_TLS_CERT", requires = "store_tls_key")]
+    store_tls_cert: Option<PathBuf>,
+    /// The --store-tls-cert certificate's private key (PEM).
+    #[arg(long, env = "SLUICEGATE_STORE_TLS_KEY", requires = "store_tls_cert")]
+    store_tls_key: Option<PathBuf>,
     /// How often Redis' maxmemory-policy is read again after connecting (0s: at connect
     /// only); any policy but noeviction is warned about.
     #[arg(long, env = "SLUICEGATE_EVICTION_CHECK_INTERVAL", default_value = "60s", value_parser = parse_duration_arg)]
@@ -123,14 +132,20 @@ impl StoreArgs {
             .unwrap_or_else(|| default_prefix.to_owned());
         options.timeout = self.store_timeout.duration();
         options.eviction_check_interval = self.eviction_check_interval.duration();
+        let read = |flag: &str, path: &PathBuf| {
+            std::fs::read(path).with_context(|| format!("{flag}: cannot read {}", path.display()))
+        };
         options.tls_ca = self
             .store_tls_ca
             .as_ref()
-            .map(|path| {
-                std::fs::read(path)
-                    .with_context(|| format!("--store-tls-ca: cannot read {}", path.display()))
-            })
+            .map(|path| read("--store-tls-ca", path))
             .transpose()?;
+        if let (Some(cert), Some(key)) = (&self.store_tls_cert, &self.store_tls_key) {
+            options.tls_client = Some(TlsClientIdentity {
+                cert: read("--store-tls-cert", cert)?,
+                key: read("--store-tls-key", key)?,
+            });
+        }
         Ok(options)
     }
 }

@@ -66,15 +66,15 @@ enum Command {
 pub fn main() -> ExitCode {
     let argv = as_envoy_ratelimit(std::env::args_os().collect());
     let argv = envoy_env::with_envoy_env(argv, &|name| std::env::var(name).ok());
-    let cli = match argv {
-        Ok(argv) => Cli::parse_from(argv),
+    let (cli, envoy_warnings) = match argv {
+        Ok(envoy) => (Cli::parse_from(envoy.argv), envoy.warnings),
         Err(error) => {
             eprintln!("sluicegate: error: {error:#}");
             return ExitCode::FAILURE;
         }
     };
     let result = match cli.command {
-        Command::Serve(args) => serve::serve(*args),
+        Command::Serve(args) => serve::serve(*args, &envoy_warnings),
         Command::Replay(args) => replay::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Simulate(args) => simulate::run(&args),

@@ -17,7 +17,9 @@ use super::stats::StatsArgs;
 use crate::compat::Compat;
 use crate::config::DEFAULT_MAX_NODES;
 use crate::metrics::DEFAULT_NEAR_LIMIT_RATIO;
-use crate::server::{self, ConnectionOptions, Listeners, ServeOptions, TlsOptions};
+use crate::server::{
+    self, ConnectionOptions, Listeners, OtlpOptions, OtlpProtocol, ServeOptions, TlsOptions,
+};
 use crate::service::{DEFAULT_MAX_ENTRY_BYTES, EnvoyHeaderNames, ResponseHeaders, ServiceOptions};
 
 #[derive(Args)]
@@ -142,10 +144,50 @@ pub struct ServeArgs {
     /// Do not serve the live page (GET /ui); /v1/overview stays.
     #[arg(long, env = "SLUICEGATE_NO_UI")]
     no_ui: bool,
-    /// Send a trace span per check to this OTLP/gRPC collector (http://host:4317); no
-    /// traces without it.
+    /// Send a trace span per check to this OTLP collector (http://host:4317 for gRPC,
+    /// http://host:4318 for HTTP); no traces without it.
     #[arg(long, env = "SLUICEGATE_OTLP_ENDPOINT", value_name = "URL")]
     otlp_endpoint: Option<String>,
+    /// How spans reach --otlp-endpoint: grpc (OTLP/gRPC) or http (OTLP/HTTP, protobuf,
+    /// POSTed to /v1/traces).
+    #[arg(
+        long,
+        env = "SLUICEGATE_OTLP_PROTOCOL",
+        default_value = "grpc",
+        requires = "otlp_endpoint"
+    )]
+    otlp_protocol: OtlpProtocol,
+    /// The traces' service.name.
+    #[arg(
+        long,
+        env = "SLUICEGATE_OTLP_SERVICE_NAME",
+        default_value = "sluicegate",
+        requires = "otlp_endpoint"
+    )]
+    otlp_service_name: String,
+    /// The traces' service.namespace.
+    #[arg(
+        long,
+        env = "SLUICEGATE_OTLP_SERVICE_NAMESPACE",
+        requires = "otlp_endpoint"
+    )]
+    otlp_service_namespace: Option<String>,
+    /// The traces' service.instance.id [default: a random one].
+    #[arg(
+        long,
+        env = "SLUICEGATE_OTLP_SERVICE_INSTANCE_ID",
+        requires = "otlp_endpoint"
+    )]
+    otlp_service_instance_id: Option<String>,
+    /// The share (0 to 1) of traces begun here that are sampled; a check whose caller's
+    /// trace context says sampled, or not, follows it.
+    #[arg(
+        long,
+        env = "SLUICEGATE_OTLP_SAMPLING_RATIO",
+        default_value_t = 1.0,
+        requires = "otlp_endpoint"
+    )]
+    otlp_sampling_ratio: f64,
     /// How often to look for edits of the --config files and the TLS certificate and
     /// key (SIGHUP reloads the configuration at once).
     #[arg(long, env = "SLUICEGATE_RELOAD_INTERVAL", default_value = "1s", value_parser = parse_duration_arg)]
@@ -199,6 +241,37 @@ pub struct ServeArgs {
     /// mTLS: clients must present a certificate this authority (PEM) signed.
     #[arg(long, env = "SLUICEGATE_TLS_CLIENT_CA", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
+    /// TLS on the --grpc-listen port alone (instead of --tls-cert there): the certificate
+    /// chain (PEM), reloaded when it changes. The --listen port then answers no gRPC
+    /// call (PERMISSION_DENIED), so gRPC is never served past this TLS.
+    #[arg(long, env = "SLUICEGATE_GRPC_TLS_CERT", requires_all = ["grpc_tls_key", "grpc_listen"])]
+    grpc_tls_cert: Option<PathBuf>,
+    /// The --grpc-tls-cert certificate's private key (PEM), reloaded with it.
+    #[arg(long, env = "SLUICEGATE_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    grpc_tls_key: Option<PathBuf>,
+    /// mTLS on the --grpc-listen port: clients must present a certificate this authority
+    /// (PEM) signed.
+    #[arg(
+        long,
+        env = "SLUICEGATE_GRPC_TLS_CLIENT_CA",
+        requires = "grpc_tls_cert"
+    )]
+    grpc_tls_client_ca: Option<PathBuf>,
+    /// With --grpc-tls-client-ca: the client's certificate must also carry this DNS name
+    /// or IP address among its subject alternative names.
+    #[arg(
+        long,
+        env = "SLUICEGATE_GRPC_TLS_CLIENT_SAN",
+        requires = "grpc_tls_client_ca"
+    )]
+    grpc_tls_client_san: Option<String>,
+    /// A --grpc-listen connection this old (give or take 10%) is told to go away (HTTP/2
+    /// GOAWAY), so that clients spread over new instances [default and 0s: never].
+    #[arg(long, env = "SLUICEGATE_GRPC_MAX_CONNECTION_AGE", value_parser = parse_duration_arg, requires = "grpc_listen")]
+    grpc_max_connection_age: Option<DurationArg>,
+    /// Then, calls still in flight this long after are cut [default and 0s: they finish].
+    #[arg(long, env = "SLUICEGATE_GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = parse_duration_arg, requires = "grpc_max_connection_age")]
+    grpc_max_connection_age_grace: Option<DurationArg>,
     #[command(flatten)]
     stats: StatsArgs,
 }
@@ -270,17 +343,42 @@ impl ServeArgs {
                 http2_keepalive_interval: unless_zero(&self.http2_keepalive_interval),
                 http2_keepalive_timeout: self.http2_keepalive_timeout.duration(),
                 shutdown_timeout: self.shutdown_timeout.duration(),
+                max_age: None,
+                max_age_grace: None,
             },
+            // 0s is never, as grpc-go reads a zero age or grace.
+            grpc_max_connection_age: self.grpc_max_connection_age.as_ref().and_then(unless_zero),
+            grpc_max_connection_age_grace: self
+                .grpc_max_connection_age_grace
+                .as_ref()
+                .and_then(unless_zero),
             tls: match (&self.tls_cert, &self.tls_key) {
                 (Some(cert), Some(key)) => Some(TlsOptions {
                     cert: cert.clone(),
                     key: key.clone(),
                     client_ca: self.tls_client_ca.clone(),
+                    client_san: None,
                 }),
                 _ => None,
             },
-            otlp_endpoint: self.otlp_endpoint.clone(),
+            grpc_tls: match (&self.grpc_tls_cert, &self.grpc_tls_key) {
+                (Some(cert), Some(key)) => Some(TlsOptions {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: self.grpc_tls_client_ca.clone(),
+                    client_san: self.grpc_tls_client_san.clone(),
+                }),
+                _ => None,
+            },
             statsd,
+            otlp: self.otlp_endpoint.clone().map(|endpoint| OtlpOptions {
+                endpoint,
+                protocol: self.otlp_protocol,
+                service_name: self.otlp_service_name.clone(),
+                service_namespace: self.otlp_service_namespace.clone(),
+                service_instance_id: self.otlp_service_instance_id.clone(),
+                sampling_ratio: self.otlp_sampling_ratio,
+            }),
         })
     }
 
@@ -394,9 +492,13 @@ fn unless_zero(flag: &DurationArg) -> Option<Duration> {
 /// in a system call must not hold the exit.
 const RUNTIME_STOP: Duration = Duration::from_secs(1);
 
-/// Runs the service in this process until SIGTERM or SIGINT.
-pub(super) fn serve(args: ServeArgs) -> anyhow::Result<()> {
+/// Runs the service in this process until SIGTERM or SIGINT, having logged the warnings
+/// `--compat envoy` has about envoy's environment.
+pub(super) fn serve(args: ServeArgs, envoy_warnings: &[String]) -> anyhow::Result<()> {
     args.log.init();
+    for warning in envoy_warnings {
+        tracing::warn!("--compat envoy: {warning}");
+    }
     let options = args.options()?;
     let runtime = runtime_without_lifo_slot()?;
     let served = runtime.block_on(async {

@@ -45,6 +45,15 @@ pub(crate) fn unimplemented(path: &str) -> http::Response<tonic::body::Body> {
     Status::unimplemented(format!("no method {path}")).into_http()
 }
 
+/// The answer to a gRPC call on a listener without gRPC: gRPC has a TLS listener of its
+/// own (`--grpc-tls-cert`), and is not served in plaintext beside it.
+pub(crate) fn served_elsewhere() -> http::Response<tonic::body::Body> {
+    Status::permission_denied(
+        "gRPC is served over TLS on the gRPC port (--grpc-listen) only, not on this port",
+    )
+    .into_http()
+}
+
 /// The RLS service over the shared service: routes `ShouldRateLimit`, refuses any other
 /// method as UNIMPLEMENTED.
 #[derive(Clone)]

@@ -28,9 +28,11 @@ use crate::service::Service;
 use crate::telemetry::Telemetry;
 
 /// The service's routes: the HTTP API, and the gRPC services on the same port (gRPC
-/// needs HTTP/2, which the server speaks alongside HTTP/1.1). Checks are traced to
-/// `telemetry`.
-pub(crate) fn app(service: Arc<Service>, telemetry: Telemetry) -> Router {
+/// needs HTTP/2, which the server speaks alongside HTTP/1.1) unless `with_grpc` is false:
+/// then gRPC is served only on a TLS listener of its own, and a gRPC call here answers
+/// PERMISSION_DENIED saying so, rather than be served in plaintext past that TLS (and its
+/// client certificates). Checks are traced to `telemetry`.
+pub(crate) fn app(service: Arc<Service>, telemetry: Telemetry, with_grpc: bool) -> Router {
     let grpc = crate::grpc::router(Arc::clone(&service), telemetry.clone());
     let api = Router::new()
         .route("/v1/check", post(check::check))
@@ -40,9 +42,12 @@ pub(crate) fn app(service: Arc<Service>, telemetry: Telemetry) -> Router {
         .merge(monitoring())
         .with_state(service)
         .layer(axum::extract::DefaultBodyLimit::max(body::MAX_BODY_BYTES));
-    span::traced(api, telemetry)
-        .merge(grpc)
-        .fallback(unknown_path)
+    let api = span::traced(api, telemetry);
+    if with_grpc {
+        api.merge(grpc).fallback(unknown_path)
+    } else {
+        api.fallback(grpc_elsewhere)
+    }
 }
 
 /// The gRPC services alone, for a listener of their own.
@@ -77,14 +82,28 @@ fn monitoring() -> Router<Arc<Service>> {
         .route("/metrics", get(probes::metrics))
 }
 
-/// No route has this path: 404 with the API's error body, or UNIMPLEMENTED to a gRPC
-/// client (which reads the status from the trailers, not the HTTP status).
-async fn unknown_path(request: Request) -> Response {
-    let grpc = request
+/// The request is a gRPC call.
+fn is_grpc(request: &Request) -> bool {
+    request
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// A listener without gRPC: a gRPC call is told where it is served; anything else is an
+/// unknown path.
+async fn grpc_elsewhere(request: Request) -> Response {
+    if is_grpc(&request) {
+        return crate::grpc::served_elsewhere().into_response();
+    }
+    unknown_path(request).await
+}
+
+/// No route has this path: 404 with the API's error body, or UNIMPLEMENTED to a gRPC
+/// client (which reads the status from the trailers, not the HTTP status).
+async fn unknown_path(request: Request) -> Response {
+    let grpc = is_grpc(&request);
     let path = request.uri().path();
     if grpc {
         return crate::grpc::unimplemented(path).into_response();

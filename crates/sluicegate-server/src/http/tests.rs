@@ -214,6 +214,7 @@ fn app_with(config: &str, admin_token: Option<&str>) -> Router {
     app(
         Arc::new(Service::new(config, limiter, options)),
         crate::telemetry::Telemetry::default(),
+        true,
     )
 }
 

@@ -54,6 +54,15 @@ pub struct ConnectionOptions {
     pub http2_keepalive_timeout: Duration,
     /// On stop, requests in flight may finish for this long; then the rest are cut.
     pub shutdown_timeout: Duration,
+    /// A connection this old, give or take 10% (so that connections opened together do
+    /// not all go at once), is told to go away: HTTP/2's GOAWAY, or a close after the
+    /// HTTP/1.1 request in flight. `None`: never. The gRPC listener's alone
+    /// (`--grpc-max-connection-age`, envoyproxy/ratelimit's GRPC_MAX_CONNECTION_AGE), so
+    /// that clients spread over new instances.
+    pub max_age: Option<Duration>,
+    /// A connection told to go away for its age is cut this long after, calls in flight or
+    /// not. `None`: they finish.
+    pub max_age_grace: Option<Duration>,
 }
 
 /// What every connection of every listener shares.
@@ -152,6 +161,11 @@ impl Connections {
         let connection = self.http.serve_connection(TokioIo::new(io), answer);
         tokio::pin!(connection);
         let mut told_to_stop = false;
+        let mut aged_at = self
+            .options
+            .max_age
+            .map(|age| activity.opened + jittered(age));
+        let mut cut_at = None;
         loop {
             let deadline = activity.deadline(&self.options);
             tokio::select! {
@@ -162,7 +176,7 @@ impl Connections {
                     return;
                 }
                 () = activity.changed.notified() => {}
-                () = sleep_until(deadline) => {
+                () = sleep_until(deadline.map(|(at, _)| at)) => {
                     let Some((at, timeout)) = activity.deadline(&self.options) else { continue };
                     if at > Instant::now() {
                         continue;
@@ -178,6 +192,18 @@ impl Connections {
                 () = stopped(&mut stopping), if !told_to_stop => {
                     told_to_stop = true;
                     connection.as_mut().graceful_shutdown();
+                }
+                () = sleep_until(aged_at) => {
+                    aged_at = None;
+                    if !told_to_stop {
+                        told_to_stop = true;
+                        connection.as_mut().graceful_shutdown();
+                    }
+                    cut_at = self.options.max_age_grace.map(|grace| Instant::now() + grace);
+                }
+                () = sleep_until(cut_at) => {
+                    tracing::debug!("connection cut: its calls outlasted the grace after its maximum age");
+                    return;
                 }
             }
         }
@@ -257,11 +283,20 @@ pub(super) async fn stopped(stopping: &mut watch::Receiver<bool>) {
 }
 
 /// Resolves at `deadline`, never without one.
-async fn sleep_until(deadline: Option<(Instant, ConnectionTimeout)>) {
+async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
-        Some((at, _)) => tokio::time::sleep_until(at).await,
+        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
+}
+
+/// `age` give or take 10%, at random.
+fn jittered(age: Duration) -> Duration {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    // Each RandomState is keyed afresh: a random number without a generator.
+    let random = std::hash::RandomState::new().build_hasher().finish();
+    let share = 0.9 + 0.2 * (random >> 11) as f64 / (1u64 << 53) as f64;
+    age.mul_f64(share)
 }
 
 /// `head_since` when no request has started arriving.

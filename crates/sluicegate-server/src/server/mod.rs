@@ -26,6 +26,7 @@ use crate::config::{self, Config, LoadOptions};
 use crate::http;
 use crate::service::{Service, ServiceOptions};
 use crate::telemetry::Telemetry;
+pub use crate::telemetry::{OtlpOptions, OtlpProtocol};
 
 /// The example configuration served when no configuration path is given (examples/).
 const EXAMPLE_CONFIG: &str = include_str!("../../../../examples/sluicegate.yaml");
@@ -56,10 +57,18 @@ pub struct ServeOptions {
     pub reload_interval: Duration,
     /// Limits and timeouts of every listener.
     pub connections: ConnectionOptions,
+    /// The gRPC-only listener's connections are told to go away this old
+    /// ([`ConnectionOptions::max_age`]).
+    pub grpc_max_connection_age: Option<Duration>,
+    /// And cut this long after ([`ConnectionOptions::max_age_grace`]).
+    pub grpc_max_connection_age_grace: Option<Duration>,
     /// TLS on every listener; plain TCP without it.
     pub tls: Option<TlsOptions>,
-    /// The OTLP/gRPC collector the check spans go to; none without it.
-    pub otlp_endpoint: Option<String>,
+    /// TLS on the gRPC-only listener alone, instead of `tls` there; with it, the other
+    /// listeners answer no gRPC call (see [`crate::http::app`]).
+    pub grpc_tls: Option<TlsOptions>,
+    /// The OTLP collector the check spans go to, and how; none without it.
+    pub otlp: Option<OtlpOptions>,
     /// The statsd server envoy's statistics go to; none without it.
     pub statsd: Option<crate::metrics::StatsdOptions>,
 }
@@ -86,7 +95,10 @@ pub struct Prepared {
     config_name: PathBuf,
     store_url: String,
     connections: ConnectionOptions,
+    grpc_max_connection_age: Option<Duration>,
+    grpc_max_connection_age_grace: Option<Duration>,
     tls: Option<Arc<Tls>>,
+    grpc_tls: Option<Arc<Tls>>,
     reload_interval: Duration,
 }
 
@@ -99,6 +111,13 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         .clone()
         .map(Tls::load)
         .transpose()?
+        .map(Arc::new);
+    let grpc_tls = options
+        .grpc_tls
+        .clone()
+        .map(Tls::load)
+        .transpose()
+        .context("the gRPC listener's TLS")?
         .map(Arc::new);
     // A zero interval would spin the watch.
     let reload_interval = options.reload_interval.max(Duration::from_millis(1));
@@ -128,8 +147,8 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         });
     }
     let telemetry = options
-        .otlp_endpoint
-        .as_deref()
+        .otlp
+        .as_ref()
         .map(Telemetry::otlp)
         .transpose()?
         .unwrap_or_default();
@@ -169,7 +188,10 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
             .unwrap_or_else(|| PathBuf::from(EXAMPLE_CONFIG_NAME)),
         store_url: options.store.url,
         connections: options.connections,
+        grpc_max_connection_age: options.grpc_max_connection_age,
+        grpc_max_connection_age_grace: options.grpc_max_connection_age_grace,
         tls,
+        grpc_tls,
         reload_interval,
     })
 }
@@ -216,9 +238,23 @@ impl Prepared {
         }
         // One budget of connections over every listener: descriptors are the process's.
         let slots = Arc::new(Semaphore::new(options.max_connections));
-        if let Some(tls) = &self.tls {
+        for tls in self.tls.iter().chain(&self.grpc_tls) {
             tokio::spawn(Arc::clone(tls).reload_on_change(self.reload_interval));
         }
+        // gRPC over its own TLS: plaintext gRPC elsewhere would bypass it.
+        let grpc_elsewhere = self.grpc_tls.is_none();
+        // The gRPC listener's own: its TLS, and a maximum age.
+        let grpc_tls = self.grpc_tls.or_else(|| self.tls.clone());
+        let grpc_listener_tls = grpc_tls.is_some();
+        let grpc_connections = Arc::new(Connections::new(
+            ConnectionOptions {
+                max_age: self.grpc_max_connection_age,
+                max_age_grace: self.grpc_max_connection_age_grace,
+                ..options.clone()
+            },
+            Arc::clone(&service),
+            grpc_tls,
+        ));
         let connections = Arc::new(Connections::new(options, Arc::clone(&service), self.tls));
         // One signal stops every listener.
         let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -228,26 +264,31 @@ impl Prepared {
         });
         let mut others = Vec::new();
         if let Some(listener) = listeners.grpc_only {
-            tracing::info!(grpc_address = %listener.local_addr()?, "gRPC also on its own port");
+            tracing::info!(
+                grpc_address = %listener.local_addr()?,
+                tls = grpc_listener_tls,
+                "gRPC also on its own port"
+            );
             let app = http::grpc_only(Arc::clone(&service), telemetry.clone());
-            others.push(("gRPC", listener, app));
+            others.push(("gRPC", listener, app, grpc_connections));
         }
         if let Some(listener) = listeners.debug {
             tracing::info!(debug_address = %listener.local_addr()?, "probes and metrics on their own port");
-            others.push(("debug", listener, http::debug(Arc::clone(&service))));
+            let app = http::debug(Arc::clone(&service));
+            others.push(("debug", listener, app, Arc::clone(&connections)));
         }
         if let Some(listener) = listeners.metrics {
             tracing::info!(metrics_address = %listener.local_addr()?, "/metrics on its own port");
             let app = http::metrics_only(Arc::clone(&service));
-            others.push(("metrics", listener, app));
+            others.push(("metrics", listener, app, Arc::clone(&connections)));
         }
         let others: Vec<_> = others
             .into_iter()
-            .map(|(name, listener, app)| {
+            .map(|(name, listener, app, connections)| {
                 let served = tokio::spawn(accept::serve(
                     listener,
                     app,
-                    Arc::clone(&connections),
+                    connections,
                     Arc::clone(&slots),
                     stopping.clone(),
                 ));
@@ -256,7 +297,7 @@ impl Prepared {
             .collect();
         accept::serve(
             listeners.main,
-            http::app(service, telemetry.clone()),
+            http::app(service, telemetry.clone(), grpc_elsewhere),
             connections,
             slots,
             stopping,

@@ -1,7 +1,8 @@
 //! TLS on the service's listeners (rustls, ring): the certificate and key read from PEM
 //! files and read again when they change (new handshakes use the new pair; a pair that
 //! does not load is logged and the previous one keeps serving), and, with a client
-//! authority, mTLS: a client without a certificate it signed is refused in the handshake.
+//! authority, mTLS: a client without a certificate it signed is refused in the handshake,
+//! and, with a client name too, a client whose certificate does not carry that name.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,12 +10,17 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use arc_swap::ArcSwap;
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::client::verify_server_name;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ParsedCertificate, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::{
+    DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
+};
 use tokio_rustls::TlsAcceptor;
 
 /// Where the service's certificate, key and (for mTLS) client authority are.
@@ -26,9 +32,13 @@ pub struct TlsOptions {
     pub key: PathBuf,
     /// With it, clients must present a certificate this authority (PEM) signed.
     pub client_ca: Option<PathBuf>,
+    /// With it (and `client_ca`), the client's certificate must also carry this name (a DNS
+    /// name or an IP address among its subject alternative names), as envoyproxy/ratelimit
+    /// checks GRPC_CLIENT_TLS_SAN.
+    pub client_san: Option<String>,
 }
 
-/// The TLS side of every listener.
+/// The TLS side of a listener.
 pub(super) struct Tls {
     acceptor: TlsAcceptor,
     certificate: Arc<Certificate>,
@@ -50,16 +60,27 @@ impl Tls {
         let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
             .context("TLS protocol versions")?;
-        let builder = match &options.client_ca {
-            Some(path) => {
+        let builder = match (&options.client_ca, &options.client_san) {
+            (Some(path), san) => {
                 let roots = trusted_roots(path)?;
-                let verifier =
+                let mut verifier =
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                         .build()
                         .with_context(|| format!("{}: client authority", path.display()))?;
+                if let Some(san) = san {
+                    let name = ServerName::try_from(san.clone())
+                        .with_context(|| format!("{san:?}: not a DNS name or an IP address"))?;
+                    verifier = Arc::new(NamedClients {
+                        authority: verifier,
+                        name,
+                    });
+                }
                 builder.with_client_cert_verifier(verifier)
             }
-            None => builder.with_no_client_auth(),
+            (None, Some(san)) => {
+                anyhow::bail!("the client name {san:?} needs a client authority to check it")
+            }
+            (None, None) => builder.with_no_client_auth(),
         };
         let mut config =
             builder.with_cert_resolver(Arc::clone(&certificate) as Arc<dyn ResolvesServerCert>);
@@ -110,6 +131,64 @@ impl Tls {
             }
             loaded = now;
         }
+    }
+}
+
+/// Clients with a certificate the authority signed that also carries `name`.
+#[derive(Debug)]
+struct NamedClients {
+    authority: Arc<dyn ClientCertVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ClientCertVerifier for NamedClients {
+    fn offer_client_auth(&self) -> bool {
+        self.authority.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.authority.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.authority.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .authority
+            .verify_client_cert(end_entity, intermediates, now)?;
+        verify_server_name(&ParsedCertificate::try_from(end_entity)?, &self.name)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.authority
+            .verify_tls12_signature(message, cert, signature)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.authority
+            .verify_tls13_signature(message, cert, signature)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.authority.supported_verify_schemes()
     }
 }
 

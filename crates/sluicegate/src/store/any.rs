@@ -39,6 +39,8 @@ pub struct StoreOptions {
     pub timeout: Duration,
     /// PEM certificate(s) of the authority behind a TLS server's certificate.
     pub tls_ca: Option<Vec<u8>>,
+    /// For TLS: the certificate this client presents, for a server that asks for one.
+    pub tls_client: Option<TlsClientIdentity>,
     /// How often Redis' `maxmemory-policy` is read again after connecting; zero: at
     /// connect only.
     pub eviction_check_interval: Duration,
@@ -49,6 +51,23 @@ pub struct StoreOptions {
     pub memory: MemoryStoreConfig,
 }
 
+/// A client's certificate and its private key (PEM), presented to a TLS server that asks
+/// for one (Redis' `tls-auth-clients`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct TlsClientIdentity {
+    /// The certificate chain, leaf first.
+    pub cert: Vec<u8>,
+    /// Its private key.
+    pub key: Vec<u8>,
+}
+
+impl std::fmt::Debug for TlsClientIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key stays out of logs.
+        f.debug_struct("TlsClientIdentity").finish_non_exhaustive()
+    }
+}
+
 impl StoreOptions {
     /// Defaults for `url`.
     pub fn new(url: &str) -> Self {
@@ -57,6 +76,7 @@ impl StoreOptions {
             prefix: DEFAULT_REDIS_PREFIX.to_owned(),
             timeout: DEFAULT_REDIS_TIMEOUT,
             tls_ca: None,
+            tls_client: None,
             eviction_check_interval: DEFAULT_EVICTION_CHECK_INTERVAL,
             expiration_jitter_max: DEFAULT_EXPIRATION_JITTER_MAX,
             memory: MemoryStoreConfig::default(),
@@ -80,6 +100,7 @@ impl AnyStore {
                 options.prefix,
                 options.timeout,
                 options.tls_ca,
+                options.tls_client,
                 options.eviction_check_interval,
                 Scripting::Auto,
                 options.expiration_jitter_max,

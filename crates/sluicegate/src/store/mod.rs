@@ -9,7 +9,7 @@ mod memory;
 pub mod redis;
 mod url;
 
-pub use any::{AnyStore, StoreOptions};
+pub use any::{AnyStore, StoreOptions, TlsClientIdentity};
 pub use memory::{MemoryStore, MemoryStoreConfig, SWEEP_INTERVAL};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreConfig, ScriptCalls};

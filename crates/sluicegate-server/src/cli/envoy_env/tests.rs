@@ -16,7 +16,7 @@ fn appended(args: &[&str], vars: &[(&str, &str)]) -> anyhow::Result<Vec<String>>
         .map(OsString::from)
         .collect();
     let given = argv.len();
-    let out = with_envoy_env(argv, &|name| vars.get(name).cloned())?;
+    let out = with_envoy_env(argv, &|name| vars.get(name).cloned())?.argv;
     // Whatever is appended parses.
     super::super::Cli::try_parse_from(&out).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(out[given..]
@@ -55,6 +55,8 @@ fn envoys_defaults_apply() {
         "--log-level=WARN",
         "--log-format=text",
         "--limit-header=RateLimit-Limit",
+        "--grpc-max-connection-age=1d",
+        "--grpc-max-connection-age-grace=1h",
     ] {
         assert!(flags.iter().any(|f| f == flag), "{flag} not in {flags:?}");
     }
@@ -94,6 +96,8 @@ fn envoys_variables_are_read() {
             ("LOG_FORMAT", "json"),
             ("CACHE_KEY_PREFIX", "rl_"),
             ("REDIS_TIMEOUT", "2s"),
+            ("REDIS_TLS_CLIENT_CERT", "/certs/redis-client.crt"),
+            ("REDIS_TLS_CLIENT_KEY", "/certs/redis-client.key"),
         ],
     )
     .unwrap();
@@ -109,6 +113,8 @@ fn envoys_variables_are_read() {
         "--log-format=json",
         "--prefix=rl_",
         "--store-timeout=2s",
+        "--store-tls-cert=/certs/redis-client.crt",
+        "--store-tls-key=/certs/redis-client.key",
     ] {
         assert!(flags.iter().any(|f| f == flag), "{flag} not in {flags:?}");
     }
@@ -198,7 +204,7 @@ fn redis_variables_make_the_store_url() {
 #[test]
 fn variables_envoy_would_refuse_are_refused_naming_them() {
     for (vars, says) in [
-        (vec![("PORT", "http")], "PORT=\"http\": not a port"),
+        (vec![("PORT", "http")], "PORT=\"http\": not a whole number"),
         (
             vec![("SHADOW_MODE", "yes")],
             "SHADOW_MODE=\"yes\": not a boolean",
@@ -223,27 +229,103 @@ fn variables_envoy_would_refuse_are_refused_naming_them() {
     }
 }
 
-/// Every row maps onto a flag of this build; a flag another part of the service has yet
-/// to add refuses a variable that asks for it rather than ignoring it.
+/// Every row with a flag maps onto a flag of this build; a flag another part of the
+/// service has yet to add refuses a variable that asks for it rather than ignoring it.
 #[test]
 fn every_variable_maps_or_is_refused() {
     let serve = super::super::Cli::command();
     let serve = serve.find_subcommand("serve").unwrap();
     for variable in VARIABLES {
-        let Some(flag) = variable.flag else { continue };
+        let Some(flag) = variable.flag() else {
+            continue;
+        };
         let known = serve
             .get_arguments()
             .any(|a| a.get_long() == flag.strip_prefix("--"));
-        let asking = match variable.default {
-            Some("false") => "true",
+        // USE_STATSD=false asks for no statsd: nothing of a missing --statsd.
+        if known || variable.name == "USE_STATSD" {
+            continue;
+        }
+        let asking = match variable.kind {
+            Kind::Bool if variable.default == "false" => "true",
+            Kind::Bool => "false",
+            Kind::Duration => "17s",
+            Kind::Map => "k:v",
             _ => "1",
         };
-        let result = appended(&["--compat", "envoy"], &[(variable.name, asking)]);
-        if !known {
-            let error = format!("{:#}", result.unwrap_err());
-            assert!(error.contains("not supported by this build yet"), "{error}");
+        // The variables of a flag envoy reads only beside another: that one set too.
+        let mut vars = vec![(variable.name, asking)];
+        match flag {
+            f if f.starts_with("--config-xds") || f == "--start-without-config" => {
+                vars.push(("CONFIG_TYPE", "GRPC_XDS_SOTW"));
+            }
+            f if f.starts_with("--statsd") => vars.push(("USE_STATSD", "true")),
+            f if f.starts_with("--prometheus-") => vars.push(("USE_PROMETHEUS", "true")),
+            _ => {}
         }
+        if variable.name == "CONFIG_TYPE" {
+            vars = vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")];
+        }
+        let result = appended(&["--compat", "envoy"], &vars);
+        let error = format!("{:#}", result.expect_err(variable.name));
+        assert!(error.contains("not supported by this build yet"), "{error}");
     }
+}
+
+/// The table holds every variable envoyproxy/ratelimit@f2fb157 src/settings/settings.go
+/// reads (its `envconfig` tags, in the copy vendored as a fixture), with envoy's default
+/// and Go type, and nothing else.
+#[test]
+fn the_table_is_envoys_list_of_variables() {
+    let settings = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/envoy/settings/settings.go"
+    ));
+    let mut envoys = Vec::new();
+    for line in settings.lines() {
+        let Some((field, tags)) = line.split_once('`') else {
+            continue;
+        };
+        let Some(name) = tag(tags, "envconfig") else {
+            continue;
+        };
+        let go_type = field.split_whitespace().nth(1).expect("a field's type");
+        let kind = match go_type {
+            "string" => Kind::Text,
+            "int" | "int64" => Kind::Int,
+            "bool" => Kind::Bool,
+            "time.Duration" => Kind::Duration,
+            "float32" | "float64" => Kind::Float,
+            "map[string]string" => Kind::Map,
+            "[]string" => Kind::List,
+            other => panic!("{name}: Go type {other} not known here"),
+        };
+        envoys.push((name, tag(tags, "default").unwrap_or(""), kind));
+    }
+    assert!(envoys.len() > 100, "{} variables read", envoys.len());
+    let ours: Vec<_> = VARIABLES
+        .iter()
+        .map(|v| (v.name, v.default, v.kind))
+        .collect();
+    for variable in &envoys {
+        assert!(
+            ours.contains(variable),
+            "envoy's {variable:?} is not in the table as such"
+        );
+    }
+    for variable in &ours {
+        assert!(
+            envoys.contains(variable),
+            "{variable:?} is not one of envoy's variables"
+        );
+    }
+}
+
+/// The value of the struct tag `key:"value"` in a Go field's tags.
+fn tag<'t>(tags: &'t str, key: &str) -> Option<&'t str> {
+    let start = tags.find(&format!("{key}:\""))? + key.len() + 2;
+    let length = tags[start..].find('"')?;
+    Some(&tags[start..start + length])
 }
 
 /// README.md's table is this one.
@@ -251,15 +333,24 @@ fn every_variable_maps_or_is_refused() {
 fn the_readme_has_the_table() {
     let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"));
     for v in VARIABLES {
-        let row = format!(
-            "| `{}` | {} | {} | {} |",
-            v.name,
-            v.default.map_or("—".to_owned(), |d| format!("`{d}`")),
-            v.flag.map_or("—".to_owned(), |f| format!("`{f}`")),
-            v.meaning
-        );
+        let row = readme_row(v);
         assert!(readme.contains(&row), "README.md lacks the row\n{row}");
     }
+}
+
+/// The README's row of a variable.
+fn readme_row(v: &EnvoyVariable) -> String {
+    let here = match v.here {
+        Here::Flag(flag) | Here::FlagWhenSet(flag) => format!("`{flag}`"),
+        Here::Ignored => "ignored".to_owned(),
+        Here::Refused => "refused".to_owned(),
+    };
+    let default = if v.default.is_empty() {
+        "—".to_owned()
+    } else {
+        format!("`{}`", v.default)
+    };
+    format!("| `{}` | {default} | {here} | {} |", v.name, v.meaning)
 }
 
 #[test]
@@ -297,4 +388,266 @@ fn envoys_config_directory_flags_are_set_as_envoy_reads_them() {
     ] {
         assert!(flags.iter().any(|f| f == flag), "{flag} not in {flags:?}");
     }
+}
+
+/// The warnings of `serve --compat envoy` under `vars`.
+fn warned(vars: &[(&str, &str)]) -> Vec<String> {
+    let vars: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let argv = ["sluicegate", "serve", "--compat", "envoy"]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    with_envoy_env(argv, &|name| vars.get(name).cloned())
+        .unwrap()
+        .warnings
+}
+
+fn refusal(vars: &[(&str, &str)]) -> String {
+    format!("{:#}", appended(&["--compat", "envoy"], vars).unwrap_err())
+}
+
+#[test]
+fn values_asking_for_what_is_not_done_here_are_refused_naming_them() {
+    for (vars, says) in [
+        (
+            vec![("REDIS_PERSECOND", "true")],
+            "REDIS_PERSECOND=\"true\" is refused: a second Redis",
+        ),
+        (vec![("QUOTA_MODE", "1")], "QUOTA_MODE=\"1\""),
+        (
+            vec![("RESPONSE_DYNAMIC_METADATA", "true")],
+            "RESPONSE_DYNAMIC_METADATA",
+        ),
+        (
+            vec![("GRPC_UDS", "/tmp/rl.sock")],
+            "GRPC_UDS=\"/tmp/rl.sock\"",
+        ),
+        (
+            vec![("REDIS_POOL_ON_EMPTY_BEHAVIOR", "CREATE")],
+            "REDIS_POOL_ON_EMPTY_BEHAVIOR=\"CREATE\"",
+        ),
+        (
+            vec![("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true")],
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=\"true\" is refused: skipping",
+        ),
+        (
+            vec![("USE_DOG_STATSD_MOGRIFIERS", "a")],
+            "USE_DOG_STATSD_MOGRIFIERS",
+        ),
+        (
+            vec![("CONFIG_TYPE", "K8S")],
+            "CONFIG_TYPE=\"K8S\": expected FILE or GRPC_XDS_SOTW",
+        ),
+        (
+            vec![
+                ("TRACING_ENABLED", "true"),
+                ("TRACING_EXPORTER_PROTOCOL", "zipkin"),
+            ],
+            "TRACING_EXPORTER_PROTOCOL=\"zipkin\"",
+        ),
+    ] {
+        let error = refusal(&vars);
+        assert!(error.contains(says), "{vars:?}: {error}");
+    }
+    // Envoy's default, in any case envoy accepts, is no request.
+    assert!(
+        appended(
+            &["--compat", "envoy"],
+            &[("REDIS_POOL_ON_EMPTY_BEHAVIOR", "wait")]
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn values_envoys_parser_refuses_are_refused_naming_them() {
+    for (vars, says) in [
+        (
+            vec![("GRPC_MAX_CONNECTION_AGE", "1x")],
+            "GRPC_MAX_CONNECTION_AGE=\"1x\": not a duration",
+        ),
+        (
+            vec![("REDIS_PIPELINE_WINDOW", "150")],
+            "REDIS_PIPELINE_WINDOW=\"150\": not a duration",
+        ),
+        (
+            vec![("EXTRA_TAGS", "a:1,b")],
+            "EXTRA_TAGS=\"a:1,b\": \"b\" is no key:value item",
+        ),
+        (
+            vec![("REDIS_POOL_SIZE", "ten")],
+            "REDIS_POOL_SIZE=\"ten\": not a whole number",
+        ),
+        (
+            vec![("TRACING_SAMPLING_RATE", "half")],
+            "TRACING_SAMPLING_RATE=\"half\": not a number",
+        ),
+        (
+            vec![("MEMCACHE_TLS", "yes")],
+            "MEMCACHE_TLS=\"yes\": not a boolean",
+        ),
+    ] {
+        let error = refusal(&vars);
+        assert!(error.contains(says), "{vars:?}: {error}");
+    }
+}
+
+#[test]
+fn go_durations_become_flags() {
+    let flags = appended(&["--compat", "envoy"], &[("REDIS_TIMEOUT", "1m30s")]).unwrap();
+    assert!(
+        flags.iter().any(|f| f == "--store-timeout=90s"),
+        "{flags:?}"
+    );
+}
+
+#[test]
+fn lookalikes_and_ignored_values_are_warned_about() {
+    let warnings = warned(&[
+        ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+        ("REDIS_POOL_SIZE", "20"),
+        ("RUNTIME_WATCH_ROOT", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+    ]);
+    let all = warnings.join("\n");
+    assert!(
+        all.contains("GRPC_SERVER_TLS_CA_CERT is not read")
+            && all.contains("GRPC_CLIENT_TLS_CACERT"),
+        "{all}"
+    );
+    assert!(
+        all.contains("REDIS_POOL_SIZE=\"20\" changes nothing here"),
+        "{all}"
+    );
+    assert!(
+        !all.contains("RUNTIME_WATCH_ROOT"),
+        "envoy's default is no news: {all}"
+    );
+    assert!(
+        all.contains("GRPC_SERVER_TLS_CERT is not read without GRPC_SERVER_USE_TLS=true"),
+        "{all}"
+    );
+    assert_eq!(warnings.len(), 3, "{all}");
+}
+
+#[test]
+fn the_grpc_ports_tls_is_read_from_envoys_variables() {
+    let dir = std::env::temp_dir().join(format!("sluicegate-envoy-env-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |name: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, "pem").unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let (cert, key, ca) = (file("tls.crt"), file("tls.key"), file("ca.crt"));
+    let tls = [
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", cert.as_str()),
+        ("GRPC_SERVER_TLS_KEY", key.as_str()),
+        ("GRPC_CLIENT_TLS_CACERT", ca.as_str()),
+        ("GRPC_CLIENT_TLS_SAN", "envoy.example"),
+    ];
+    let flags = appended(&["--compat", "envoy"], &tls).unwrap();
+    for flag in [
+        format!("--grpc-tls-cert={cert}"),
+        format!("--grpc-tls-key={key}"),
+        format!("--grpc-tls-client-ca={ca}"),
+        "--grpc-tls-client-san=envoy.example".to_owned(),
+    ] {
+        assert!(flags.contains(&flag), "{flag} not in {flags:?}");
+    }
+    // Without GRPC_SERVER_USE_TLS, envoy reads none of them.
+    let plain = appended(&["--compat", "envoy"], &tls[1..]).unwrap();
+    assert!(
+        !plain.iter().any(|f| f.starts_with("--grpc-tls")),
+        "{plain:?}"
+    );
+
+    let error = refusal(&tls[..1]);
+    assert!(
+        error.contains("GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT"),
+        "{error}"
+    );
+    let missing = [tls[0], ("GRPC_SERVER_TLS_CERT", "/absent/tls.crt"), tls[2]];
+    let error = refusal(&missing);
+    assert!(
+        error.contains("GRPC_SERVER_TLS_CERT=\"/absent/tls.crt\": cannot read it"),
+        "{error}"
+    );
+    let san_alone = [tls[0], tls[1], tls[2], tls[4]];
+    let error = refusal(&san_alone);
+    assert!(
+        error.contains("GRPC_CLIENT_TLS_SAN=\"envoy.example\" needs GRPC_CLIENT_TLS_CACERT"),
+        "{error}"
+    );
+}
+
+#[test]
+fn tracing_is_read_from_envoys_variables_and_the_sdks() {
+    let flags = appended(
+        &["--compat", "envoy"],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+            ("TRACING_SERVICE_NAMESPACE", "gateway"),
+            ("TRACING_SAMPLING_RATE", "0.6"),
+        ],
+    )
+    .unwrap();
+    for flag in [
+        "--otlp-endpoint=http://collector:4318",
+        "--otlp-protocol=http",
+        "--otlp-service-name=RateLimit",
+        "--otlp-service-namespace=gateway",
+        "--otlp-sampling-ratio=0.6",
+    ] {
+        assert!(flags.iter().any(|f| f == flag), "{flag} not in {flags:?}");
+    }
+    assert!(
+        !flags
+            .iter()
+            .any(|f| f.starts_with("--otlp-service-instance-id")),
+        "{flags:?}"
+    );
+    // Off, none of it is read.
+    let off = appended(&["--compat", "envoy"], &[("TRACING_SERVICE_NAME", "rl")]).unwrap();
+    assert!(!off.iter().any(|f| f.starts_with("--otlp")), "{off:?}");
+    // Without an endpoint, envoy's exporter's own default (TLS to localhost).
+    let grpc = appended(
+        &["--compat", "envoy"],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+        ],
+    )
+    .unwrap();
+    assert!(
+        grpc.iter()
+            .any(|f| f == "--otlp-endpoint=https://localhost:4317"),
+        "{grpc:?}"
+    );
+}
+
+#[test]
+fn the_xds_clients_variables_are_read_only_with_config_type_grpc_xds_sotw() {
+    // With files, envoy reads none of them, whatever this build has.
+    let flags = appended(
+        &["--compat", "envoy"],
+        &[
+            ("CONFIG_GRPC_XDS_NODE_ID", "gw"),
+            ("XDS_CLIENT_BACKOFF_JITTER", "false"),
+        ],
+    )
+    .unwrap();
+    assert!(
+        !flags.iter().any(|f| f.starts_with("--config-xds")),
+        "{flags:?}"
+    );
+    assert!(
+        flags.iter().any(|f| f.starts_with("--config=")),
+        "{flags:?}"
+    );
 }

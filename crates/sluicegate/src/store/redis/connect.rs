@@ -13,13 +13,14 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 use redis::sentinel::SentinelClient;
-use redis::{IntoConnectionInfo, TlsCertificates};
+use redis::{ClientTlsConfig, IntoConnectionInfo, TlsCertificates};
 
 use super::batcher::{Batcher, Target, call_hold};
 use super::error::{CallError, bounded};
 use super::script::CallCounters;
 use super::scripting::{CheckScript, Scripting};
 use super::sentinel;
+use crate::store::any::TlsClientIdentity;
 use crate::store::error::StoreError;
 use crate::store::url::{RedisUrl, Topology};
 
@@ -38,13 +39,12 @@ pub(super) enum Connection {
 
 impl Connection {
     /// Connects to `url` within `timeout`, at least one second for a first connection.
-    /// `tls_ca` is the PEM authority a TLS server's certificate is checked against, when it
-    /// is not in the system's trust store. A single server's checks go through a batcher
-    /// that runs `script` and counts its calls in `calls`.
+    /// `tls` says what TLS trusts and presents. A single server's checks go through a
+    /// batcher that runs `script` and counts its calls in `calls`.
     pub(super) async fn open(
         url: &RedisUrl,
         timeout: Duration,
-        tls_ca: Option<&[u8]>,
+        tls: TlsFiles<'_>,
         script: &Arc<CheckScript>,
         calls: &Arc<CallCounters>,
     ) -> Result<Connection, StoreError> {
@@ -54,13 +54,16 @@ impl Connection {
         };
         let connect_timeout = timeout.max(Duration::from_secs(1));
         let certificates = || TlsCertificates {
-            client_tls: None,
-            root_cert: tls_ca.map(<[u8]>::to_vec),
+            client_tls: tls.client.map(|identity| ClientTlsConfig {
+                client_cert: identity.cert.clone(),
+                client_key: identity.key.clone(),
+            }),
+            root_cert: tls.ca.map(<[u8]>::to_vec),
         };
         if url.tls {
             install_crypto_provider();
         }
-        let with_ca = url.tls && tls_ca.is_some();
+        let with_ca = url.tls && (tls.ca.is_some() || tls.client.is_some());
         let mut sentinels = None;
         let client = match &url.topology {
             Topology::Server(server) => server_client(server, with_ca.then(certificates))
@@ -181,6 +184,15 @@ fn server_client(
         Some(certificates) => redis::Client::build_with_tls(info, certificates),
         None => redis::Client::open(info),
     }
+}
+
+/// What TLS trusts and presents: the PEM authority a server's certificate is checked
+/// against (the system's trust store without it), and the certificate presented to a
+/// server that asks for one.
+#[derive(Clone, Copy)]
+pub(super) struct TlsFiles<'t> {
+    pub(super) ca: Option<&'t [u8]>,
+    pub(super) client: Option<&'t TlsClientIdentity>,
 }
 
 /// A single server's connection manager, replaced by a new connection when Redis stays

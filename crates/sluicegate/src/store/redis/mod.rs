@@ -32,6 +32,7 @@ pub use keys::{KeyKind, envoy_counter_key, hash_slot, identity_slot, key_pattern
 pub use script::{ScriptCalls, ScriptTime};
 pub use scripting::Scripting;
 
+use super::any::TlsClientIdentity;
 use super::check::{
     Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_EXPIRATION_JITTER_MAX, DEFAULT_REDIS_PREFIX,
     DEFAULT_REDIS_TIMEOUT, Outcome, Store,
@@ -61,6 +62,8 @@ pub struct RedisStoreConfig {
     /// For TLS: the PEM certificate(s) of the authority that signed the server's
     /// certificate, when it is not in the system's trust store.
     pub tls_ca: Option<Vec<u8>>,
+    /// For TLS: the certificate this client presents, for a server that asks for one.
+    pub tls_client: Option<TlsClientIdentity>,
     /// How often the servers' `maxmemory-policy` is read again after connecting
     /// ([`RedisStore::eviction`]); zero reads it at connect only.
     pub eviction_check_interval: Duration,
@@ -81,6 +84,7 @@ impl RedisStoreConfig {
             prefix: DEFAULT_REDIS_PREFIX.to_owned(),
             timeout: DEFAULT_REDIS_TIMEOUT,
             tls_ca: None,
+            tls_client: None,
             eviction_check_interval: DEFAULT_EVICTION_CHECK_INTERVAL,
             scripting: Scripting::Auto,
             expiration_jitter_max: DEFAULT_EXPIRATION_JITTER_MAX,
@@ -129,6 +133,7 @@ impl RedisStore {
                     config.prefix,
                     config.timeout,
                     config.tls_ca,
+                    config.tls_client,
                     config.eviction_check_interval,
                     config.scripting,
                     config.expiration_jitter_max,
@@ -148,13 +153,18 @@ impl RedisStore {
         prefix: String,
         timeout: Duration,
         tls_ca: Option<Vec<u8>>,
+        tls_client: Option<TlsClientIdentity>,
         eviction_check_interval: Duration,
         scripting: Scripting,
         expiration_jitter_max: Duration,
     ) -> Result<RedisStore, StoreError> {
         let script = Arc::new(CheckScript::new());
         let calls = Arc::new(CallCounters::default());
-        let connection = Connection::open(url, timeout, tls_ca.as_deref(), &script, &calls).await?;
+        let tls = connect::TlsFiles {
+            ca: tls_ca.as_deref(),
+            client: tls_client.as_ref(),
+        };
+        let connection = Connection::open(url, timeout, tls, &script, &calls).await?;
         let server = url.shown.clone();
         ping(&connection, &server, timeout).await?;
         connection
