@@ -26,11 +26,13 @@ use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt as _};
 use prost::{Message as _, Name as _};
 use server::Server;
+use sluicegate_test_support::certificates::Authority;
 use tokio::sync::watch;
 use tonic::codegen::tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 /// How long an expected event may take before the test fails (a bound, not a pace).
@@ -127,11 +129,22 @@ struct ManagementServer {
     address: SocketAddr,
     ads: Ads,
     seen: std::sync::mpsc::Receiver<Seen>,
+    /// One message per connection accepted (before any TLS handshake).
+    accepted: std::sync::mpsc::Receiver<()>,
 }
 
 impl ManagementServer {
-    /// Serves `snapshot` on `address` (port 0: any).
+    /// Serves `snapshot` on `address` (port 0: any), in plaintext.
     fn start(address: SocketAddr, snapshot: Snapshot) -> ManagementServer {
+        ManagementServer::start_with(address, snapshot, None)
+    }
+
+    /// Serves `snapshot` on `address`, over TLS with `tls`.
+    fn start_with(
+        address: SocketAddr,
+        snapshot: Snapshot,
+        tls: Option<ServerTlsConfig>,
+    ) -> ManagementServer {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -148,16 +161,21 @@ impl ManagementServer {
             streams: Arc::default(),
         };
         let service = AggregatedDiscoveryServiceServer::new(ads.clone());
-        runtime.spawn(
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(TcpListenerStream::new(listener)),
-        );
+        let (accepted_tx, accepted) = std::sync::mpsc::channel();
+        let incoming = TcpListenerStream::new(listener).inspect(move |_| {
+            let _ = accepted_tx.send(());
+        });
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).expect("the server's TLS");
+        }
+        runtime.spawn(builder.add_service(service).serve_with_incoming(incoming));
         ManagementServer {
             runtime: Some(runtime),
             address,
             ads,
             seen,
+            accepted,
         }
     }
 
@@ -179,6 +197,17 @@ impl ManagementServer {
         self.seen
             .recv_timeout(PATIENCE)
             .expect("a request from the client in time")
+    }
+
+    /// Waits until `n` more connections were accepted, and says how many requests came
+    /// meanwhile: none where every handshake failed.
+    fn requests_over_connections(&mut self, n: usize) -> usize {
+        for _ in 0..n {
+            self.accepted
+                .recv_timeout(PATIENCE)
+                .expect("a connection from the client in time");
+        }
+        self.seen.try_iter().count()
     }
 
     /// Stops it: every connection dropped, the port closed.
@@ -489,4 +518,78 @@ fn conflicting_and_malformed_flags_are_refused() {
         "/nonexistent/ca.pem",
     ]);
     assert!(why.contains("/nonexistent/ca.pem"), "{why}");
+}
+
+/// A push over mTLS: the client checks the server's certificate against --config-xds-ca
+/// (and --config-xds-san when given), and presents its own. A client whose name check
+/// fails, or that has no certificate, gets no stream.
+#[test]
+fn pushes_over_mtls_with_the_server_name_checked() {
+    let dir = std::env::temp_dir().join(format!("sluicegate-xds-mtls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let authority = Authority::new(&dir, "ca");
+    let server_pair = authority.issue("management");
+    let client_pair = authority.issue("ratelimit");
+    let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(
+            read(&server_pair.cert),
+            read(&server_pair.key),
+        ))
+        .client_ca_root(Certificate::from_pem(read(&authority.cert())));
+    let v1 = resource(vec![limit("user", RateLimitUnit::Minute, 1)]);
+    let snapshot = Some((
+        "v1".to_owned(),
+        vec![Any {
+            type_url: RateLimitConfig::type_url(),
+            value: v1.encode_to_vec(),
+        }],
+    ));
+    let mut management =
+        ManagementServer::start_with("127.0.0.1:0".parse().unwrap(), snapshot, Some(tls));
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let mut args = fast_retries(management.address);
+    args.extend([
+        "--config-xds-tls".to_owned(),
+        "--config-xds-ca".to_owned(),
+        path(&authority.cert()),
+    ]);
+    let identity = [
+        "--config-xds-client-cert".to_owned(),
+        path(&client_pair.cert),
+        "--config-xds-client-key".to_owned(),
+        path(&client_pair.key),
+    ];
+
+    // The certificate names localhost: a SAN of localhost passes.
+    let mut good = args.clone();
+    good.extend(identity.clone());
+    good.extend(["--config-xds-san".to_owned(), "localhost".to_owned()]);
+    let service = start_service(&good);
+    assert_eq!(management.next().request.version_info, "");
+    assert_eq!(management.next().request.version_info, "v1");
+    assert_eq!(allowed(&service.address, "user", 2), 1);
+    service.stop();
+    management.seen.try_iter().for_each(drop);
+    management.accepted.try_iter().for_each(drop);
+
+    // A name the certificate does not carry: two attempts, no request.
+    let mut wrong_name = args.clone();
+    wrong_name.extend(identity);
+    wrong_name.extend([
+        "--config-xds-san".to_owned(),
+        "elsewhere.example".to_owned(),
+        "--start-without-config".to_owned(),
+    ]);
+    let service = start_service(&wrong_name);
+    assert_eq!(management.requests_over_connections(2), 0);
+    assert_eq!(service.metric("sluicegate_xds_connected"), 0);
+    service.stop();
+
+    // No client certificate: the server refuses the handshake.
+    args.push("--start-without-config".to_owned());
+    let service = start_service(&args);
+    assert_eq!(management.requests_over_connections(2), 0);
+    service.stop();
+    management.stop();
 }
