@@ -593,3 +593,46 @@ fn pushes_over_mtls_with_the_server_name_checked() {
     service.stop();
     management.stop();
 }
+
+/// A service that waits for its first push stops on SIGTERM, exit status 0.
+#[test]
+fn sigterm_stops_a_service_waiting_for_its_first_push() {
+    use std::io::{BufRead, BufReader};
+    // A management server that never pushes.
+    let management = ManagementServer::start("127.0.0.1:0".parse().unwrap(), None);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config-xds"])
+        .arg(management.address.to_string())
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let waiting = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|line| line.contains("waiting for the first configuration"));
+    assert!(waiting.is_some(), "the service says it waits");
+    // Read on, so that the service never writes into a closed pipe.
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "still running");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let rest = rest.join().unwrap();
+    assert!(status.success(), "{status:?}: {rest:#?}");
+    assert!(
+        rest.iter().any(|l| l.contains("stopped before serving")),
+        "{rest:#?}"
+    );
+    management.stop();
+}
