@@ -636,3 +636,44 @@ fn sigterm_stops_a_service_waiting_for_its_first_push() {
     );
     management.stop();
 }
+
+/// A push larger than --config-xds-max-message-bytes is not taken: the stream breaks and
+/// is opened again, nothing is ACKed, nothing put in force.
+#[test]
+fn a_push_over_the_message_limit_is_not_taken() {
+    let descriptors = (0..20)
+        .map(|i| limit(&format!("key-{i}"), RateLimitUnit::Minute, 1))
+        .collect();
+    let big = resource(descriptors);
+    assert!(big.encoded_len() > 256);
+    let snapshot = Some((
+        "v1".to_owned(),
+        vec![Any {
+            type_url: RateLimitConfig::type_url(),
+            value: big.encode_to_vec(),
+        }],
+    ));
+    let mut management = ManagementServer::start("127.0.0.1:0".parse().unwrap(), snapshot);
+    let mut args = fast_retries(management.address);
+    args.extend([
+        "--start-without-config".to_owned(),
+        "--config-xds-max-message-bytes".to_owned(),
+        "256".to_owned(),
+    ]);
+    let service = start_service(&args);
+    let first = management.next();
+    assert_eq!((first.stream, first.request.version_info.as_str()), (1, ""));
+    let again = management.next();
+    assert_eq!(
+        (
+            again.stream,
+            again.request.version_info.as_str(),
+            again.request.response_nonce.as_str()
+        ),
+        (2, "", "")
+    );
+    assert_eq!(service.metric("sluicegate_xds_acks_total"), 0);
+    assert_eq!(allowed(&service.address, "key-0", 2), 2);
+    service.stop();
+    management.stop();
+}
