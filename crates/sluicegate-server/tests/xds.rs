@@ -395,6 +395,8 @@ fn pushes_are_put_in_force_acked_nacked_and_survive_the_server() {
     let (status, rules) = service.request("GET", "/v1/rules", "");
     assert_eq!(status, 200);
     assert!(rules.contains("gateway.api_key"), "{rules}");
+    let (_, overview) = service.request("GET", "/v1/overview", "");
+    assert!(overview.contains("\"xds_version\":\"v2\""), "{overview}");
     assert_eq!(service.metric("sluicegate_xds_acks_total"), 2);
     assert_eq!(service.metric("sluicegate_xds_nacks_total"), 1);
     assert_eq!(service.metric("sluicegate_xds_connected"), 1);
