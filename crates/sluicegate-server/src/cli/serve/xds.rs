@@ -71,8 +71,8 @@ pub(super) struct XdsArgs {
     /// The largest message taken from the xDS server, in bytes [default: 4 MiB].
     #[arg(long, env = "SLUICEGATE_CONFIG_XDS_MAX_MESSAGE_BYTES", value_parser = clap::value_parser!(u32).range(1..))]
     config_xds_max_message_bytes: Option<u32>,
-    /// With --config-xds: serve at once, with no rules (every descriptor unlimited),
-    /// rather than wait for the first configuration pushed.
+    /// With --config-xds: serve at once, with no rules (Envoy's answers: every descriptor
+    /// unlimited; /v1/check: unknown domain), rather than wait for the first push.
     #[arg(long, env = "SLUICEGATE_START_WITHOUT_CONFIG")]
     start_without_config: bool,
     /// Not ready (/readyz, /healthcheck, gRPC health) while the configuration in force
