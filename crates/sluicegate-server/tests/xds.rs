@@ -249,6 +249,33 @@ fn allowed(address: &str, key: &str, n: usize) -> usize {
         .block_on(checks(address, key, n))
 }
 
+/// gRPC health's answer for the `ratelimit` service, by its status's name.
+fn grpc_health(address: &str) -> String {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut client = HealthClient::new(channel);
+            let request = HealthCheckRequest {
+                service: "ratelimit".into(),
+            };
+            let status = client.check(request).await.unwrap().into_inner().status;
+            ServingStatus::try_from(status)
+                .unwrap()
+                .as_str_name()
+                .to_owned()
+        })
+}
+
 async fn checks(address: &str, key: &str, n: usize) -> usize {
     let mut client = RateLimitServiceClient::connect(format!("http://{address}"))
         .await
@@ -454,6 +481,7 @@ fn healthy_only_with_a_configuration() {
     assert!(body.contains("--healthy-with-config"), "{body}");
     // envoyproxy/ratelimit answers its /healthcheck 500 when unhealthy.
     assert_eq!(service.request("GET", "/healthcheck", "").0, 500);
+    assert_eq!(grpc_health(&service.address), "NOT_SERVING");
     assert_eq!(allowed(&service.address, "user", 3), 3);
 
     management.push(
@@ -462,6 +490,7 @@ fn healthy_only_with_a_configuration() {
     );
     assert_eq!(management.next().request.version_info, "v1");
     assert_eq!(service.request("GET", "/readyz", "").0, 200);
+    assert_eq!(grpc_health(&service.address), "SERVING");
     assert_eq!(allowed(&service.address, "user", 2), 1);
 
     // A refused push changes nothing.
