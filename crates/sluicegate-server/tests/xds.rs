@@ -457,6 +457,15 @@ fn pushes_are_put_in_force_acked_nacked_and_survive_the_server() {
     assert_eq!(ack.request.version_info, "v4");
     assert_eq!(allowed(&service.address, "other", 2), 1);
     assert_eq!(allowed(&service.address, "api_key", 2), 2);
+
+    // A push that raises a limit keeps what was used, as a reload does: two hits counted
+    // (envoy counts the refused one too), so one of the three now allowed is left.
+    management.push(
+        "v5",
+        &[resource(vec![limit("other", RateLimitUnit::Day, 3)])],
+    );
+    assert_eq!(management.next().request.version_info, "v5");
+    assert_eq!(allowed(&service.address, "other", 2), 1);
     service.stop();
     management.stop();
 }

@@ -70,7 +70,11 @@ pub(super) struct XdsArgs {
     config_xds_backoff_jitter: bool,
     /// The largest message taken from the xDS server, in bytes; 0 (as envoy's unset
     /// XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES) is the default, 4 MiB.
-    #[arg(long, env = "SLUICEGATE_CONFIG_XDS_MAX_MESSAGE_BYTES", default_value_t = 0)]
+    #[arg(
+        long,
+        env = "SLUICEGATE_CONFIG_XDS_MAX_MESSAGE_BYTES",
+        default_value_t = 0
+    )]
     config_xds_max_message_bytes: u32,
     /// With --config-xds: serve at once, with no rules (Envoy's answers: every descriptor
     /// unlimited; /v1/check: unknown domain), rather than wait for the first push.
