@@ -634,46 +634,126 @@ fn pushes_over_mtls_with_the_server_name_checked() {
     management.stop();
 }
 
+/// The real binary, `serve ARGS`, its standard error line by line.
+struct Binary {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Binary {
+    fn start(args: &[&str]) -> Binary {
+        use std::io::{BufRead, BufReader};
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let (sender, lines) = std::sync::mpsc::channel();
+        // Read to the end, so that the service never writes into a closed pipe.
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                let _ = sender.send(line);
+            }
+        });
+        Binary { child, lines }
+    }
+
+    /// The next line that contains `wanted`.
+    fn line_with(&self, wanted: &str) -> String {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no line with {wanted:?}"));
+            if line.contains(wanted) {
+                return line;
+            }
+        }
+    }
+
+    /// SIGTERM, then its exit status.
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "still running");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Binary {
+    /// A test that fails leaves no process behind.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A service that waits for its first push stops on SIGTERM, exit status 0.
 #[test]
 fn sigterm_stops_a_service_waiting_for_its_first_push() {
-    use std::io::{BufRead, BufReader};
     // A management server that never pushes.
     let management = ManagementServer::start("127.0.0.1:0".parse().unwrap(), None);
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluicegate"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config-xds"])
-        .arg(management.address.to_string())
-        .env("RUST_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let waiting = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find(|line| line.contains("waiting for the first configuration"));
-    assert!(waiting.is_some(), "the service says it waits");
-    // Read on, so that the service never writes into a closed pipe.
-    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let deadline = std::time::Instant::now() + PATIENCE;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(std::time::Instant::now() < deadline, "still running");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let rest = rest.join().unwrap();
-    assert!(status.success(), "{status:?}: {rest:#?}");
+    let address = management.address.to_string();
+    let mut service = Binary::start(&["--config-xds", &address]);
+    service.line_with("waiting for the first configuration");
+    service.line_with("xDS: connected");
+    let status = service.terminate();
+    assert!(status.success(), "{status:?}");
+    management.stop();
+}
+
+/// The log says each connection, ACK (with the version) and NACK (with the version and
+/// the reason); a refused first push is no reason to start serving.
+#[test]
+fn the_log_names_each_ack_and_nack() {
+    let bad = resource(vec![limit("user", RateLimitUnit::Unknown, 1)]);
+    let snapshot = Some((
+        "v1".to_owned(),
+        vec![Any {
+            type_url: RateLimitConfig::type_url(),
+            value: bad.encode_to_vec(),
+        }],
+    ));
+    let management = ManagementServer::start("127.0.0.1:0".parse().unwrap(), snapshot);
+    let address = management.address.to_string();
+    let mut service = Binary::start(&["--config-xds", &address]);
+    let connected = service.line_with("xDS: connected");
+    assert!(connected.contains(&address), "{connected}");
+    let nack = service.line_with("NACKed");
     assert!(
-        rest.iter().any(|l| l.contains("stopped before serving")),
-        "{rest:#?}"
+        nack.contains("version=v1") && nack.contains("rate_limit.unit"),
+        "{nack}"
     );
+    management.push(
+        "v2",
+        &[resource(vec![limit("user", RateLimitUnit::Minute, 1)])],
+    );
+    let ack = service.line_with("ACKed");
+    assert!(
+        ack.contains("version=v2") && ack.contains("added=gateway.user"),
+        "{ack}"
+    );
+    let listening = service.line_with("sluicegate listening");
+    assert!(
+        listening.contains(&format!("config=xDS {address}")),
+        "{listening}"
+    );
+    let status = service.terminate();
+    assert!(status.success(), "{status:?}");
     management.stop();
 }
 
