@@ -16,6 +16,7 @@ mod server;
 mod service;
 mod telemetry;
 mod tools;
+mod xds;
 
 pub use compat::{Compat, Counting};
 pub use config::Config;
@@ -25,3 +26,4 @@ pub use server::{
     prepare, serve,
 };
 pub use service::{EnvoyHeaderNames, ResponseHeaders, ServiceOptions};
+pub use xds::{BackoffOptions, XdsOptions, XdsTls};

@@ -10,6 +10,9 @@ use anyhow::Context as _;
 use clap::Args;
 use sluicegate::{Algorithm, BreakerConfig, LimiterConfig, MemoryStoreConfig, StoreOptions};
 
+mod xds;
+
+use self::xds::XdsArgs;
 use super::args::{DurationArg, PrecheckArgs, StoreArgs, parse_duration_arg};
 use super::logging::LogArgs;
 use super::runtime::runtime_without_lifo_slot;
@@ -29,6 +32,8 @@ pub struct ServeArgs {
     /// examples/sluicegate.yaml are served.
     #[arg(long, env = "SLUICEGATE_CONFIG")]
     config: Option<PathBuf>,
+    #[command(flatten)]
+    xds: XdsArgs,
     /// Address to listen on.
     #[arg(long, env = "SLUICEGATE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -288,6 +293,7 @@ impl ServeArgs {
         let (envoy_stats, statsd) = self.stats.options()?;
         Ok(ServeOptions {
             config: self.config.clone(),
+            xds: self.xds.options(),
             default_algorithm: self.compat.default_algorithm(self.default_algorithm),
             max_config_nodes: self.max_config_nodes,
             config_ignore_dotfiles: self.config_ignore_dotfiles,
@@ -333,6 +339,7 @@ impl ServeArgs {
                     .counting(self.stop_increment_when_over_limit)
                     .map_err(anyhow::Error::msg)?,
                 envoy_stats,
+                healthy_with_config: self.xds.healthy_with_config,
             },
             reload_interval: self.reload_interval.duration(),
             connections: ConnectionOptions {
@@ -502,9 +509,16 @@ pub(super) fn serve(args: ServeArgs, envoy_warnings: &[String]) -> anyhow::Resul
     let options = args.options()?;
     let runtime = runtime_without_lifo_slot()?;
     let served = runtime.block_on(async {
-        // Listened for before anything else: a signal during the start is not lost.
-        let signals = Signals::listen()?;
-        let prepared = server::prepare(options).await?;
+        // Listened for before anything else: a signal during the start is not lost, and
+        // stops a start that waits (for a first xDS push, for a store).
+        let mut signals = Signals::listen()?;
+        let prepared = tokio::select! {
+            prepared = server::prepare(options) => prepared?,
+            _ = signals.next() => {
+                tracing::info!("stopped before serving");
+                return Ok(());
+            }
+        };
         let listeners = args.listeners().await?;
         prepared.serve(listeners, signals.shutdown()).await
     });

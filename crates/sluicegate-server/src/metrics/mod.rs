@@ -11,6 +11,7 @@ mod connections;
 mod envoy;
 mod mapping;
 mod statsd;
+mod xds;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,6 +32,7 @@ use self::envoy::{EnvoyCounters, EnvoyMetrics, ServiceCounts};
 pub use self::mapping::PrometheusMapping;
 pub(crate) use self::statsd::StatsdSink;
 pub use self::statsd::{StatsdOptions, StatsdTags};
+pub(crate) use self::xds::XdsMetrics;
 use crate::config::Config;
 
 /// The content type of [`Metrics::render`]'s text.
@@ -181,6 +183,7 @@ pub(crate) struct Metrics {
     config_loads: Counter,
     config_errors: Counter,
     connections: ConnectionMetrics,
+    xds: XdsMetrics,
     envoy: EnvoyMetrics,
     envoy_stats: EnvoyStatsOptions,
     near_limit_ratio: f32,
@@ -246,6 +249,7 @@ impl Metrics {
             config_errors.clone(),
         );
         let connections = ConnectionMetrics::register(&mut registry);
+        let xds = XdsMetrics::register(&mut registry);
         Metrics {
             registry,
             rule_hits,
@@ -255,6 +259,7 @@ impl Metrics {
             config_loads,
             config_errors,
             connections,
+            xds,
             envoy: EnvoyMetrics::new(envoy_stats.mapping.response_time_thresholds()),
             envoy_stats,
             near_limit_ratio,
@@ -338,6 +343,11 @@ impl Metrics {
     /// What the listeners count.
     pub(crate) fn connections(&self) -> &ConnectionMetrics {
         &self.connections
+    }
+
+    /// What the xDS configuration source counts.
+    pub(crate) fn xds(&self) -> &XdsMetrics {
+        &self.xds
     }
 
     /// Counts a `ShouldRateLimit` call over gRPC.

@@ -27,6 +27,7 @@ use crate::http;
 use crate::service::{Service, ServiceOptions};
 use crate::telemetry::Telemetry;
 pub use crate::telemetry::{OtlpOptions, OtlpProtocol};
+use crate::xds::{self, XdsOptions};
 
 /// The example configuration served when no configuration path is given (examples/).
 const EXAMPLE_CONFIG: &str = include_str!("../../../../examples/sluicegate.yaml");
@@ -36,8 +37,11 @@ const EXAMPLE_CONFIG_NAME: &str = "examples/sluicegate.yaml";
 
 /// What the service is made of.
 pub struct ServeOptions {
-    /// A YAML file, or a directory of them; `None` serves the example rules.
+    /// A YAML file, or a directory of them; `None` serves the example rules, unless
+    /// `xds` is given.
     pub config: Option<PathBuf>,
+    /// The configuration comes from this xDS management server instead of files.
+    pub xds: Option<XdsOptions>,
     /// The algorithm of rules that name none.
     pub default_algorithm: Algorithm,
     /// The most YAML nodes one configuration file may hold (`--max-config-nodes`).
@@ -133,7 +137,11 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         .config
         .as_deref()
         .map(|path| config::fingerprint(path, load.ignore_dotfiles));
-    let config = load_config(options.config.as_deref(), load)?;
+    // Over xDS, nothing is in force until the first push.
+    let config = match &options.xds {
+        Some(_) => Config::default(),
+        None => load_config(options.config.as_deref(), load)?,
+    };
     let store = AnyStore::open(options.store.clone()).await?;
     let limiter = Arc::new(Limiter::with_config(store, options.limiter.clone()));
     if limiter.store().memory().is_some() {
@@ -153,7 +161,9 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         .transpose()?
         .unwrap_or_default();
     let service = Arc::new(Service::new(config, limiter, options.service.clone()));
-    service.metrics().config_loaded();
+    if options.xds.is_none() {
+        service.metrics().config_loaded();
+    }
     if let Some(statsd) = &options.statsd {
         flush_statsd(statsd, Arc::clone(&service))?;
     }
@@ -180,12 +190,29 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
             hangup,
         ));
     }
+    let config_name = match (&options.xds, options.config) {
+        (Some(xds), _) => PathBuf::from(format!("xDS {}", xds.server)),
+        (None, Some(path)) => path,
+        (None, None) => PathBuf::from(EXAMPLE_CONFIG_NAME),
+    };
+    if let Some(xds) = options.xds {
+        let wait = !xds.start_without_config;
+        let mut loaded = xds::start(xds, load, Arc::clone(&service))?;
+        // envoyproxy/ratelimit waits for its provider's first configuration event unless
+        // FORCE_START_WITHOUT_INITIAL_CONFIG; here a refused first push is not one: the
+        // wait lasts until a push is in force.
+        if wait {
+            tracing::info!("xDS: waiting for the first configuration before serving");
+            loaded
+                .wait_for(|loaded| *loaded)
+                .await
+                .context("the xDS client stopped")?;
+        }
+    }
     Ok(Prepared {
         service,
         telemetry,
-        config_name: options
-            .config
-            .unwrap_or_else(|| PathBuf::from(EXAMPLE_CONFIG_NAME)),
+        config_name,
         store_url: options.store.url,
         connections: options.connections,
         grpc_max_connection_age: options.grpc_max_connection_age,

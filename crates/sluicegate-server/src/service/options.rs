@@ -74,6 +74,9 @@ pub struct ServiceOptions {
     pub counting: Counting,
     /// How envoyproxy/ratelimit's statistics are written in `/metrics`.
     pub envoy_stats: EnvoyStatsOptions,
+    /// Not ready while the configuration in force declares no domain
+    /// (`--healthy-with-config`).
+    pub healthy_with_config: bool,
 }
 
 impl Default for ServiceOptions {
@@ -91,6 +94,7 @@ impl Default for ServiceOptions {
             compat: Compat::None,
             counting: Counting::AllOrNothing,
             envoy_stats: EnvoyStatsOptions::default(),
+            healthy_with_config: false,
         }
     }
 }
