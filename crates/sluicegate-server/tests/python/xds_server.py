@@ -206,6 +206,8 @@ def main():
         port = server.add_secure_port(address, credentials)
     else:
         port = server.add_insecure_port(address)
+    if port == 0:
+        raise SystemExit(f"cannot listen on {address}")
     server.start()
     emit({"event": "listening", "port": port})
 
