@@ -1,9 +1,10 @@
-//! Configuration over xDS, end to end: sluicegate's ADS client against a management server
-//! we did not write (`tests/python/xds_server.py`, Python grpcio, state of the world),
-//! serving Envoy Gateway's golden rate-limit configurations (their origin is in
-//! `tests/fixtures/envoy-gateway/SOURCES.md`); the decisions Envoy would get for requests on
-//! Envoy Gateway's routes; ACKs, NACKs, updates, a restarted management server, TLS both
-//! ways; and the real binary under Envoy Gateway's own deployment environment.
+//! The service as Envoy Gateway runs it, end to end: its configuration over xDS, from a
+//! management server we did not write (`tests/python/xds_server.py`, Python grpcio, state
+//! of the world) to sluicegate's ADS client; Envoy Gateway's golden rate-limit
+//! configurations (their origin is in `tests/fixtures/envoy-gateway/SOURCES.md`) and the
+//! decisions Envoy gets for requests on its routes; ACKs, NACKs, updates, a restarted
+//! management server, TLS both ways; and the real binary under Envoy Gateway's own
+//! deployment environment.
 
 mod python;
 mod server;
