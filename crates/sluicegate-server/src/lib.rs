@@ -16,6 +16,7 @@ mod server;
 mod service;
 mod telemetry;
 mod tools;
+mod xds;
 
 pub use compat::{Compat, Counting};
 pub use config::Config;
@@ -23,3 +24,4 @@ pub use server::{
     ConnectionOptions, Listeners, Prepared, ServeOptions, TlsOptions, prepare, serve,
 };
 pub use service::{EnvoyHeaderNames, ResponseHeaders, ServiceOptions};
+pub use xds::{BackoffOptions, XdsOptions, XdsTls};

@@ -23,6 +23,14 @@ impl Readiness {
 
 /// Asks the store now.
 pub(crate) async fn readiness(service: &Service) -> Readiness {
+    // envoyproxy/ratelimit's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: healthy only while
+    // the configuration in force declares a domain (its SetConfig marks the config
+    // component failed for a load without any, and a refused load changes nothing).
+    if service.options().healthy_with_config && service.live().config.is_empty() {
+        return Readiness::NotReady(
+            "not ready (--healthy-with-config): no configuration loaded yet".into(),
+        );
+    }
     let store = service.limiter().store();
     if let Err(e) = store.ready().await {
         return Readiness::NotReady(format!("not ready: {e}"));

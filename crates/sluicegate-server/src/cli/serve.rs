@@ -10,6 +10,9 @@ use anyhow::Context as _;
 use clap::Args;
 use sluicegate::{Algorithm, BreakerConfig, LimiterConfig, MemoryStoreConfig, StoreOptions};
 
+mod xds;
+
+use self::xds::XdsArgs;
 use super::args::{DurationArg, PrecheckArgs, StoreArgs, parse_duration_arg};
 use super::logging::LogArgs;
 use super::runtime::runtime_without_lifo_slot;
@@ -26,6 +29,8 @@ pub struct ServeArgs {
     /// examples/sluicegate.yaml are served.
     #[arg(long, env = "SLUICEGATE_CONFIG")]
     config: Option<PathBuf>,
+    #[command(flatten)]
+    xds: XdsArgs,
     /// Address to listen on.
     #[arg(long, env = "SLUICEGATE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -205,6 +210,7 @@ impl ServeArgs {
         let (response_headers, envoy_header_names) = self.response_headers();
         Ok(ServeOptions {
             config: self.config.clone(),
+            xds: self.xds.options(),
             default_algorithm: self.compat.default_algorithm(self.default_algorithm),
             max_config_nodes: self.max_config_nodes,
             config_ignore_dotfiles: self.config_ignore_dotfiles,
@@ -248,6 +254,7 @@ impl ServeArgs {
                     .compat
                     .counting(self.stop_increment_when_over_limit)
                     .map_err(anyhow::Error::msg)?,
+                healthy_with_config: self.xds.healthy_with_config,
             },
             reload_interval: self.reload_interval.duration(),
             connections: ConnectionOptions {

@@ -91,17 +91,35 @@ impl Config {
 
     /// Reads `files`, in this order, as one configuration.
     fn load_files(files: &[PathBuf], options: LoadOptions) -> Result<Config, ConfigError> {
+        Config::combine(
+            files.iter().map(|file| {
+                let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
+                    path: file.clone(),
+                    message: format!("cannot read: {e}"),
+                })?;
+                Ok((file.clone(), Config::parse(file, &text, options)?))
+            }),
+            options,
+        )
+    }
+
+    /// Puts `parts` (each read from the source its path names: a file, an xDS resource)
+    /// together, in this order, as one configuration: a domain declared twice is merged
+    /// with `options.merge_domains`, an error without.
+    pub(crate) fn combine(
+        parts: impl IntoIterator<Item = Result<(PathBuf, Config), ConfigError>>,
+        options: LoadOptions,
+    ) -> Result<Config, ConfigError> {
         let error = |path: &Path, message: String| ConfigError {
             path: path.to_owned(),
             message,
         };
         let mut config = Config::default();
-        // The files that declared each domain so far.
+        // The sources that declared each domain so far.
         let mut origin: HashMap<String, Vec<PathBuf>> = HashMap::new();
-        for file in files {
-            let text = std::fs::read_to_string(file)
-                .map_err(|e| error(file, format!("cannot read: {e}")))?;
-            for (domain, tree) in Config::parse(file, &text, options)?.domains {
+        for part in parts {
+            let (source, part) = part?;
+            for (domain, tree) in part.domains {
                 let declared = origin.entry(domain.clone()).or_default();
                 match config.domains.get_mut(&domain) {
                     Some(merged) if options.merge_domains => {
@@ -109,7 +127,7 @@ impl Config {
                             let earlier: Vec<String> =
                                 declared.iter().map(|f| f.display().to_string()).collect();
                             error(
-                                file,
+                                &source,
                                 format!(
                                     "{e}; domain {domain:?} is merged with {}",
                                     earlier.join(", ")
@@ -119,7 +137,7 @@ impl Config {
                     }
                     Some(_) => {
                         return Err(error(
-                            file,
+                            &source,
                             format!(
                                 "domain: {domain:?} is already defined in {} (merge the two \
                                  with --merge-domain-config)",
@@ -131,7 +149,7 @@ impl Config {
                         config.domains.insert(domain, tree);
                     }
                 }
-                declared.push(file.clone());
+                declared.push(source.clone());
             }
         }
         Ok(config)
@@ -195,6 +213,11 @@ impl Config {
         Ok(self.domains.get(domain).ok_or(UnknownDomain)?.miss(entries))
     }
 
+    /// Whether it declares no domain (an xDS push of no resource, or none yet).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.domains.is_empty()
+    }
+
     /// Every configured limit, for listing.
     pub(crate) fn limits(&self) -> Vec<&ConfiguredLimit> {
         let mut out = Vec::new();
@@ -256,6 +279,13 @@ pub(crate) struct UnknownDomain;
 pub(crate) struct ConfigError {
     path: PathBuf,
     message: String,
+}
+
+impl ConfigError {
+    /// An error about the source `path` names (a file, an xDS resource).
+    pub(crate) fn new(path: PathBuf, message: String) -> Self {
+        ConfigError { path, message }
+    }
 }
 
 impl fmt::Display for ConfigError {

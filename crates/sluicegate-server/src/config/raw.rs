@@ -121,6 +121,8 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
     type Error = String;
 
     fn try_from(mut f: RateLimitFields) -> Result<Self, String> {
+        // envoyproxy/ratelimit reads `name: ""` as no name (Envoy Gateway writes it so).
+        f.name = f.name.filter(|name| !name.is_empty());
         let replaces = replaces(std::mem::take(&mut f.replaces), f.name.as_deref())?;
         if let Some(n) = f.requests_per_unit.filter(|n| *n > u64::from(u32::MAX)) {
             // envoyproxy/ratelimit reads it as a uint32 and refuses a larger number.

@@ -63,9 +63,26 @@ pub(super) struct RuleBody {
     window_us: Option<u64>,
 }
 
-/// `GET /v1/rules`: the loaded rules.
-pub(super) async fn rules(State(service): State<Arc<Service>>) -> axum::Json<Vec<RuleBody>> {
+/// The header of `GET /v1/rules` that names the configuration's version (1 at start,
+/// one more per reload or xDS push).
+const CONFIG_VERSION_HEADER: &str = "sluicegate-config-version";
+
+/// The header of `GET /v1/rules` that names an xDS configuration's `version_info`.
+const XDS_VERSION_HEADER: &str = "sluicegate-xds-version";
+
+/// `GET /v1/rules`: the loaded rules; their version in headers.
+pub(super) async fn rules(State(service): State<Arc<Service>>) -> Response {
     let live = service.live();
+    let mut headers = HeaderMap::new();
+    headers.insert(CONFIG_VERSION_HEADER, live.version.into());
+    // A version_info that is no header value (bytes outside visible ASCII) is left out.
+    if let Some(version) = live
+        .source_version
+        .as_deref()
+        .and_then(|v| v.parse::<axum::http::HeaderValue>().ok())
+    {
+        headers.insert(XDS_VERSION_HEADER, version);
+    }
     let rules = live
         .config
         .limits()
@@ -82,6 +99,6 @@ pub(super) async fn rules(State(service): State<Arc<Service>>) -> axum::Json<Vec
             capacity: l.rule.as_ref().map(Rule::capacity),
             window_us: l.rule.as_ref().map(Rule::window).or(l.block_window),
         })
-        .collect();
-    axum::Json(rules)
+        .collect::<Vec<RuleBody>>();
+    (headers, axum::Json(rules)).into_response()
 }

@@ -102,6 +102,8 @@ struct TopKey {
 pub(super) struct Overview {
     now_us: u64,
     version: u64,
+    /// The xDS `version_info` of the configuration in force; none for files.
+    xds_version: Option<String>,
     loaded_at_us: u64,
     config_loads: u64,
     config_errors: u64,
@@ -183,6 +185,7 @@ pub(super) async fn overview(
     Ok(axum::Json(Overview {
         now_us,
         version: live.version,
+        xds_version: live.source_version.clone(),
         loaded_at_us: live.loaded_at_us,
         config_loads,
         config_errors,

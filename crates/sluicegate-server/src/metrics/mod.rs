@@ -9,6 +9,7 @@
 
 mod connections;
 mod envoy;
+mod xds;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use sluicegate::{AnyStore, BreakerState, Charge, DecidedBy, Decision, FailurePol
 
 pub(crate) use self::connections::{ConnectionMetrics, ConnectionTimeout, OpenConnection};
 use self::envoy::{EnvoyCounters, EnvoyMetrics, ServiceCounts};
+pub(crate) use self::xds::XdsMetrics;
 use crate::config::Config;
 
 /// The content type of [`Metrics::render`]'s text.
@@ -157,6 +159,7 @@ pub(crate) struct Metrics {
     config_loads: Counter,
     config_errors: Counter,
     connections: ConnectionMetrics,
+    xds: XdsMetrics,
     envoy: EnvoyMetrics,
     near_limit_ratio: f32,
     /// The counters of `detailed_metric` rules' values, by detailed key, once made: a
@@ -220,6 +223,7 @@ impl Metrics {
             config_errors.clone(),
         );
         let connections = ConnectionMetrics::register(&mut registry);
+        let xds = XdsMetrics::register(&mut registry);
         Metrics {
             registry,
             rule_hits,
@@ -229,6 +233,7 @@ impl Metrics {
             config_loads,
             config_errors,
             connections,
+            xds,
             envoy: EnvoyMetrics::default(),
             near_limit_ratio,
             detailed: parking_lot::RwLock::default(),
@@ -311,6 +316,11 @@ impl Metrics {
     /// What the listeners count.
     pub(crate) fn connections(&self) -> &ConnectionMetrics {
         &self.connections
+    }
+
+    /// What the xDS configuration source counts.
+    pub(crate) fn xds(&self) -> &XdsMetrics {
+        &self.xds
     }
 
     /// Counts a `ShouldRateLimit` call over gRPC.

@@ -26,6 +26,7 @@ use crate::config::{self, Config, LoadOptions};
 use crate::http;
 use crate::service::{Service, ServiceOptions};
 use crate::telemetry::Telemetry;
+use crate::xds::{self, XdsOptions};
 
 /// The example configuration served when no configuration path is given (examples/).
 const EXAMPLE_CONFIG: &str = include_str!("../../../../examples/sluicegate.yaml");
@@ -35,8 +36,11 @@ const EXAMPLE_CONFIG_NAME: &str = "examples/sluicegate.yaml";
 
 /// What the service is made of.
 pub struct ServeOptions {
-    /// A YAML file, or a directory of them; `None` serves the example rules.
+    /// A YAML file, or a directory of them; `None` serves the example rules, unless
+    /// `xds` is given.
     pub config: Option<PathBuf>,
+    /// The configuration comes from this xDS management server instead of files.
+    pub xds: Option<XdsOptions>,
     /// The algorithm of rules that name none.
     pub default_algorithm: Algorithm,
     /// The most YAML nodes one configuration file may hold (`--max-config-nodes`).
@@ -111,7 +115,11 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         .config
         .as_deref()
         .map(|path| config::fingerprint(path, load.ignore_dotfiles));
-    let config = load_config(options.config.as_deref(), load)?;
+    // Over xDS, nothing is in force until the first push.
+    let config = match &options.xds {
+        Some(_) => Config::default(),
+        None => load_config(options.config.as_deref(), load)?,
+    };
     let store = AnyStore::open(options.store.clone()).await?;
     let limiter = Arc::new(Limiter::with_config(store, options.limiter.clone()));
     if limiter.store().memory().is_some() {
@@ -131,7 +139,9 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         .transpose()?
         .unwrap_or_default();
     let service = Arc::new(Service::new(config, limiter, options.service.clone()));
-    service.metrics().config_loaded();
+    if options.xds.is_none() {
+        service.metrics().config_loaded();
+    }
     let sampled = Arc::clone(&service);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(crate::history::SAMPLE_PERIOD);
@@ -155,12 +165,29 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
             hangup,
         ));
     }
+    let config_name = match (&options.xds, options.config) {
+        (Some(xds), _) => PathBuf::from(format!("xDS {}", xds.server)),
+        (None, Some(path)) => path,
+        (None, None) => PathBuf::from(EXAMPLE_CONFIG_NAME),
+    };
+    if let Some(xds) = options.xds {
+        let wait = !xds.start_without_config;
+        let mut loaded = xds::start(xds, load, Arc::clone(&service))?;
+        // envoyproxy/ratelimit waits for its provider's first configuration event unless
+        // FORCE_START_WITHOUT_INITIAL_CONFIG; here a refused first push is not one: the
+        // wait lasts until a push is in force.
+        if wait {
+            tracing::info!("xDS: waiting for the first configuration before serving");
+            loaded
+                .wait_for(|loaded| *loaded)
+                .await
+                .context("the xDS client stopped")?;
+        }
+    }
     Ok(Prepared {
         service,
         telemetry,
-        config_name: options
-            .config
-            .unwrap_or_else(|| PathBuf::from(EXAMPLE_CONFIG_NAME)),
+        config_name,
         store_url: options.store.url,
         connections: options.connections,
         tls,

@@ -60,7 +60,7 @@ pub(super) async fn reload_on_change(mut watch: Watch, service: Arc<Service>, mu
         match Config::load(&watch.path, watch.load) {
             Ok(config) => {
                 let changes = config.changes_from(&service.live().config);
-                service.replace_config(config);
+                service.replace_config(config, None);
                 service.metrics().config_loaded();
                 tracing::info!(
                     config = %watch.path.display(),

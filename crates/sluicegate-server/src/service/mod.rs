@@ -40,6 +40,8 @@ pub(crate) struct Live {
     pub(crate) version: u64,
     /// When it was put in force, µs since the Unix epoch.
     pub(crate) loaded_at_us: u64,
+    /// The version its source gave it (an xDS push's `version_info`); none for files.
+    pub(crate) source_version: Option<String>,
 }
 
 /// What every front end shares.
@@ -196,6 +198,7 @@ impl Live {
             offenders,
             version,
             loaded_at_us,
+            source_version: None,
         }
     }
 
@@ -249,16 +252,20 @@ impl Service {
         self.live.load_full()
     }
 
-    /// Puts `config` in force for every request that starts from now on.
-    pub(crate) fn replace_config(&self, config: Config) {
+    /// Puts `config` in force for every request that starts from now on; its source
+    /// calls it `source_version`, if anything.
+    pub(crate) fn replace_config(&self, config: Config, source_version: Option<String>) {
         let version = self.live.load().version + 1;
-        let live = Live::new(
-            config,
-            &self.metrics,
-            &self.offenders,
-            version,
-            self.now_micros(),
-        );
+        let live = Live {
+            source_version,
+            ..Live::new(
+                config,
+                &self.metrics,
+                &self.offenders,
+                version,
+                self.now_micros(),
+            )
+        };
         self.live.store(Arc::new(live));
     }
 

@@ -71,6 +71,9 @@ pub struct ServiceOptions {
     /// How a request's descriptors are counted (`--compat` and
     /// `--stop-increment-when-over-limit`, resolved by [`Compat::counting`]).
     pub counting: Counting,
+    /// Not ready while the configuration in force declares no domain
+    /// (`--healthy-with-config`).
+    pub healthy_with_config: bool,
 }
 
 impl Default for ServiceOptions {
@@ -87,6 +90,7 @@ impl Default for ServiceOptions {
             refusal_log_share: 0.0,
             compat: Compat::None,
             counting: Counting::AllOrNothing,
+            healthy_with_config: false,
         }
     }
 }
