@@ -21,7 +21,7 @@ impl Readiness {
     }
 }
 
-/// Asks the store now.
+/// Asks the store now; with `--healthy-with-config`, first whether a domain is configured.
 pub(crate) async fn readiness(service: &Service) -> Readiness {
     // envoyproxy/ratelimit's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: healthy only while
     // the configuration in force declares a domain (its SetConfig marks the config

@@ -249,6 +249,33 @@ fn allowed(address: &str, key: &str, n: usize) -> usize {
         .block_on(checks(address, key, n))
 }
 
+/// gRPC health's answer for the `ratelimit` service, by its status's name.
+fn grpc_health(address: &str) -> String {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut client = HealthClient::new(channel);
+            let request = HealthCheckRequest {
+                service: "ratelimit".into(),
+            };
+            let status = client.check(request).await.unwrap().into_inner().status;
+            ServingStatus::try_from(status)
+                .unwrap()
+                .as_str_name()
+                .to_owned()
+        })
+}
+
 async fn checks(address: &str, key: &str, n: usize) -> usize {
     let mut client = RateLimitServiceClient::connect(format!("http://{address}"))
         .await
@@ -395,6 +422,8 @@ fn pushes_are_put_in_force_acked_nacked_and_survive_the_server() {
     let (status, rules) = service.request("GET", "/v1/rules", "");
     assert_eq!(status, 200);
     assert!(rules.contains("gateway.api_key"), "{rules}");
+    let (_, overview) = service.request("GET", "/v1/overview", "");
+    assert!(overview.contains("\"xds_version\":\"v2\""), "{overview}");
     assert_eq!(service.metric("sluicegate_xds_acks_total"), 2);
     assert_eq!(service.metric("sluicegate_xds_nacks_total"), 1);
     assert_eq!(service.metric("sluicegate_xds_connected"), 1);
@@ -428,6 +457,15 @@ fn pushes_are_put_in_force_acked_nacked_and_survive_the_server() {
     assert_eq!(ack.request.version_info, "v4");
     assert_eq!(allowed(&service.address, "other", 2), 1);
     assert_eq!(allowed(&service.address, "api_key", 2), 2);
+
+    // A push that raises a limit keeps what was used, as a reload does: two hits counted
+    // (envoy counts the refused one too), so one of the three now allowed is left.
+    management.push(
+        "v5",
+        &[resource(vec![limit("other", RateLimitUnit::Day, 3)])],
+    );
+    assert_eq!(management.next().request.version_info, "v5");
+    assert_eq!(allowed(&service.address, "other", 2), 1);
     service.stop();
     management.stop();
 }
@@ -452,6 +490,7 @@ fn healthy_only_with_a_configuration() {
     assert!(body.contains("--healthy-with-config"), "{body}");
     // envoyproxy/ratelimit answers its /healthcheck 500 when unhealthy.
     assert_eq!(service.request("GET", "/healthcheck", "").0, 500);
+    assert_eq!(grpc_health(&service.address), "NOT_SERVING");
     assert_eq!(allowed(&service.address, "user", 3), 3);
 
     management.push(
@@ -460,6 +499,7 @@ fn healthy_only_with_a_configuration() {
     );
     assert_eq!(management.next().request.version_info, "v1");
     assert_eq!(service.request("GET", "/readyz", "").0, 200);
+    assert_eq!(grpc_health(&service.address), "SERVING");
     assert_eq!(allowed(&service.address, "user", 2), 1);
 
     // A refused push changes nothing.
@@ -590,6 +630,90 @@ fn pushes_over_mtls_with_the_server_name_checked() {
     args.push("--start-without-config".to_owned());
     let service = start_service(&args);
     assert_eq!(management.requests_over_connections(2), 0);
+    service.stop();
+    management.stop();
+}
+
+/// A service that waits for its first push stops on SIGTERM, exit status 0.
+#[test]
+fn sigterm_stops_a_service_waiting_for_its_first_push() {
+    use std::io::{BufRead, BufReader};
+    // A management server that never pushes.
+    let management = ManagementServer::start("127.0.0.1:0".parse().unwrap(), None);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config-xds"])
+        .arg(management.address.to_string())
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let waiting = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|line| line.contains("waiting for the first configuration"));
+    assert!(waiting.is_some(), "the service says it waits");
+    // Read on, so that the service never writes into a closed pipe.
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "still running");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let rest = rest.join().unwrap();
+    assert!(status.success(), "{status:?}: {rest:#?}");
+    assert!(
+        rest.iter().any(|l| l.contains("stopped before serving")),
+        "{rest:#?}"
+    );
+    management.stop();
+}
+
+/// A push larger than --config-xds-max-message-bytes is not taken: the stream breaks and
+/// is opened again, nothing is ACKed, nothing put in force.
+#[test]
+fn a_push_over_the_message_limit_is_not_taken() {
+    let descriptors = (0..20)
+        .map(|i| limit(&format!("key-{i}"), RateLimitUnit::Minute, 1))
+        .collect();
+    let big = resource(descriptors);
+    assert!(big.encoded_len() > 256);
+    let snapshot = Some((
+        "v1".to_owned(),
+        vec![Any {
+            type_url: RateLimitConfig::type_url(),
+            value: big.encode_to_vec(),
+        }],
+    ));
+    let mut management = ManagementServer::start("127.0.0.1:0".parse().unwrap(), snapshot);
+    let mut args = fast_retries(management.address);
+    args.extend([
+        "--start-without-config".to_owned(),
+        "--config-xds-max-message-bytes".to_owned(),
+        "256".to_owned(),
+    ]);
+    let service = start_service(&args);
+    let first = management.next();
+    assert_eq!((first.stream, first.request.version_info.as_str()), (1, ""));
+    let again = management.next();
+    assert_eq!(
+        (
+            again.stream,
+            again.request.version_info.as_str(),
+            again.request.response_nonce.as_str()
+        ),
+        (2, "", "")
+    );
+    assert_eq!(service.metric("sluicegate_xds_acks_total"), 0);
+    assert_eq!(allowed(&service.address, "key-0", 2), 2);
     service.stop();
     management.stop();
 }

@@ -383,9 +383,16 @@ pub(super) fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let options = args.options()?;
     let runtime = runtime_without_lifo_slot()?;
     let served = runtime.block_on(async {
-        // Listened for before anything else: a signal during the start is not lost.
-        let signals = Signals::listen()?;
-        let prepared = server::prepare(options).await?;
+        // Listened for before anything else: a signal during the start is not lost, and
+        // stops a start that waits (for a first xDS push, for a store).
+        let mut signals = Signals::listen()?;
+        let prepared = tokio::select! {
+            prepared = server::prepare(options) => prepared?,
+            _ = signals.next() => {
+                tracing::info!("stopped before serving");
+                return Ok(());
+            }
+        };
         let listeners = args.listeners().await?;
         prepared.serve(listeners, signals.shutdown()).await
     });

@@ -13,7 +13,9 @@
 mod backoff;
 mod resource;
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,20 +87,21 @@ pub(crate) fn start(
     service: Arc<Service>,
 ) -> anyhow::Result<watch::Receiver<bool>> {
     endpoint(&options)?;
-    let (loaded, first) = watch::channel(false);
-    let client = Client {
-        backoff: Backoff::new(options.backoff, backoff::random()),
-        random: backoff::random(),
-        node: node(&options),
-        options,
-        load,
-        service,
-        acked: None,
-        loaded,
-    };
+    let dial_options = options.clone();
+    // The endpoint is made again for each attempt: certificate files replaced meanwhile
+    // are read for the next connection.
+    let dial: Dial = Box::new(move || {
+        let options = dial_options.clone();
+        Box::pin(async move { Ok(endpoint(&options)?.connect().await?) })
+    });
+    let (client, loaded) = Client::new(options, load, service, dial, backoff::random);
     tokio::spawn(client.run());
-    Ok(first)
+    Ok(loaded)
 }
+
+/// One attempt to reach the management server: a connected channel, or why not.
+type Dial =
+    Box<dyn Fn() -> Pin<Box<dyn Future<Output = anyhow::Result<Channel>> + Send>> + Send + Sync>;
 
 /// The node this client says it is.
 fn node(options: &XdsOptions) -> Node {
@@ -159,6 +162,7 @@ struct Client {
     options: XdsOptions,
     load: LoadOptions,
     service: Arc<Service>,
+    dial: Dial,
     node: Node,
     backoff: Backoff,
     /// Spreads the retry interval.
@@ -170,6 +174,30 @@ struct Client {
 }
 
 impl Client {
+    /// A client of `service` reaching its server by `dial`, its waits drawn from
+    /// `random`; the receiver turns true once a first push is in force.
+    fn new(
+        options: XdsOptions,
+        load: LoadOptions,
+        service: Arc<Service>,
+        dial: Dial,
+        random: impl Fn() -> Random,
+    ) -> (Client, watch::Receiver<bool>) {
+        let (loaded, first) = watch::channel(false);
+        let client = Client {
+            backoff: Backoff::new(options.backoff, random()),
+            random: random(),
+            node: node(&options),
+            options,
+            load,
+            service,
+            dial,
+            acked: None,
+            loaded,
+        };
+        (client, first)
+    }
+
     /// Connects, follows the stream, and connects again when it breaks; for ever.
     async fn run(mut self) {
         tracing::info!(
@@ -199,11 +227,7 @@ impl Client {
     /// A connected channel, after as many attempts as it takes.
     async fn connect(&mut self) -> Channel {
         loop {
-            let attempt = match endpoint(&self.options) {
-                Ok(endpoint) => endpoint.connect().await.map_err(anyhow::Error::from),
-                Err(e) => Err(e),
-            };
-            match attempt {
+            match (self.dial)().await {
                 Ok(channel) => return channel,
                 Err(e) => {
                     let wait = backoff::retry_wait(self.options.retry_interval, &mut self.random);
@@ -322,3 +346,6 @@ impl Client {
 fn status_text(status: &tonic::Status) -> String {
     format!("{:?}: {}", status.code(), status.message())
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,6 +3,11 @@
 //! for (JSON, which the YAML reader reads) and parsed as a file's text is, so a push is
 //! refused for exactly what a file is refused for. envoyproxy/ratelimit does the same
 //! (`src/config/config_xds.go` turns the message into its YAML structure, then loads that).
+//!
+//! The messages are envoy-types' `ratelimit.config.ratelimit.v3`, generated from
+//! envoyproxy/ratelimit's `api/ratelimit/config/ratelimit/v3/rls_conf.proto` (the same
+//! fields, numbers and enum values as at envoyproxy/ratelimit@f2fb157): no proto of our
+//! own to vendor, and no code generation in the build.
 
 use std::path::PathBuf;
 

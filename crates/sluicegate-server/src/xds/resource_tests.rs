@@ -369,3 +369,107 @@ fn a_push_of_no_resource_is_an_empty_configuration() {
     let config = config_of(&[], options(false)).expect("an empty push");
     assert!(config.is_empty());
 }
+
+/// Each limit as `path: limit per window (µs)` or `unlimited`, with its shadow mode: what
+/// envoyproxy/ratelimit's `Dump` lists, in sluicegate's terms.
+fn dump(config: &Config) -> Vec<String> {
+    config
+        .limits()
+        .iter()
+        .map(|l| {
+            let numbers = match &l.rule {
+                Some(rule) => format!("{} per {}", rule.limit(), rule.window()),
+                None if l.blocked() => "blocked".to_owned(),
+                None => "unlimited".to_owned(),
+            };
+            format!("{}: {numbers}, shadow_mode: {}", l.path, l.shadow_mode)
+        })
+        .collect()
+}
+
+fn unlimited() -> Option<RateLimitPolicy> {
+    Some(RateLimitPolicy {
+        unlimited: true,
+        ..RateLimitPolicy::default()
+    })
+}
+
+/// envoyproxy/ratelimit@f2fb157 test/provider/xds_grpc_sotw_provider_test.go:182-279
+/// (`testDeeperLimitsXdsConfigUpdate`): nested descriptors, unlimited ones, two domains.
+#[test]
+fn envoys_deeper_limits_push() {
+    const MINUTE: u64 = 60_000_000;
+    let foo = RateLimitConfig {
+        name: "foo".into(),
+        domain: "foo".into(),
+        descriptors: vec![
+            RateLimitDescriptor {
+                descriptors: vec![
+                    descriptor("k2", "", unlimited()),
+                    descriptor("k2", "v2", policy(RateLimitUnit::Hour, 15)),
+                ],
+                ..descriptor("k1", "v1", policy(RateLimitUnit::Minute, 10))
+            },
+            RateLimitDescriptor {
+                descriptors: vec![
+                    descriptor("j2", "", unlimited()),
+                    RateLimitDescriptor {
+                        shadow_mode: true,
+                        quota_mode: true,
+                        ..descriptor("j2", "v2", policy(RateLimitUnit::Day, 15))
+                    },
+                ],
+                ..descriptor("j1", "v2", unlimited())
+            },
+        ],
+    };
+    let bar = RateLimitConfig {
+        name: "bar".into(),
+        domain: "bar".into(),
+        descriptors: vec![descriptor("k1", "v1", policy(RateLimitUnit::Minute, 100))],
+    };
+    let config = config_of(&[any(&foo), any(&bar)], options(false)).expect("a good push");
+    assert_eq!(
+        dump(&config),
+        [
+            format!("bar.k1_v1: 100 per {MINUTE}, shadow_mode: false"),
+            "foo.j1_v2: unlimited, shadow_mode: false".to_owned(),
+            "foo.j1_v2.j2: unlimited, shadow_mode: false".to_owned(),
+            format!(
+                "foo.j1_v2.j2_v2: 15 per {}, shadow_mode: true",
+                1440 * MINUTE
+            ),
+            format!("foo.k1_v1: 10 per {MINUTE}, shadow_mode: false"),
+            "foo.k1_v1.k2: unlimited, shadow_mode: false".to_owned(),
+            format!(
+                "foo.k1_v1.k2_v2: 15 per {}, shadow_mode: false",
+                60 * MINUTE
+            ),
+        ]
+    );
+}
+
+/// envoyproxy/ratelimit@f2fb157 test/provider/xds_grpc_sotw_provider_test.go:281-331
+/// (`testSameDomainMultipleXdsConfigUpdate`): two resources of one domain merge under
+/// MERGE_DOMAIN_CONFIG (here --merge-domain-config).
+#[test]
+fn envoys_same_domain_twice_push_merges() {
+    let first = RateLimitConfig {
+        name: "foo-1".into(),
+        domain: "foo".into(),
+        descriptors: vec![descriptor("k1", "v1", policy(RateLimitUnit::Minute, 10))],
+    };
+    let second = RateLimitConfig {
+        name: "foo-2".into(),
+        domain: "foo".into(),
+        descriptors: vec![descriptor("k1", "v2", policy(RateLimitUnit::Minute, 100))],
+    };
+    let config = config_of(&[any(&first), any(&second)], options(true)).expect("merged");
+    assert_eq!(
+        dump(&config),
+        [
+            "foo.k1_v1: 10 per 60000000, shadow_mode: false",
+            "foo.k1_v2: 100 per 60000000, shadow_mode: false",
+        ]
+    );
+}

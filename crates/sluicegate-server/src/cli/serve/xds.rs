@@ -68,11 +68,16 @@ pub(super) struct XdsArgs {
     /// After the xDS stream broke: draw each wait between the first and the product.
     #[arg(long, env = "SLUICEGATE_CONFIG_XDS_BACKOFF_JITTER", default_value_t = true, action = clap::ArgAction::Set)]
     config_xds_backoff_jitter: bool,
-    /// The largest message taken from the xDS server, in bytes [default: 4 MiB].
-    #[arg(long, env = "SLUICEGATE_CONFIG_XDS_MAX_MESSAGE_BYTES", value_parser = clap::value_parser!(u32).range(1..))]
-    config_xds_max_message_bytes: Option<u32>,
-    /// With --config-xds: serve at once, with no rules (every descriptor unlimited),
-    /// rather than wait for the first configuration pushed.
+    /// The largest message taken from the xDS server, in bytes; 0 (as envoy's unset
+    /// XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES) is the default, 4 MiB.
+    #[arg(
+        long,
+        env = "SLUICEGATE_CONFIG_XDS_MAX_MESSAGE_BYTES",
+        default_value_t = 0
+    )]
+    config_xds_max_message_bytes: u32,
+    /// With --config-xds: serve at once, with no rules (Envoy's answers: every descriptor
+    /// unlimited; /v1/check: unknown domain), rather than wait for the first push.
     #[arg(long, env = "SLUICEGATE_START_WITHOUT_CONFIG")]
     start_without_config: bool,
     /// Not ready (/readyz, /healthcheck, gRPC health) while the configuration in force
@@ -114,7 +119,8 @@ impl XdsArgs {
                 factor: self.config_xds_backoff_random_factor,
                 jitter: self.config_xds_backoff_jitter,
             },
-            max_message_bytes: self.config_xds_max_message_bytes.map(|n| n as usize),
+            max_message_bytes: (self.config_xds_max_message_bytes > 0)
+                .then_some(self.config_xds_max_message_bytes as usize),
             start_without_config: self.start_without_config,
         })
     }
