@@ -928,6 +928,28 @@ fn the_configuration_outlives_the_management_server_and_the_client_reconnects() 
     assert_eq!(codes(address, "users", &[("team", "t")], 2), answers(2, 1));
 }
 
+/// TLS to a management server that asks for no client certificate: the client checks the
+/// server's against `--config-xds-ca` and presents none.
+#[test]
+fn tls_to_the_management_server_without_a_client_certificate() {
+    let dir = scratch("tls");
+    let authority = Authority::new(&dir, "ca");
+    let pair = authority.issue("envoy-gateway");
+    let mut management =
+        ManagementServer::start(&["--node", NODE, "--tls", text(&pair.cert), text(&pair.key)]);
+    management.push("v1", &[resource(&dir, "users", USERS)]);
+    let ca = authority.cert();
+    let server = serve_from(
+        &management,
+        &["--config-xds-tls", "--config-xds-ca", text(&ca)],
+    );
+    management.wait_for_ack("v1");
+    assert_eq!(
+        codes(&server.address, "users", &[("user", "u")], 3),
+        answers(3, 2)
+    );
+}
+
 /// mTLS with the management server, both ways: a server that requires a client certificate
 /// of its authority gets the client's and serves it; a server whose certificate comes from
 /// an authority the client does not trust is refused, and nothing it serves is used.
