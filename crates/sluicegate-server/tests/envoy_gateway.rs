@@ -805,20 +805,21 @@ fn a_golden_shadow_mode_limit_answers_ok_past_it() {
     assert_eq!(called["limits"], json!([[OK, 5]]), "{called}");
 }
 
-/// Our own resources, for the scenarios: domain `users`, 2 a minute per user.
+/// Our own resources, for the scenarios: domain `users`, 2 an hour per user (an hour: a
+/// fixed window of envoy's, under `--compat envoy`, is all but never crossed by a test).
 const USERS: &str = "name: users
 domain: users
 descriptors:
   - key: user
-    rate_limit: {unit: MINUTE, requests_per_unit: 2}
+    rate_limit: {unit: HOUR, requests_per_unit: 2}
 ";
 
-/// The same domain, limited per team instead: 1 a minute.
+/// The same domain, limited per team instead: 1 an hour.
 const TEAMS: &str = "name: users
 domain: users
 descriptors:
   - key: team
-    rate_limit: {unit: MINUTE, requests_per_unit: 1}
+    rate_limit: {unit: HOUR, requests_per_unit: 1}
 ";
 
 /// A resource envoyproxy/ratelimit refuses (its loader: "duplicate descriptor composite
@@ -827,9 +828,9 @@ const DUPLICATE_KEY: &str = "name: users
 domain: users
 descriptors:
   - key: user
-    rate_limit: {unit: MINUTE, requests_per_unit: 2}
+    rate_limit: {unit: HOUR, requests_per_unit: 2}
   - key: user
-    rate_limit: {unit: MINUTE, requests_per_unit: 5}
+    rate_limit: {unit: HOUR, requests_per_unit: 5}
 ";
 
 /// The first push is ACKed with its version and nonce, by a client that says who it is
@@ -1151,6 +1152,101 @@ fn envoy_gateway_environment() -> Vec<(String, String)> {
         .collect()
 }
 
+/// envoyproxy/ratelimit's listener variables (HOST, PORT, GRPC_*, DEBUG_*) on free ports
+/// of the loopback, and the addresses they make.
+struct EnvoyListeners {
+    variables: Vec<(String, String)>,
+    http: String,
+    grpc: String,
+}
+
+impl EnvoyListeners {
+    fn on_loopback() -> EnvoyListeners {
+        let (http, grpc, debug) = (
+            server::free_port(),
+            server::free_port(),
+            server::free_port(),
+        );
+        let variables = [
+            ("HOST", "127.0.0.1".to_owned()),
+            ("PORT", http.to_string()),
+            ("GRPC_HOST", "127.0.0.1".to_owned()),
+            ("GRPC_PORT", grpc.to_string()),
+            ("DEBUG_HOST", "127.0.0.1".to_owned()),
+            ("DEBUG_PORT", debug.to_string()),
+        ]
+        .map(|(name, value)| (name.to_owned(), value))
+        .to_vec();
+        EnvoyListeners {
+            variables,
+            http: format!("127.0.0.1:{http}"),
+            grpc: format!("127.0.0.1:{grpc}"),
+        }
+    }
+}
+
+/// envoyproxy/ratelimit's xDS variables (src/settings/settings.go:58-82) reach the
+/// management server as envoy's own client sends them: the node id, the node metadata
+/// (`k=v` pairs, src/provider/xds_grpc_sotw_provider.go:190-203), the additional headers
+/// (envconfig's `k1:v1,k2:v2` map) on the stream; Go's durations are taken; and without
+/// FORCE_START_WITHOUT_INITIAL_CONFIG the service serves once the first push is in.
+#[test]
+fn envoys_xds_variables_reach_the_management_server() {
+    let dir = scratch("xds-variables");
+    let mut management = ManagementServer::start(&["--node", "rls-7"]);
+    management.push("v1", &[resource(&dir, "users", USERS)]);
+    let redis = RedisServer::start(&[]);
+    let listeners = EnvoyListeners::on_loopback();
+    let mut env: Vec<(String, String)> = [
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_owned()),
+        ("CONFIG_GRPC_XDS_SERVER_URL", management.address()),
+        ("CONFIG_GRPC_XDS_NODE_ID", "rls-7".to_owned()),
+        (
+            "CONFIG_GRPC_XDS_NODE_METADATA",
+            "cluster=ratelimit,zone=eu".to_owned(),
+        ),
+        (
+            "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+            "x-tenant:blue,x-team:red".to_owned(),
+        ),
+        (
+            "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+            "1m30s".to_owned(),
+        ),
+        ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "1m30s".to_owned()),
+        ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "2m".to_owned()),
+        ("USE_STATSD", "false".to_owned()),
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+    ]
+    .map(|(name, value)| (name.to_owned(), value))
+    .to_vec();
+    env.extend(listeners.variables.iter().cloned());
+    let binary = Binary::spawn(
+        Command::new(env!("CARGO_BIN_EXE_sluicegate"))
+            .args(["serve", "--compat", "envoy"])
+            .env_clear()
+            .envs(env.iter().map(|(n, v)| (n, v))),
+    );
+    wait_until_healthy(&listeners.http, &binary);
+    let ack = management.wait_for_ack("v1");
+    assert_eq!(ack["node"], "rls-7", "{ack}");
+    assert_eq!(
+        ack["metadata"],
+        json!({"cluster": "ratelimit", "zone": "eu"}),
+        "{ack}"
+    );
+    assert_eq!(
+        (&ack["headers"]["x-tenant"], &ack["headers"]["x-team"]),
+        (&json!("blue"), &json!("red")),
+        "{ack}"
+    );
+    assert_eq!(
+        codes(&listeners.grpc, "users", &[("user", "u")], 3),
+        answers(3, 2)
+    );
+}
+
 /// The binary under Envoy Gateway's deployment environment, verbatim but for the ports and
 /// paths (the addresses of this machine; the certificate Secret made here by one authority,
 /// as Envoy Gateway's is): it starts and stays up, takes its configuration from an mTLS
@@ -1199,12 +1295,7 @@ fn envoy_gateways_deployment_environment() {
     ]);
     management.push("eg-1", &[golden("month-year-rule")]);
     let redis = RedisServer::start(&[]);
-    let (http, grpc, debug, prometheus) = (
-        server::free_port(),
-        server::free_port(),
-        server::free_port(),
-        server::free_port(),
-    );
+    let prometheus = server::free_port();
     let mut env: Vec<(String, String)> = environment
         .into_iter()
         .map(|(name, value)| {
@@ -1222,16 +1313,8 @@ fn envoy_gateways_deployment_environment() {
         .collect();
     // The Deployment leaves the listeners at envoy's defaults (8080, 8081, 6070 on every
     // interface); here, free ports of the loopback.
-    for (name, value) in [
-        ("HOST", "127.0.0.1".to_owned()),
-        ("PORT", http.to_string()),
-        ("GRPC_HOST", "127.0.0.1".to_owned()),
-        ("GRPC_PORT", grpc.to_string()),
-        ("DEBUG_HOST", "127.0.0.1".to_owned()),
-        ("DEBUG_PORT", debug.to_string()),
-    ] {
-        env.push((name.to_owned(), value));
-    }
+    let listeners = EnvoyListeners::on_loopback();
+    env.extend(listeners.variables.iter().cloned());
 
     let binary = Binary::spawn(
         Command::new(env!("CARGO_BIN_EXE_sluicegate"))
@@ -1240,14 +1323,13 @@ fn envoy_gateways_deployment_environment() {
             .envs(env.iter().map(|(n, v)| (n, v))),
     );
 
-    let http = format!("127.0.0.1:{http}");
-    wait_until_healthy(&http, &binary);
+    wait_until_healthy(&listeners.http, &binary);
     let ack = management.wait_for_ack("eg-1");
     assert_eq!(ack["node"], NODE, "{ack}");
 
     // TLS only on the gRPC port: a plaintext call gets no answer.
-    let grpc = format!("127.0.0.1:{grpc}");
-    let plaintext = run_python("rls_check.py", &[&grpc, "first-listener", "k", "v"]);
+    let grpc = &listeners.grpc;
+    let plaintext = run_python("rls_check.py", &[grpc, "first-listener", "k", "v"]);
     assert!(plaintext.starts_with("UNAVAILABLE\n"), "{plaintext}");
 
     // month-year-rule.yaml: second-route 1 a year (lines 27-35), first-route 5 a month
@@ -1258,7 +1340,7 @@ fn envoy_gateways_deployment_environment() {
                "remote_address": ANYWHERE, "times": times})
     };
     let played = play(
-        &grpc,
+        grpc,
         Some(&ca),
         &json!([
             step("second-route", "two", 2),
