@@ -1254,7 +1254,7 @@ fn envoys_xds_variables_reach_the_management_server() {
 /// client without a certificate too, since envoyproxy/ratelimit does not read
 /// GRPC_SERVER_TLS_CA_CERT — answers the kubelet's plain-HTTP probe on PORT, decides as the
 /// golden configuration says, keeps its counts in REDIS_URL's Redis and serves `/metrics`
-/// on PROMETHEUS_ADDR.
+/// on PROMETHEUS_ADDR, named by the mapping file of Envoy Gateway's ConfigMap.
 #[test]
 fn envoy_gateways_deployment_environment() {
     let dir = scratch("deployment");
@@ -1280,7 +1280,11 @@ fn envoy_gateways_deployment_environment() {
     let management_pair = authority.issue("envoy-gateway");
     std::fs::create_dir_all(dir.join("data")).unwrap();
     std::fs::create_dir_all(dir.join("etc/statsd-exporter")).unwrap();
-    std::fs::write(dir.join("etc/statsd-exporter/conf.yaml"), "mappings: []\n").unwrap();
+    std::fs::copy(
+        fixture("envoy-gateway/deployments/statsd_conf.yaml"),
+        dir.join("etc/statsd-exporter/conf.yaml"),
+    )
+    .unwrap();
     assert!(pair.cert.ends_with("certs/tls.crt") && pair.key.ends_with("certs/tls.key"));
 
     let ca = certs.join("ca.crt");
@@ -1364,5 +1368,14 @@ fn envoy_gateways_deployment_environment() {
     );
     let (status, metrics) = scraped.unwrap();
     assert_eq!(status, 200, "{metrics}");
-    assert!(metrics.contains("first-listener"), "{metrics}");
+    // Envoy's statistics under the names and labels of Envoy Gateway's mapping file.
+    for counted in [
+        "total_hits{domain=\"first-listener\",key1=\"second-route_second-route\",key2=\"rule-0-match-0_rule-0-match-0\"} 2",
+        "over_limit{domain=\"first-listener\",key1=\"second-route_second-route\",key2=\"rule-0-match-0_rule-0-match-0\"} 1",
+        "total_hits{domain=\"first-listener\",key1=\"first-route_first-route\",key2=\"rule-0-match-0_rule-0-match-0\"} 6",
+        "within_limit{domain=\"first-listener\",key1=\"first-route_first-route\",key2=\"rule-0-match-0_rule-0-match-0\"} 5",
+    ] {
+        let line = format!("ratelimit_service_rate_limit_{counted}\n");
+        assert!(metrics.contains(&line), "{line} not in {metrics}");
+    }
 }
