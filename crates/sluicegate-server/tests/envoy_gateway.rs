@@ -879,6 +879,23 @@ fn a_push_is_acked_and_an_update_applies_without_a_restart() {
     );
 }
 
+/// State of the world: a push with no resource is a world with no rules, ACKed, and what
+/// the last push limited is limited no more.
+#[test]
+fn an_empty_push_takes_every_rule_away() {
+    let dir = scratch("empty");
+    let mut management = ManagementServer::start(&["--node", NODE]);
+    management.push("v1", &[resource(&dir, "users", USERS)]);
+    let server = serve_from(&management, &[]);
+    management.wait_for_ack("v1");
+    let address = &server.address;
+    assert_eq!(codes(address, "users", &[("user", "u")], 3), answers(3, 2));
+
+    management.push("v2", &[]);
+    management.wait_for_ack("v2");
+    assert_eq!(codes(address, "users", &[("user", "u")], 3), answers(3, 3));
+}
+
 /// A push the service cannot load is NACKed — the version it still runs, the nonce of the
 /// refused response, an error detail — and the previous rules go on answering; the next
 /// good push is ACKed.
