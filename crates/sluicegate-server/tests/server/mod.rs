@@ -271,28 +271,8 @@ impl Server {
         body: &str,
         headers: &[(&str, &str)],
     ) -> (u16, String) {
-        let uri = format!("http://{}{path}", self.address);
-        let mut request = axum::http::Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("content-type", "application/json");
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let request = request
-            .body(Full::new(axum::body::Bytes::from(body.to_owned())))
-            .unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let client = Client::builder(TokioExecutor::new()).build_http();
-            let response = client.request(request).await.unwrap();
-            let status = response.status().as_u16();
-            let bytes = response.into_body().collect().await.unwrap().to_bytes();
-            (status, String::from_utf8_lossy(&bytes).into_owned())
-        })
+        request_to(&self.address, method, path, body, headers)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
     /// The value of a counter or gauge of `GET /metrics`.
@@ -355,4 +335,53 @@ impl Drop for Server {
             }
         }
     }
+}
+
+/// One HTTP/1.1 request to `address`, from a real client on a connection of its own: the
+/// status and the body, or why no answer came (nothing listens, the connection broke).
+/// Blocks; call it from a test thread, not from inside a runtime.
+pub fn request_to(
+    address: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> Result<(u16, String), String> {
+    let mut request = axum::http::Request::builder()
+        .method(method)
+        .uri(format!("http://{address}{path}"))
+        .header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(Full::new(axum::body::Bytes::from(body.to_owned())))
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        let response = client
+            .request(request)
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        let status = response.status().as_u16();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+    })
+}
+
+/// A loopback port free now, for a process that must be told its port before it starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
 }
