@@ -311,7 +311,7 @@ async fn a_mapping_file_renames_the_series() {
 async fn envoy_gateways_mapping_is_honoured() {
     let fixture = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/envoy-gateway-statsd-conf.yaml"
+        "/tests/fixtures/envoy-gateway/deployments/statsd_conf.yaml"
     );
     let server = Server::start(&[
         "--config",

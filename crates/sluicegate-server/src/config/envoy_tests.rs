@@ -386,19 +386,30 @@ fn metadata() {
 }
 
 /// Envoy Gateway's rate limit configurations, as its translator writes them
-/// (`tests/fixtures/envoy/gateway/`, one file per test, the configurations of several
-/// domains as YAML documents of one file): each loads, its top-level `name`, `rate_limit:
+/// (`tests/fixtures/envoy-gateway/ratelimit-config/`, one file per test, the configurations of
+/// several domains as YAML documents of one file), each a file's path.
+pub(crate) fn envoy_gateway_configurations() -> Vec<PathBuf> {
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/envoy-gateway/ratelimit-config");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|path| {
+            let name = path.file_name().unwrap().to_string_lossy();
+            name.ends_with(".yaml") && !name.ends_with(".routes.yaml")
+        })
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 26, "{}", dir.display());
+    files
+}
+
+/// Envoy Gateway's rate limit configurations ([`envoy_gateway_configurations`]): each loads, its top-level `name`, `rate_limit:
 /// null`, `name: ""`, `replaces: []` and every flag written out included, with each of its
 /// rate limits, unnamed.
 #[test]
 fn envoy_gateway_configurations_load() {
-    let dir = fixture("gateway");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    assert_eq!(files.len(), 26, "{}", dir.display());
+    let files = envoy_gateway_configurations();
     for file in &files {
         let text = std::fs::read_to_string(file).unwrap();
         for document in text.split("\n---\n") {
@@ -423,8 +434,12 @@ fn envoy_gateway_configurations_load() {
         }
     }
     // `value: ""` is no value: the key matches whatever value comes.
-    let text = std::fs::read_to_string(dir.join("distinct-match.yaml")).unwrap();
-    let c = Config::parse(&dir, &text, options(false)).unwrap();
+    let file = files
+        .iter()
+        .find(|f| f.ends_with("distinct-match.yaml"))
+        .unwrap();
+    let text = std::fs::read_to_string(file).unwrap();
+    let c = Config::parse(file, &text, options(false)).unwrap();
     for value in ["a", "192.0.2.1"] {
         let pairs = [("first-route", "first-route"), ("rule-0-match-0", value)];
         let found = c.find("first-listener", &entries(&pairs)).unwrap();

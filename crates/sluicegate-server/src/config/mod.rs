@@ -304,7 +304,7 @@ impl std::error::Error for ConfigError {}
 #[cfg(test)]
 mod dir_tests;
 #[cfg(test)]
-mod envoy_tests;
+pub(crate) mod envoy_tests;
 #[cfg(test)]
 mod load_tests;
 #[cfg(test)]

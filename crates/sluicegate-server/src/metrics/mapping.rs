@@ -621,7 +621,7 @@ mod tests {
 
     #[test]
     fn envoy_gateways_mapping_is_accepted() {
-        let text = include_str!("../../tests/fixtures/envoy-gateway-statsd-conf.yaml");
+        let text = include_str!("../../tests/fixtures/envoy-gateway/deployments/statsd_conf.yaml");
         let m = PrometheusMapping::parse(text).unwrap();
         // Without envoy's scale: milliseconds in the `_seconds` histogram, as EG has it.
         assert_eq!(m.response_time_thresholds()[7..], [1, 2, 5, 10]);

@@ -131,14 +131,7 @@ fn message(resource: EgResource) -> RateLimitConfig {
 
 #[test]
 fn envoy_gateway_pushes_load_what_their_yaml_loads() {
-    let dir =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/envoy-gateway/ratelimit-config");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("the fixtures")
-        .map(|e| e.expect("an entry").path())
-        .collect();
-    files.sort();
-    assert_eq!(files.len(), 25);
+    let files = crate::config::envoy_tests::envoy_gateway_configurations();
     for file in files {
         let text = std::fs::read_to_string(&file).expect("a fixture");
         let resources: Vec<Any> = text
