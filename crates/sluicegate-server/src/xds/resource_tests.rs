@@ -1,5 +1,3 @@
-use std::path::Path;
-
 use envoy_types::pb::google::protobuf::{Any, Struct, Value, value::Kind};
 use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitReplace, RateLimitUnit,

@@ -10,7 +10,7 @@ use super::check::{
 use super::error::StoreError;
 use super::memory::{MemoryStore, MemoryStoreConfig};
 #[cfg(feature = "redis")]
-use super::redis::{RedisStore, Scripting};
+use super::redis::{RedisStore, RedisStoreConfig, Scripting};
 use super::url::{StoreUrl, Target};
 use crate::clock::SystemClock;
 
@@ -97,13 +97,16 @@ impl AnyStore {
             #[cfg(feature = "redis")]
             Target::Redis(redis) => RedisStore::open(
                 redis,
-                options.prefix,
-                options.timeout,
-                options.tls_ca,
-                options.tls_client,
-                options.eviction_check_interval,
-                Scripting::Auto,
-                options.expiration_jitter_max,
+                RedisStoreConfig {
+                    url: options.url.clone(),
+                    prefix: options.prefix,
+                    timeout: options.timeout,
+                    tls_ca: options.tls_ca,
+                    tls_client: options.tls_client,
+                    eviction_check_interval: options.eviction_check_interval,
+                    scripting: Scripting::Auto,
+                    expiration_jitter_max: options.expiration_jitter_max,
+                },
             )
             .await
             .map(AnyStore::Redis),

@@ -127,19 +127,7 @@ impl RedisStore {
         let url = StoreUrl::parse(&config.url)
             .map_err(|e| unavailable(e.url().to_owned(), e.to_string()))?;
         match url.target() {
-            Target::Redis(redis) => {
-                RedisStore::open(
-                    redis,
-                    config.prefix,
-                    config.timeout,
-                    config.tls_ca,
-                    config.tls_client,
-                    config.eviction_check_interval,
-                    config.scripting,
-                    config.expiration_jitter_max,
-                )
-                .await
-            }
+            Target::Redis(redis) => RedisStore::open(redis, config).await,
             Target::Memory => Err(unavailable(
                 url.to_string(),
                 "the in-memory store is not a Redis URL".to_owned(),
@@ -147,17 +135,21 @@ impl RedisStore {
         }
     }
 
-    /// [`RedisStore::connect`], to a URL already parsed.
+    /// [`RedisStore::connect`], to `config`'s URL already parsed (`url`).
     pub(crate) async fn open(
         url: &RedisUrl,
-        prefix: String,
-        timeout: Duration,
-        tls_ca: Option<Vec<u8>>,
-        tls_client: Option<TlsClientIdentity>,
-        eviction_check_interval: Duration,
-        scripting: Scripting,
-        expiration_jitter_max: Duration,
+        config: RedisStoreConfig,
     ) -> Result<RedisStore, StoreError> {
+        let RedisStoreConfig {
+            prefix,
+            timeout,
+            tls_ca,
+            tls_client,
+            eviction_check_interval,
+            scripting,
+            expiration_jitter_max,
+            ..
+        } = config;
         let script = Arc::new(CheckScript::new());
         let calls = Arc::new(CallCounters::default());
         let tls = connect::TlsFiles {
