@@ -19,9 +19,9 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
@@ -277,10 +277,21 @@ fn grpc_health(address: &str) -> String {
 }
 
 async fn checks(address: &str, key: &str, n: usize) -> usize {
+    let mut ok = 0;
+    for answer in answers(address, key, n).await {
+        if answer.expect("an answer").overall_code == i32::from(Code::Ok) {
+            ok += 1;
+        }
+    }
+    ok
+}
+
+/// `n` checks of `key` over gRPC, each answer or the call's error.
+async fn answers(address: &str, key: &str, n: usize) -> Vec<Result<RateLimitResponse, Status>> {
     let mut client = RateLimitServiceClient::connect(format!("http://{address}"))
         .await
         .expect("connect over gRPC");
-    let mut ok = 0;
+    let mut answers = Vec::with_capacity(n);
     for _ in 0..n {
         let request = RateLimitRequest {
             domain: "gateway".into(),
@@ -293,16 +304,26 @@ async fn checks(address: &str, key: &str, n: usize) -> usize {
             }],
             hits_addend: 0,
         };
-        let answer = client
-            .should_rate_limit(request)
-            .await
-            .unwrap()
-            .into_inner();
-        if answer.overall_code == i32::from(Code::Ok) {
-            ok += 1;
-        }
+        answers.push(
+            client
+                .should_rate_limit(request)
+                .await
+                .map(Response::into_inner),
+        );
     }
-    ok
+    answers
+}
+
+/// The calls' errors, when every one of `n` checks of `key` fails.
+fn failures(address: &str, key: &str, n: usize) -> Vec<Status> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(answers(address, key, n))
+        .into_iter()
+        .map(|answer| answer.expect_err("no answer before a configuration"))
+        .collect()
 }
 
 /// The service as `args` start it, once it listens (it waits for a first push unless
@@ -470,9 +491,11 @@ fn pushes_are_put_in_force_acked_nacked_and_survive_the_server() {
     management.stop();
 }
 
-/// `--start-without-config --healthy-with-config`: serving at once with no rules (every
-/// descriptor unlimited), not ready until a push declares a domain, not ready again
-/// after an empty one (envoyproxy/ratelimit's FORCE_START_WITHOUT_INITIAL_CONFIG and
+/// `--start-without-config --healthy-with-config`: serving at once, but deciding nothing
+/// before the first push (every check fails UNAVAILABLE, so that Envoy's own failure mode
+/// decides, as envoyproxy/ratelimit fails it: envoyproxy/ratelimit@f2fb157
+/// src/service/ratelimit.go:118-121), not ready until a push declares a domain, not ready
+/// again after an empty one (envoy's FORCE_START_WITHOUT_INITIAL_CONFIG and
 /// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED).
 #[test]
 fn healthy_only_with_a_configuration() {
@@ -491,7 +514,13 @@ fn healthy_only_with_a_configuration() {
     // envoyproxy/ratelimit answers its /healthcheck 500 when unhealthy.
     assert_eq!(service.request("GET", "/healthcheck", "").0, 500);
     assert_eq!(grpc_health(&service.address), "NOT_SERVING");
-    assert_eq!(allowed(&service.address, "user", 3), 3);
+    for failure in failures(&service.address, "user", 3) {
+        assert_eq!(failure.code(), tonic::Code::Unavailable, "{failure:?}");
+        assert!(
+            failure.message().contains("no rate limit configuration"),
+            "{failure:?}"
+        );
+    }
 
     management.push(
         "v1",
@@ -758,7 +787,8 @@ fn the_log_names_each_ack_and_nack() {
 }
 
 /// A push larger than --config-xds-max-message-bytes is not taken: the stream breaks and
-/// is opened again, nothing is ACKed, nothing put in force.
+/// is opened again, nothing is ACKed, nothing put in force (checks still fail as before a
+/// first push).
 #[test]
 fn a_push_over_the_message_limit_is_not_taken() {
     let descriptors = (0..20)
@@ -793,7 +823,13 @@ fn a_push_over_the_message_limit_is_not_taken() {
         (2, "", "")
     );
     assert_eq!(service.metric("sluicegate_xds_acks_total"), 0);
-    assert_eq!(allowed(&service.address, "key-0", 2), 2);
+    let unanswered = failures(&service.address, "key-0", 2);
+    assert!(
+        unanswered
+            .iter()
+            .all(|failure| failure.code() == tonic::Code::Unavailable),
+        "{unanswered:?}"
+    );
     service.stop();
     management.stop();
 }

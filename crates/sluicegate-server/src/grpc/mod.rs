@@ -115,7 +115,9 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
             let answer = envoy::should_rate_limit(&service, request.get_ref(), span).await;
             let failed = answer.as_ref().err().map(|e| match e {
                 DecideError::Store(_) => CallError::Store,
-                DecideError::Invalid(_) | DecideError::UnknownDomain(_) => CallError::Service,
+                DecideError::Invalid(_)
+                | DecideError::UnknownDomain(_)
+                | DecideError::NoConfiguration => CallError::Service,
             });
             service.metrics().grpc_answered(started.elapsed(), failed);
             answer.map(Response::new).map_err(|e| match e {
@@ -123,6 +125,7 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
                     Status::invalid_argument(message)
                 }
                 DecideError::Store(e) => Status::unavailable(e.to_string()),
+                DecideError::NoConfiguration => Status::unavailable(DecideError::NO_CONFIGURATION),
             })
         })
     }

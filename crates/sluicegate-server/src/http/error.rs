@@ -47,6 +47,10 @@ impl From<DecideError> for ApiError {
                 ApiError::bad_request(message)
             }
             DecideError::Store(e) => e.into(),
+            DecideError::NoConfiguration => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                DecideError::NO_CONFIGURATION.to_owned(),
+            ),
         }
     }
 }

@@ -139,8 +139,8 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         .map(|path| config::fingerprint(path, load.ignore_dotfiles));
     // Over xDS, nothing is in force until the first push.
     let config = match &options.xds {
-        Some(_) => Config::default(),
-        None => load_config(options.config.as_deref(), load)?,
+        Some(_) => None,
+        None => Some(load_config(options.config.as_deref(), load)?),
     };
     let store = AnyStore::open(options.store.clone()).await?;
     let limiter = Arc::new(Limiter::with_config(store, options.limiter.clone()));
@@ -160,7 +160,10 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         .map(Telemetry::otlp)
         .transpose()?
         .unwrap_or_default();
-    let service = Arc::new(Service::new(config, limiter, options.service.clone()));
+    let service = Arc::new(match config {
+        Some(config) => Service::new(config, limiter, options.service.clone()),
+        None => Service::awaiting_configuration(limiter, options.service.clone()),
+    });
     if options.xds.is_none() {
         service.metrics().config_loaded();
     }

@@ -100,6 +100,17 @@ pub(crate) enum DecideError {
     UnknownDomain(String),
     /// The store could not decide and no policy decided for it.
     Store(StoreError),
+    /// No configuration is in force yet (started over xDS without waiting for the first
+    /// push): nothing can be decided, and the caller's own failure mode says what happens,
+    /// as envoyproxy/ratelimit fails such a call ("no rate limit configuration loaded",
+    /// envoyproxy/ratelimit@f2fb157 src/service/ratelimit.go:118-121).
+    NoConfiguration,
+}
+
+impl DecideError {
+    /// What a caller is told of [`DecideError::NoConfiguration`].
+    pub(crate) const NO_CONFIGURATION: &'static str =
+        "no rate limit configuration loaded yet: the first xDS push has not come";
 }
 
 impl From<StoreError> for DecideError {

@@ -81,7 +81,7 @@ impl Service {
         self.validate(descriptors)?;
         let live = self.live();
         let config = &live.config;
-        let found = matched(config, domain, descriptors)?;
+        let found = matched(&live, domain, descriptors)?;
         let mut limits = found.clone();
         apply_replaces(&mut limits);
         let keys = counted_keys(domain, descriptors, &limits);

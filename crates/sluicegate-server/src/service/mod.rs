@@ -42,6 +42,8 @@ pub(crate) struct Live {
     pub(crate) loaded_at_us: u64,
     /// The version its source gave it (an xDS push's `version_info`); none for files.
     pub(crate) source_version: Option<String>,
+    /// No configuration has come yet: every decision is [`DecideError::NoConfiguration`].
+    awaiting_configuration: bool,
 }
 
 /// What every front end shares.
@@ -84,13 +86,17 @@ impl EvenSample {
     }
 }
 
-/// The limit each descriptor matches in `domain` of `config`, in request order.
+/// The limit each descriptor matches in `domain` of the configuration in force, in request
+/// order.
 fn matched<'c>(
-    config: &'c Config,
+    live: &'c Live,
     domain: &str,
     descriptors: &[Vec<Entry>],
 ) -> Result<Vec<Option<&'c ConfiguredLimit>>, DecideError> {
-    config
+    if live.awaiting_configuration {
+        return Err(DecideError::NoConfiguration);
+    }
+    live.config
         .find_all(domain, descriptors)
         .map_err(|UnknownDomain| {
             DecideError::UnknownDomain(format!("domain: unknown domain {domain:?}"))
@@ -231,6 +237,7 @@ impl Live {
             version,
             loaded_at_us,
             source_version: None,
+            awaiting_configuration: false,
         }
     }
 
@@ -277,6 +284,28 @@ impl Service {
             refusal_log: EvenSample::new(options.refusal_log_share),
             options,
         }
+    }
+
+    /// A service deciding with `limiter` once a configuration is put in force
+    /// ([`Service::replace_config`]); until then every decision fails
+    /// ([`DecideError::NoConfiguration`]).
+    pub(crate) fn awaiting_configuration(
+        limiter: Arc<Limiter<AnyStore>>,
+        options: ServiceOptions,
+    ) -> Self {
+        let service = Service::new(Config::default(), limiter, options);
+        let awaiting = Live {
+            awaiting_configuration: true,
+            ..Live::new(
+                Config::default(),
+                &service.metrics,
+                &service.offenders,
+                1,
+                service.now_micros(),
+            )
+        };
+        service.live.store(Arc::new(awaiting));
+        service
     }
 
     /// The configuration in force now.
@@ -385,7 +414,7 @@ impl Service {
         self.validate(descriptors)?;
         let live = self.live();
         let config = &live.config;
-        let mut matched = matched(config, domain, descriptors)?;
+        let mut matched = matched(&live, domain, descriptors)?;
         let usage::Resolved {
             entries: descriptors,
             modes,
@@ -491,12 +520,8 @@ impl Service {
         descriptors: &[Vec<Entry>],
     ) -> Result<Vec<String>, DecideError> {
         let live = self.live();
-        let config = &live.config;
         let mut forgotten = Vec::new();
-        for (entries, limit) in descriptors
-            .iter()
-            .zip(matched(config, domain, descriptors)?)
-        {
+        for (entries, limit) in descriptors.iter().zip(matched(&live, domain, descriptors)?) {
             if let Some((limit, rule)) = limit.and_then(|l| Some(l).zip(l.rule.as_ref())) {
                 self.limiter
                     .store()

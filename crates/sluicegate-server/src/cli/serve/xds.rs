@@ -76,8 +76,9 @@ pub(super) struct XdsArgs {
         default_value_t = 0
     )]
     config_xds_max_message_bytes: u32,
-    /// With --config-xds: serve at once, with no rules (Envoy's answers: every descriptor
-    /// unlimited; /v1/check: unknown domain), rather than wait for the first push.
+    /// With --config-xds: listen at once rather than wait for the first push; until it
+    /// comes every check fails (gRPC UNAVAILABLE, HTTP 503), so the caller's failure mode
+    /// decides.
     #[arg(long, env = "SLUICEGATE_START_WITHOUT_CONFIG")]
     start_without_config: bool,
     /// Not ready (/readyz, /healthcheck, gRPC health) while the configuration in force
