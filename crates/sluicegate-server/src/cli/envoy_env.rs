@@ -95,12 +95,14 @@ impl Environment<'_> {
     }
 
     /// The sink envoy's statistics go to is statsd (plain or DogStatsD), as envoy picks it:
-    /// DISABLE_STATS, then USE_DOG_STATSD, then USE_STATSD (beside USE_PROMETHEUS, which
-    /// envoy refuses, Prometheus is taken: /metrics is served here either way).
+    /// DISABLE_STATS, then USE_DOG_STATSD, then USE_STATSD. Beside USE_PROMETHEUS envoy
+    /// refuses to start unless USE_STATSD is false, and USE_STATSD is true by default:
+    /// here Prometheus is served either way, and statsd is sent too when USE_STATSD=true
+    /// is set rather than defaulted, so that nothing set is left undone.
     fn statsd(&self) -> anyhow::Result<bool> {
-        Ok(!self.flag("DISABLE_STATS")?
-            && (self.flag("USE_DOG_STATSD")?
-                || (self.flag("USE_STATSD")? && !self.flag("USE_PROMETHEUS")?)))
+        let asked = self.flag("USE_STATSD")?
+            && (!self.flag("USE_PROMETHEUS")? || self.set("USE_STATSD").is_some());
+        Ok(!self.flag("DISABLE_STATS")? && (self.flag("USE_DOG_STATSD")? || asked))
     }
 }
 

@@ -72,6 +72,19 @@ fn use_prometheus_serves_metrics_on_its_address() {
         on.iter().any(|f| f == "--metrics-listen=0.0.0.0:9090"),
         "{on:?}"
     );
+    // USE_STATSD's default beside it is not a wish for statsd (envoy would not start on
+    // it); set, it is honoured beside Prometheus.
+    assert!(!on.iter().any(|f| f.starts_with("--statsd")), "{on:?}");
+    let both = [("USE_PROMETHEUS", "true"), ("USE_STATSD", "true")];
+    let both = appended(&["--compat", "envoy"], &both).unwrap();
+    assert!(
+        both.iter().any(|f| f == "--statsd=localhost:8125"),
+        "{both:?}"
+    );
+    assert!(
+        both.iter().any(|f| f == "--metrics-listen=0.0.0.0:9090"),
+        "{both:?}"
+    );
     let path = [("USE_PROMETHEUS", "true"), ("PROMETHEUS_PATH", "/stats")];
     let error = format!("{:#}", appended(&["--compat", "envoy"], &path).unwrap_err());
     assert!(error.contains("PROMETHEUS_PATH=\"/stats\""), "{error}");
@@ -650,4 +663,154 @@ fn the_xds_clients_variables_are_read_only_with_config_type_grpc_xds_sotw() {
         flags.iter().any(|f| f.starts_with("--config=")),
         "{flags:?}"
     );
+}
+
+/// The environment Envoy Gateway gives its rate-limit container in one of its
+/// Deployments (`tests/fixtures/envoy-gateway/deployments/`, envoyproxy/gateway@d32f282
+/// internal/infrastructure/kubernetes/ratelimit/testdata/deployments/), each variable a
+/// Secret or the Pod fills in standing for the value it would be, and the paths of the
+/// mounted certificates moved under `root`.
+fn envoy_gateway_environment(
+    deployment: &std::path::Path,
+    root: &std::path::Path,
+) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(deployment).unwrap();
+    let deployment: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    let containers = deployment["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap();
+    let container = containers
+        .iter()
+        .find(|c| c["name"] == "envoy-ratelimit")
+        .expect("the rate-limit container");
+    assert_eq!(container["command"], serde_json::json!(["/bin/ratelimit"]));
+    container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|variable| {
+            let name = variable["name"].as_str().unwrap().to_owned();
+            let value = match (&variable["value"], &variable["valueFrom"]) {
+                (serde_json::Value::String(value), _) => value.clone(),
+                (_, from) if from["secretKeyRef"]["key"] == "REDIS_ENDPOINT" => {
+                    "redis.example:6379".to_owned()
+                }
+                (_, from) if from["fieldRef"]["fieldPath"] == "metadata.name" => {
+                    "envoy-ratelimit-5d8f7".to_owned()
+                }
+                other => panic!("{name}: {other:?}"),
+            };
+            let value = match value.strip_prefix('/') {
+                Some(path) if path.starts_with("certs/") || path.starts_with("redis-certs/") => {
+                    root.join(path).display().to_string()
+                }
+                _ => value,
+            };
+            (name, value)
+        })
+        .collect()
+}
+
+/// Every rate-limit Deployment of Envoy Gateway's tests starts `serve --compat envoy` with
+/// the rules over xDS under mTLS, TLS on the gRPC port, and the store, metrics and traces
+/// it names — or, where it asks for what envoy could not do either (a Sentinel URL without
+/// a master name), is refused naming the variable.
+#[test]
+fn envoy_gateways_deployments_map_to_what_they_ask() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/envoy-gateway/deployments");
+    let mut deployments: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap() != "statsd_conf.yaml")
+        .collect();
+    deployments.sort();
+    assert_eq!(deployments.len(), 19, "{}", dir.display());
+    // The Secrets' files: the mapping reads that they are there; the start parses them.
+    let root = std::env::temp_dir().join(format!("sluicegate-eg-mounts-{}", std::process::id()));
+    for file in [
+        "certs/tls.crt",
+        "certs/tls.key",
+        "certs/ca.crt",
+        "redis-certs/tls.crt",
+        "redis-certs/tls.key",
+    ] {
+        let path = root.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, "").unwrap();
+    }
+    let mounted = |file: &str| root.join(file).display().to_string();
+    for deployment in &deployments {
+        let name = deployment.file_name().unwrap().to_string_lossy();
+        let env = envoy_gateway_environment(deployment, &root);
+        let vars: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let value = |key: &str| env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+        if value("REDIS_TYPE") == Some("sentinel") {
+            let refused = refusal(&vars);
+            assert!(refused.contains("REDIS_URL"), "{name}: {refused}");
+            continue;
+        }
+        let flags =
+            appended(&["--compat", "envoy"], &vars).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let has = |flag: &str| flags.iter().any(|f| f == flag);
+        for flag in [
+            "--config-xds=envoy-gateway:18001".to_owned(),
+            "--config-xds-node-id=envoy-ratelimit".to_owned(),
+            "--config-xds-tls".to_owned(),
+            format!("--config-xds-client-cert={}", mounted("certs/tls.crt")),
+            format!("--config-xds-client-key={}", mounted("certs/tls.key")),
+            format!("--config-xds-ca={}", mounted("certs/ca.crt")),
+            "--start-without-config".to_owned(),
+            format!("--grpc-tls-cert={}", mounted("certs/tls.crt")),
+            format!("--grpc-tls-key={}", mounted("certs/tls.key")),
+        ] {
+            assert!(has(&flag), "{name}: {flag} not in {flags:?}");
+        }
+        assert!(
+            !flags.iter().any(|f| f.starts_with("--config=")),
+            "{name}: {flags:?}"
+        );
+        let store = flags
+            .iter()
+            .find_map(|f| f.strip_prefix("--store="))
+            .unwrap_or_else(|| panic!("{name}: no store in {flags:?}"));
+        let redis = value("REDIS_URL").unwrap();
+        assert!(store.ends_with(redis), "{name}: {store}");
+        if value("REDIS_TLS") == Some("true") {
+            assert!(store.starts_with("rediss://"), "{name}: {store}");
+            let client = [
+                format!("--store-tls-cert={}", mounted("redis-certs/tls.crt")),
+                format!("--store-tls-key={}", mounted("redis-certs/tls.key")),
+            ];
+            assert!(client.iter().all(|f| has(f)), "{name}: {flags:?}");
+        }
+        if let Some(mapper) = value("PROMETHEUS_MAPPER_YAML") {
+            assert!(
+                has(&format!("--prometheus-mapper={mapper}")),
+                "{name}: {flags:?}"
+            );
+        }
+        if value("USE_PROMETHEUS") == Some("true") {
+            assert!(has("--metrics-listen=0.0.0.0:19001"), "{name}: {flags:?}");
+        }
+        if value("USE_STATSD") == Some("true") {
+            assert!(has("--statsd=localhost:8125"), "{name}: {flags:?}");
+        }
+        if let Some(endpoint) = value("OTEL_EXPORTER_OTLP_ENDPOINT") {
+            assert!(
+                has(&format!("--otlp-endpoint={endpoint}")),
+                "{name}: {flags:?}"
+            );
+        }
+        // envoy reads GRPC_CLIENT_TLS_CACERT for mTLS, not the variable Envoy Gateway sets.
+        assert!(!flags.iter().any(|f| f.starts_with("--grpc-tls-client-ca")));
+        let warnings = warned(&vars);
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("GRPC_SERVER_TLS_CA_CERT")
+                    && w.contains("GRPC_CLIENT_TLS_CACERT")),
+            "{name}: {warnings:?}"
+        );
+    }
 }

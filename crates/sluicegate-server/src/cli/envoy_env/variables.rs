@@ -328,7 +328,7 @@ pub(super) const VARIABLES: &[EnvoyVariable] = &[
         "true",
         Kind::Bool,
         Here::Flag("--statsd"),
-        "true (and no USE_PROMETHEUS, DISABLE_STATS): statsd to STATSD_HOST:STATSD_PORT",
+        "true (unless DISABLE_STATS; beside USE_PROMETHEUS only when set): statsd to STATSD_HOST:STATSD_PORT",
     ),
     variable(
         "STATSD_HOST",
