@@ -55,8 +55,18 @@ impl Drop for Running {
 /// The binary, `sluicegate serve` with nothing but `vars` in its environment, and its
 /// standard error line by line.
 fn start(vars: &[(&str, &str)]) -> (Running, std::sync::mpsc::Receiver<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluicegate"))
-        .arg("serve")
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_sluicegate"));
+    serve.arg("serve");
+    spawn(serve, vars)
+}
+
+/// `command` with nothing but `vars` in its environment, and its standard error line by
+/// line.
+fn spawn(
+    mut command: Command,
+    vars: &[(&str, &str)],
+) -> (Running, std::sync::mpsc::Receiver<String>) {
+    let mut child = command
         .env_clear()
         .envs(vars.iter().copied())
         .stderr(Stdio::piped())
@@ -269,31 +279,23 @@ fn invoked_as_ratelimit_it_serves_envoys_environment() {
     let binary = root.join("ratelimit");
     let _ = std::fs::remove_file(&binary);
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluicegate"), &binary).unwrap();
-    let (http, grpc) = (free_port(), free_port());
-    let child = Command::new(&binary)
-        .env_clear()
-        .envs([
+    let (http, grpc, debug) = (free_port(), free_port(), free_port());
+    let (_running, _log) = spawn(
+        Command::new(&binary),
+        &[
             ("HOST", "127.0.0.1"),
             ("PORT", &http.to_string()),
             ("GRPC_HOST", "127.0.0.1"),
             ("GRPC_PORT", &grpc.to_string()),
             ("DEBUG_HOST", "127.0.0.1"),
-            ("DEBUG_PORT", &free_port().to_string()),
+            ("DEBUG_PORT", &debug.to_string()),
             ("RUNTIME_ROOT", root.to_str().unwrap()),
             ("REDIS_SOCKET_TYPE", "tcp"),
             ("REDIS_URL", &format!("127.0.0.1:{}", redis.port)),
             ("USE_STATSD", "false"),
-        ])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _running = Running(child);
-    let http = format!("127.0.0.1:{http}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while curl(&http, "/healthcheck").0 != 200 {
-        assert!(Instant::now() < deadline, "never answered on envoy's PORT");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        ],
+    );
+    wait_for_healthcheck(&format!("127.0.0.1:{http}"));
     // RUNTIME_ROOT/config's rule, envoy's fixed window, on GRPC_PORT.
     let grpc = format!("127.0.0.1:{grpc}");
     assert!(rls(&grpc, "as-ratelimit", "user", "u").starts_with("1\n"));

@@ -35,9 +35,18 @@ fn config(url: &str, test: &str) -> RedisStoreConfig {
     config
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_with_the_deployments_own_authority() {
-    let dir = std::env::temp_dir().join(format!("sluicegate-tls-{}", std::process::id()));
+/// A redis-server speaking TLS alone, with a certificate of a new authority made in the
+/// temporary directory `name`; `auth_clients` is its `tls-auth-clients` (`yes`: a client
+/// must present a certificate of that authority). Its URL, the authority and the server.
+fn tls_redis(
+    name: &str,
+    auth_clients: &str,
+) -> (
+    String,
+    support::certificates::Authority,
+    support::RedisServer,
+) {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     let authority = support::certificates::Authority::new(&dir, "ca");
     let server_cert = authority.issue("server");
     let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -52,7 +61,7 @@ async fn tls_with_the_deployments_own_authority() {
         path(&authority.cert()),
     );
     let tls_port_arg = tls_port.to_string();
-    let _server = support::RedisServer::start(&[
+    let server = support::RedisServer::start(&[
         "--tls-port",
         &tls_port_arg,
         "--tls-cert-file",
@@ -62,9 +71,14 @@ async fn tls_with_the_deployments_own_authority() {
         "--tls-ca-cert-file",
         &ca,
         "--tls-auth-clients",
-        "no",
+        auth_clients,
     ]);
-    let url = format!("rediss://127.0.0.1:{tls_port}");
+    (format!("rediss://127.0.0.1:{tls_port}"), authority, server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_the_deployments_own_authority() {
+    let (url, authority, _server) = tls_redis("sluicegate-tls", "no");
     let mut trusted = config(&url, "tls");
     trusted.tls_ca = Some(std::fs::read(authority.cert()).unwrap());
     decides(&RedisStore::connect(trusted).await.expect("TLS with the CA")).await;
@@ -81,34 +95,7 @@ async fn tls_with_the_deployments_own_authority() {
 /// certificate of another authority.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_a_client_certificate() {
-    let dir = std::env::temp_dir().join(format!("sluicegate-mtls-{}", std::process::id()));
-    let authority = support::certificates::Authority::new(&dir, "ca");
-    let server_cert = authority.issue("server");
-    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let path = |path: &Path| path.display().to_string();
-    let (cert, key, ca) = (
-        path(&server_cert.cert),
-        path(&server_cert.key),
-        path(&authority.cert()),
-    );
-    let tls_port_arg = tls_port.to_string();
-    let _server = support::RedisServer::start(&[
-        "--tls-port",
-        &tls_port_arg,
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-        "--tls-ca-cert-file",
-        &ca,
-        "--tls-auth-clients",
-        "yes",
-    ]);
-    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let (url, authority, _server) = tls_redis("sluicegate-mtls", "yes");
     let identity = |issued: &support::certificates::Issued| TlsClientIdentity {
         cert: std::fs::read(&issued.cert).unwrap(),
         key: std::fs::read(&issued.key).unwrap(),
@@ -126,7 +113,9 @@ async fn tls_with_a_client_certificate() {
         .expect("TLS with a client certificate of the authority");
     decides(&store).await;
 
-    let stranger = support::certificates::Authority::new(&dir, "other").issue("stranger");
+    let elsewhere =
+        std::env::temp_dir().join(format!("sluicegate-mtls-other-{}", std::process::id()));
+    let stranger = support::certificates::Authority::new(&elsewhere, "other").issue("stranger");
     for (test, client) in [
         ("mtls-none", None),
         ("mtls-stranger", Some(identity(&stranger))),
