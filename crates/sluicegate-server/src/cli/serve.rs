@@ -281,6 +281,21 @@ pub struct ServeArgs {
     stats: StatsArgs,
 }
 
+/// A listener's TLS, when its certificate and key are given (clap requires them together).
+fn tls_options(
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+    client_ca: &Option<PathBuf>,
+    client_san: &Option<String>,
+) -> Option<TlsOptions> {
+    Some(TlsOptions {
+        cert: cert.clone()?,
+        key: key.clone()?,
+        client_ca: client_ca.clone(),
+        client_san: client_san.clone(),
+    })
+}
+
 impl ServeArgs {
     /// The service these flags describe.
     pub fn options(&self) -> anyhow::Result<ServeOptions> {
@@ -359,24 +374,13 @@ impl ServeArgs {
                 .grpc_max_connection_age_grace
                 .as_ref()
                 .and_then(unless_zero),
-            tls: match (&self.tls_cert, &self.tls_key) {
-                (Some(cert), Some(key)) => Some(TlsOptions {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                    client_ca: self.tls_client_ca.clone(),
-                    client_san: None,
-                }),
-                _ => None,
-            },
-            grpc_tls: match (&self.grpc_tls_cert, &self.grpc_tls_key) {
-                (Some(cert), Some(key)) => Some(TlsOptions {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                    client_ca: self.grpc_tls_client_ca.clone(),
-                    client_san: self.grpc_tls_client_san.clone(),
-                }),
-                _ => None,
-            },
+            tls: tls_options(&self.tls_cert, &self.tls_key, &self.tls_client_ca, &None),
+            grpc_tls: tls_options(
+                &self.grpc_tls_cert,
+                &self.grpc_tls_key,
+                &self.grpc_tls_client_ca,
+                &self.grpc_tls_client_san,
+            ),
             statsd,
             otlp: self.otlp_endpoint.clone().map(|endpoint| OtlpOptions {
                 endpoint,
