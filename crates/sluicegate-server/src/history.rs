@@ -1,7 +1,9 @@
 //! The last minutes of every rule's counters, for the live page: a sample of each rule's
 //! totals every [`SAMPLE_PERIOD`], the last [`SAMPLES`] kept, so the page can draw
 //! decisions, refusals, near-limit and shadow hits per second without a time-series
-//! database. Bounded: samples × rules × five counters.
+//! database. Bounded: samples × rules × (five counters and the rule's path), the paths
+//! being the configuration's (no request value is kept): 120 × rules × (48 bytes + the
+//! path's length).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;

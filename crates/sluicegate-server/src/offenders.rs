@@ -9,8 +9,15 @@
 //! is at least its true count and at most `error` more. Hand-written because it is this
 //! small and the guarantee is what the tests check; the crates that offer it use a
 //! filtered variant with weaker per-key bounds.
+//!
+//! Bounded in bytes as well as in keys: a descriptor's text is held whole up to
+//! [`MAX_SHOWN_BYTES`]; a longer one is held (and shown) as its first bytes and a digest
+//! of the whole ([`shown`]), so distinct long descriptors stay distinct. A rule's tracker
+//! holds at most 2 × its keys × [`MAX_SHOWN_BYTES`] of text: 32 KiB at the defaults.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -23,6 +30,35 @@ pub(crate) const DEFAULT_TOP_KEYS: usize = 64;
 /// How long one period of counting lasts by default, in µs; the report covers the
 /// period under way and the one before it.
 pub(crate) const DEFAULT_TOP_PERIOD: u64 = 60_000_000;
+
+/// The longest descriptor text held (and shown) as it is, in bytes.
+pub(crate) const MAX_SHOWN_BYTES: usize = 256;
+
+/// What is kept of a longer text: its first bytes, up to this many, then the marker.
+const SHOWN_PREFIX_BYTES: usize = 192;
+
+/// A descriptor's text as the trackers hold it and the reports show it: whole when at most
+/// [`MAX_SHOWN_BYTES`]; longer, its first bytes (up to 192, whole characters), then
+/// `…[N bytes, sha256:H]` with its full length and the first 64 bits of the SHA-256 of the
+/// whole text, at most [`MAX_SHOWN_BYTES`] in all.
+pub(crate) fn shown(text: &str) -> Cow<'_, str> {
+    if text.len() <= MAX_SHOWN_BYTES {
+        return Cow::Borrowed(text);
+    }
+    let mut end = SHOWN_PREFIX_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    let mut out = String::with_capacity(MAX_SHOWN_BYTES);
+    out.push_str(&text[..end]);
+    let _ = write!(out, "…[{} bytes, sha256:", text.len());
+    for byte in &digest.as_ref()[..8] {
+        let _ = write!(out, "{byte:02x}");
+    }
+    out.push(']');
+    Cow::Owned(out)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Counter {
@@ -84,7 +120,7 @@ impl SpaceSaving {
 /// A key of a rule's report: how often it was refused, at most `error` fewer in truth.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub(crate) struct Offender {
-    /// The request descriptor, `key=value` entries joined by `,`.
+    /// The request descriptor, `key=value` entries joined by `,`, as [`shown`] keeps it.
     pub(crate) descriptor: String,
     /// Refused units counted for it (an over-estimate by at most `error`).
     pub(crate) refused: u64,
@@ -139,11 +175,12 @@ impl RuleOffenders {
         periods.started = now - elapsed % self.period;
     }
 
-    /// Counts `weight` refused units of `descriptor` at `now`.
+    /// Counts `weight` refused units of `descriptor` at `now`, under its [`shown`] text.
     pub(crate) fn record(&self, descriptor: &str, weight: u64, now: u64) {
+        let descriptor = shown(descriptor);
         let mut periods = self.periods.lock();
         self.roll(&mut periods, now);
-        periods.current.record(descriptor, weight);
+        periods.current.record(&descriptor, weight);
     }
 
     /// The `n` keys refused most over the current and the previous period, most first
@@ -276,6 +313,29 @@ mod tests {
         assert_eq!(top[0].descriptor, "user=c");
         // Nothing at all after a long silence.
         assert!(tracker.top(10, 2_000).0.is_empty());
+    }
+
+    #[test]
+    fn long_descriptors_are_held_as_a_prefix_and_a_digest() {
+        let tracker = RuleOffenders::new(4, 1_000, 0);
+        let long = |last: char| format!("user={}{last}", "é".repeat(30_000));
+        tracker.record(&long('a'), 2, 0);
+        tracker.record(&long('b'), 1, 0);
+        tracker.record("user=short", 1, 0);
+        let (top, _) = tracker.top(10, 0);
+        assert_eq!(top.len(), 3, "{top:?}");
+        for offender in &top {
+            assert!(offender.descriptor.len() <= MAX_SHOWN_BYTES, "{offender:?}");
+        }
+        // Same first bytes, told apart by the digest of the whole.
+        assert!(top[0].descriptor.starts_with("user=éé"));
+        assert!(top[0].descriptor.contains("…[60006 bytes, sha256:"));
+        assert_eq!(top[0].refused, 2);
+        assert_eq!(top[1].descriptor, "user=short");
+        assert!(top[2].descriptor.starts_with("user=éé"));
+        assert_ne!(top[0].descriptor, top[2].descriptor);
+        // The same text is held under the same key.
+        assert_eq!(shown(&long('a')), shown(&long('a')));
     }
 
     #[test]

@@ -147,3 +147,67 @@ async fn the_near_limit_ratio_is_the_operators() {
     let text = metrics(&server);
     assert_eq!(scraped(&text, r#"domain="d",key1="user""#), [7, 0, 2, 7, 0]);
 }
+
+/// Every line of `text` that starts with `prefix`.
+fn lines_starting<'t>(text: &'t str, prefix: &str) -> Vec<&'t str> {
+    text.lines().filter(|l| l.starts_with(prefix)).collect()
+}
+
+/// 192,000 distinct values of a detailed_metric rule: 1,000 (the default cap) get a
+/// series of their own, the rest are counted in the rule's own series and in the overflow
+/// counter, and `/metrics` stays under 2 MB (it was 321 MB without the cap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detailed_metric_series_are_capped_per_rule() {
+    // envoy's counting takes a request of any number of descriptors: 1,000 values a call.
+    let server = serve("envoy-metrics-cap", &["--compat", "envoy"]);
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.address))
+        .await
+        .unwrap();
+    const CALLS: usize = 192;
+    const PER_CALL: usize = 1_000;
+    for call in 0..CALLS {
+        let descriptors = (0..PER_CALL)
+            .map(|i| RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "client".to_owned(),
+                    value: format!("c{}", call * PER_CALL + i),
+                }],
+                ..RateLimitDescriptor::default()
+            })
+            .collect();
+        let request = RateLimitRequest {
+            domain: "d".to_owned(),
+            descriptors,
+            hits_addend: 1,
+        };
+        client.should_rate_limit(request).await.unwrap();
+    }
+    let text = metrics(&server);
+    assert!(
+        text.len() < 2_000_000,
+        "/metrics is {} bytes with 192,000 values",
+        text.len()
+    );
+    // 1,000 values of their own, five counters each, in envoy's names and in sluicegate's.
+    let own = lines_starting(
+        &text,
+        r#"ratelimit_service_rate_limit_total_hits{domain="d",key1="client_"#,
+    );
+    assert_eq!(own.len(), 1_000);
+    assert!(own.iter().all(|l| l.ends_with("} 1")), "{own:?}");
+    let ours = lines_starting(&text, r#"sluicegate_rule_hits_total{rule="d.client_"#);
+    assert_eq!(ours.len(), 5 * 1_000);
+    // The other 191,000 in the rule's own series, and counted as overflow.
+    let overflow = (CALLS * PER_CALL - 1_000) as u64;
+    assert_eq!(
+        scraped(&text, r#"domain="d",key1="client""#),
+        [overflow, 0, 0, overflow, 0]
+    );
+    assert!(
+        text.contains(&format!(
+            "sluicegate_detailed_metric_overflow_total{{rule=\"d.client\"}} {overflow}\n"
+        )),
+        "{}",
+        lines_starting(&text, "sluicegate_detailed").join("\n")
+    );
+}

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::args::{DurationArg, parse_duration_arg};
-use crate::metrics::{EnvoyStatsOptions, PrometheusMapping, StatsdOptions, StatsdTags};
+use crate::metrics::{
+    DEFAULT_MAX_DETAILED_SERIES, EnvoyStatsOptions, PrometheusMapping, StatsdOptions, StatsdTags,
+};
 
 /// The flags of envoy's statistics.
 #[derive(Args)]
@@ -50,6 +52,13 @@ pub(super) struct StatsArgs {
         conflicts_with = "prometheus_mapper"
     )]
     prometheus_response_time_ms: bool,
+    /// The most series a detailed_metric rule holds, one per request value; values past
+    /// it (and values whose stat key is over 256 bytes) are counted in the rule's own
+    /// series and in sluicegate_detailed_metric_overflow_total. A value's series not
+    /// counted in for its rule's window (and five minutes at least) is dropped. 0: every
+    /// value in the rule's own series.
+    #[arg(long, env = "SLUICEGATE_MAX_DETAILED_SERIES", default_value_t = DEFAULT_MAX_DETAILED_SERIES)]
+    max_detailed_series: usize,
 }
 
 impl StatsArgs {
@@ -79,6 +88,7 @@ impl StatsArgs {
         let envoy = EnvoyStatsOptions {
             mapping,
             disabled: self.disable_stats,
+            max_detailed_series: self.max_detailed_series,
         };
         Ok((envoy, statsd))
     }

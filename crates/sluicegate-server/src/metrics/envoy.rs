@@ -195,6 +195,16 @@ impl EnvoyMetrics {
         Arc::clone(limits.entry(key).or_default())
     }
 
+    /// Forgets the counters of stat key `key` unless something still counts in them (two
+    /// keys may sanitize alike, and a configured rule's path may be a detailed key too).
+    pub(crate) fn forget(&self, key: &str) {
+        let key = sanitize(key);
+        let mut limits = self.limits.write().unwrap_or_else(|e| e.into_inner());
+        if limits.get(&key).is_some_and(|c| Arc::strong_count(c) == 1) {
+            limits.remove(&key);
+        }
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, ByKey> {
         self.limits.read().unwrap_or_else(|e| e.into_inner())
     }

@@ -8,6 +8,7 @@
 //! map. The limiter's own counters are read when the metrics are.
 
 mod connections;
+mod detailed;
 mod envoy;
 mod mapping;
 mod statsd;
@@ -27,6 +28,8 @@ use prometheus_client::registry::Registry;
 use sluicegate::{AnyStore, BreakerState, Charge, DecidedBy, Decision, FailurePolicy, Limiter};
 
 pub(crate) use self::connections::{ConnectionMetrics, ConnectionTimeout, OpenConnection};
+pub(crate) use self::detailed::DEFAULT_MAX_DETAILED_SERIES;
+use self::detailed::{DetailedSeries, Slot};
 pub(crate) use self::envoy::CallError;
 use self::envoy::{EnvoyCounters, EnvoyMetrics, ServiceCounts};
 pub use self::mapping::PrometheusMapping;
@@ -75,6 +78,20 @@ const fn decider_index(decided_by: DecidedBy) -> Option<usize> {
 struct RuleLabels {
     rule: String,
     result: &'static str,
+}
+
+/// The results [`RuleLabels`] count, as [`RuleMetrics`] holds them.
+const RESULTS: [&str; 5] = [
+    "total",
+    "over_limit",
+    "near_limit",
+    "within_limit",
+    "shadow_mode",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabels {
+    rule: String,
 }
 
 /// A domain and a mode that is never refused (`report`, `settle`, `refund`).
@@ -161,6 +178,8 @@ pub struct EnvoyStatsOptions {
     pub mapping: Arc<PrometheusMapping>,
     /// Not written at all (`--disable-stats`).
     pub disabled: bool,
+    /// The most `detailed_metric` series one rule holds (`--max-detailed-series`).
+    pub max_detailed_series: usize,
 }
 
 impl Default for EnvoyStatsOptions {
@@ -168,6 +187,7 @@ impl Default for EnvoyStatsOptions {
         EnvoyStatsOptions {
             mapping: PrometheusMapping::envoy_default(false),
             disabled: false,
+            max_detailed_series: DEFAULT_MAX_DETAILED_SERIES,
         }
     }
 }
@@ -187,9 +207,12 @@ pub(crate) struct Metrics {
     envoy: EnvoyMetrics,
     envoy_stats: EnvoyStatsOptions,
     near_limit_ratio: f32,
-    /// The counters of `detailed_metric` rules' values, by detailed key, once made: a
-    /// decision finds them with one read lock instead of building every label again.
-    detailed: parking_lot::RwLock<HashMap<String, RuleMetrics>>,
+    /// The counters of `detailed_metric` rules' values, bounded per rule: a decision
+    /// finds them with one read lock instead of building every label again.
+    detailed: DetailedSeries,
+    /// Decisions of a `detailed_metric` rule counted in the rule's own series, their value
+    /// being past the cap or too long for one of its own.
+    detailed_overflow: Family<PathLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -248,8 +271,17 @@ impl Metrics {
             "Configurations rejected",
             config_errors.clone(),
         );
+        let detailed_overflow = Family::<PathLabels, Counter>::default();
+        registry.register(
+            "sluicegate_detailed_metric_overflow",
+            "Decisions of a detailed_metric rule counted in the rule's own series: their \
+             value had no series of its own (the rule held --max-detailed-series, or the \
+             value's key was too long)",
+            detailed_overflow.clone(),
+        );
         let connections = ConnectionMetrics::register(&mut registry);
         let xds = XdsMetrics::register(&mut registry);
+        let detailed = DetailedSeries::new(envoy_stats.max_detailed_series);
         Metrics {
             registry,
             rule_hits,
@@ -263,7 +295,8 @@ impl Metrics {
             envoy: EnvoyMetrics::new(envoy_stats.mapping.response_time_thresholds()),
             envoy_stats,
             near_limit_ratio,
-            detailed: parking_lot::RwLock::default(),
+            detailed,
+            detailed_overflow,
         }
     }
 
@@ -278,17 +311,48 @@ impl Metrics {
             .inc_by(units);
     }
 
-    /// The counters of a `detailed_metric` rule's value at `key` (what
-    /// [`Metrics::rule_metrics`] makes of it), made on first use.
-    pub(crate) fn detailed_rule_metrics(&self, key: &str) -> RuleMetrics {
-        if let Some(metrics) = self.detailed.read().get(key) {
-            return metrics.clone();
+    /// The counters a decision of the `detailed_metric` rule at `path`, whose window is
+    /// `window_us`, counts in at `now_us` for the value of stat key `key`: the value's
+    /// own (what [`Metrics::rule_metrics`] makes of `key`), made on first use while the
+    /// rule holds fewer than its cap, or else the rule's own, the overflow counted.
+    pub(crate) fn detailed_rule_metrics(
+        &self,
+        path: &str,
+        key: &str,
+        window_us: u64,
+        now_us: u64,
+    ) -> RuleMetrics {
+        match self
+            .detailed
+            .slot(path, key, window_us, now_us, |k| self.rule_metrics(k))
+        {
+            Slot::Own(metrics) => metrics,
+            Slot::Overflow(metrics) => {
+                self.detailed_overflow
+                    .get_or_create(&PathLabels {
+                        rule: path.to_owned(),
+                    })
+                    .inc();
+                metrics
+            }
         }
-        let metrics = self.rule_metrics(key);
-        self.detailed
-            .write()
-            .insert(key.to_owned(), metrics.clone());
-        metrics
+    }
+
+    /// Drops the `detailed_metric` series idle at `now_us` (not counted in for their
+    /// rule's window, nor for five minutes), from `/metrics` and statsd alike; a stat
+    /// key that is also a configured rule's path (`configured`) keeps that rule's series.
+    pub(crate) fn expire_detailed(&self, now_us: u64, configured: impl Fn(&str) -> bool) {
+        self.detailed.expire(now_us, |key| {
+            self.envoy.forget(key);
+            if !configured(key) {
+                for result in RESULTS {
+                    self.rule_hits.remove(&RuleLabels {
+                        rule: key.to_owned(),
+                        result,
+                    });
+                }
+            }
+        });
     }
 
     /// The counters of the rule at `path` (or, for a `detailed_metric` rule, of one of
@@ -300,14 +364,15 @@ impl Metrics {
                 result,
             })
         };
+        let [total, over_limit, near_limit, within_limit, shadow_mode] = RESULTS.map(counter);
         RuleMetrics {
             envoy: self.envoy.counters(path),
             near_limit_ratio: self.near_limit_ratio,
-            total: counter("total"),
-            over_limit: counter("over_limit"),
-            near_limit: counter("near_limit"),
-            within_limit: counter("within_limit"),
-            shadow_mode: counter("shadow_mode"),
+            total,
+            over_limit,
+            near_limit,
+            within_limit,
+            shadow_mode,
         }
     }
 

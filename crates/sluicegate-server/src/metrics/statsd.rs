@@ -64,7 +64,8 @@ pub(crate) struct StatsdSink {
     client: StatsdClient,
     tags: StatsdTags,
     dogstatsd: bool,
-    /// Each counter's value at the last flush.
+    /// Each counter's value at the last flush: only the counters that flush had, so a
+    /// dropped `detailed_metric` series is forgotten here too.
     sent: HashMap<String, u64>,
     times: mpsc::Receiver<u64>,
 }
@@ -106,13 +107,14 @@ impl StatsdSink {
     /// Sends every counter of `counters` that moved since the last flush, by how much,
     /// and the response times measured since.
     pub(super) fn flush(&mut self, counters: &[CounterStat]) {
+        let mut last_sent = std::mem::take(&mut self.sent);
+        self.sent.reserve(counters.len());
         for stat in counters {
-            let last = match self.sent.get_mut(&stat.name) {
-                Some(last) => last,
-                None => self.sent.entry(stat.name.clone()).or_insert(0),
-            };
-            let delta = stat.value.saturating_sub(*last);
-            *last = stat.value;
+            let (name, last) = last_sent
+                .remove_entry(&stat.name)
+                .unwrap_or_else(|| (stat.name.clone(), 0));
+            let delta = stat.value.saturating_sub(last);
+            self.sent.insert(name, stat.value);
             if delta > 0 {
                 let name = self.name(&stat.name);
                 self.send(self.client.count_with_tags(&name, delta));
@@ -152,6 +154,29 @@ impl StatsdSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counters_gone_from_a_flush_are_forgotten() {
+        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let options = StatsdOptions {
+            address: receiver.local_addr().unwrap().to_string(),
+            tags: StatsdTags::default(),
+            dogstatsd: false,
+            flush_interval: Duration::from_secs(10),
+        };
+        let envoy = EnvoyMetrics::new(Vec::new());
+        let mut sink = StatsdSink::new(&options, &envoy).unwrap();
+        let stat = |name: &str, value| CounterStat {
+            name: name.to_owned(),
+            help: "",
+            value,
+        };
+        sink.flush(&[stat("a", 1), stat("b", 2)]);
+        assert_eq!(sink.sent.len(), 2);
+        // b's series was dropped: the sink holds a's name alone.
+        sink.flush(&[stat("a", 3)]);
+        assert_eq!(sink.sent, HashMap::from([("a".to_owned(), 3)]));
+    }
 
     #[test]
     fn tags_read_as_envoys_extra_tags() {

@@ -176,6 +176,7 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         loop {
             tick.tick().await;
             sampled.sample_history();
+            sampled.expire_detailed_series();
         }
     });
     if let Some(path) = options.config.clone() {

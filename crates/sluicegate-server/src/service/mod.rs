@@ -345,6 +345,14 @@ impl Service {
         self.history.record(self.now_micros(), totals);
     }
 
+    /// Drops the `detailed_metric` series idle by now (the server does, every
+    /// [`crate::history::SAMPLE_PERIOD`]).
+    pub(crate) fn expire_detailed_series(&self) {
+        let live = self.live();
+        self.metrics
+            .expire_detailed(self.now_micros(), |key| live.rule_metrics.contains_key(key));
+    }
+
     pub(crate) fn history(&self) -> &History {
         &self.history
     }

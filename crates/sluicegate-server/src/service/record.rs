@@ -32,8 +32,14 @@ impl Service {
         } else if let (Some(l), Some(decision)) = (limit, decision) {
             if l.detailed_metric {
                 // Labelled by the request's values: looked up per decision.
+                let window_us = l.rule.as_ref().map_or(0, sluicegate::Rule::window);
                 self.metrics
-                    .detailed_rule_metrics(&detailed_key(domain, entries))
+                    .detailed_rule_metrics(
+                        &l.path,
+                        &detailed_key(domain, entries),
+                        window_us.max(l.block_window.unwrap_or(0)),
+                        self.now_micros(),
+                    )
                     .count(decision, cost, l.shadow_mode);
             } else if let Some(counters) = live.rule_metrics.get(&l.path) {
                 counters.count(decision, cost, l.shadow_mode);
@@ -46,7 +52,9 @@ impl Service {
                 && !l.shadow_mode
                 && let Some(tracker) = live.offenders.get(&l.path)
             {
-                let descriptor = descriptor_text(entries);
+                // A long descriptor logs (and is tracked) as its first bytes and a digest.
+                let text = descriptor_text(entries);
+                let descriptor = crate::offenders::shown(&text);
                 if self.refusal_log.pick() {
                     tracing::info!(
                         target: "sluicegate::refusal",
