@@ -14,6 +14,19 @@ use sluicegate::{
 
 use crate::tools::bench::Drive;
 
+/// The secret in the file `path` names, for `flag`: its text without the surrounding
+/// whitespace (an editor's final newline). A file that cannot be read, or holds no
+/// token, is an error naming the flag.
+pub(crate) fn read_token_file(path: &std::path::Path, flag: &str) -> Result<std::sync::Arc<str>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{flag} {}: cannot read the token", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        bail!("{flag} {}: the file holds no token", path.display());
+    }
+    Ok(token.into())
+}
+
 /// A duration flag's value, read by [`parse_duration_arg`]: whole µs, and the text as the
 /// user wrote it (a report echoes the user's own words back).
 #[derive(Clone, Debug)]

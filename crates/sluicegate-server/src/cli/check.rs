@@ -144,16 +144,17 @@ pub(super) fn run(args: &CheckArgs) -> Result<bool> {
 
 /// `POST /v1/check`: the service's answer as it sent it, and whether it allowed.
 async fn over_http(args: &Request) -> Result<(String, bool)> {
-    let (text, answer) = args.post("/v1/check").await?;
+    let (text, answer) = args.post("/v1/check", None).await?;
     let allowed = answer.get("allowed").and_then(Value::as_bool);
     let allowed = allowed.ok_or_else(|| anyhow!("the answer has no \"allowed\": {text}"))?;
     Ok((text, allowed))
 }
 
 impl Request {
-    /// Posts this request as a `/v1/check` body to `path`: the answer as sent, and as
-    /// JSON; an error unless the service answered 2xx in JSON.
-    pub(super) async fn post(&self, path: &str) -> Result<(String, Value)> {
+    /// Posts this request as a `/v1/check` body to `path`, with `bearer` as its
+    /// `Authorization` if given: the answer as sent, and as JSON; an error unless the
+    /// service answered 2xx in JSON.
+    pub(super) async fn post(&self, path: &str, bearer: Option<&str>) -> Result<(String, Value)> {
         let descriptors: Vec<Value> = self
             .descriptor
             .iter()
@@ -166,9 +167,13 @@ impl Request {
             })
             .collect();
         let body = json!({"domain": self.domain, "descriptors": descriptors, "cost": self.hits});
-        let request = hyper::Request::post(path)
+        let mut request = hyper::Request::post(path)
             .header(hyper::header::HOST, &self.target)
-            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(hyper::header::CONTENT_TYPE, "application/json");
+        if let Some(token) = bearer {
+            request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = request
             .body(Full::new(Bytes::from(body.to_string())))
             .with_context(|| format!("--target {}", self.target))?;
         let stream = Connector::new(self, b"http/1.1")?.open().await?;

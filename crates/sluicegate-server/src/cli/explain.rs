@@ -2,10 +2,13 @@
 //! (`POST /v1/explain`), printed as the service's JSON or, with `--text`, a line per
 //! descriptor. Nothing is counted.
 
+use std::path::PathBuf;
+
 use anyhow::{Result, anyhow};
 use clap::Args;
 use serde_json::Value;
 
+use super::args::read_token_file;
 use super::check::Request;
 use super::runtime::runtime;
 
@@ -16,12 +19,22 @@ pub(super) struct ExplainArgs {
     /// Print a short text, a line per descriptor, instead of the JSON.
     #[arg(long, env = "SLUICEGATE_EXPLAIN_TEXT")]
     text: bool,
+    /// A file holding the service's read token (its --read-token-file), sent as
+    /// Authorization: Bearer: explain needs it on a service's --listen unless asked from
+    /// the same host or on its --debug-listen.
+    #[arg(long, env = "SLUICEGATE_READ_TOKEN_FILE", value_name = "PATH")]
+    read_token_file: Option<PathBuf>,
 }
 
 /// Asks, prints the explanation, and says whether the request would be admitted; an
 /// error when no explanation came.
 pub(super) fn run(args: &ExplainArgs) -> Result<bool> {
-    let (text, answer) = runtime()?.block_on(args.request.post("/v1/explain"))?;
+    let token = args
+        .read_token_file
+        .as_deref()
+        .map(|path| read_token_file(path, "--read-token-file"))
+        .transpose()?;
+    let (text, answer) = runtime()?.block_on(args.request.post("/v1/explain", token.as_deref()))?;
     let allowed = answer
         .get("allowed")
         .and_then(Value::as_bool)

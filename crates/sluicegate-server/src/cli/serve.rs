@@ -13,7 +13,7 @@ use sluicegate::{Algorithm, BreakerConfig, LimiterConfig, MemoryStoreConfig, Sto
 mod xds;
 
 use self::xds::XdsArgs;
-use super::args::{DurationArg, PrecheckArgs, StoreArgs, parse_duration_arg};
+use super::args::{DurationArg, PrecheckArgs, StoreArgs, parse_duration_arg, read_token_file};
 use super::logging::LogArgs;
 use super::runtime::runtime_without_lifo_slot;
 use super::stats::StatsArgs;
@@ -149,6 +149,11 @@ pub struct ServeArgs {
     /// Do not serve the live page (GET /ui); /v1/overview stays.
     #[arg(long, env = "SLUICEGATE_NO_UI")]
     no_ui: bool,
+    /// A file holding the bearer token that GET /v1/top, /v1/overview, /ui and POST
+    /// /v1/explain need on --listen (they show request values). Without it they answer
+    /// loopback peers only there; --debug-listen serves them to anyone either way.
+    #[arg(long, env = "SLUICEGATE_READ_TOKEN_FILE", value_name = "PATH")]
+    read_token_file: Option<PathBuf>,
     /// Send a trace span per check to this OTLP collector (http://host:4317 for gRPC,
     /// http://host:4318 for HTTP); no traces without it.
     #[arg(long, env = "SLUICEGATE_OTLP_ENDPOINT", value_name = "URL")]
@@ -345,6 +350,11 @@ impl ServeArgs {
                 response_headers,
                 envoy_header_names,
                 admin_token: self.admin_token.as_deref().map(Arc::from),
+                read_token: self
+                    .read_token_file
+                    .as_deref()
+                    .map(|path| read_token_file(path, "--read-token-file"))
+                    .transpose()?,
                 require_noeviction: self.require_noeviction,
                 ui: !self.no_ui,
                 refusal_log_share: self.log.log_refusals,

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use sluicegate::Rule;
@@ -27,10 +27,7 @@ pub(super) async fn reset(
             "reset is off: start the server with --admin-token to enable it",
         ));
     };
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+    let presented = super::reads::bearer(&headers);
     if !presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.as_bytes())) {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -46,7 +43,7 @@ pub(super) async fn reset(
 }
 
 /// Compares secrets in time that does not depend on where they differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

@@ -11,6 +11,7 @@ mod envoy_json;
 mod error;
 mod explain;
 mod probes;
+mod reads;
 mod span;
 mod top;
 mod ui;
@@ -36,10 +37,15 @@ pub(crate) fn app(service: Arc<Service>, telemetry: Telemetry, with_grpc: bool) 
     let grpc = crate::grpc::router(Arc::clone(&service), telemetry.clone());
     let api = Router::new()
         .route("/v1/check", post(check::check))
-        .route("/v1/explain", post(explain::explain))
         .route("/json", post(envoy_json::envoy_json))
         .route("/v1/reset", post(admin::reset))
         .merge(monitoring())
+        .merge(
+            value_reads().route_layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&service),
+                reads::guard,
+            )),
+        )
         .with_state(service)
         .layer(axum::extract::DefaultBodyLimit::max(body::MAX_BODY_BYTES));
     let api = span::traced(api, telemetry);
@@ -56,9 +62,14 @@ pub(crate) fn grpc_only(service: Arc<Service>, telemetry: Telemetry) -> Router {
 }
 
 /// What an operator's listener serves (envoyproxy/ratelimit's debug port): the probes,
-/// the metrics, the loaded rules and the live page, nothing that decides or forgets.
+/// the metrics, the loaded rules, and what shows request values (the live page, the top
+/// offenders, explain) to anyone who reaches it; nothing that decides or forgets.
 pub(crate) fn debug(service: Arc<Service>) -> Router {
-    monitoring().with_state(service).fallback(unknown_path)
+    monitoring()
+        .merge(value_reads())
+        .with_state(service)
+        .layer(axum::extract::DefaultBodyLimit::max(body::MAX_BODY_BYTES))
+        .fallback(unknown_path)
 }
 
 /// `/metrics` alone, for a scraper's own listener.
@@ -69,17 +80,25 @@ pub(crate) fn metrics_only(service: Arc<Service>) -> Router {
         .fallback(unknown_path)
 }
 
-/// The routes every HTTP listener has.
+/// The routes every HTTP listener but the gRPC and metrics ones has, open to all: the
+/// rules are the configuration, no request's values.
 fn monitoring() -> Router<Arc<Service>> {
     Router::new()
         .route("/v1/rules", get(admin::rules))
-        .route("/v1/top", get(top::top))
-        .route("/v1/overview", get(ui::overview))
-        .route("/ui", get(ui::page))
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
         .route("/healthcheck", get(probes::healthcheck))
         .route("/metrics", get(probes::metrics))
+}
+
+/// The routes that show request values: guarded on the main listener ([`reads::guard`]),
+/// open on the debug listener.
+fn value_reads() -> Router<Arc<Service>> {
+    Router::new()
+        .route("/v1/top", get(top::top))
+        .route("/v1/overview", get(ui::overview))
+        .route("/ui", get(ui::page))
+        .route("/v1/explain", post(explain::explain))
 }
 
 /// The request is a gRPC call.

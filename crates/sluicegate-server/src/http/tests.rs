@@ -211,11 +211,23 @@ fn app_with(config: &str, admin_token: Option<&str>) -> Router {
         response_headers: crate::service::ResponseHeaders::Ietf,
         ..ServiceOptions::default()
     };
-    app(
+    from_loopback(app(
         Arc::new(Service::new(config, limiter, options)),
         crate::telemetry::Telemetry::default(),
         true,
-    )
+    ))
+}
+
+/// `router` as the server runs it for a client on this host: every request carries its
+/// peer's address, a loopback one.
+pub(super) fn from_loopback(router: Router) -> Router {
+    from_peer(router, "127.0.0.1:40000")
+}
+
+/// `router` as the server runs it for a client at `peer`.
+pub(super) fn from_peer(router: Router, peer: &str) -> Router {
+    let peer: std::net::SocketAddr = peer.parse().unwrap();
+    router.layer(axum::Extension(axum::extract::ConnectInfo(peer)))
 }
 
 fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> String {

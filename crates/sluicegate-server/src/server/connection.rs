@@ -9,6 +9,7 @@
 //! starts waiting, so it would also cut idle keep-alive connections; it is off.)
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
+use axum::extract::ConnectInfo;
 use axum::http::{Request, Response, StatusCode, Version, header};
 use axum::response::IntoResponse as _;
 use hyper::body::Incoming;
@@ -104,12 +106,17 @@ impl Connections {
         open: OpenConnection,
     ) {
         let activity = Arc::new(Activity::new());
+        // Who is asking, for the routes that answer loopback peers only.
+        let peer = stream.peer_addr().ok();
         let stream = Watched {
             inner: stream,
             activity: Arc::clone(&activity),
         };
         match &self.tls {
-            None => self.serve_http(stream, router, activity, stopping).await,
+            None => {
+                self.serve_http(stream, router, peer, activity, stopping)
+                    .await;
+            }
             Some(tls) => {
                 let handshake = tls.acceptor().accept(stream);
                 let stream = match self.options.header_timeout {
@@ -123,7 +130,10 @@ impl Connections {
                     None => handshake.await,
                 };
                 match stream {
-                    Ok(stream) => self.serve_http(stream, router, activity, stopping).await,
+                    Ok(stream) => {
+                        self.serve_http(stream, router, peer, activity, stopping)
+                            .await;
+                    }
                     Err(e) => {
                         self.service.metrics().connections().handshake_failed();
                         tracing::debug!(error = %e, "TLS handshake failed");
@@ -138,6 +148,7 @@ impl Connections {
         &self,
         io: I,
         router: Router,
+        peer: Option<SocketAddr>,
         activity: Arc<Activity>,
         mut stopping: watch::Receiver<bool>,
     ) where
@@ -147,7 +158,10 @@ impl Connections {
             let activity = Arc::clone(&activity);
             let service = Arc::clone(&self.service);
             let body_timeout = self.options.body_timeout;
-            hyper::service::service_fn(move |request: Request<Incoming>| {
+            hyper::service::service_fn(move |mut request: Request<Incoming>| {
+                if let Some(peer) = peer {
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                }
                 let in_flight = activity.request_started(request.version() == Version::HTTP_2);
                 answer(
                     router.clone(),

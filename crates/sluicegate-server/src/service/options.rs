@@ -60,6 +60,9 @@ pub struct ServiceOptions {
     pub envoy_header_names: EnvoyHeaderNames,
     /// The bearer token `/v1/reset` needs; `None` turns it off.
     pub admin_token: Option<Arc<str>>,
+    /// The bearer token the main listener's `/v1/top`, `/v1/overview`, `/ui` and
+    /// `/v1/explain` need (`--read-token-file`); `None`: they answer loopback peers only.
+    pub read_token: Option<Arc<str>>,
     /// Not ready (`/readyz` 503) while a Redis server's `maxmemory-policy` may evict keys,
     /// or cannot be read.
     pub require_noeviction: bool,
@@ -88,6 +91,7 @@ impl Default for ServiceOptions {
             response_headers: ResponseHeaders::None,
             envoy_header_names: EnvoyHeaderNames::default(),
             admin_token: None,
+            read_token: None,
             require_noeviction: false,
             ui: true,
             refusal_log_share: 0.0,
