@@ -97,7 +97,8 @@ pub struct ServeArgs {
     /// Also serve gRPC alone on this address (it is always served on --listen too).
     #[arg(long, env = "SLUICEGATE_GRPC_LISTEN")]
     grpc_listen: Option<SocketAddr>,
-    /// Also serve the probes, /metrics and /v1/rules alone on this address (nothing that
+    /// Also serve the probes, /metrics, /v1/rules, and to anyone who reaches it the live
+    /// page, /v1/top, /v1/overview and /v1/explain, alone on this address (nothing that
     /// decides or resets).
     #[arg(long, env = "SLUICEGATE_DEBUG_LISTEN")]
     debug_listen: Option<SocketAddr>,
