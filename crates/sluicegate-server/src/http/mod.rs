@@ -132,3 +132,6 @@ async fn unknown_path(request: Request) -> Response {
 
 #[cfg(test)]
 pub(super) mod tests;
+
+#[cfg(test)]
+mod detailed_metric_tests;
