@@ -387,3 +387,64 @@ async fn disabled_stats_are_not_written() {
     assert!(!text.contains("ratelimit_service"), "{text}");
     assert!(text.contains("sluicegate_rule_hits_total"), "{text}");
 }
+
+/// statsd hears no more `detailed_metric` series than `/metrics` writes: with
+/// `--max-detailed-series 3`, 50 values send three series of their own, and the other 47
+/// hits under the limit's own name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detailed_metric_series_are_capped_for_statsd_too() {
+    let mut statsd = Statsd::new();
+    let file = dir("statsd-detailed").join("config.yaml");
+    std::fs::write(
+        &file,
+        "domain: d
+descriptors:
+  - key: client
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
+",
+    )
+    .unwrap();
+    let server = Server::start(&[
+        "--config",
+        file.to_str().unwrap(),
+        // envoy's counting: 50 descriptors in one call.
+        "--compat",
+        "envoy",
+        "--max-detailed-series",
+        "3",
+        "--statsd",
+        &statsd.address(),
+        "--statsd-flush-interval",
+        "20ms",
+    ]);
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.address))
+        .await
+        .unwrap();
+    let request = RateLimitRequest {
+        domain: "d".to_owned(),
+        descriptors: (0..50)
+            .map(|i| RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "client".to_owned(),
+                    value: format!("c{i}"),
+                }],
+                ..RateLimitDescriptor::default()
+            })
+            .collect(),
+        hits_addend: 1,
+    };
+    client.should_rate_limit(request).await.unwrap();
+    let own = "ratelimit.service.rate_limit.d.client.total_hits";
+    let per_value = |s: &Statsd| {
+        s.counters()
+            .into_iter()
+            .filter(|(name, _)| {
+                name.starts_with("ratelimit.service.rate_limit.d.client_")
+                    && name.ends_with(".total_hits")
+            })
+            .collect::<HashMap<_, _>>()
+    };
+    statsd.until(|s| s.counter(own) == 47 && per_value(s).values().sum::<u64>() == 3);
+    assert_eq!(per_value(&statsd).len(), 3, "{:#?}", statsd.lines);
+}
