@@ -152,3 +152,40 @@ fn a_token_file_that_holds_no_token_stops_the_start() {
         assert!(error.contains("--read-token-file"), "{error}");
     }
 }
+
+/// What `/v1/top` holds of a 60 KB value: its first bytes and a digest, at most 256 bytes,
+/// so two such values that differ only at the end stay apart.
+#[test]
+fn a_long_value_is_shown_as_its_first_bytes_and_a_digest() {
+    let server = serve("long", &[]);
+    let value = |last: char| format!("{}{last}", "v".repeat(60_000));
+    for last in ['a', 'b'] {
+        let check = serde_json::json!({
+            "domain": "d",
+            "descriptors": [{"entries": [{"key": "user", "value": value(last)}]}],
+        });
+        for _ in 0..2 {
+            let (status, text) = server.request("POST", "/v1/check", &check.to_string());
+            assert_eq!(status, 200, "{text}");
+        }
+    }
+    let (status, top) = server.request("GET", "/v1/top", "");
+    assert_eq!(status, 200, "{top}");
+    let top: serde_json::Value = serde_json::from_str(&top).unwrap();
+    let shown: Vec<&str> = top[0]["offenders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["descriptor"].as_str().unwrap())
+        .collect();
+    assert_eq!(shown.len(), 2, "{shown:?}");
+    assert_ne!(shown[0], shown[1]);
+    for descriptor in shown {
+        assert!(descriptor.len() <= 256, "{descriptor}");
+        assert!(descriptor.starts_with("user=vvv"), "{descriptor}");
+        assert!(
+            descriptor.contains("…[60006 bytes, sha256:"),
+            "{descriptor}"
+        );
+    }
+}
