@@ -97,3 +97,34 @@ fn a_bad_log_flag_is_named() {
     assert!(stderr.contains("--log-refusals"), "{stderr}");
     assert!(stderr.contains("share from 0 to 1"), "{stderr}");
 }
+
+/// A refusal of a 60 KB value logs a line of a few hundred bytes: the descriptor as its
+/// first bytes and a digest of the whole, as `/v1/top` shows it.
+#[test]
+fn a_long_value_logs_as_its_first_bytes_and_a_digest() {
+    let dir = std::env::temp_dir().join(format!("sluicegate-logs-long-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("shop.yaml");
+    std::fs::write(&path, config(1, "")).unwrap();
+    let server = Server::binary(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--log-format",
+        "json",
+        "--log-refusals",
+        "1",
+    ]);
+    let user = "u".repeat(60_000);
+    assert!(check(&server, &user));
+    assert!(!check(&server, &user));
+    let line = server.wait_for_log(|l| l.contains("sluicegate::refusal"));
+    assert!(line.len() < 1_000, "a line of {} bytes", line.len());
+    let logged: Value = serde_json::from_str(&line).unwrap();
+    let descriptor = logged["fields"]["descriptor"].as_str().unwrap();
+    assert!(descriptor.starts_with("user=uuu"), "{descriptor}");
+    assert!(
+        descriptor.contains("…[60005 bytes, sha256:"),
+        "{descriptor}"
+    );
+    assert!(server.stop().success());
+}
