@@ -18,7 +18,7 @@ use super::RuleMetrics;
 
 /// The most `detailed_metric` series a rule holds unless `--max-detailed-series` says:
 /// enough for every user of a small tenant or every route of an API to keep a series of
-/// its own, while a rule at the cap writes about 1 MB of `/metrics` with short values.
+/// its own, while a rule at the cap writes about 0.7 MB of `/metrics` with short values.
 pub(crate) const DEFAULT_MAX_DETAILED_SERIES: usize = 1_000;
 
 /// The longest stat key (domain and entries) given a series of its own, in bytes: a
