@@ -1,6 +1,6 @@
 //! The listeners against hostile clients, over real sockets: idle connections, slowloris
-//! headers, bodies never finished, more connections than allowed, a low descriptor limit,
-//! and stopping with a request half-sent; the gRPC port's maximum connection age.
+//! headers, bodies never finished, more connections than allowed (in all, and from one
+//! address), a low descriptor limit, and stopping with a request half-sent; the gRPC port's maximum connection age.
 
 mod server;
 
@@ -16,6 +16,20 @@ const PATIENCE: Duration = Duration::from_secs(10);
 
 fn connect(server: &Server) -> TcpStream {
     let stream = TcpStream::connect(&server.address).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    stream
+}
+
+/// A connection to `server` from the loopback address `from` (Linux answers the whole of
+/// 127.0.0.0/8): a client of its own.
+fn connect_from(server: &Server, from: [u8; 4]) -> TcpStream {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket
+        .bind(&std::net::SocketAddr::from((from, 0)).into())
+        .unwrap();
+    let to: std::net::SocketAddr = server.address.parse().unwrap();
+    socket.connect(&to.into()).unwrap();
+    let stream = TcpStream::from(socket);
     stream.set_read_timeout(Some(PATIENCE)).unwrap();
     stream
 }
@@ -248,7 +262,13 @@ fn a_body_never_finished_is_answered_408() {
 /// ones go on being answered, and once some close, new ones are served again.
 #[test]
 fn connections_beyond_the_maximum_are_closed_at_once() {
-    let server = Server::start(&["--max-connections", "4"]);
+    // 0: no share per address, so that one address meets the whole cap.
+    let server = Server::start(&[
+        "--max-connections",
+        "4",
+        "--max-connections-per-address",
+        "0",
+    ]);
     let mut kept = connect(&server);
     assert_eq!(exchange(&mut kept, &get("/healthz")).unwrap().0, 200);
     let mut held: Vec<TcpStream> = (0..3).map(|_| connect(&server)).collect();
@@ -278,6 +298,68 @@ fn connections_beyond_the_maximum_are_closed_at_once() {
     answered_on_a_new_connection(&server);
 }
 
+/// One address holds its share of --max-connections (a quarter by default: 2 of 8), and
+/// beyond it its new connections are closed at once and counted, while another address is
+/// still served; once one of its own closes, the first address is served again.
+#[test]
+fn one_address_cannot_hold_more_than_its_share() {
+    let server = Server::start(&["--max-connections", "8"]);
+    const GREEDY: [u8; 4] = [127, 0, 0, 2];
+    let mut held: Vec<TcpStream> = (0..2).map(|_| connect_from(&server, GREEDY)).collect();
+    for stream in &mut held {
+        assert_eq!(exchange(stream, &get("/healthz")).unwrap().0, 200);
+    }
+    let mut over = connect_from(&server, GREEDY);
+    assert!(
+        is_closed(&over, Duration::from_secs(5)),
+        "a connection over its address's share is kept"
+    );
+    assert!(exchange(&mut over, &get("/healthz")).is_err());
+    let mut other = connect_from(&server, [127, 0, 0, 3]);
+    assert_eq!(exchange(&mut other, &get("/healthz")).unwrap().0, 200);
+    for stream in &mut held {
+        assert_eq!(exchange(stream, &get("/healthz")).unwrap().0, 200);
+    }
+    let (_, metrics) = exchange(&mut other, &get("/metrics")).unwrap();
+    for line in [
+        "sluicegate_connections_refused_per_address_total 1",
+        "sluicegate_connections_refused_total 0",
+        "sluicegate_connections_open 3",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from\n{metrics}");
+    }
+    drop(held.pop());
+    let start = Instant::now();
+    loop {
+        match exchange(&mut connect_from(&server, GREEDY), &get("/healthz")) {
+            Ok((status, _)) => break assert_eq!(status, 200),
+            Err(e) if start.elapsed() > PATIENCE => panic!("never served again: {e}"),
+            // The server has not seen the close yet.
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// --max-connections-per-address sets the share: 3 of one address's connections are
+/// served, the fourth closed at once.
+#[test]
+fn the_share_per_address_is_set_by_its_flag() {
+    let server = Server::start(&["--max-connections-per-address", "3"]);
+    const ADDRESS: [u8; 4] = [127, 0, 0, 4];
+    let mut held: Vec<TcpStream> = (0..3).map(|_| connect_from(&server, ADDRESS)).collect();
+    for stream in &mut held {
+        assert_eq!(exchange(stream, &get("/healthz")).unwrap().0, 200);
+    }
+    assert!(is_closed(
+        &connect_from(&server, ADDRESS),
+        Duration::from_secs(5)
+    ));
+    assert_eq!(
+        metric(&server, "sluicegate_connections_refused_per_address_total"),
+        1.0
+    );
+}
+
 /// The soft descriptor limit is raised to the hard one at start: with a soft limit of 64,
 /// 150 connections are all served.
 #[test]
@@ -298,8 +380,9 @@ fn the_soft_descriptor_limit_is_raised_to_the_hard_one() {
     }
 }
 
-/// Under a hard limit of 128 descriptors, a flood of 200 idle connections neither stalls
-/// accepting nor keeps a client from being answered: what does not fit is closed at once.
+/// Under a hard limit of 128 descriptors, a flood of 200 idle connections from one address
+/// neither stalls accepting nor keeps a client from being answered: what does not fit is
+/// closed at once, and other addresses still find room.
 #[test]
 fn a_flood_under_a_hard_descriptor_limit_is_refused_not_queued() {
     let server = Server::binary_with_ulimit("-n 128", &[]);
@@ -310,9 +393,16 @@ fn a_flood_under_a_hard_descriptor_limit_is_refused_not_queued() {
         .iter()
         .filter(|stream| is_closed(stream, Duration::from_millis(100)))
         .count();
-    // 64 connections fit (128 descriptors less 64 kept for the rest), the kept one among them.
-    assert_eq!(closed, 200 - 63, "connections closed at once");
+    // 64 connections fit (128 descriptors less 64 kept for the rest), and one address may
+    // hold a quarter of them, 16: the kept one and 15 of the flood.
+    assert_eq!(closed, 200 - 15, "connections closed at once");
     assert_eq!(exchange(&mut kept, &get("/healthz")).unwrap().0, 200);
+    let mut others: Vec<TcpStream> = (2..=4)
+        .map(|last| connect_from(&server, [127, 0, 0, last]))
+        .collect();
+    for stream in &mut others {
+        assert_eq!(exchange(stream, &get("/healthz")).unwrap().0, 200);
+    }
     drop(flood);
     answered_on_a_new_connection(&server);
 }

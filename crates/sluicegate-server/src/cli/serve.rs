@@ -218,6 +218,11 @@ pub struct ServeArgs {
     /// once (lowered to what the descriptor limit allows).
     #[arg(long, env = "SLUICEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
     max_connections: usize,
+    /// Of --max-connections, the most one client address (IPv6: one /64) may hold open;
+    /// beyond it its new ones are closed at once. Default: a quarter of --max-connections
+    /// (as lowered by the descriptor limit); 0: no share, the whole cap.
+    #[arg(long, env = "SLUICEGATE_MAX_CONNECTIONS_PER_ADDRESS")]
+    max_connections_per_address: Option<usize>,
     /// A request's headers (and a TLS handshake) must arrive within it (0s: no limit).
     #[arg(long, env = "SLUICEGATE_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration_arg)]
     header_timeout: DurationArg,
@@ -359,6 +364,9 @@ impl ServeArgs {
             reload_interval: self.reload_interval.duration(),
             connections: ConnectionOptions {
                 max_connections: self.max_connections.max(1),
+                max_connections_per_address: self
+                    .max_connections_per_address
+                    .map(|share| if share == 0 { usize::MAX } else { share }),
                 header_timeout: unless_zero(&self.header_timeout),
                 idle_timeout: unless_zero(&self.idle_timeout),
                 body_timeout: unless_zero(&self.body_timeout),

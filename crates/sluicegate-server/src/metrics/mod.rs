@@ -26,7 +26,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use sluicegate::{AnyStore, BreakerState, Charge, DecidedBy, Decision, FailurePolicy, Limiter};
 
-pub(crate) use self::connections::{ConnectionMetrics, ConnectionTimeout, OpenConnection};
+pub(crate) use self::connections::{ConnectionMetrics, ConnectionTimeout, OpenConnection, Refused};
 pub(crate) use self::envoy::CallError;
 use self::envoy::{EnvoyCounters, EnvoyMetrics, ServiceCounts};
 pub use self::mapping::PrometheusMapping;

@@ -41,6 +41,9 @@ pub struct ConnectionOptions {
     /// Connections open at once, over every listener; beyond it new ones are closed at
     /// once. Lowered at start to what the descriptor limit allows.
     pub max_connections: usize,
+    /// Of those, the most one client (an IPv4 address, an IPv6 /64) may hold; `None`: a
+    /// quarter of `max_connections` as in force (after the descriptor limit).
+    pub max_connections_per_address: Option<usize>,
     /// A request's headers must arrive within it of their first byte (HTTP/1.1), and the
     /// TLS handshake within it of the connection.
     pub header_timeout: Option<Duration>,

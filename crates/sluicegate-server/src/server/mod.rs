@@ -5,6 +5,7 @@
 mod accept;
 mod connection;
 mod reload;
+mod slots;
 mod tls;
 
 use std::future::Future;
@@ -15,10 +16,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use sluicegate::{Algorithm, AnyStore, Limiter, LimiterConfig, MemoryStore, StoreOptions};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
 pub use self::connection::ConnectionOptions;
 use self::connection::Connections;
+use self::slots::Slots;
 use self::tls::Tls;
 pub use self::tls::TlsOptions;
 pub(crate) use self::tls::trusted_roots;
@@ -267,7 +268,7 @@ impl Prepared {
             options.max_connections = room;
         }
         // One budget of connections over every listener: descriptors are the process's.
-        let slots = Arc::new(Semaphore::new(options.max_connections));
+        let slots = Slots::new(options.max_connections, options.max_connections_per_address);
         for tls in self.tls.iter().chain(&self.grpc_tls) {
             tokio::spawn(Arc::clone(tls).reload_on_change(self.reload_interval));
         }
