@@ -47,6 +47,9 @@ pub struct ServeOptions {
     pub default_algorithm: Algorithm,
     /// The most YAML nodes one configuration file may hold (`--max-config-nodes`).
     pub max_config_nodes: usize,
+    /// The most bytes of a configuration, its files together or one xDS push
+    /// (`--max-config-bytes`).
+    pub max_config_bytes: usize,
     /// In a configuration directory, skip names that start with a dot
     /// (`--config-ignore-dotfiles`).
     pub config_ignore_dotfiles: bool,
@@ -129,6 +132,7 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
     let load = LoadOptions {
         default_algorithm: options.default_algorithm,
         max_nodes: options.max_config_nodes,
+        max_bytes: options.max_config_bytes,
         ignore_dotfiles: options.config_ignore_dotfiles,
         merge_domains: options.merge_domain_config,
         envoy_counters: options.service.compat.envoy_counters(),
@@ -137,7 +141,7 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
     let loaded_files = options
         .config
         .as_deref()
-        .map(|path| config::fingerprint(path, load.ignore_dotfiles));
+        .map(|path| config::fingerprint(path, load.ignore_dotfiles, load.max_bytes));
     // Over xDS, nothing is in force until the first push.
     let config = match &options.xds {
         Some(_) => None,

@@ -31,7 +31,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 pub use self::backoff::BackoffOptions;
 use self::backoff::{Backoff, Random};
-use crate::config::LoadOptions;
+use crate::config::{self, LoadOptions};
 use crate::service::Service;
 
 /// `google.rpc.Code.INVALID_ARGUMENT`: what a NACK's `error_detail` says of a push.
@@ -302,9 +302,9 @@ impl Client {
                 tracing::info!(
                     version = %version,
                     resources = response.resources.len(),
-                    added = %changes.added.join(","),
-                    removed = %changes.removed.join(","),
-                    edited = %changes.edited.join(","),
+                    added = %config::listed(&changes.added),
+                    removed = %config::listed(&changes.removed),
+                    edited = %config::listed(&changes.edited),
                     "xDS: configuration ACKed and in force"
                 );
                 self.acked = Some(version.clone());
