@@ -67,6 +67,12 @@ fn send_half_check_in_flight(stream: &mut TcpStream) {
 
 /// One request on a kept-alive connection: the answer's status and body.
 fn exchange(stream: &mut TcpStream, request: &str) -> io::Result<(u16, String)> {
+    let (head, body) = exchange_with_head(stream, request)?;
+    Ok((head[9..12].parse().unwrap(), body))
+}
+
+/// One request on a kept-alive connection: the answer's head (in lower case) and body.
+fn exchange_with_head(stream: &mut TcpStream, request: &str) -> io::Result<(String, String)> {
     stream.write_all(request.as_bytes())?;
     let mut received = Vec::new();
     let mut buf = [0; 4096];
@@ -81,7 +87,6 @@ fn exchange(stream: &mut TcpStream, request: &str) -> io::Result<(u16, String)> 
         received.extend_from_slice(&buf[..n]);
     };
     let head = String::from_utf8_lossy(&received[..head_end]).to_lowercase();
-    let status = head[9..12].parse().unwrap();
     let length: usize = head
         .lines()
         .find_map(|l| l.strip_prefix("content-length: "))
@@ -94,7 +99,7 @@ fn exchange(stream: &mut TcpStream, request: &str) -> io::Result<(u16, String)> 
         received.extend_from_slice(&buf[..n]);
     }
     let body = String::from_utf8_lossy(&received[head_end..head_end + length]).into_owned();
-    Ok((status, body))
+    Ok((head, body))
 }
 
 /// Reads until the server closes the connection: what it sent before. Panics if it is
@@ -426,6 +431,192 @@ fn sigterm_with_a_half_sent_body_exits_0_after_the_shutdown_timeout() {
         Duration::from_millis(900),
         Duration::from_secs(5),
     );
+}
+
+/// Stopping under load loses no request. Clients sending requests back to back on
+/// kept-alive HTTP/1.1 connections each have every request answered — the one in flight at
+/// the stop, and the next one sent while the connection was idle — the last with
+/// `connection: close`, after which the server closes the connection; no request is
+/// written on a connection the server closes unanswered. A client idle at the stop has its
+/// connection closed, nothing written on it.
+#[test]
+fn stopping_under_load_answers_every_request_then_closes() {
+    let server = Server::start(&[]);
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut idle = connect(&server);
+    assert_eq!(exchange(&mut idle, &get("/healthz")).unwrap().0, 200);
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let mut stream = connect(&server);
+            let answered = std::sync::Arc::clone(&answered);
+            std::thread::spawn(move || {
+                let mut answers = 0;
+                loop {
+                    let (head, _) = exchange_with_head(&mut stream, &get("/v1/rules"))
+                        .unwrap_or_else(|e| panic!("request {} lost: {e}", answers + 1));
+                    assert!(head.starts_with("http/1.1 200"), "{head}");
+                    answers += 1;
+                    answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if head.contains("\r\nconnection: close\r\n") {
+                        let after = read_until_closed(&mut stream);
+                        assert!(after.is_empty(), "sent after connection: close: {after:?}");
+                        return answers;
+                    }
+                }
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    while answered.load(std::sync::atomic::Ordering::Relaxed) < 400 {
+        assert!(start.elapsed() < PATIENCE, "the clients are not answered");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(server.stop().success());
+    for client in clients {
+        let answers = client.join().expect("every request answered");
+        assert!(answers > 1, "{answers}");
+    }
+    assert!(read_until_closed(&mut idle).is_empty());
+}
+
+/// One HTTP/2 frame: its type, flags, stream and payload.
+struct Frame {
+    kind: u8,
+    flags: u8,
+    stream: u32,
+    payload: Vec<u8>,
+}
+
+const DATA: u8 = 0;
+const HEADERS: u8 = 1;
+const PING: u8 = 6;
+const GOAWAY: u8 = 7;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const ACK: u8 = 0x1;
+
+impl Frame {
+    fn bytes(&self) -> Vec<u8> {
+        let length = u32::try_from(self.payload.len()).unwrap().to_be_bytes();
+        let mut bytes = vec![length[1], length[2], length[3], self.kind, self.flags];
+        bytes.extend_from_slice(&self.stream.to_be_bytes());
+        bytes.extend_from_slice(&self.payload);
+        bytes
+    }
+
+    fn read(stream: &mut TcpStream) -> io::Result<Frame> {
+        let mut head = [0u8; 9];
+        stream.read_exact(&mut head)?;
+        let length = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let mut payload = vec![0; length];
+        stream.read_exact(&mut payload)?;
+        Ok(Frame {
+            kind: head[3],
+            flags: head[4],
+            stream: u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff,
+            payload,
+        })
+    }
+}
+
+/// An HPACK header block, every field a literal never indexed (RFC 7541, 6.2.3) with a
+/// literal name: what any decoder reads.
+fn hpack(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in fields {
+        block.push(0x10);
+        for text in [name, value] {
+            block.push(u8::try_from(text.len()).unwrap());
+            block.extend_from_slice(text.as_bytes());
+        }
+    }
+    block
+}
+
+/// Stopping with an HTTP/2 stream in flight: the client hears GOAWAY (no error) at once,
+/// the stream still finishes — its body, sent after the GOAWAY, is read and the check
+/// answered 200 — and the connection is then closed.
+#[test]
+fn stopping_sends_goaway_and_finishes_http2_streams() {
+    let server = Server::start(&["--body-timeout", "60s"]);
+    let mut stream = connect(&server);
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .unwrap();
+    let settings = Frame {
+        kind: 4,
+        flags: 0,
+        stream: 0,
+        payload: Vec::new(),
+    };
+    stream.write_all(&settings.bytes()).unwrap();
+    let check = Frame {
+        kind: HEADERS,
+        flags: END_HEADERS,
+        stream: 1,
+        payload: hpack(&[
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/v1/check"),
+            (":authority", "sluicegate"),
+            ("content-type", "application/json"),
+        ]),
+    };
+    stream.write_all(&check.bytes()).unwrap();
+    // The server's SETTINGS: the connection is taken in (a stop before would leave it in
+    // the listener's backlog, reset).
+    assert_eq!(Frame::read(&mut stream).unwrap().kind, 4);
+    let stopped = std::thread::spawn(move || server.stop().success());
+    let mut goaways = Vec::new();
+    let mut status = None;
+    loop {
+        let frame = match Frame::read(&mut stream) {
+            Ok(frame) => frame,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
+            Err(e) => panic!("{e}"),
+        };
+        eprintln!(
+            "FRAME {} {} {} {:?}",
+            frame.kind, frame.flags, frame.stream, frame.payload
+        );
+        match frame.kind {
+            PING if frame.flags & ACK == 0 => {
+                let pong = Frame {
+                    flags: ACK,
+                    ..frame
+                };
+                stream.write_all(&pong.bytes()).unwrap();
+            }
+            GOAWAY => {
+                if goaways.is_empty() {
+                    assert_eq!(status, None, "answered before the GOAWAY");
+                    let body = br#"{"domain":"example","descriptors":[{"entries":[{"key":"remote_address","value":"h2"}]}]}"#;
+                    let data = Frame {
+                        kind: DATA,
+                        flags: END_STREAM,
+                        stream: 1,
+                        payload: body.to_vec(),
+                    };
+                    stream.write_all(&data.bytes()).unwrap();
+                }
+                let last = u32::from_be_bytes(frame.payload[..4].try_into().unwrap());
+                let code = u32::from_be_bytes(frame.payload[4..8].try_into().unwrap());
+                goaways.push((last & 0x7fff_ffff, code));
+            }
+            // :status 200, indexed in the static table.
+            HEADERS if frame.stream == 1 && status.is_none() => status = Some(frame.payload[0]),
+            _ => {}
+        }
+    }
+    assert_eq!(status, Some(0x88), "the stream in flight is answered 200");
+    assert!(!goaways.is_empty(), "no GOAWAY");
+    assert!(goaways.iter().all(|(_, code)| *code == 0), "{goaways:?}");
+    assert_eq!(
+        goaways.last().unwrap().0,
+        1,
+        "stream 1 was taken: {goaways:?}"
+    );
+    assert!(stopped.join().unwrap());
 }
 
 /// A second signal during the drain ends the process at once, with SIGTERM's status.
