@@ -66,18 +66,17 @@ impl Config {
     }
 }
 
-/// The most rule paths a log line lists of each kind, and the most bytes it quotes of one.
+/// The most rule paths a log line lists of each kind.
 const LISTED_PATHS: usize = 32;
-const LISTED_PATH_BYTES: usize = 256;
 
 /// `paths` for a log line, comma-separated: the first [`LISTED_PATHS`], each cut at
-/// [`LISTED_PATH_BYTES`], then how many more there are; so that a configuration of many
+/// [`super::MAX_QUOTED_NAME_BYTES`], then how many more there are; so that a configuration of many
 /// rules, or of values megabytes long, is not written out whole in the log.
 pub(crate) fn listed(paths: &[String]) -> String {
     let mut shown: Vec<_> = paths
         .iter()
         .take(LISTED_PATHS)
-        .map(|path| super::clipped(path, LISTED_PATH_BYTES))
+        .map(|path| super::clipped(path, super::MAX_QUOTED_NAME_BYTES))
         .collect();
     let more = paths.len().saturating_sub(LISTED_PATHS);
     if more > 0 {

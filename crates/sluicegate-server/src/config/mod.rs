@@ -44,6 +44,10 @@ pub(crate) const DEFAULT_MAX_BYTES: usize = 16 << 20;
 /// cut there, so that no log line (nor an xDS NACK) carries a whole configuration.
 const MAX_QUOTED_BYTES: usize = 1024;
 
+/// The most bytes a log line quotes of one name a configuration brings (a rule path, an
+/// xDS version).
+pub(crate) const MAX_QUOTED_NAME_BYTES: usize = 256;
+
 /// How configuration files are read.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LoadOptions {

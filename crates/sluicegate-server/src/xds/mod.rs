@@ -300,7 +300,7 @@ impl Client {
                 self.service.metrics().config_loaded();
                 self.service.metrics().xds().acked(&version);
                 tracing::info!(
-                    version = %version,
+                    version = %config::clipped(&version, config::MAX_QUOTED_NAME_BYTES),
                     resources = response.resources.len(),
                     added = %config::listed(&changes.added),
                     removed = %config::listed(&changes.removed),
@@ -315,7 +315,7 @@ impl Client {
                 self.service.metrics().config_rejected();
                 self.service.metrics().xds().nacked();
                 tracing::error!(
-                    version = %version,
+                    version = %config::clipped(&version, config::MAX_QUOTED_NAME_BYTES),
                     error = %reason,
                     in_force = self.acked.as_deref().unwrap_or(""),
                     "xDS: configuration NACKed; the configuration in force keeps serving"
