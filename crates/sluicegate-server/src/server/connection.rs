@@ -124,11 +124,6 @@ impl Connections {
         open: OpenConnection,
     ) {
         let activity = Arc::new(Activity::new());
-        let stream = Watched {
-            inner: stream,
-            activity: Arc::clone(&activity),
-            fresh: true,
-        };
         match &self.tls {
             None => self.serve_http(stream, router, activity, stopping).await,
             Some(tls) => {
@@ -164,6 +159,12 @@ impl Connections {
     ) where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        // Over TLS, what is watched is what the TLS layer has decrypted: HTTP's own bytes.
+        let io = Watched {
+            inner: io,
+            activity: Arc::clone(&activity),
+            fresh: true,
+        };
         let answer = {
             let activity = Arc::clone(&activity);
             let service = Arc::clone(&self.service);
@@ -274,7 +275,7 @@ async fn answer(
         Ok(response) => response,
         Err(never) => match never {},
     };
-    if http1 && in_flight.0.going_away.load(Ordering::Acquire) {
+    if http1 && in_flight.0.going_away() {
         close_after(&mut response);
     }
     drop(in_flight);
@@ -374,8 +375,7 @@ struct Activity {
     idle_since: AtomicU64,
     /// When the first byte of the next request arrived while idle, or [`NO_HEAD`].
     head_since: AtomicU64,
-    /// It speaks HTTP/2 (learnt from its first bytes, or under TLS its first request): its
-    /// frames are not heads.
+    /// It speaks HTTP/2 (learnt from its first bytes): its frames are not heads.
     http2: AtomicBool,
     /// Told to go away: HTTP/1.1 answers ready from now on close the connection.
     going_away: AtomicBool,
@@ -405,8 +405,7 @@ impl Activity {
     }
 
     /// Bytes arrived: while idle on HTTP/1.1, the next request's head has begun. The first
-    /// bytes of a connection say whether it speaks HTTP/2 (unless under TLS, where its
-    /// first request says it).
+    /// bytes of a connection say whether it speaks HTTP/2.
     fn received(&self, bytes: &[u8], first: bool) {
         if first && bytes.starts_with(HTTP2_PREFACE) {
             self.http2.store(true, Ordering::Relaxed);
