@@ -155,3 +155,109 @@ fn a_file_over_the_node_budget_is_refused_unless_the_budget_is_raised() {
     assert!(body.contains(r#""rule":"d.user_u22999""#), "{body}");
     assert!(server.stop().success());
 }
+
+/// Domain `d` with one rule whose value is `length` bytes of `v`.
+fn long_value_config(length: usize) -> String {
+    format!(
+        "domain: d\ndescriptors:\n  - key: user\n    rate_limit:\n      window: 1h\n      requests_per_unit: 1\n  - key: token\n    value: {}\n    rate_limit: {{unit: second, requests_per_unit: 5}}\n",
+        "v".repeat(length)
+    )
+}
+
+/// A file over the default --max-config-bytes (16 MiB) is refused at start with an error
+/// naming the file, its size and the bound, before it is read: the file here is sparse,
+/// 17 MiB of nothing, and the error quotes none of it.
+#[test]
+fn a_file_over_the_byte_bound_is_refused_at_start() {
+    let dir = scratch("byte-bound-start");
+    let file = dir.join("huge.yaml");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(17 << 20)
+        .unwrap();
+    let stderr = serve_refuses(&["--config", path_arg(&file)]);
+    assert!(
+        stderr.contains(&format!(
+            "{}: 17825792 bytes, more than --max-config-bytes (16777216)",
+            file.display()
+        )) && stderr.contains("SLUICEGATE_MAX_CONFIG_BYTES"),
+        "{stderr}"
+    );
+    assert!(stderr.len() < 4096, "{} bytes of errors", stderr.len());
+}
+
+/// The files of a directory count together: two of 3 KB each under a bound of 4 KB are
+/// refused, naming the second, the one that crosses it; either alone loads.
+#[test]
+fn the_files_of_a_directory_count_together() {
+    let dir = scratch("byte-bound-dir");
+    let first = long_value_config(3000);
+    std::fs::write(dir.join("a.yaml"), &first).unwrap();
+    std::fs::write(
+        dir.join("b.yaml"),
+        long_value_config(3000).replace("domain: d", "domain: e"),
+    )
+    .unwrap();
+    let stderr = serve_refuses(&["--config", path_arg(&dir), "--max-config-bytes", "4096"]);
+    assert!(
+        stderr.contains(&format!(
+            "{}: {} bytes, after {} bytes of the files before it: more than --max-config-bytes (4096)",
+            dir.join("b.yaml").display(),
+            first.len(),
+            first.len()
+        )),
+        "{stderr}"
+    );
+    let server = Server::start(&[
+        "--config",
+        path_arg(&dir.join("a.yaml")),
+        "--max-config-bytes",
+        "4096",
+    ]);
+    assert!(server.stop().success());
+}
+
+/// A reload of a file grown over --max-config-bytes is rejected: counted, logged with the
+/// file and the bound, and the rules in force keep answering. No log line quotes the file,
+/// and a reload of a rule with a value 200 KB long (under the bound) lists it cut short.
+#[test]
+fn a_reload_over_the_byte_bound_keeps_the_rules_in_force() {
+    let dir = scratch("byte-bound-reload");
+    let file = dir.join("d.yaml");
+    std::fs::write(&file, user_config(1)).unwrap();
+    let server = Server::binary(&[
+        "--config",
+        path_arg(&file),
+        "--reload-interval",
+        "20ms",
+        "--max-config-bytes",
+        "300000",
+    ]);
+    assert!(
+        server
+            .request("POST", "/v1/check", CHECK)
+            .1
+            .starts_with(r#"{"allowed":true"#)
+    );
+    std::fs::write(&file, long_value_config(400_000)).unwrap();
+    server.wait_for_metric("sluicegate_config_errors_total", 1);
+    let rejected = server.wait_for_log(|line| line.contains("configuration rejected"));
+    assert!(
+        rejected.contains(&format!("{}: ", file.display()))
+            && rejected.contains("bytes, more than --max-config-bytes (300000)"),
+        "{rejected}"
+    );
+    let (status, body) = server.request("POST", "/v1/check", CHECK);
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.starts_with(r#"{"allowed":false"#),
+        "the limit of 1 holds: {body}"
+    );
+
+    std::fs::write(&file, long_value_config(200_000)).unwrap();
+    server.wait_for_metric("sluicegate_config_loads_total", 2);
+    let reloaded = server.wait_for_log(|line| line.contains("configuration reloaded"));
+    assert!(reloaded.contains("more bytes)"), "{reloaded}");
+    let longest = server.logs().iter().map(String::len).max().unwrap();
+    assert!(longest < 4096, "a log line of {longest} bytes");
+}

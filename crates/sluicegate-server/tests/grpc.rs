@@ -251,6 +251,105 @@ async fn undecodable_and_empty_requests_are_invalid_arguments() {
     );
 }
 
+/// One `ShouldRateLimit` whose body is `body` as it is, gRPC framing and all, over an
+/// HTTP/2 connection of its own (`extra` headers added): the grpc-status and grpc-message
+/// answered.
+async fn raw_call(server: &Server, extra: &[(&str, &str)], body: Vec<u8>) -> (String, String) {
+    let tcp = tokio::net::TcpStream::connect(&server.address)
+        .await
+        .unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let mut request = hyper::Request::post(format!(
+        "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        server.address
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers");
+    for (name, value) in extra {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(http_body_util::Full::new(axum::body::Bytes::from(body)))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let collected = http_body_util::BodyExt::collect(body).await.unwrap();
+    // A trailers-only answer carries them in its headers.
+    let trailers = collected.trailers().cloned().unwrap_or(parts.headers);
+    // grpc-message is percent-encoded.
+    let field = |name: &str| {
+        trailers
+            .get(name)
+            .map(|v| {
+                percent_encoding::percent_decode(v.as_bytes())
+                    .decode_utf8_lossy()
+                    .into_owned()
+            })
+            .unwrap_or_default()
+    };
+    (field("grpc-status"), field("grpc-message"))
+}
+
+/// A message: its gRPC prefix (compressed flag, length) and bytes.
+fn framed(flag: u8, length: u32, bytes: &[u8]) -> Vec<u8> {
+    let mut body = vec![flag];
+    body.extend_from_slice(&length.to_be_bytes());
+    body.extend_from_slice(bytes);
+    body
+}
+
+/// Malformed gRPC framing over a raw HTTP/2 connection is answered as the client's fault,
+/// never as the server's: a length prefix longer than the body, a body ending inside the
+/// prefix, an empty body and a compressed flag other than 0 or 1 are INVALID_ARGUMENT
+/// (3), saying what was wrong; a length over the largest message taken (4 MiB) is
+/// OUT_OF_RANGE (11). The compressed flag set without a grpc-encoding is INTERNAL (13), as
+/// the gRPC compression document requires; with an encoding not supported, UNIMPLEMENTED
+/// (12). A well-framed request on the same path is answered OK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_grpc_frames_are_the_clients_error() {
+    let server = Server::start(&[]);
+    let good = prost::Message::encode_to_vec(&request("example", &[("user", "frames")]));
+    let length = u32::try_from(good.len()).unwrap();
+    assert_eq!(
+        raw_call(&server, &[], framed(0, length, &good)).await.0,
+        "0"
+    );
+    for (body, status, says) in [
+        (
+            framed(0, length + 10, &good),
+            "3",
+            "10 bytes short of the message",
+        ),
+        (framed(0, 1000, &[]), "3", "1000 bytes short of the message"),
+        (vec![0, 0, 0], "3", "3 bytes into a 5-byte message prefix"),
+        (Vec::new(), "3", "the body holds no message"),
+        (framed(7, length, &good), "3", "compressed flag 7"),
+        (framed(0, 5 << 20, &good), "11", "message length too large"),
+        (
+            framed(1, length, &good),
+            "13",
+            "compressed-flag but no grpc-encoding",
+        ),
+    ] {
+        let (code, message) = raw_call(&server, &[], body).await;
+        assert_eq!(code, status, "{says}: {message}");
+        assert!(message.contains(says), "{says}: {message}");
+    }
+    let (code, message) = raw_call(
+        &server,
+        &[("grpc-encoding", "gzip")],
+        framed(1, length, &good),
+    )
+    .await;
+    assert_eq!(code, "12", "{message}");
+}
+
 /// A separate gRPC port serves the same service; legacy headers when asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_separate_grpc_port_and_legacy_headers() {

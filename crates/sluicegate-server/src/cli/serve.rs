@@ -18,7 +18,7 @@ use super::logging::LogArgs;
 use super::runtime::runtime_without_lifo_slot;
 use super::stats::StatsArgs;
 use crate::compat::Compat;
-use crate::config::DEFAULT_MAX_NODES;
+use crate::config::{DEFAULT_MAX_BYTES, DEFAULT_MAX_NODES};
 use crate::metrics::DEFAULT_NEAR_LIMIT_RATIO;
 use crate::server::{
     self, ConnectionOptions, Listeners, OtlpOptions, OtlpProtocol, ServeOptions, TlsOptions,
@@ -224,6 +224,16 @@ pub struct ServeArgs {
     /// once (lowered to what the descriptor limit allows).
     #[arg(long, env = "SLUICEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
     max_connections: usize,
+    /// Of --max-connections, the most one client address (IPv6: one /64) may hold open;
+    /// beyond it its new ones are closed at once. Default: a quarter of --max-connections
+    /// (as lowered by the descriptor limit); 0: no share, the whole cap.
+    #[arg(long, env = "SLUICEGATE_MAX_CONNECTIONS_PER_ADDRESS")]
+    max_connections_per_address: Option<usize>,
+    /// The most bytes a configuration may hold: a --config file, every file of a --config
+    /// directory together, or one xDS push's resources; a larger one is refused (at start,
+    /// the start fails; on reload, the rules in force stay).
+    #[arg(long, env = "SLUICEGATE_MAX_CONFIG_BYTES", default_value_t = DEFAULT_MAX_BYTES)]
+    max_config_bytes: usize,
     /// A request's headers (and a TLS handshake) must arrive within it (0s: no limit).
     #[arg(long, env = "SLUICEGATE_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration_arg)]
     header_timeout: DurationArg,
@@ -317,6 +327,7 @@ impl ServeArgs {
             xds: self.xds.options(),
             default_algorithm: self.compat.default_algorithm(self.default_algorithm),
             max_config_nodes: self.max_config_nodes,
+            max_config_bytes: self.max_config_bytes,
             config_ignore_dotfiles: self.config_ignore_dotfiles,
             merge_domain_config: self.merge_domain_config,
             store: StoreOptions {
@@ -370,6 +381,9 @@ impl ServeArgs {
             reload_interval: self.reload_interval.duration(),
             connections: ConnectionOptions {
                 max_connections: self.max_connections.max(1),
+                max_connections_per_address: self
+                    .max_connections_per_address
+                    .map(|share| if share == 0 { usize::MAX } else { share }),
                 header_timeout: unless_zero(&self.header_timeout),
                 idle_timeout: unless_zero(&self.idle_timeout),
                 body_timeout: unless_zero(&self.body_timeout),

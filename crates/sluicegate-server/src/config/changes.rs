@@ -66,12 +66,43 @@ impl Config {
     }
 }
 
+/// The most rule paths a log line lists of each kind.
+const LISTED_PATHS: usize = 32;
+
+/// `paths` for a log line, comma-separated: the first [`LISTED_PATHS`], each cut at
+/// [`super::MAX_QUOTED_NAME_BYTES`], then how many more there are; so that a configuration of many
+/// rules, or of values megabytes long, is not written out whole in the log.
+pub(crate) fn listed(paths: &[String]) -> String {
+    let mut shown: Vec<_> = paths
+        .iter()
+        .take(LISTED_PATHS)
+        .map(|path| super::clipped(path, super::MAX_QUOTED_NAME_BYTES))
+        .collect();
+    let more = paths.len().saturating_sub(LISTED_PATHS);
+    if more > 0 {
+        shown.push(format!("… {more} more").into());
+    }
+    shown.join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
 
     use super::*;
     use crate::config::{DEFAULT_ALGORITHM, LoadOptions};
+
+    #[test]
+    fn a_log_line_lists_few_paths_and_cuts_long_ones() {
+        let paths: Vec<String> = (0..40).map(|i| format!("d.k_{i}")).collect();
+        let line = listed(&paths);
+        assert!(line.starts_with("d.k_0,d.k_1,"), "{line}");
+        assert!(line.ends_with(",d.k_31,… 8 more"), "{line}");
+        let long = listed(&["d.".to_owned() + &"v".repeat(1_000_000)]);
+        assert!(long.len() < 300, "{}", long.len());
+        assert!(long.ends_with("… (999746 more bytes)"), "{long}");
+        assert_eq!(listed(&[]), "");
+    }
 
     fn parse(text: &str) -> Config {
         Config::parse(

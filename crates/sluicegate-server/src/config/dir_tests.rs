@@ -73,11 +73,11 @@ fn every_file_below_is_read_dot_files_as_told() {
         ["four", "hidden", "linked", "one", "three", "two"]
     );
     // What a reload compares follows the same files.
-    let before = fingerprint(&dir, true);
+    let before = fingerprint(&dir, true, DEFAULT_MAX_BYTES);
     write(&dir.join(".hidden.yaml"), &domain("hidden", Some("x")));
-    assert_eq!(fingerprint(&dir, true), before);
+    assert_eq!(fingerprint(&dir, true, DEFAULT_MAX_BYTES), before);
     write(&dir.join("sub/deeper/three"), &domain("three", Some("x")));
-    assert_ne!(fingerprint(&dir, true), before);
+    assert_ne!(fingerprint(&dir, true, DEFAULT_MAX_BYTES), before);
 }
 
 /// envoyproxy/ratelimit parses every file of the directory: a README or an editor's

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use sluicegate::Algorithm;
 
+pub(crate) use changes::listed;
 pub(crate) use files::fingerprint;
 pub(crate) use limit::{ConfiguredLimit, Entry, with_envoy_counter};
 #[cfg(test)]
@@ -32,6 +33,21 @@ use tree::{Build, DescriptorTree};
 /// default: the YAML reader's own budget, about 22,700 descriptors of one rule each.
 pub(crate) const DEFAULT_MAX_NODES: usize = 250_000;
 
+/// The bytes a configuration (every file of it together, or one xDS push) may hold by
+/// default: 16 MiB. A file at the node budget is 2 to 4 MB of YAML, so this leaves room
+/// for comments and long values, and for several files, while bounding what reading a
+/// configuration costs (a few hundred MB at the worst, where an unbounded file cost 25
+/// times its size). A Kubernetes ConfigMap holds 1 MiB at most.
+pub(crate) const DEFAULT_MAX_BYTES: usize = 16 << 20;
+
+/// The most bytes of a source's words an error quotes: a value or line megabytes long is
+/// cut there, so that no log line (nor an xDS NACK) carries a whole configuration.
+const MAX_QUOTED_BYTES: usize = 1024;
+
+/// The most bytes a log line quotes of one name a configuration brings (a rule path, an
+/// xDS version).
+pub(crate) const MAX_QUOTED_NAME_BYTES: usize = 256;
+
 /// How configuration files are read.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LoadOptions {
@@ -40,6 +56,9 @@ pub(crate) struct LoadOptions {
     /// The most YAML nodes one file may hold: a bound on the memory and time a file
     /// costs to read, whoever wrote it.
     pub(crate) max_nodes: usize,
+    /// The most bytes a configuration may hold, its files together (or one xDS push's
+    /// resources): checked before a file is read into memory.
+    pub(crate) max_bytes: usize,
     /// In a directory, skip files and directories whose name starts with a dot (editor
     /// swap files, Kubernetes' `..data` copies of a mounted ConfigMap).
     pub(crate) ignore_dotfiles: bool,
@@ -59,6 +78,7 @@ impl LoadOptions {
         LoadOptions {
             default_algorithm,
             max_nodes: DEFAULT_MAX_NODES,
+            max_bytes: DEFAULT_MAX_BYTES,
             ignore_dotfiles: true,
             merge_domains: false,
             envoy_counters: false,
@@ -93,14 +113,24 @@ impl Config {
         Config::load_files(&files, options)
     }
 
-    /// Reads `files`, in this order, as one configuration.
+    /// Reads `files`, in this order, as one configuration of at most `options.max_bytes`
+    /// bytes.
     fn load_files(files: &[PathBuf], options: LoadOptions) -> Result<Config, ConfigError> {
+        let mut read = 0;
         Config::combine(
             files.iter().map(|file| {
-                let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
+                let error = |message: String| ConfigError {
                     path: file.clone(),
-                    message: format!("cannot read: {e}"),
-                })?;
+                    message,
+                };
+                let text =
+                    files::read_at_most(file, options.max_bytes - read).map_err(|e| match e {
+                        files::ReadError::Io(e) => error(format!("cannot read: {e}")),
+                        files::ReadError::TooLarge(size) => {
+                            error(too_large(size, read, options.max_bytes))
+                        }
+                    })?;
+                read += text.len();
                 Ok((file.clone(), Config::parse(file, &text, options)?))
             }),
             options,
@@ -234,6 +264,23 @@ impl Config {
     }
 }
 
+/// Why a file of `size` bytes (when known), read after `before` bytes of others, is not
+/// read: the bound, and the flag that raises it.
+fn too_large(size: Option<u64>, before: usize, max_bytes: usize) -> String {
+    let what = match (size, before) {
+        (Some(size), 0) => format!("{size} bytes, more than"),
+        (None, 0) => "more bytes than".to_owned(),
+        (Some(size), before) => {
+            format!("{size} bytes, after {before} bytes of the files before it: more than")
+        }
+        (None, before) => format!("after {before} bytes of the files before it, more than"),
+    };
+    format!(
+        "{what} --max-config-bytes ({max_bytes}) allows a configuration; raise \
+         --max-config-bytes (SLUICEGATE_MAX_CONFIG_BYTES) to read one this large"
+    )
+}
+
 /// The YAML reader's options: its default budget, with `options.max_nodes` nodes.
 fn reader_options(options: LoadOptions) -> serde_saphyr::Options {
     let defaults = serde_saphyr::Budget::default();
@@ -294,9 +341,29 @@ impl ConfigError {
 }
 
 impl fmt::Display for ConfigError {
+    /// The source and the message, each cut at [`MAX_QUOTED_BYTES`]: a message may quote
+    /// a value or a line of the source, whatever its length.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path.display(), self.message)
+        let path = self.path.display().to_string();
+        write!(
+            f,
+            "{}: {}",
+            clipped(&path, MAX_QUOTED_BYTES),
+            clipped(&self.message, MAX_QUOTED_BYTES)
+        )
     }
+}
+
+/// `text`, or its first `max` bytes (to a character's boundary) and how many are left out.
+pub(crate) fn clipped(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} more bytes)", &text[..end], text.len() - end).into()
 }
 
 impl std::error::Error for ConfigError {}

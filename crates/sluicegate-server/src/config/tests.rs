@@ -338,3 +338,39 @@ fn an_empty_directory_or_file_is_an_error() {
         assert!(err.starts_with("limits.yaml: "), "{empty:?}: {err}");
     }
 }
+
+/// An error quotes at most 1 KiB of what it is about: a value a megabyte long, in a field
+/// that refuses it or in a domain declared twice, is cut short with how much was left out.
+#[test]
+fn an_error_quotes_a_long_value_cut_short() {
+    let long = "x".repeat(1 << 20);
+    let err = parse(&format!(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {{unit: {long}, requests_per_unit: 1}}\n"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(err.len() < 2600, "{} bytes", err.len());
+    assert!(err.starts_with("limits.yaml: "), "{err}");
+    let twice = format!("domain: {long}\ndescriptors: []\n");
+    let err = Config::combine(
+        ["a.yaml", "b.yaml"].map(|name| {
+            Ok((
+                PathBuf::from(name),
+                Config::parse(Path::new(name), &twice, LoadOptions::new(DEFAULT_ALGORITHM))?,
+            ))
+        }),
+        LoadOptions::new(DEFAULT_ALGORITHM),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.starts_with("b.yaml: domain: \"xxx"), "{err}");
+    assert!(err.ends_with("more bytes)"), "{err}");
+    assert!(err.len() < 1200, "{} bytes", err.len());
+}
+
+/// `clipped` cuts at a character's boundary, never inside one.
+#[test]
+fn clipped_keeps_whole_characters() {
+    assert_eq!(clipped("short", 10), "short");
+    assert_eq!(clipped("ééé", 3), "é… (4 more bytes)");
+}

@@ -4,8 +4,10 @@
 //! Served here rather than through envoy-types' generated server for one reason: that
 //! server decodes with tonic's prost codec, which answers a body that is no
 //! `RateLimitRequest` with INTERNAL, as if the fault were the server's. It is the
-//! client's, so it answers INVALID_ARGUMENT saying what was wrong, as all bad input does.
+//! client's, so it answers INVALID_ARGUMENT saying what was wrong, as all bad input does;
+//! a body whose gRPC framing is broken likewise ([`frames`]).
 
+mod frames;
 mod health;
 
 use std::convert::Infallible;
@@ -15,7 +17,7 @@ use std::task::{Context, Poll};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::SERVICE_NAME;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
-use tonic::codegen::{Body, BoxFuture, StdError, http};
+use tonic::codegen::{Body, BoxFuture, Bytes, StdError, http};
 use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
@@ -68,7 +70,7 @@ impl NamedService for RlsServer {
 
 impl<B> tonic::codegen::Service<http::Request<B>> for RlsServer
 where
-    B: Body + Send + 'static,
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {
     type Response = http::Response<tonic::body::Body>;
@@ -88,6 +90,7 @@ where
             service: Arc::clone(&self.service),
             telemetry: self.telemetry.clone(),
         };
+        let request = request.map(frames::CheckedFrames::new);
         Box::pin(async move { Ok(Grpc::new(RequestCodec).unary(method, request).await) })
     }
 }

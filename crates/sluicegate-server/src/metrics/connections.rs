@@ -1,4 +1,4 @@
-//! What the listeners count: connections open, accepted, refused at the cap, failed TLS
+//! What the listeners count: connections open, accepted, refused at a cap, failed TLS
 //! handshakes, and closed by each timeout.
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -43,12 +43,22 @@ impl ConnectionTimeout {
     }
 }
 
+/// Why a connection was closed at once, without a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// `--max-connections` are open.
+    Total,
+    /// Its client (an IPv4 address, an IPv6 /64) holds `--max-connections-per-address`.
+    ClientShare,
+}
+
 /// What the listeners count: connections open, accepted, refused at the cap, failed TLS
 /// handshakes, and closed by each timeout.
 pub(crate) struct ConnectionMetrics {
     open: Gauge,
     accepted: Counter,
     refused: Counter,
+    refused_client_share: Counter,
     handshake_failures: Counter,
     /// One counter per entry of [`ConnectionTimeout::ALL`].
     timed_out: Vec<Counter>,
@@ -74,6 +84,13 @@ impl ConnectionMetrics {
             "Connections closed at once because --max-connections were open",
             refused.clone(),
         );
+        let refused_client_share = Counter::default();
+        registry.register(
+            "sluicegate_connections_refused_per_address",
+            "Connections closed at once because their client address (IPv6: its /64) held \
+             --max-connections-per-address",
+            refused_client_share.clone(),
+        );
         let handshake_failures = Counter::default();
         registry.register(
             "sluicegate_tls_handshake_failures",
@@ -94,6 +111,7 @@ impl ConnectionMetrics {
             open,
             accepted,
             refused,
+            refused_client_share,
             handshake_failures,
             timed_out,
         }
@@ -106,9 +124,12 @@ impl ConnectionMetrics {
         OpenConnection(self.open.clone())
     }
 
-    /// Counts a connection closed at once at the cap.
-    pub(crate) fn refused(&self) {
-        self.refused.inc();
+    /// Counts a connection closed at once at a cap.
+    pub(crate) fn refused(&self, why: Refused) {
+        match why {
+            Refused::Total => self.refused.inc(),
+            Refused::ClientShare => self.refused_client_share.inc(),
+        };
     }
 
     /// Counts a failed TLS handshake.

@@ -27,7 +27,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use sluicegate::{AnyStore, BreakerState, Charge, DecidedBy, Decision, FailurePolicy, Limiter};
 
-pub(crate) use self::connections::{ConnectionMetrics, ConnectionTimeout, OpenConnection};
+pub(crate) use self::connections::{ConnectionMetrics, ConnectionTimeout, OpenConnection, Refused};
 pub(crate) use self::detailed::DEFAULT_MAX_DETAILED_SERIES;
 use self::detailed::{DetailedSeries, Slot};
 pub(crate) use self::envoy::CallError;

@@ -1,5 +1,6 @@
 //! The accept loop of one listener. Connections beyond `--max-connections` (over every
-//! listener) are closed at once and counted, so accepting never stalls; running out of
+//! listener), or beyond their client's `--max-connections-per-address`, are closed at
+//! once and counted, so accepting never stalls; running out of
 //! descriptors is logged (once a second at most) and waited out instead of spun on; on
 //! stop, the listener closes and the connections drain until the shutdown deadline.
 
@@ -9,11 +10,13 @@ use std::time::Duration;
 
 use axum::Router;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::connection::{Connections, stopped};
+use super::slots::Slots;
+use crate::metrics::Refused;
 
 /// Descriptors kept for everything but client connections: the store's connections, the
 /// configuration files, the runtime's own.
@@ -51,29 +54,43 @@ pub(super) async fn serve(
     listener: TcpListener,
     router: Router,
     connections: Arc<Connections>,
-    slots: Arc<Semaphore>,
+    slots: Arc<Slots>,
     mut stopping: watch::Receiver<bool>,
 ) {
     let mut open = JoinSet::new();
     let mut refused_log = LogEvery::second();
+    let mut client_refused_log = LogEvery::second();
     let mut error_log = LogEvery::second();
     let mut backoff = FIRST_BACKOFF;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
+                Ok((stream, peer)) => {
                     backoff = FIRST_BACKOFF;
-                    let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-                        connections.service.metrics().connections().refused();
-                        drop(stream);
-                        if let Some(also) = refused_log.ready() {
-                            tracing::warn!(
-                                max_connections = connections.options.max_connections,
-                                refused_since_last_log = also,
-                                "connection refused: --max-connections are open"
-                            );
+                    let slot = match slots.take(peer.ip()) {
+                        Ok(slot) => slot,
+                        Err(why) => {
+                            connections.service.metrics().connections().refused(why);
+                            drop(stream);
+                            match why {
+                                Refused::Total => if let Some(also) = refused_log.ready() {
+                                    tracing::warn!(
+                                        max_connections = slots.max_connections(),
+                                        refused_since_last_log = also,
+                                        "connection refused: --max-connections are open"
+                                    );
+                                },
+                                Refused::ClientShare => if let Some(also) = client_refused_log.ready() {
+                                    tracing::warn!(
+                                        client = %super::slots::client_of(peer.ip()),
+                                        max_connections_per_address = slots.per_client(),
+                                        refused_since_last_log = also,
+                                        "connection refused: its address holds --max-connections-per-address"
+                                    );
+                                },
+                            }
+                            continue;
                         }
-                        continue;
                     };
                     // Small answers go out at once rather than after Nagle's delay.
                     let _ = stream.set_nodelay(true);

@@ -2,6 +2,15 @@
 //! same port (hyper-util's auto builder), with the header, idle and body timeouts
 //! enforced, and a graceful close when the service stops.
 //!
+//! Told to go away (the service stops, or the gRPC port's maximum age), a connection
+//! closes without losing a request: HTTP/2 gets GOAWAY at once and finishes its streams;
+//! an HTTP/1.1 request in flight is answered with `connection: close` and the connection
+//! closed after it. An idle HTTP/1.1 connection is not closed at once, since a client may
+//! be writing its next request right then (the server would reset the connection under
+//! it, the request lost): for [`IDLE_GRACE`] its next request is still taken, answered
+//! with `connection: close`; a connection still idle then, no byte of a request received,
+//! is closed.
+//!
 //! The header and idle timeouts are kept apart, as nginx keeps `client_header_timeout`
 //! and `keepalive_timeout`: a connection with nothing in flight is idle until the first
 //! byte of its next request arrives, and from then on its headers must arrive within the
@@ -37,12 +46,23 @@ use crate::service::Service;
 /// How long an idle HTTP/2 connection, told to go away, may take to close by itself.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
+/// How long an idle HTTP/1.1 connection, told to go away, still takes a next request:
+/// far longer than a client takes between reading an answer and sending its next request,
+/// and short against the shutdown timeout.
+const IDLE_GRACE: Duration = Duration::from_secs(1);
+
+/// The first bytes of an HTTP/2 connection (RFC 9113, 3.4).
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+
 /// The limits and timeouts of every listener. A timeout of `None` is off.
 #[derive(Clone, Debug)]
 pub struct ConnectionOptions {
     /// Connections open at once, over every listener; beyond it new ones are closed at
     /// once. Lowered at start to what the descriptor limit allows.
     pub max_connections: usize,
+    /// Of those, the most one client (an IPv4 address, an IPv6 /64) may hold; `None`: a
+    /// quarter of `max_connections` as in force (after the descriptor limit).
+    pub max_connections_per_address: Option<usize>,
     /// A request's headers must arrive within it of their first byte (HTTP/1.1), and the
     /// TLS handshake within it of the connection.
     pub header_timeout: Option<Duration>,
@@ -108,10 +128,6 @@ impl Connections {
         let activity = Arc::new(Activity::new());
         // Who is asking, for the routes that answer loopback peers only.
         let peer = stream.peer_addr().ok();
-        let stream = Watched {
-            inner: stream,
-            activity: Arc::clone(&activity),
-        };
         match &self.tls {
             None => {
                 self.serve_http(stream, router, peer, activity, stopping)
@@ -154,6 +170,12 @@ impl Connections {
     ) where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        // Over TLS, what is watched is what the TLS layer has decrypted: HTTP's own bytes.
+        let io = Watched {
+            inner: io,
+            activity: Arc::clone(&activity),
+            fresh: true,
+        };
         let answer = {
             let activity = Arc::clone(&activity);
             let service = Arc::clone(&self.service);
@@ -174,13 +196,21 @@ impl Connections {
         };
         let connection = self.http.serve_connection(TokioIo::new(io), answer);
         tokio::pin!(connection);
-        let mut told_to_stop = false;
+        // hyper was told (graceful_shutdown): HTTP/2's GOAWAY sent, or an idle HTTP/1.1
+        // connection closed.
+        let mut told = false;
+        // An HTTP/1.1 connection going away is closed then, if still idle.
+        let mut idle_close_at = None;
         let mut aged_at = self
             .options
             .max_age
             .map(|age| activity.opened + jittered(age));
         let mut cut_at = None;
         loop {
+            if !told && activity.going_away() && activity.http2.load(Ordering::Relaxed) {
+                told = true;
+                connection.as_mut().graceful_shutdown();
+            }
             let deadline = activity.deadline(&self.options);
             tokio::select! {
                 ended = connection.as_mut() => {
@@ -203,15 +233,25 @@ impl Connections {
                     }
                     return;
                 }
-                () = stopped(&mut stopping), if !told_to_stop => {
-                    told_to_stop = true;
-                    connection.as_mut().graceful_shutdown();
+                () = stopped(&mut stopping), if !activity.going_away() => {
+                    activity.go_away();
+                    idle_close_at = Some(Instant::now() + IDLE_GRACE);
+                }
+                () = sleep_until(idle_close_at) => {
+                    idle_close_at = None;
+                    // A request in flight closes the connection after its answer; one whose
+                    // bytes have begun to arrive is waited for (its headers have the header
+                    // timeout): closing now would lose it.
+                    if !told && activity.is_idle() {
+                        told = true;
+                        connection.as_mut().graceful_shutdown();
+                    }
                 }
                 () = sleep_until(aged_at) => {
                     aged_at = None;
-                    if !told_to_stop {
-                        told_to_stop = true;
-                        connection.as_mut().graceful_shutdown();
+                    if !activity.going_away() {
+                        activity.go_away();
+                        idle_close_at = Some(Instant::now() + IDLE_GRACE);
                     }
                     cut_at = self.options.max_age_grace.map(|grace| Instant::now() + grace);
                 }
@@ -229,7 +269,9 @@ impl Connections {
     }
 }
 
-/// One request answered by the router, or 408 when its body is not received in time.
+/// One request answered by the router, or 408 when its body is not received in time. An
+/// HTTP/1.1 answer ready once its connection is going away says `connection: close`:
+/// hyper closes the connection after it.
 async fn answer(
     router: Router,
     request: Request<Incoming>,
@@ -237,12 +279,30 @@ async fn answer(
     service: Arc<Service>,
     in_flight: InFlight,
 ) -> Result<Response<Body>, Infallible> {
-    let Some(limit) = body_timeout else {
+    let http1 = request.version() < Version::HTTP_2;
+    let answered = match body_timeout {
         // No body deadline: nothing to watch the body for.
-        let answered = tower::ServiceExt::oneshot(router, request.map(Body::new)).await;
-        drop(in_flight);
-        return answered;
+        None => tower::ServiceExt::oneshot(router, request.map(Body::new)).await,
+        Some(limit) => Ok(answer_within(router, request, limit, &service).await),
     };
+    let mut response = match answered {
+        Ok(response) => response,
+        Err(never) => match never {},
+    };
+    if http1 && in_flight.0.going_away() {
+        close_after(&mut response);
+    }
+    drop(in_flight);
+    Ok(response)
+}
+
+/// The router's answer, or 408 when the request's body is not received within `limit`.
+async fn answer_within(
+    router: Router,
+    request: Request<Incoming>,
+    limit: Duration,
+    service: &Service,
+) -> Response<Body> {
     let http1 = request.version() < Version::HTTP_2;
     let (settled, body_settled) = oneshot::channel::<Infallible>();
     let request = request.map(|body| {
@@ -259,7 +319,7 @@ async fn answer(
             () = tokio::time::sleep(limit) => {}
         }
     };
-    let response = tokio::select! {
+    tokio::select! {
         answered = call => match answered {
             Ok(response) => response,
             Err(never) => match never {},
@@ -268,9 +328,7 @@ async fn answer(
             service.metrics().connections().timed_out(ConnectionTimeout::Body);
             body_timeout_response(http1)
         }
-    };
-    drop(in_flight);
-    Ok(response)
+    }
 }
 
 /// 408 in the API's JSON error shape; an HTTP/1.1 connection is closed after it (the rest
@@ -282,12 +340,17 @@ fn body_timeout_response(http1: bool) -> Response<Body> {
     )
     .into_response();
     if http1 {
-        response.headers_mut().insert(
-            header::CONNECTION,
-            header::HeaderValue::from_static("close"),
-        );
+        close_after(&mut response);
     }
     response
+}
+
+/// An HTTP/1.1 answer after which hyper closes the connection.
+fn close_after(response: &mut Response<Body>) {
+    response.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
 }
 
 /// Resolves once the service is told to stop.
@@ -326,8 +389,10 @@ struct Activity {
     idle_since: AtomicU64,
     /// When the first byte of the next request arrived while idle, or [`NO_HEAD`].
     head_since: AtomicU64,
-    /// It speaks HTTP/2 (learnt from its first request): its frames are not heads.
+    /// It speaks HTTP/2 (learnt from its first bytes): its frames are not heads.
     http2: AtomicBool,
+    /// Told to go away: HTTP/1.1 answers ready from now on close the connection.
+    going_away: AtomicBool,
     /// Woken when a request starts or ends, or a head starts arriving.
     changed: Notify,
 }
@@ -340,6 +405,7 @@ impl Activity {
             idle_since: AtomicU64::new(0),
             head_since: AtomicU64::new(NO_HEAD),
             http2: AtomicBool::new(false),
+            going_away: AtomicBool::new(false),
             changed: Notify::new(),
         }
     }
@@ -352,8 +418,12 @@ impl Activity {
         self.opened + Duration::from_micros(micros)
     }
 
-    /// Bytes arrived: while idle on HTTP/1.1, the next request's head has begun.
-    fn received(&self) {
+    /// Bytes arrived: while idle on HTTP/1.1, the next request's head has begun. The first
+    /// bytes of a connection say whether it speaks HTTP/2.
+    fn received(&self, bytes: &[u8], first: bool) {
+        if first && bytes.starts_with(HTTP2_PREFACE) {
+            self.http2.store(true, Ordering::Relaxed);
+        }
         if self.head_since.load(Ordering::Relaxed) == NO_HEAD
             && self.in_flight.load(Ordering::Acquire) == 0
             && !self.http2.load(Ordering::Relaxed)
@@ -373,15 +443,34 @@ impl Activity {
         InFlight(Arc::clone(self))
     }
 
+    /// Told to go away: from now on its HTTP/1.1 answers close it.
+    fn go_away(&self) {
+        self.going_away.store(true, Ordering::Release);
+    }
+
+    fn going_away(&self) -> bool {
+        self.going_away.load(Ordering::Acquire)
+    }
+
+    /// No request in flight, and no byte of a next one received.
+    fn is_idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0 && !self.head_begun()
+    }
+
+    /// Bytes of a next HTTP/1.1 request have arrived, and it has not started yet.
+    fn head_begun(&self) -> bool {
+        self.head_since.load(Ordering::Relaxed) != NO_HEAD && !self.http2.load(Ordering::Relaxed)
+    }
+
     /// When the connection times out if nothing changes, and by which timeout: none while
     /// a request is in flight (the body timeout is the request's own).
     fn deadline(&self, options: &ConnectionOptions) -> Option<(Instant, ConnectionTimeout)> {
         if self.in_flight.load(Ordering::Acquire) > 0 {
             return None;
         }
-        let head = self.head_since.load(Ordering::Relaxed);
-        if head != NO_HEAD && !self.http2.load(Ordering::Relaxed) {
+        if self.head_begun() {
             let limit = options.header_timeout?;
+            let head = self.head_since.load(Ordering::Relaxed);
             return Some((self.at(head) + limit, ConnectionTimeout::Header));
         }
         let limit = options.idle_timeout?;
@@ -408,6 +497,8 @@ impl Drop for InFlight {
 struct Watched<S> {
     inner: S,
     activity: Arc<Activity>,
+    /// No byte has arrived yet.
+    fresh: bool,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
@@ -420,7 +511,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
-            this.activity.received();
+            this.activity
+                .received(&buf.filled()[before..], std::mem::take(&mut this.fresh));
         }
         polled
     }

@@ -5,6 +5,7 @@
 mod accept;
 mod connection;
 mod reload;
+mod slots;
 mod tls;
 
 use std::future::Future;
@@ -15,10 +16,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use sluicegate::{Algorithm, AnyStore, Limiter, LimiterConfig, MemoryStore, StoreOptions};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
 pub use self::connection::ConnectionOptions;
 use self::connection::Connections;
+use self::slots::Slots;
 use self::tls::Tls;
 pub use self::tls::TlsOptions;
 pub(crate) use self::tls::trusted_roots;
@@ -46,6 +47,9 @@ pub struct ServeOptions {
     pub default_algorithm: Algorithm,
     /// The most YAML nodes one configuration file may hold (`--max-config-nodes`).
     pub max_config_nodes: usize,
+    /// The most bytes of a configuration, its files together or one xDS push
+    /// (`--max-config-bytes`).
+    pub max_config_bytes: usize,
     /// In a configuration directory, skip names that start with a dot
     /// (`--config-ignore-dotfiles`).
     pub config_ignore_dotfiles: bool,
@@ -128,6 +132,7 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
     let load = LoadOptions {
         default_algorithm: options.default_algorithm,
         max_nodes: options.max_config_nodes,
+        max_bytes: options.max_config_bytes,
         ignore_dotfiles: options.config_ignore_dotfiles,
         merge_domains: options.merge_domain_config,
         envoy_counters: options.service.compat.envoy_counters(),
@@ -136,7 +141,7 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
     let loaded_files = options
         .config
         .as_deref()
-        .map(|path| config::fingerprint(path, load.ignore_dotfiles));
+        .map(|path| config::fingerprint(path, load.ignore_dotfiles, load.max_bytes));
     // Over xDS, nothing is in force until the first push.
     let config = match &options.xds {
         Some(_) => None,
@@ -268,7 +273,7 @@ impl Prepared {
             options.max_connections = room;
         }
         // One budget of connections over every listener: descriptors are the process's.
-        let slots = Arc::new(Semaphore::new(options.max_connections));
+        let slots = Slots::new(options.max_connections, options.max_connections_per_address);
         for tls in self.tls.iter().chain(&self.grpc_tls) {
             tokio::spawn(Arc::clone(tls).reload_on_change(self.reload_interval));
         }

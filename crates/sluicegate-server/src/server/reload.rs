@@ -52,7 +52,11 @@ pub(super) async fn reload_on_change(mut watch: Watch, service: Arc<Service>, mu
             _ = tick.tick() => false,
             () = hangup.recv() => true,
         };
-        let now = config::fingerprint(&watch.path, watch.load.ignore_dotfiles);
+        let now = config::fingerprint(
+            &watch.path,
+            watch.load.ignore_dotfiles,
+            watch.load.max_bytes,
+        );
         if !forced && now == watch.seen {
             continue;
         }
@@ -65,9 +69,9 @@ pub(super) async fn reload_on_change(mut watch: Watch, service: Arc<Service>, mu
                 tracing::info!(
                     config = %watch.path.display(),
                     version = service.live().version,
-                    added = %changes.added.join(","),
-                    removed = %changes.removed.join(","),
-                    edited = %changes.edited.join(","),
+                    added = %config::listed(&changes.added),
+                    removed = %config::listed(&changes.removed),
+                    edited = %config::listed(&changes.edited),
                     "configuration reloaded"
                 );
             }

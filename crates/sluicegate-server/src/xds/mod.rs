@@ -31,7 +31,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 pub use self::backoff::BackoffOptions;
 use self::backoff::{Backoff, Random};
-use crate::config::LoadOptions;
+use crate::config::{self, LoadOptions};
 use crate::service::Service;
 
 /// `google.rpc.Code.INVALID_ARGUMENT`: what a NACK's `error_detail` says of a push.
@@ -300,11 +300,11 @@ impl Client {
                 self.service.metrics().config_loaded();
                 self.service.metrics().xds().acked(&version);
                 tracing::info!(
-                    version = %version,
+                    version = %config::clipped(&version, config::MAX_QUOTED_NAME_BYTES),
                     resources = response.resources.len(),
-                    added = %changes.added.join(","),
-                    removed = %changes.removed.join(","),
-                    edited = %changes.edited.join(","),
+                    added = %config::listed(&changes.added),
+                    removed = %config::listed(&changes.removed),
+                    edited = %config::listed(&changes.edited),
                     "xDS: configuration ACKed and in force"
                 );
                 self.acked = Some(version.clone());
@@ -315,7 +315,7 @@ impl Client {
                 self.service.metrics().config_rejected();
                 self.service.metrics().xds().nacked();
                 tracing::error!(
-                    version = %version,
+                    version = %config::clipped(&version, config::MAX_QUOTED_NAME_BYTES),
                     error = %reason,
                     in_force = self.acked.as_deref().unwrap_or(""),
                     "xDS: configuration NACKed; the configuration in force keeps serving"

@@ -27,6 +27,17 @@ pub(crate) fn type_url() -> String {
 
 /// Every resource of one push, validated whole: one configuration, or why none.
 pub(crate) fn config_of(resources: &[Any], options: LoadOptions) -> Result<Config, String> {
+    // The message is bounded by --config-xds-max-message-bytes before it is decoded; a
+    // push is a configuration, bounded as files are too.
+    let bytes: usize = resources.iter().map(|any| any.value.len()).sum();
+    if bytes > options.max_bytes {
+        return Err(format!(
+            "the push's resources hold {bytes} bytes, more than --max-config-bytes ({}) \
+             allows a configuration; raise --max-config-bytes (SLUICEGATE_MAX_CONFIG_BYTES) \
+             to take one this large",
+            options.max_bytes
+        ));
+    }
     Config::combine(
         resources.iter().enumerate().map(|(i, any)| {
             let resource = decode(i, any)?;

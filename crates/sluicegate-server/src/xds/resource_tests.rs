@@ -464,3 +464,44 @@ fn envoys_same_domain_twice_push_merges() {
         ]
     );
 }
+
+/// A push's resources are a configuration, bounded in bytes as files are: over
+/// --max-config-bytes the push is refused, saying so, and the same push fits a larger bound.
+#[test]
+fn a_push_over_the_byte_bound_is_refused() {
+    let resource = |domain: &str| {
+        any(&RateLimitConfig {
+            name: domain.into(),
+            domain: domain.into(),
+            descriptors: vec![RateLimitDescriptor {
+                key: "k".into(),
+                value: "v".repeat(10_000),
+                rate_limit: Some(RateLimitPolicy {
+                    unit: RateLimitUnit::Second.into(),
+                    requests_per_unit: 1,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+        })
+    };
+    let resources = [resource("d"), resource("e")];
+    let bytes: usize = resources.iter().map(|r| r.value.len()).sum();
+    let tight = LoadOptions {
+        max_bytes: bytes - 1,
+        ..options(true)
+    };
+    let err = config_of(&resources, tight).unwrap_err();
+    assert!(
+        err.starts_with(&format!(
+            "the push's resources hold {bytes} bytes, more than --max-config-bytes ({})",
+            bytes - 1
+        )),
+        "{err}"
+    );
+    let fits = LoadOptions {
+        max_bytes: bytes,
+        ..options(true)
+    };
+    assert!(config_of(&resources, fits).is_ok());
+}
