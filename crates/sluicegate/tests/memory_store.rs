@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::thread;
 
+use sluicegate::store::stored_key;
 use sluicegate::{
     Algorithm, Charge, Check, Limit, ManualClock, MemoryStore, MemoryStoreConfig, Outcome,
     RetryAfter, Rule, RuleSpec, StoreError,
@@ -295,4 +296,49 @@ fn usage_modes_create_entries_within_the_key_cap_and_refunds_create_none() {
         RetryAfter::Micros(21 * HOUR / 10)
     );
     assert!(usage(&store, &one("a"), 5, Charge::Refunded, None).is_ok());
+}
+
+/// Long keys are held as their digests: two that differ in their last byte, and a short key
+/// written as the digest of one of them, each keep a limit of their own, exactly; a key
+/// forgotten by its whole value is forgotten.
+#[test]
+fn long_keys_keep_limits_of_their_own() {
+    let store = MemoryStore::new(
+        MemoryStoreConfig::default(),
+        Arc::new(ManualClock::new(HOUR)),
+    );
+    let per_hour = rule("long", Algorithm::SlidingLog, 3, HOUR);
+    let long_a = format!("{}a", "v".repeat(60 * 1024));
+    let long_b = format!("{}b", "v".repeat(60 * 1024));
+    let crafted = stored_key(&long_a).into_owned();
+    for key in [&long_a, &long_b, &crafted] {
+        for _ in 0..3 {
+            assert!(check(&store, &per_hour, key, 1).unwrap());
+        }
+        assert!(!check(&store, &per_hour, key, 1).unwrap());
+    }
+    // Several limits in one check take the same stored keys.
+    let other = rule("other", Algorithm::SlidingLog, 10, HOUR);
+    let both = [
+        Limit {
+            rule: &other,
+            key: &long_a,
+        },
+        Limit {
+            rule: &per_hour,
+            key: &long_a,
+        },
+    ];
+    assert!(
+        !store
+            .check_now(&Check::new(&both, 1))
+            .unwrap()
+            .decision
+            .allowed
+    );
+    assert_eq!(store.len(), 3);
+    store.forget(&per_hour, &long_a);
+    assert_eq!(store.len(), 2);
+    assert!(check(&store, &per_hour, &long_a, 1).unwrap());
+    assert!(!check(&store, &per_hour, &crafted, 1).unwrap());
 }

@@ -37,6 +37,7 @@ use refusal_hint::{HintedRule, RefusalHint};
 
 use super::check::{Check, Outcome, Store};
 use super::error::StoreError;
+use super::key::{stored_key, with_stored_keys};
 use crate::algorithm::{self, RuleState, StateWords};
 use crate::clock::{Clock, SystemClock};
 use crate::rule::Rule;
@@ -185,6 +186,7 @@ impl MemoryStore {
 
     /// Forgets the state `rule` holds for `key`, as if it had never been used.
     pub fn forget(&self, rule: &Rule, key: &str) {
+        let key = &*stored_key(key);
         let hash = self.hash(rule, key.as_bytes());
         let index = self.shard_of(hash);
         let shard = &mut *self.shards[index].write();
@@ -200,12 +202,12 @@ impl MemoryStore {
     pub fn check_now(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         check.validate()?;
         let t = check.at.unwrap_or_else(|| self.clock.now_micros());
-        match check.limits {
+        with_stored_keys(check, |check| match check.limits {
             [limit] => self
                 .check_one(limit.rule, limit.key, t, check)
                 .map(Outcome::single),
             _ => self.check_many(t, check).map(Outcome::from_limits),
-        }
+        })
     }
 
     fn check_one(
