@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::algorithm::RequestUse;
+
 /// Why a store could not decide. Never a decision: callers choose what to do (fail open,
 /// fail closed, decide locally) and say so.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -9,6 +11,19 @@ use std::fmt;
 pub enum StoreError {
     /// The check itself is malformed.
     InvalidCheck(String),
+    /// The check's request id is remembered from a request of another mode or cost, whose
+    /// memory still lasts: a conflicting reuse, not a retry (docs/SPEC.md, "Retries"). The
+    /// check is refused whole and records nothing, in every limit.
+    RequestIdConflict {
+        /// The request id.
+        request_id: String,
+        /// The name of the rule whose state remembers the id (the first found).
+        rule: String,
+        /// What the id was first used for.
+        remembered: RequestUse,
+        /// What this check asked of that rule.
+        asked: RequestUse,
+    },
     /// The in-memory store holds `max_keys` live keys and this check would add one more.
     KeyCapacity {
         /// The configured cap.
@@ -63,11 +78,12 @@ impl StoreError {
 
     /// What kind of failure this is, in snake case, for counting failures by kind:
     /// `timeout`, `breaker_open`, `unavailable`, `script`, `wrong_type`, `key_capacity`,
-    /// `invalid_check`. An open breaker's error is an [`StoreError::Unavailable`] to its
+    /// `invalid_check`, `request_id_conflict`. An open breaker's error is an [`StoreError::Unavailable`] to its
     /// callers, but a kind of its own here: no call was made.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::InvalidCheck(_) => "invalid_check",
+            StoreError::RequestIdConflict { .. } => "request_id_conflict",
             StoreError::KeyCapacity { .. } => "key_capacity",
             StoreError::Unavailable { server, .. } if server == BREAKER_OPEN => "breaker_open",
             StoreError::Unavailable { .. } => "unavailable",
@@ -82,6 +98,17 @@ impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreError::InvalidCheck(message) => write!(f, "invalid check: {message}"),
+            StoreError::RequestIdConflict {
+                request_id,
+                rule,
+                remembered,
+                asked,
+            } => write!(
+                f,
+                "request id {request_id:?} was used for a {remembered} under rule {rule:?}, \
+                 and this check is a {asked}: a retry must ask the same, and a new request \
+                 needs a new id"
+            ),
             StoreError::KeyCapacity { max_keys } => write!(
                 f,
                 "in-memory store is full: {max_keys} keys are live; a new key is not admitted \
