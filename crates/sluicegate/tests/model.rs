@@ -357,7 +357,7 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
             let got = store.check_now(&check);
             let Some((want, want_limits)) = &wanted else {
                 prop_assert!(
-                    matches!(got, Err(StoreError::RequestIdConflict { .. })),
+                    matches!(got, Err(StoreError::RequestIdConflict(_))),
                     "{}: event {} at t={} {:?}: a conflicting reuse answered {:?}",
                     shards,
                     n,

@@ -84,6 +84,13 @@ struct UsageLabels {
     mode: &'static str,
 }
 
+/// A rule of the configuration, by its name (the configuration's path to it): as many as
+/// the configuration has.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConflictLabels {
+    rule: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BreakerLabels {
     to: &'static str,
@@ -177,6 +184,7 @@ pub(crate) struct Metrics {
     registry: Registry,
     rule_hits: Family<RuleLabels, Counter>,
     usage_units: Family<UsageLabels, Counter>,
+    request_id_conflicts: Family<ConflictLabels, Counter>,
     /// One counter per entry of [`DECIDERS`].
     decided_by: Vec<Counter>,
     check_duration: Histogram,
@@ -216,6 +224,13 @@ impl Metrics {
              retry's again; a settle's are the request's real cost)",
             usage_units.clone(),
         );
+        let request_id_conflicts = Family::<ConflictLabels, Counter>::default();
+        registry.register(
+            "sluicegate_request_id_conflicts",
+            "Requests refused because their request id was used before for another request \
+             (another mode or cost), per rule that remembered it",
+            request_id_conflicts.clone(),
+        );
         let decisions = Family::<DecidedByLabels, Counter>::default();
         registry.register(
             "sluicegate_decisions",
@@ -254,6 +269,7 @@ impl Metrics {
             registry,
             rule_hits,
             usage_units,
+            request_id_conflicts,
             decided_by,
             check_duration,
             config_loads,
@@ -276,6 +292,16 @@ impl Metrics {
                 mode: mode.name(),
             })
             .inc_by(units);
+    }
+
+    /// Counts a request refused because its id was used before for another request, by the
+    /// rule whose state remembered it.
+    pub(crate) fn request_id_conflict(&self, rule: &str) {
+        self.request_id_conflicts
+            .get_or_create(&ConflictLabels {
+                rule: rule.to_owned(),
+            })
+            .inc();
     }
 
     /// The counters of a `detailed_metric` rule's value at `key` (what

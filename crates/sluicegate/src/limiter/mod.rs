@@ -274,9 +274,7 @@ impl<S: Store> Limiter<S> {
                     // A malformed check, or a request id reused for another request, is the
                     // caller's fault, not the store's: drop the ticket unreported, and never
                     // let a failure policy answer it.
-                    Err(
-                        e @ (StoreError::InvalidCheck(_) | StoreError::RequestIdConflict { .. }),
-                    ) => {
+                    Err(e @ (StoreError::InvalidCheck(_) | StoreError::RequestIdConflict(_))) => {
                         return Err(e);
                     }
                     // Only an unreachable or silent store counts against the breaker: a full

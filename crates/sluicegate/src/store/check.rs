@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::error::StoreError;
+use super::error::{RequestIdConflict, StoreError};
 pub use crate::algorithm::{Charge, RequestUse};
 use crate::decision::Decision;
 use crate::policy::FailurePolicy;
@@ -77,12 +77,12 @@ impl<'a> Check<'a> {
     /// The error of a conflicting reuse of this check's request id, found in the state of
     /// the limit at `index`, which remembers it as `remembered`.
     pub(crate) fn request_id_conflict(&self, index: usize, remembered: RequestUse) -> StoreError {
-        StoreError::RequestIdConflict {
+        StoreError::RequestIdConflict(RequestIdConflict {
             request_id: self.request_id.unwrap_or_default().to_owned(),
             rule: self.limits[index].rule.name().to_owned(),
             remembered,
             asked: RequestUse::new(self.charge, self.cost_of(index)),
-        }
+        })
     }
 
     /// The costs of the limits at `indices`, for a check of those limits alone; empty when

@@ -14,16 +14,7 @@ pub enum StoreError {
     /// The check's request id is remembered from a request of another mode or cost, whose
     /// memory still lasts: a conflicting reuse, not a retry (docs/SPEC.md, "Retries"). The
     /// check is refused whole and records nothing, in every limit.
-    RequestIdConflict {
-        /// The request id.
-        request_id: String,
-        /// The name of the rule whose state remembers the id (the first found).
-        rule: String,
-        /// What the id was first used for.
-        remembered: RequestUse,
-        /// What this check asked of that rule.
-        asked: RequestUse,
-    },
+    RequestIdConflict(RequestIdConflict),
     /// The in-memory store holds `max_keys` live keys and this check would add one more.
     KeyCapacity {
         /// The configured cap.
@@ -63,6 +54,31 @@ pub enum StoreError {
     },
 }
 
+/// A request id reused for another request: what the id was first used for and what the
+/// check asked, in the first limit (in the check's order) whose state remembers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestIdConflict {
+    /// The request id.
+    pub request_id: String,
+    /// The name of the rule whose state remembers the id.
+    pub rule: String,
+    /// What the id was first used for.
+    pub remembered: RequestUse,
+    /// What this check asked of that rule.
+    pub asked: RequestUse,
+}
+
+impl fmt::Display for RequestIdConflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "request id {:?} was used for a {} under rule {:?}, and this is a {}: a retry \
+             must ask the same, and another request needs another id",
+            self.request_id, self.remembered, self.rule, self.asked
+        )
+    }
+}
+
 /// The server an open circuit breaker's errors name: it refused to call the store at all.
 const BREAKER_OPEN: &str = "(circuit breaker open)";
 
@@ -83,7 +99,7 @@ impl StoreError {
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::InvalidCheck(_) => "invalid_check",
-            StoreError::RequestIdConflict { .. } => "request_id_conflict",
+            StoreError::RequestIdConflict(_) => "request_id_conflict",
             StoreError::KeyCapacity { .. } => "key_capacity",
             StoreError::Unavailable { server, .. } if server == BREAKER_OPEN => "breaker_open",
             StoreError::Unavailable { .. } => "unavailable",
@@ -98,17 +114,7 @@ impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreError::InvalidCheck(message) => write!(f, "invalid check: {message}"),
-            StoreError::RequestIdConflict {
-                request_id,
-                rule,
-                remembered,
-                asked,
-            } => write!(
-                f,
-                "request id {request_id:?} was used for a {remembered} under rule {rule:?}, \
-                 and this check is a {asked}: a retry must ask the same, and a new request \
-                 needs a new id"
-            ),
+            StoreError::RequestIdConflict(conflict) => conflict.fmt(f),
             StoreError::KeyCapacity { max_keys } => write!(
                 f,
                 "in-memory store is full: {max_keys} keys are live; a new key is not admitted \
