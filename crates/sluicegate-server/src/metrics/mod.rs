@@ -295,13 +295,14 @@ impl Metrics {
     }
 
     /// Counts a request refused because its id was used before for another request, by the
-    /// rule whose state remembered it.
-    pub(crate) fn request_id_conflict(&self, rule: &str) {
+    /// rule whose state remembered it; the rule's count so far, this one included.
+    pub(crate) fn request_id_conflict(&self, rule: &str) -> u64 {
         self.request_id_conflicts
             .get_or_create(&ConflictLabels {
                 rule: rule.to_owned(),
             })
-            .inc();
+            .inc()
+            + 1
     }
 
     /// The counters of a `detailed_metric` rule's value at `key` (what

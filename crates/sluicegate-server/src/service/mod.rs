@@ -468,15 +468,20 @@ impl Service {
             }
         };
         if let Err(DecideError::RequestIdConflict(conflict)) = &counted {
-            self.metrics.request_id_conflict(&conflict.rule);
-            tracing::warn!(
-                domain,
-                request_id = conflict.request_id,
-                rule = conflict.rule,
-                remembered = %conflict.remembered,
-                asked = %conflict.asked,
-                "request refused: its request id was used before for another request"
-            );
+            // Logged at a rule's 1st, 2nd, 4th, 8th… conflict: a client sending them by the
+            // million writes a few dozen lines, and the metric counts every one.
+            let count = self.metrics.request_id_conflict(&conflict.rule);
+            if count.is_power_of_two() {
+                tracing::warn!(
+                    domain,
+                    request_id = conflict.request_id,
+                    rule = conflict.rule,
+                    remembered = %conflict.remembered,
+                    asked = %conflict.asked,
+                    conflicts_so_far = count,
+                    "request refused: its request id was used before for another request"
+                );
+            }
         }
         let (decisions, outcome, refusable) = counted?;
         let store_time = asked.elapsed();
