@@ -250,6 +250,9 @@ impl CheckSpan {
                 span.set_status(Status::error(message.clone()));
             }
             Err(DecideError::Store(e)) => span.set_status(Status::error(e.to_string())),
+            Err(DecideError::RequestIdConflict(conflict)) => {
+                span.set_status(Status::error(conflict.to_string()))
+            }
             Err(DecideError::NoConfiguration) => {
                 span.set_status(Status::error(DecideError::NO_CONFIGURATION))
             }

@@ -498,3 +498,64 @@ fn explain_reads_a_usage_rule_in_debt() {
         (Some(1000), Some(0))
     );
 }
+
+/// A request id reused for another request over `/v1/check` (on the memory store and on
+/// Redis): 409 Conflict naming the id, the rule and both uses, nothing recorded, counted;
+/// the retry of what the id was used for is still a repeat.
+#[test]
+fn http_request_id_reused_for_another_cost_is_a_409() {
+    for store in [Store::Memory, Store::Redis] {
+        let server = start("http-conflict", store, &[]);
+        assert_eq!(standing(&server, api(None, 1, Some("R1"))), (true, 99));
+        for cost in [5, 1_000_000] {
+            let (status, answer) = check(&server, api(None, cost, Some("R1")));
+            assert_eq!(status, 409, "{store:?}: {answer}");
+            assert_eq!(answer["request_id"], "R1");
+            assert_eq!(answer["remembered"], json!({"mode": "check", "cost": 1}));
+            assert_eq!(answer["asked"], json!({"mode": "check", "cost": cost}));
+            let error = answer["error"].as_str().unwrap();
+            assert!(error.contains("\"R1\""), "{error}");
+        }
+        let (status, answer) = check(&server, api(Some("reserve"), 1, Some("R1")));
+        assert_eq!(status, 409, "{store:?}: {answer}");
+        assert_eq!(answer["asked"], json!({"mode": "reserve", "cost": 1}));
+        let rule = answer["rule"].as_str().unwrap().to_owned();
+        // Nothing recorded: the retry is a repeat, and a peek finds one unit taken.
+        assert_eq!(standing(&server, api(None, 1, Some("R1"))), (true, 99));
+        assert_eq!(standing(&server, api(None, 0, None)), (true, 98));
+        assert_eq!(
+            server.metric(&format!(
+                "sluicegate_request_id_conflicts_total{{rule=\"{rule}\"}}"
+            )),
+            3
+        );
+    }
+}
+
+/// A request id reused for another request over gRPC, on Envoy's usage rules: answered
+/// OVER_LIMIT (an error status is what Envoy lets through by default), nothing recorded,
+/// on the memory store, Redis and a cluster; the retry of the same report is still OK and
+/// counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_request_id_reused_for_another_cost_is_over_limit() {
+    for store in [Store::Memory, Store::Redis, Store::Cluster] {
+        let server = start("grpc-conflict", store, &[]);
+        let mut c = client(&server).await;
+        let report = "model=m7,request_id=g1";
+        assert_eq!(one(&mut c, report, 300).await, ('O', vec![('O', 700)]));
+        for hits in [5, 1_000_000] {
+            assert_eq!(
+                one(&mut c, report, hits).await,
+                ('X', vec![('X', 0)]),
+                "{store:?}"
+            );
+        }
+        assert_eq!(one(&mut c, report, 300).await, ('O', vec![('O', 700)]));
+        assert_eq!(free(&mut c, "m7", &[]).await, 700);
+        // A reserve of 10, then the same id reserving 20: over the limit, nothing taken.
+        let reserve = "model=m7,request_id=g2,usage=reserve";
+        assert_eq!(one(&mut c, reserve, 10).await, ('O', vec![('O', 690)]));
+        assert_eq!(one(&mut c, reserve, 20).await, ('X', vec![('X', 0)]));
+        assert_eq!(free(&mut c, "m7", &[]).await, 690);
+    }
+}

@@ -108,3 +108,57 @@ async fn an_invalid_charge_is_not_retried() {
         (0, 0, 1)
     );
 }
+
+/// A store whose first after-charge is recorded but its answer lost (a timeout), and which
+/// keeps the standing each later after-charge answered.
+struct LosesFirstAnswer {
+    store: MemoryStore,
+    lost: std::sync::atomic::AtomicBool,
+    answered: std::sync::Mutex<Vec<Outcome>>,
+}
+
+impl Store for LosesFirstAnswer {
+    async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
+        let outcome = self.store.check(check).await;
+        if !matches!(check.charge, Charge::Reported | Charge::Settled) {
+            return outcome;
+        }
+        if !self.lost.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return Err(StoreError::Timeout {
+                server: "test".into(),
+                key: None,
+                after: Duration::from_millis(1),
+            });
+        }
+        self.answered.lock().unwrap().push(outcome.clone()?);
+        outcome
+    }
+}
+
+/// A retried charge sends the same id and cost: the store counts it once, and the retry is
+/// no conflicting reuse of its id but a repeat, recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_charge_is_counted_once() {
+    let limiter = Arc::new(Limiter::new(LosesFirstAnswer {
+        store: memory(),
+        lost: false.into(),
+        answered: Vec::new().into(),
+    }));
+    let usage = Usage::from_header(TOKENS).attempts(3);
+    let layer = RateLimitLayer::new(Arc::clone(&limiter))
+        .limit(tokens_rule(1_000), KeyExtractor::header(API_KEY))
+        .charge_after(usage.clone());
+    let address = serve(layer).await;
+    assert_eq!(complete(address, "30", "").await.status, 200);
+    let stats = usage.stats();
+    settled(&stats, 1).await;
+    assert_eq!(
+        (stats.recorded(), stats.retries(), stats.failed()),
+        (1, 1, 0)
+    );
+    let store = limiter.store();
+    // The retry's standing: 30 tokens taken once, not twice.
+    let answered = store.answered.lock().unwrap();
+    assert_eq!(answered.len(), 1);
+    assert_eq!(answered[0].decision.remaining, 970);
+}

@@ -23,8 +23,9 @@ pub use rule::{
     MAX_ZSET_LOG_LIMIT, Rule, RuleError, RuleSpec,
 };
 pub use store::{
-    AnyStore, Charge, Check, DecidedBy, Limit, MemoryStore, MemoryStoreConfig, Outcome, Store,
-    StoreError, StoreOptions, StoreUrl, StoreUrlError, TlsClientIdentity,
+    AnyStore, Charge, Check, DecidedBy, Limit, MemoryStore, MemoryStoreConfig, Outcome,
+    RequestIdConflict, RequestUse, Store, StoreError, StoreOptions, StoreUrl, StoreUrlError,
+    TlsClientIdentity,
 };
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreConfig};

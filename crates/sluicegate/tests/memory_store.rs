@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::thread;
 
+use sluicegate::store::stored_key;
 use sluicegate::{
     Algorithm, Charge, Check, Limit, ManualClock, MemoryStore, MemoryStoreConfig, Outcome,
-    RetryAfter, Rule, RuleSpec, StoreError,
+    RequestIdConflict, RequestUse, RetryAfter, Rule, RuleSpec, StoreError,
 };
 
 const S: u64 = 1_000_000;
@@ -295,4 +296,129 @@ fn usage_modes_create_entries_within_the_key_cap_and_refunds_create_none() {
         RetryAfter::Micros(21 * HOUR / 10)
     );
     assert!(usage(&store, &one("a"), 5, Charge::Refunded, None).is_ok());
+}
+
+/// Long keys are held as their digests: two that differ in their last byte, and a short key
+/// written as the digest of one of them, each keep a limit of their own, exactly; a key
+/// forgotten by its whole value is forgotten.
+#[test]
+fn long_keys_keep_limits_of_their_own() {
+    let store = MemoryStore::new(
+        MemoryStoreConfig::default(),
+        Arc::new(ManualClock::new(HOUR)),
+    );
+    let per_hour = rule("long", Algorithm::SlidingLog, 3, HOUR);
+    let long_a = format!("{}a", "v".repeat(60 * 1024));
+    let long_b = format!("{}b", "v".repeat(60 * 1024));
+    let crafted = stored_key(&long_a).into_owned();
+    for key in [&long_a, &long_b, &crafted] {
+        for _ in 0..3 {
+            assert!(check(&store, &per_hour, key, 1).unwrap());
+        }
+        assert!(!check(&store, &per_hour, key, 1).unwrap());
+    }
+    // Several limits in one check take the same stored keys.
+    let other = rule("other", Algorithm::SlidingLog, 10, HOUR);
+    let both = [
+        Limit {
+            rule: &other,
+            key: &long_a,
+        },
+        Limit {
+            rule: &per_hour,
+            key: &long_a,
+        },
+    ];
+    assert!(
+        !store
+            .check_now(&Check::new(&both, 1))
+            .unwrap()
+            .decision
+            .allowed
+    );
+    assert_eq!(store.len(), 3);
+    store.forget(&per_hour, &long_a);
+    assert_eq!(store.len(), 2);
+    assert!(check(&store, &per_hour, &long_a, 1).unwrap());
+    assert!(!check(&store, &per_hour, &crafted, 1).unwrap());
+}
+
+/// A request id admitted at cost 1 admits no later request of another cost or mode: each is
+/// a conflicting reuse, refused as an error that names both uses, and records nothing; the
+/// retry of what it was used for is still a repeat. Each mode keeps its own ids.
+#[test]
+fn a_request_id_reused_for_another_request_is_a_conflict() {
+    let store = MemoryStore::new(
+        MemoryStoreConfig::default(),
+        Arc::new(ManualClock::new(HOUR)),
+    );
+    let per_hour = rule("tokens", Algorithm::TokenBucket, 10, HOUR);
+    let other = rule("other", Algorithm::SlidingLog, 100, HOUR);
+    let limits = [
+        Limit {
+            rule: &other,
+            key: "k",
+        },
+        Limit {
+            rule: &per_hour,
+            key: "k",
+        },
+    ];
+    let with_id = |cost, charge| Check {
+        request_id: Some("R1"),
+        charge,
+        ..Check::new(&limits[1..], cost)
+    };
+    let first = store.check_now(&with_id(1, Charge::Admitted)).unwrap();
+    assert_eq!(first.decision.remaining, 9);
+    for (cost, charge) in [
+        (5, Charge::Admitted),
+        (1_000_000, Charge::Admitted),
+        (0, Charge::Admitted),
+        (1, Charge::Reserved),
+    ] {
+        assert_eq!(
+            store.check_now(&with_id(cost, charge)),
+            Err(StoreError::RequestIdConflict(RequestIdConflict {
+                request_id: "R1".into(),
+                rule: "tokens".into(),
+                remembered: RequestUse::new(Charge::Admitted, 1),
+                asked: RequestUse::new(charge, cost),
+            })),
+            "{cost} {charge:?}"
+        );
+    }
+    // Envoy's counting is a check: the same use.
+    let retried = store.check_now(&with_id(1, Charge::Attempted)).unwrap();
+    assert!(retried.decision.allowed);
+    assert_eq!(retried.decision.remaining, 9, "a repeat takes nothing");
+    // In a check of several rules the conflict in one refuses all: the other records nothing.
+    let both = Check {
+        request_id: Some("R1"),
+        ..Check::new(&limits, 2)
+    };
+    assert!(matches!(
+        store.check_now(&both),
+        Err(StoreError::RequestIdConflict(RequestIdConflict { ref rule, .. })) if rule == "tokens"
+    ));
+    // A peek answers as one unit would: 99 of 100 left in `other`, which recorded nothing.
+    let peek = store.check_now(&Check::new(&limits, 0)).unwrap();
+    assert_eq!(peek.limits()[0].remaining, 99);
+    assert_eq!(peek.limits()[1].remaining, 8);
+    // A report's ids are its own: R1 reported at 3, then again at 4, conflicts there.
+    let report = |cost| Check {
+        request_id: Some("R1"),
+        charge: Charge::Reported,
+        ..Check::new(&limits[1..], cost)
+    };
+    store.check_now(&report(3)).unwrap();
+    assert!(matches!(
+        store.check_now(&report(4)),
+        Err(StoreError::RequestIdConflict(_))
+    ));
+    assert_eq!(
+        store.check_now(&report(3)).unwrap().decision.remaining,
+        6,
+        "the report's retry records nothing more"
+    );
 }

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 use sluicegate::{
     Algorithm, Charge, Check, Decision, Limit, LogLayout, ManualClock, MemoryStore,
-    MemoryStoreConfig, Rule, RuleSpec,
+    MemoryStoreConfig, Rule, RuleSpec, StoreError,
 };
 use std::sync::Arc;
 
@@ -45,7 +45,17 @@ impl Model {
         costs: &[u64],
         id: Option<&str>,
         charge: Charge,
-    ) -> (Decision, Vec<Decision>) {
+    ) -> Option<(Decision, Vec<Decision>)> {
+        // A conflicting reuse of the id in any rule: refused whole, nothing recorded.
+        if let Some(id) = id
+            && rules.iter().zip(costs).any(|(&(i, rule), &cost)| {
+                self.keys
+                    .get(&(i, shared_by(rule), key.to_owned()))
+                    .is_some_and(|state| usage::conflicts(state, t, cost, id, charge))
+            })
+        {
+            return None;
+        }
         let per_rule = if charge.may_refuse() {
             self.admit(rules, key, t, costs, id, charge)
         } else {
@@ -62,7 +72,7 @@ impl Model {
                 })
                 .collect()
         };
-        (model_combine(&per_rule), per_rule)
+        Some((model_combine(&per_rule), per_rule))
     }
 
     /// A check or a reserve, all-or-nothing, and envoy's counting of refusals.
@@ -116,6 +126,7 @@ impl Model {
                                 state.ids.push(ModelId {
                                     namespace: "admission",
                                     id: id.to_owned(),
+                                    used: (charge.name(), cost),
                                     expires: e.now
                                         + if reserve {
                                             reset.max(rule.window())
@@ -341,12 +352,25 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
         let costs: Vec<u64> = (0..limits.len())
             .map(|i| own_costs.get(i).copied().unwrap_or(event.cost))
             .collect();
-        let (want, want_limits) = model.check(&chosen, key, t, &costs, id.as_deref(), event.mode);
+        let wanted = model.check(&chosen, key, t, &costs, id.as_deref(), event.mode);
         for (store, shards) in stores.iter().zip(["default shards", "one shard"]) {
-            let got = store.check_now(&check).unwrap();
+            let got = store.check_now(&check);
+            let Some((want, want_limits)) = &wanted else {
+                prop_assert!(
+                    matches!(got, Err(StoreError::RequestIdConflict(_))),
+                    "{}: event {} at t={} {:?}: a conflicting reuse answered {:?}",
+                    shards,
+                    n,
+                    t,
+                    event,
+                    got
+                );
+                continue;
+            };
+            let got = got.unwrap();
             prop_assert_eq!(
                 got.limits(),
-                &want_limits[..],
+                want_limits,
                 "{}: event {} at t={} {:?}: per-rule decisions differ",
                 shards,
                 n,
@@ -355,7 +379,7 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
             );
             prop_assert_eq!(
                 got.decision,
-                want,
+                *want,
                 "{}: event {} at t={}: combined differs",
                 shards,
                 n,

@@ -5,7 +5,8 @@
 
 #![cfg(feature = "redis")]
 
-use sluicegate::store::redis::{KeyKind, Scripting, hash_slot, redis_key};
+use sluicegate::store::redis::{KeyKind, Scripting, hash_slot, key_pattern, redis_key};
+use sluicegate::store::{DIGESTED_KEY_BYTES, stored_key};
 use sluicegate::{
     Algorithm, Check, Limit, LogLayout, Outcome, RedisStore, RedisStoreConfig, Rule, RuleSpec,
     Store, StoreError,
@@ -367,4 +368,48 @@ async fn a_check_across_slots_gives_back_when_a_later_slot_refuses() {
     });
     let master = master.expect("the key lives on one master");
     assert_eq!(master.query::<u64>(cmd("ZCARD").arg(&key)).unwrap(), 3);
+}
+
+/// A 60 KiB key is a key of fixed size in Redis; two long keys that differ in their last
+/// byte, and a short key written as the digest of one of them, each keep a limit of their
+/// own, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_keys_are_stored_as_digests_and_stay_apart() {
+    let store = store_at(&support::standalone().url(), "long-keys", Scripting::Auto).await;
+    let server = support::standalone();
+    let rule = Rule::new(
+        "long",
+        &RuleSpec::new(Algorithm::FixedWindow, 3, 3_600_000_000),
+    )
+    .unwrap();
+    let long_a = format!("{}a", "v".repeat(60 * 1024));
+    let long_b = format!("{}b", "v".repeat(60 * 1024));
+    let crafted = stored_key(&long_a).into_owned();
+    for key in [&long_a, &long_b, &crafted] {
+        for _ in 0..3 {
+            assert!(
+                check_one(&store, &rule, key, 1)
+                    .await
+                    .unwrap()
+                    .decision
+                    .allowed
+            );
+        }
+        assert!(
+            !check_one(&store, &rule, key, 1)
+                .await
+                .unwrap()
+                .decision
+                .allowed
+        );
+    }
+    let names: Vec<String> = server
+        .query(cmd("KEYS").arg(key_pattern(store.prefix(), KeyKind::State)))
+        .unwrap();
+    assert_eq!(names.len(), 3, "{names:?}");
+    let bound = store.prefix().len() + 32 + rule.identity().len() + DIGESTED_KEY_BYTES;
+    for name in &names {
+        assert!(name.len() <= bound, "{} bytes: {name}", name.len());
+    }
+    assert!(names.contains(&redis_key(store.prefix(), KeyKind::State, &rule, &long_a)));
 }

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use sluicegate::store::redis::{KeyKind, Scripting, identity_slot, redis_key};
 use sluicegate::{
-    Algorithm, Charge, Check, Decision, Limit, LogLayout, RedisStore, Rule, RuleSpec, Store,
+    Algorithm, Charge, Check, Decision, Limit, LogLayout, RedisStore, RequestIdConflict,
+    RequestUse, Rule, RuleSpec, Store, StoreError,
 };
 use sluicegate_test_support::{self as support, cmd};
 
@@ -325,7 +326,8 @@ async fn the_two_log_layouts_decide_alike_under_reports_and_refunds() {
     }
 }
 
-/// The same check under each of `rules` (one key), one after the other.
+/// The same check under each of `rules` (one key), one after the other: each decision, or
+/// the uses a conflicting reuse of the request id names.
 async fn decisions_under(
     store: &RedisStore,
     rules: &[Rule; 2],
@@ -333,7 +335,7 @@ async fn decisions_under(
     cost: u64,
     request_id: &Option<String>,
     charge: Charge,
-) -> Vec<Decision> {
+) -> Vec<Result<Decision, (RequestUse, RequestUse)>> {
     let mut decisions = Vec::new();
     for rule in rules {
         let limits = [Limit { rule, key: "k" }];
@@ -343,7 +345,11 @@ async fn decisions_under(
             charge,
             ..Check::new(&limits, cost)
         };
-        decisions.push(store.check(&check).await.unwrap().decision);
+        decisions.push(match store.check(&check).await {
+            Ok(outcome) => Ok(outcome.decision),
+            Err(StoreError::RequestIdConflict(c)) => Err((c.remembered, c.asked)),
+            Err(e) => panic!("{e}"),
+        });
     }
     decisions
 }
@@ -401,5 +407,113 @@ async fn a_reservation_the_previous_script_recorded_is_settled_without_a_give_ba
             // The next reservation starts from an empty key.
             store.check(&usage(10, Charge::Refunded)).await.unwrap();
         }
+    }
+}
+
+/// A request id admitted at cost 1 admits no later request of another cost or mode, through
+/// functions, EVALSHA and on a cluster: each is a conflicting reuse naming both uses, and
+/// records nothing anywhere — in a check of two slots, and in a report of two slots, whose
+/// slots each do their part — while the retry of what it was used for is a repeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_id_reused_for_another_request_is_a_conflict() {
+    let tokens = Rule::new(
+        "tokens",
+        &RuleSpec::new(Algorithm::TokenBucket, 10, 3_600_000_000),
+    )
+    .unwrap();
+    let other = Rule::new(
+        "other",
+        &RuleSpec::new(Algorithm::FixedWindow, 100, 3_600_000_000),
+    )
+    .unwrap();
+    // Two keys in two hash slots: on the cluster, a check of both runs slot by slot.
+    let (here, there) = ("k", "elsewhere");
+    assert_ne!(identity_slot(here), identity_slot(there));
+    let limits = [
+        Limit {
+            rule: &other,
+            key: there,
+        },
+        Limit {
+            rule: &tokens,
+            key: here,
+        },
+    ];
+    let at = 1_700_000_000_000_000;
+    let with_id = |limits, cost, charge| Check {
+        request_id: Some("R1"),
+        charge,
+        at: Some(at),
+        ..Check::new(limits, cost)
+    };
+    let conflict = |remembered, asked| {
+        Err(StoreError::RequestIdConflict(RequestIdConflict {
+            request_id: "R1".into(),
+            rule: "tokens".into(),
+            remembered,
+            asked,
+        }))
+    };
+    for store in every_store("conflicts").await {
+        let first = store
+            .check(&with_id(&limits[1..], 1, Charge::Admitted))
+            .await
+            .unwrap();
+        assert_eq!(first.decision.remaining, 9);
+        for (cost, charge) in [(5, Charge::Admitted), (1_000_000, Charge::Admitted)] {
+            assert_eq!(
+                store.check(&with_id(&limits[1..], cost, charge)).await,
+                conflict(
+                    RequestUse::new(Charge::Admitted, 1),
+                    RequestUse::new(charge, cost)
+                )
+            );
+        }
+        assert_eq!(
+            store
+                .check(&with_id(&limits[1..], 1, Charge::Reserved))
+                .await,
+            conflict(
+                RequestUse::new(Charge::Admitted, 1),
+                RequestUse::new(Charge::Reserved, 1)
+            )
+        );
+        let retried = store
+            .check(&with_id(&limits[1..], 1, Charge::Attempted))
+            .await
+            .unwrap();
+        assert!(retried.decision.allowed);
+        assert_eq!(retried.decision.remaining, 9, "a repeat takes nothing");
+        assert!(
+            store
+                .check(&with_id(&limits, 2, Charge::Admitted))
+                .await
+                .is_err()
+        );
+        // A report of R1 at 3 in `tokens` alone; then one of both slots at 4 conflicts
+        // there, and records nothing in `other` either.
+        store
+            .check(&with_id(&limits[1..], 3, Charge::Reported))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.check(&with_id(&limits, 4, Charge::Reported)).await,
+            conflict(
+                RequestUse::new(Charge::Reported, 3),
+                RequestUse::new(Charge::Reported, 4)
+            )
+        );
+        let peek = store
+            .check(&Check {
+                at: Some(at),
+                ..Check::new(&limits, 0)
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (peek.limits()[0].remaining, peek.limits()[1].remaining),
+            (99, 5),
+            "nothing recorded in `other`; 1 + 3 in `tokens`"
+        );
     }
 }

@@ -31,7 +31,27 @@ pub(crate) async fn should_rate_limit(
 ) -> Result<RateLimitResponse, DecideError> {
     let decided = decide(service, request).await;
     span.end(&request.domain, decided.as_ref());
-    Ok(response(&decided?, service.options()))
+    match decided {
+        // A request id reused for another request is refused as over the limit: an error
+        // status is what Envoy lets through by default (`failure_mode_deny: false`), and
+        // the reuse would be a way around the limit.
+        Err(DecideError::RequestIdConflict(_)) => Ok(conflict_response(request)),
+        decided => Ok(response(&decided?, service.options())),
+    }
+}
+
+/// The answer to a request whose id was used before for another request: OVER_LIMIT, and
+/// every descriptor with it, nothing remaining.
+fn conflict_response(request: &RateLimitRequest) -> RateLimitResponse {
+    let over = || DescriptorStatus {
+        code: Code::OverLimit.into(),
+        ..DescriptorStatus::default()
+    };
+    RateLimitResponse {
+        overall_code: Code::OverLimit.into(),
+        statuses: request.descriptors.iter().map(|_| over()).collect(),
+        ..RateLimitResponse::default()
+    }
 }
 
 /// What the service decided for `request`.

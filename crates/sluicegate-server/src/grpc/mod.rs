@@ -118,7 +118,8 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
             let answer = envoy::should_rate_limit(&service, request.get_ref(), span).await;
             let failed = answer.as_ref().err().map(|e| match e {
                 DecideError::Store(_) => CallError::Store,
-                DecideError::Invalid(_)
+                DecideError::RequestIdConflict(_)
+                | DecideError::Invalid(_)
                 | DecideError::UnknownDomain(_)
                 | DecideError::NoConfiguration => CallError::Service,
             });
@@ -126,6 +127,11 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
             answer.map(Response::new).map_err(|e| match e {
                 DecideError::Invalid(message) | DecideError::UnknownDomain(message) => {
                     Status::invalid_argument(message)
+                }
+                // Answered OVER_LIMIT by `envoy::should_rate_limit`; should one surface, it is
+                // the caller's fault.
+                DecideError::RequestIdConflict(conflict) => {
+                    Status::failed_precondition(conflict.to_string())
                 }
                 DecideError::Store(e) => Status::unavailable(e.to_string()),
                 DecideError::NoConfiguration => Status::unavailable(DecideError::NO_CONFIGURATION),

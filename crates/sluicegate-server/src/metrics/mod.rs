@@ -101,6 +101,13 @@ struct UsageLabels {
     mode: &'static str,
 }
 
+/// A rule of the configuration, by its name (the configuration's path to it): as many as
+/// the configuration has.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConflictLabels {
+    rule: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BreakerLabels {
     to: &'static str,
@@ -197,6 +204,7 @@ pub(crate) struct Metrics {
     registry: Registry,
     rule_hits: Family<RuleLabels, Counter>,
     usage_units: Family<UsageLabels, Counter>,
+    request_id_conflicts: Family<ConflictLabels, Counter>,
     /// One counter per entry of [`DECIDERS`].
     decided_by: Vec<Counter>,
     check_duration: Histogram,
@@ -238,6 +246,13 @@ impl Metrics {
             "Units carried by report, settle and refund calls, per domain and mode (a \
              retry's again; a settle's are the request's real cost)",
             usage_units.clone(),
+        );
+        let request_id_conflicts = Family::<ConflictLabels, Counter>::default();
+        registry.register(
+            "sluicegate_request_id_conflicts",
+            "Requests refused because their request id was used before for another request \
+             (another mode or cost), per rule that remembered it",
+            request_id_conflicts.clone(),
         );
         let decisions = Family::<DecidedByLabels, Counter>::default();
         registry.register(
@@ -286,6 +301,7 @@ impl Metrics {
             registry,
             rule_hits,
             usage_units,
+            request_id_conflicts,
             decided_by,
             check_duration,
             config_loads,
@@ -309,6 +325,17 @@ impl Metrics {
                 mode: mode.name(),
             })
             .inc_by(units);
+    }
+
+    /// Counts a request refused because its id was used before for another request, by the
+    /// rule whose state remembered it; the rule's count so far, this one included.
+    pub(crate) fn request_id_conflict(&self, rule: &str) -> u64 {
+        self.request_id_conflicts
+            .get_or_create(&ConflictLabels {
+                rule: rule.to_owned(),
+            })
+            .inc()
+            + 1
     }
 
     /// The counters a decision of the `detailed_metric` rule at `path`, whose window is

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use sluicegate::{Charge, Decision, Outcome, Rule, StoreError};
+use sluicegate::{Charge, Decision, Outcome, RequestIdConflict, Rule, StoreError};
 
 /// What became of each request descriptor.
 pub(crate) struct DescriptorOutcome {
@@ -98,6 +98,9 @@ pub(crate) enum DecideError {
     /// Envoy's protocol answers it OK with no limit, as envoyproxy/ratelimit does;
     /// sluicegate's own API refuses it as bad input.
     UnknownDomain(String),
+    /// The request's id was used before for another request (another mode or cost):
+    /// refused whole, nothing recorded. Not a store failure: no failure policy answers it.
+    RequestIdConflict(RequestIdConflict),
     /// The store could not decide and no policy decided for it.
     Store(StoreError),
     /// No configuration is in force yet (started over xDS without waiting for the first
@@ -117,6 +120,7 @@ impl From<StoreError> for DecideError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::InvalidCheck(message) => DecideError::Invalid(message),
+            StoreError::RequestIdConflict(conflict) => DecideError::RequestIdConflict(conflict),
             other => DecideError::Store(other),
         }
     }

@@ -468,13 +468,30 @@ impl Service {
         let keys = counted_keys(domain, &descriptors, &matched);
         usage::validate(given, &matched, &keys, costs, &modes)?;
         let asked = Instant::now();
-        let (decisions, outcome, refusable) = match self.options.counting {
-            Counting::EachDescriptor => self.decide_each(&matched, &keys, costs, &modes).await?,
+        let counted = match self.options.counting {
+            Counting::EachDescriptor => self.decide_each(&matched, &keys, costs, &modes).await,
             together => {
                 self.decide_grouped(&matched, &keys, costs, &modes, blocked, together)
-                    .await?
+                    .await
             }
         };
+        if let Err(DecideError::RequestIdConflict(conflict)) = &counted {
+            // Logged at a rule's 1st, 2nd, 4th, 8th… conflict: a client sending them by the
+            // million writes a few dozen lines, and the metric counts every one.
+            let count = self.metrics.request_id_conflict(&conflict.rule);
+            if count.is_power_of_two() {
+                tracing::warn!(
+                    domain,
+                    request_id = conflict.request_id,
+                    rule = conflict.rule,
+                    remembered = %conflict.remembered,
+                    asked = %conflict.asked,
+                    conflicts_so_far = count,
+                    "request refused: its request id was used before for another request"
+                );
+            }
+        }
+        let (decisions, outcome, refusable) = counted?;
         let store_time = asked.elapsed();
 
         let descriptors = matched

@@ -63,8 +63,10 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Charges `cost` for `pending` on its own tracked task: a settle after a reservation, a
 /// report after a peek (none for 0 units, which would record nothing). Never fails: a
-/// store error or an attempt that takes too long is retried with the same request id up
-/// to the usage's attempts, then counted and logged; an invalid check is given up at once.
+/// store error or an attempt that takes too long is retried with the same request id (and
+/// the same cost, so a retry is never a conflicting reuse) up to the usage's attempts, then
+/// counted and logged; an invalid check, or a request id found in use for another request,
+/// is given up at once.
 pub(crate) fn charge<S: Store + 'static>(
     settings: Arc<Settings<S>>,
     usage: Usage,
@@ -118,8 +120,14 @@ async fn attempt<S: Store>(settings: &Settings<S>, usage: &Usage, pending: &Pend
                 after: usage.attempt_timeout,
             },
         };
-        // No store decides an invalid check, however often it is asked.
-        let retry = attempt < usage.attempts && !matches!(error, StoreError::InvalidCheck(_));
+        // No store decides an invalid check, however often it is asked; nor a charge whose
+        // id is remembered for another cost (every attempt sends the same cost, so that is
+        // another request's id): neither is retried.
+        let retry = attempt < usage.attempts
+            && !matches!(
+                error,
+                StoreError::InvalidCheck(_) | StoreError::RequestIdConflict(_)
+            );
         if retry {
             usage.stats.count_retry();
             tracing::warn!(%error, attempt, request_id = %pending.request_id, cost,

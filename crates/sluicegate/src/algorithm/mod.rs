@@ -18,6 +18,7 @@ mod usage;
 pub use charge::Charge;
 use fixed_window::{FixedPlan, FixedWindowState};
 use gcra::{GcraPlan, GcraState};
+pub use request_ids::RequestUse;
 use request_ids::{Namespace, Remembered, RequestIds, Reservation};
 use retry::RetryNeed;
 use sliding_counter::{CounterPlan, SlidingCounterState};
@@ -287,6 +288,25 @@ impl RuleState {
         }
     }
 
+    /// What the request id of a check of `cost` in mode `charge` at `t` was used for, when
+    /// this state still remembers it from a use that asked otherwise: a conflicting reuse
+    /// (docs/SPEC.md, "Retries"), which a store refuses as an error before deciding anything.
+    pub(crate) fn request_id_conflict(
+        &self,
+        t: u64,
+        cost: u64,
+        request_id: &str,
+        charge: Charge,
+    ) -> Option<RequestUse> {
+        let now = t.max(self.latest);
+        self.request_ids.conflict(
+            Namespace::of(charge),
+            request_id,
+            now,
+            RequestUse::new(charge, cost),
+        )
+    }
+
     /// Records an evaluation that allows (a repeat records nothing) and answers. A
     /// `reserve` (`charge`) also remembers its units under the request id.
     #[inline(always)] // on the memory store's checks, as `decide_alone`
@@ -333,6 +353,7 @@ impl RuleState {
                     Remembered {
                         request_id: id.into(),
                         namespace: Namespace::Admission,
+                        used: RequestUse::new(charge, cost),
                         reservation,
                         expires_at: now + remembered_for,
                         release_at: now + decision.delay,

@@ -57,11 +57,41 @@ impl Namespace {
     }
 }
 
+/// What a request id was used for: its mode and its cost (docs/SPEC.md, "Retries"). A
+/// later check with the id while it is remembered is a retry only if it asks the same;
+/// else it is a conflicting reuse, refused as an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestUse {
+    /// The mode: `Attempted` is held as `Admitted`, both a `check`.
+    pub mode: Charge,
+    /// The cost the check asked (its limit's own, when each has one).
+    pub cost: u64,
+}
+
+impl RequestUse {
+    /// A use of `cost` in mode `charge`.
+    pub fn new(charge: Charge, cost: u64) -> Self {
+        let mode = match charge {
+            Charge::Attempted => Charge::Admitted,
+            mode => mode,
+        };
+        RequestUse { mode, cost }
+    }
+}
+
+impl std::fmt::Display for RequestUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} of cost {}", self.mode.name(), self.cost)
+    }
+}
+
 /// One remembered id.
 #[derive(Clone, Debug)]
 pub(super) struct Remembered {
     pub(super) request_id: Box<str>,
     pub(super) namespace: Namespace,
+    /// What the id was used for: a retry asks the same.
+    pub(super) used: RequestUse,
     /// A reservation's units and where they were put, until a settle uses them up.
     pub(super) reservation: Option<Reservation>,
     /// Until when the id is remembered.
@@ -125,6 +155,20 @@ impl Remembered {
 impl RequestIds {
     fn live(&self, namespace: Namespace, id: &str, now: u64) -> Option<&Remembered> {
         self.ids.as_deref()?.live(namespace, id, now)
+    }
+
+    /// What a live id of this namespace was used for, when it differs from `asked`: a
+    /// conflicting reuse.
+    pub(super) fn conflict(
+        &self,
+        namespace: Namespace,
+        id: &str,
+        now: u64,
+        asked: RequestUse,
+    ) -> Option<RequestUse> {
+        self.live(namespace, id, now)
+            .map(|r| r.used)
+            .filter(|&used| used != asked)
     }
 
     /// The release time of a live admission with this id: a retry of it is a repeat.

@@ -2,7 +2,7 @@
 //! reports, reservations, settlements and refunds"): each records what it says in one state,
 //! the limit notwithstanding, and answers the standing right after.
 
-use super::request_ids::{Namespace, Remembered, Reservation};
+use super::request_ids::{Namespace, Remembered, RequestUse, Reservation};
 use super::{Charge, Plan, RuleState, StateKind};
 use crate::decision::Decision;
 use crate::rule::Rule;
@@ -64,6 +64,7 @@ impl RuleState {
                 Remembered {
                     request_id: id.into(),
                     namespace,
+                    used: RequestUse::new(charge, cost),
                     reservation: None,
                     expires_at: now + rule.window(),
                     release_at: now,

@@ -271,9 +271,12 @@ impl<S: Store> Limiter<S> {
                             .remember(check, self.policies(check), now, outcome.limits());
                         return Ok(outcome);
                     }
-                    // A malformed check is the caller's fault, not the store's: drop the ticket
-                    // unreported.
-                    Err(e @ StoreError::InvalidCheck(_)) => return Err(e),
+                    // A malformed check, or a request id reused for another request, is the
+                    // caller's fault, not the store's: drop the ticket unreported, and never
+                    // let a failure policy answer it.
+                    Err(e @ (StoreError::InvalidCheck(_) | StoreError::RequestIdConflict(_))) => {
+                        return Err(e);
+                    }
                     // Only an unreachable or silent store counts against the breaker: a full
                     // in-memory store or a key of the wrong type says nothing about the next
                     // check.

@@ -4,8 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::error::StoreError;
-pub use crate::algorithm::Charge;
+use super::error::{RequestIdConflict, StoreError};
+pub use crate::algorithm::{Charge, RequestUse};
 use crate::decision::Decision;
 use crate::policy::FailurePolicy;
 use crate::rule::{EXACT_LIMIT, MAX_TIME, Rule};
@@ -72,6 +72,17 @@ impl<'a> Check<'a> {
     /// The cost of the limit at `index`.
     pub fn cost_of(&self, index: usize) -> u64 {
         self.costs.get(index).copied().unwrap_or(self.cost)
+    }
+
+    /// The error of a conflicting reuse of this check's request id, found in the state of
+    /// the limit at `index`, which remembers it as `remembered`.
+    pub(crate) fn request_id_conflict(&self, index: usize, remembered: RequestUse) -> StoreError {
+        StoreError::RequestIdConflict(RequestIdConflict {
+            request_id: self.request_id.unwrap_or_default().to_owned(),
+            rule: self.limits[index].rule.name().to_owned(),
+            remembered,
+            asked: RequestUse::new(self.charge, self.cost_of(index)),
+        })
     }
 
     /// The costs of the limits at `indices`, for a check of those limits alone; empty when

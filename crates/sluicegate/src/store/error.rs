@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::algorithm::RequestUse;
+
 /// Why a store could not decide. Never a decision: callers choose what to do (fail open,
 /// fail closed, decide locally) and say so.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -9,6 +11,10 @@ use std::fmt;
 pub enum StoreError {
     /// The check itself is malformed.
     InvalidCheck(String),
+    /// The check's request id is remembered from a request of another mode or cost, whose
+    /// memory still lasts: a conflicting reuse, not a retry (docs/SPEC.md, "Retries"). The
+    /// check is refused whole and records nothing, in every limit.
+    RequestIdConflict(RequestIdConflict),
     /// The in-memory store holds `max_keys` live keys and this check would add one more.
     KeyCapacity {
         /// The configured cap.
@@ -48,6 +54,31 @@ pub enum StoreError {
     },
 }
 
+/// A request id reused for another request: what the id was first used for and what the
+/// check asked, in the first limit (in the check's order) whose state remembers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestIdConflict {
+    /// The request id.
+    pub request_id: String,
+    /// The name of the rule whose state remembers the id.
+    pub rule: String,
+    /// What the id was first used for.
+    pub remembered: RequestUse,
+    /// What this check asked of that rule.
+    pub asked: RequestUse,
+}
+
+impl fmt::Display for RequestIdConflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "request id {:?} was used for a {} under rule {:?}, and this is a {}: a retry \
+             must ask the same, and another request needs another id",
+            self.request_id, self.remembered, self.rule, self.asked
+        )
+    }
+}
+
 /// The server an open circuit breaker's errors name: it refused to call the store at all.
 const BREAKER_OPEN: &str = "(circuit breaker open)";
 
@@ -63,11 +94,12 @@ impl StoreError {
 
     /// What kind of failure this is, in snake case, for counting failures by kind:
     /// `timeout`, `breaker_open`, `unavailable`, `script`, `wrong_type`, `key_capacity`,
-    /// `invalid_check`. An open breaker's error is an [`StoreError::Unavailable`] to its
+    /// `invalid_check`, `request_id_conflict`. An open breaker's error is an [`StoreError::Unavailable`] to its
     /// callers, but a kind of its own here: no call was made.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::InvalidCheck(_) => "invalid_check",
+            StoreError::RequestIdConflict(_) => "request_id_conflict",
             StoreError::KeyCapacity { .. } => "key_capacity",
             StoreError::Unavailable { server, .. } if server == BREAKER_OPEN => "breaker_open",
             StoreError::Unavailable { .. } => "unavailable",
@@ -82,6 +114,7 @@ impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreError::InvalidCheck(message) => write!(f, "invalid check: {message}"),
+            StoreError::RequestIdConflict(conflict) => conflict.fmt(f),
             StoreError::KeyCapacity { max_keys } => write!(
                 f,
                 "in-memory store is full: {max_keys} keys are live; a new key is not admitted \

@@ -4,6 +4,7 @@
 mod any;
 pub(crate) mod check;
 pub(crate) mod error;
+mod key;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
@@ -15,5 +16,8 @@ pub use memory::{MemoryStore, MemoryStoreConfig, SWEEP_INTERVAL};
 pub use redis::{RedisStore, RedisStoreConfig, ScriptCalls};
 pub use url::{StoreUrl, StoreUrlError};
 
-pub use check::{Charge, Check, DecidedBy, Limit, MAX_REQUEST_ID_BYTES, Outcome, Store};
-pub use error::StoreError;
+pub use check::{
+    Charge, Check, DecidedBy, Limit, MAX_REQUEST_ID_BYTES, Outcome, RequestUse, Store,
+};
+pub use error::{RequestIdConflict, StoreError};
+pub use key::{DIGEST_MARKER, DIGESTED_KEY_BYTES, MAX_STORED_KEY_BYTES, stored_key};

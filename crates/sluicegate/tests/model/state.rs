@@ -29,6 +29,9 @@ pub(crate) struct ModelId {
     /// `check` and `reserve` share "admission"; the other modes have their own.
     pub(crate) namespace: &'static str,
     pub(crate) id: String,
+    /// What it was used for: the mode's name (`check` for envoy's counting too) and the
+    /// cost asked. A later use that asks otherwise is a conflicting reuse.
+    pub(crate) used: (&'static str, u64),
     pub(crate) expires: u64,
     pub(crate) release: u64,
     /// A reservation's (r, s, e) — its units, its instant, and the TAT it set (GCRA) — until

@@ -175,12 +175,7 @@ pub(crate) fn usage(
     charge: Charge,
 ) -> Decision {
     let now = t.max(key.latest);
-    let namespace = match charge {
-        Charge::Reported => "report",
-        Charge::Settled => "settle",
-        Charge::Refunded => "refund",
-        other => unreachable!("{other:?} may be refused"),
-    };
+    let namespace = namespace_of(charge);
     let remembered = |key: &ModelKey, namespace: &str, id: &str| {
         key.ids
             .iter()
@@ -224,10 +219,32 @@ pub(crate) fn usage(
         key.ids.push(ModelId {
             namespace,
             id: id.to_owned(),
+            used: (charge.name(), cost),
             expires: now + rule.window(),
             release: now,
             reservation: None,
         });
     }
     answer
+}
+
+/// The ids a mode's request id is compared with: `check` and `reserve` share "admission".
+pub(crate) fn namespace_of(charge: Charge) -> &'static str {
+    match charge {
+        Charge::Reported => "report",
+        Charge::Settled => "settle",
+        Charge::Refunded => "refund",
+        _ => "admission",
+    }
+}
+
+/// Whether a use of `id` at `t` in mode `charge` for `cost` conflicts with what `key`
+/// remembers of it (docs/SPEC.md, "Retries"): the id is live in the mode's namespace, used
+/// for another mode or cost.
+pub(crate) fn conflicts(key: &ModelKey, t: u64, cost: u64, id: &str, charge: Charge) -> bool {
+    let now = t.max(key.latest);
+    let namespace = namespace_of(charge);
+    key.ids.iter().any(|i| {
+        i.namespace == namespace && i.id == id && i.expires > now && i.used != (charge.name(), cost)
+    })
 }

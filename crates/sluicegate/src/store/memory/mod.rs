@@ -37,6 +37,7 @@ use refusal_hint::{HintedRule, RefusalHint};
 
 use super::check::{Check, Outcome, Store};
 use super::error::StoreError;
+use super::key::{stored_key, with_stored_keys};
 use crate::algorithm::{self, RuleState, StateWords};
 use crate::clock::{Clock, SystemClock};
 use crate::rule::Rule;
@@ -185,6 +186,7 @@ impl MemoryStore {
 
     /// Forgets the state `rule` holds for `key`, as if it had never been used.
     pub fn forget(&self, rule: &Rule, key: &str) {
+        let key = &*stored_key(key);
         let hash = self.hash(rule, key.as_bytes());
         let index = self.shard_of(hash);
         let shard = &mut *self.shards[index].write();
@@ -200,12 +202,12 @@ impl MemoryStore {
     pub fn check_now(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         check.validate()?;
         let t = check.at.unwrap_or_else(|| self.clock.now_micros());
-        match check.limits {
+        with_stored_keys(check, |check| match check.limits {
             [limit] => self
                 .check_one(limit.rule, limit.key, t, check)
                 .map(Outcome::single),
             _ => self.check_many(t, check).map(Outcome::from_limits),
-        }
+        })
     }
 
     fn check_one(
@@ -249,6 +251,11 @@ impl MemoryStore {
         let shard = &mut *guard;
         self.sweep_if_due(index, shard, t);
         if let Some(slot) = shard.table.find_mut(hash, |s| s.holds(rule, key)) {
+            if let Some(id) = request_id
+                && let Some(remembered) = slot.state.request_id_conflict(t, cost, id, charge)
+            {
+                return Err(check.request_id_conflict(0, remembered));
+            }
             // Whatever the mode, a hint of this entry goes before its state may change (a
             // panic cannot leave it stale), and a refusal publishes the state it leaves.
             hint.clear_if_holds(&mut shard.hinted, hash);
@@ -392,7 +399,17 @@ impl MemoryStore {
             .zip(&records)
             .filter(|&(&held, &records)| !held && records)
             .count();
-        let reserved = if new_keys > 0 {
+        // A conflicting reuse of the request id in any limit refuses the whole check.
+        let conflict = check.request_id.and_then(|id| {
+            states.iter().enumerate().find_map(|(i, state)| {
+                state
+                    .request_id_conflict(t, check.cost_of(i), id, check.charge)
+                    .map(|remembered| check.request_id_conflict(i, remembered))
+            })
+        });
+        let reserved = if let Some(conflict) = conflict {
+            Err(conflict)
+        } else if new_keys > 0 {
             // Sweeping for room may touch any locked shard; the first is as good as any.
             self.reserve_keys(shard_ids[0], &mut guards[0], t, new_keys)
         } else {

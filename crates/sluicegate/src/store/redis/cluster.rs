@@ -41,12 +41,22 @@ pub(super) fn slot_groups(prefix: &str, check: &Check<'_>) -> Vec<Vec<usize>> {
 /// client may see those units taken: the only departure from atomicity. If the give-back
 /// itself fails, the units stay taken (the limit errs on the side of refusing). A report,
 /// settle or refund is never refused (docs/SPEC.md, "Usage"): each slot's script is the
-/// whole of it there, and nothing is ever given back.
+/// whole of it there, and nothing is ever given back; with a request id, every slot is
+/// first asked whether the id is a conflicting reuse there.
 pub(super) async fn check_across_slots(
     store: &impl RunScript,
     check: &Check<'_>,
     groups: &[Vec<usize>],
 ) -> Result<Vec<Decision>, StoreError> {
+    // A report, settle or refund that reuses its request id for another request records
+    // nothing in any slot: every slot is asked first, in order, recording nothing, so a
+    // conflict anywhere stops it before any slot does its part.
+    if !check.charge.may_refuse() && check.request_id.is_some() {
+        for group in groups {
+            let part = Part::of(check, group);
+            store.run(&part.of_check(check), Mode::Dry).await?;
+        }
+    }
     let mut decisions: Vec<Option<Decision>> = vec![None; check.limits.len()];
     let mut taken: Vec<(Part<'_>, Vec<Row>)> = Vec::new();
     for (g, group) in groups.iter().enumerate() {

@@ -2,6 +2,7 @@
 //! named here.
 
 use crate::rule::{Algorithm, LogLayout, Rule};
+use crate::store::stored_key;
 
 /// What one Redis key of a (rule, key) holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,12 +43,14 @@ impl KeyKind {
 }
 
 /// The Redis key of one kind of state of `rule` for the user's `key`:
-/// `{prefix}{TAG}:{kind}:{len}:{rule identity}:{key}`.
+/// `{prefix}{TAG}:{kind}:{len}:{rule identity}:{stored key}`, where the stored key is
+/// [`stored_key`]'s (a long key's digest) and the tag is computed from it.
 pub fn redis_key(prefix: &str, kind: KeyKind, rule: &Rule, key: &str) -> String {
+    let key = stored_key(key);
     let identity = rule.identity();
     format!(
         "{prefix}{{{:0TAG_DIGITS$x}}}:{}:{}:{identity}:{key}",
-        identity_tag(key),
+        identity_tag(&key),
         kind.letter(),
         identity.len()
     )
@@ -57,7 +60,9 @@ pub fn redis_key(prefix: &str, kind: KeyKind, rule: &Rule, key: &str) -> String 
 /// `at` (µs since the epoch): `{prefix}{key}_{window start in s}`, envoyproxy/ratelimit's
 /// cache key, whose window start is `(now / unit) * unit` in whole seconds
 /// (envoyproxy/ratelimit@f2fb157 src/limiter/cache_key.go:49-87). No hash tag: on a
-/// Redis Cluster the whole name picks the slot, as envoy's client hashes it.
+/// Redis Cluster the whole name picks the slot, as envoy's client hashes it. The key is
+/// whole, however long, never digested: envoy names its counters so, and a fleet of both
+/// shares them only under the same name.
 pub fn envoy_counter_key(prefix: &str, rule: &Rule, key: &str, at: u64) -> String {
     let window = rule.window();
     format!("{prefix}{key}_{}", at / window * window / 1_000_000)
@@ -111,7 +116,7 @@ pub fn key_pattern(prefix: &str, kind: KeyKind) -> String {
 /// The hash tag's length: a u64 in hex.
 const TAG_DIGITS: usize = 16;
 
-/// The hash tag of an identity: FNV-1a of the key's bytes. Stable across processes and
+/// The hash tag of an identity: FNV-1a of the stored key's bytes. Stable across processes and
 /// versions (every instance must name the same key), and the only part of a key Redis
 /// Cluster hashes, so whatever braces a user's key holds, it cannot pick its slot.
 fn identity_tag(key: &str) -> u64 {
@@ -120,9 +125,10 @@ fn identity_tag(key: &str) -> u64 {
     })
 }
 
-/// The hash slot of every key of the identity `key` (what the tag hashes to).
+/// The hash slot of every key of the identity `key` (what the tag of its stored key
+/// hashes to).
 pub fn identity_slot(key: &str) -> u16 {
-    crc16(format!("{:0TAG_DIGITS$x}", identity_tag(key)).as_bytes()) % 16384
+    crc16(format!("{:0TAG_DIGITS$x}", identity_tag(&stored_key(key))).as_bytes()) % 16384
 }
 
 /// The Redis Cluster hash slot of a key: CRC16 (XMODEM) of its hash tag, modulo 16384.
@@ -191,6 +197,11 @@ mod tests {
                 slot
             );
         }
+        // A long key's names and slot are its digest's.
+        let long = "v".repeat(4096);
+        let name = redis_key("p:", KeyKind::State, &a, &long);
+        assert!(name.ends_with(&*crate::store::stored_key(&long)));
+        assert_eq!(identity_slot(&long), hash_slot(&name));
         // A key naming another key's tag does not land in its slot.
         let victim = redis_key("p:", KeyKind::State, &a, "victim");
         let tag = &victim[victim.find('{').unwrap()..=victim.find('}').unwrap()];
@@ -228,6 +239,9 @@ mod tests {
             "prefix:domain_key_value_1234"
         );
         assert_eq!(KeyKind::State.redis_type(&second), "string");
+        // Envoy's key is whole, however long: a fleet of both shares it only so.
+        let long = "v".repeat(4096);
+        assert_eq!(state_key("", &second, &long, at), format!("{long}_1234"));
         // Not hash-tagged: the slot is the whole name's.
         let name = envoy_counter_key("", &second, "domain_key_value", at);
         assert_eq!(hash_slot(&name), crc16(name.as_bytes()) % 16384);

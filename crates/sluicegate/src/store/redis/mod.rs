@@ -338,6 +338,12 @@ impl RedisStore {
                 .zip(check.limits)
                 .map(|(row, limit)| Row::new(row, limit.rule.capacity()))
                 .collect()),
+            Err(CallError::Check(message))
+                if let Some((index, remembered)) = script::request_id_conflict(&message)
+                    && index < check.limits.len() =>
+            {
+                Err(check.request_id_conflict(index, remembered))
+            }
             Err(e) if e.is_wrong_type() => {
                 let culprit = self.wrong_type_key(check).await;
                 Err(self.error(e, culprit.as_deref()))

@@ -8,7 +8,7 @@ use super::error::CallError;
 use super::keys::{KeyKind, redis_key, state_key, wall_clock_micros};
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::{Algorithm, LogLayout, Rule};
-use crate::store::check::{Charge, Check};
+use crate::store::check::{Charge, Check, RequestUse};
 
 /// The check script's library, joined from its pieces in this order (each uses only the
 /// ones before it): it defines `check`, which `scripting` registers as a function or calls
@@ -45,12 +45,18 @@ mod code {
     /// `CHECK` and `DRY` with refusals charged (`Charge::Attempted`).
     pub(super) const CHARGE: &str = "charge";
     pub(super) const DRY_CHARGE: &str = "dry-charge";
-    /// The usage modes (`Charge::Reserved` … `Charge::Refunded`); a reservation's dry run
-    /// is `DRY`, and the others, never refused, have none.
+    /// `DRY` for a reservation: the use its request id is compared with is a `reserve`'s.
+    pub(super) const DRY_RESERVE: &str = "dry-reserve";
+    /// The usage modes (`Charge::Reserved` … `Charge::Refunded`) and their dry runs: a
+    /// reservation's is `DRY_RESERVE`; a report's, settle's or refund's records nothing and
+    /// fails on a conflicting reuse of its request id.
     pub(super) const RESERVE: &str = "reserve";
     pub(super) const REPORT: &str = "report";
     pub(super) const SETTLE: &str = "settle";
     pub(super) const REFUND: &str = "refund";
+    pub(super) const DRY_REPORT: &str = "dry-report";
+    pub(super) const DRY_SETTLE: &str = "dry-settle";
+    pub(super) const DRY_REFUND: &str = "dry-refund";
 
     /// Bits of a rule's status.
     pub(super) const ALLOWS: i64 = 1;
@@ -65,7 +71,8 @@ mod code {
 pub(super) enum Mode<'a> {
     /// Decide and record (a report, settle or refund: record and answer the standing).
     Check,
-    /// Answer as a check refused by another rule: record nothing.
+    /// Answer as a check refused by another rule: record nothing. For a report, settle or
+    /// refund: fail on a conflicting reuse of its request id, else answer the standing.
     Dry,
     /// Give back what these rows recorded.
     Undo(&'a [Row]),
@@ -81,6 +88,10 @@ impl Mode<'_> {
             (Mode::Check, Charge::Settled) => code::SETTLE,
             (Mode::Check, Charge::Refunded) => code::REFUND,
             (Mode::Dry, Charge::Attempted) => code::DRY_CHARGE,
+            (Mode::Dry, Charge::Reserved) => code::DRY_RESERVE,
+            (Mode::Dry, Charge::Reported) => code::DRY_REPORT,
+            (Mode::Dry, Charge::Settled) => code::DRY_SETTLE,
+            (Mode::Dry, Charge::Refunded) => code::DRY_REFUND,
             (Mode::Dry, _) => code::DRY,
             (Mode::Undo(_), _) => code::UNDO,
         }
@@ -380,6 +391,20 @@ pub(super) fn split_answers(
     Ok(answers)
 }
 
+/// The rule (its index in the check) and what its state remembers the request id was used
+/// for, from the error text of a conflicting reuse: `request id conflict: rule {i}
+/// {mode}:{cost}`, `i` from 1 (prelude.lua, `CONFLICT`). `None` for any other text.
+pub(super) fn request_id_conflict(message: &str) -> Option<(usize, RequestUse)> {
+    let rest = message.strip_prefix("request id conflict: rule ")?;
+    let (number, used) = rest.split_once(' ')?;
+    let (mode, cost) = used.split_once(':')?;
+    let index = number.parse::<usize>().ok()?.checked_sub(1)?;
+    Some((
+        index,
+        RequestUse::new(Charge::from_name(mode)?, cost.parse().ok()?),
+    ))
+}
+
 /// Script calls made and checks carried, counted as they are sent.
 #[derive(Default)]
 pub(super) struct CallCounters {
@@ -479,6 +504,25 @@ mod tests {
                 micros: 47
             }
         );
+    }
+
+    #[test]
+    fn a_conflict_names_its_rule_and_the_first_use() {
+        assert_eq!(
+            request_id_conflict("request id conflict: rule 2 reserve:10"),
+            Some((1, RequestUse::new(Charge::Reserved, 10)))
+        );
+        assert_eq!(
+            request_id_conflict("request id conflict: rule 1 check:1"),
+            Some((0, RequestUse::new(Charge::Admitted, 1)))
+        );
+        for other in [
+            "request id conflict: rule 0 check:1",
+            "request id conflict: rule 1 charge:1",
+            "ERR something else",
+        ] {
+            assert_eq!(request_id_conflict(other), None, "{other}");
+        }
     }
 
     #[test]

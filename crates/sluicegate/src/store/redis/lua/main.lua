@@ -102,18 +102,34 @@ local function give_back_check(shape, k)
       r:give_back(at, costs and costs[i] or cost, shape.margin)
       if request_id ~= '' then
         call('ZREM', r.ids, request_id)
-        call('HDEL', r.releases, request_id, RESERVED_UNITS .. request_id)
+        call('HDEL', r.releases, request_id, RESERVED_UNITS .. request_id, USED .. request_id)
       end
     end
   end
 end
 
+-- What a use of a request id in `mode` ('check' for CHECK and CHARGE) for `cost` is
+-- remembered as (USED).
+local function use_of(mode, cost)
+  return mode .. ':' .. int(cost)
+end
+
+-- Fails the check, before it writes anything, when rule `i` (`r`) remembers `member` from a
+-- use other than `asked` (use_of): a conflicting reuse of the request id. An id remembered
+-- with no use (written by an earlier script) is a retry, as it was.
+local function refuse_conflict(r, i, member, asked)
+  local used = call('HGET', r.releases, USED .. member)
+  if used and used ~= asked then
+    error(CONFLICT .. i .. ' ' .. used, 0)
+  end
+end
+
 -- Forget the request ids whose memory has expired (and what the release times' hash holds
--- for them), then remember `member` until `until_offset` from now; when it waits, until
--- when (`delay`); for a reservation, its record (RESERVED_UNITS), or false. Each key lasts
--- as long as the latest instant it is needed until: a shorter memory never cuts a longer
--- one's.
-local function remember_request(r, member, until_offset, delay, reservation, margin)
+-- for them), then remember `member` until `until_offset` from now, with what it was used
+-- for (`used`, use_of); when it waits, until when (`delay`); for a reservation, its record
+-- (RESERVED_UNITS), or false. Each key lasts as long as the latest instant it is needed
+-- until: a shorter memory never cuts a longer one's.
+local function remember_request(r, member, until_offset, delay, reservation, used, margin)
   local now = r.now
   local gone = call('ZRANGEBYSCORE', r.ids, '-inf', int(now))
   for g = 1, #gone, 500 do
@@ -122,6 +138,7 @@ local function remember_request(r, member, until_offset, delay, reservation, mar
       chunk[#chunk + 1] = gone[j]
       fields[#fields + 1] = gone[j]
       fields[#fields + 1] = RESERVED_UNITS .. gone[j]
+      fields[#fields + 1] = USED .. gone[j]
     end
     call('ZREM', r.ids, unpack(chunk))
     call('HDEL', r.releases, unpack(fields))
@@ -130,15 +147,14 @@ local function remember_request(r, member, until_offset, delay, reservation, mar
   local latest = tonumber(call('ZRANGE', r.ids, -1, -1, 'WITHSCORES')[2])
   local ttl = ttl_ms(latest - now, margin)
   call('PEXPIRE', r.ids, ttl)
-  if delay > 0 or reservation then
-    if delay > 0 then
-      call('HSET', r.releases, member, int(now + delay))
-    end
-    if reservation then
-      call('HSET', r.releases, RESERVED_UNITS .. member, reservation)
-    end
-    call('PEXPIRE', r.releases, ttl)
+  if delay > 0 then
+    call('HSET', r.releases, member, int(now + delay))
   end
+  if reservation then
+    call('HSET', r.releases, RESERVED_UNITS .. member, reservation)
+  end
+  call('HSET', r.releases, USED .. member, used)
+  call('PEXPIRE', r.releases, ttl)
 end
 
 -- Reads the reservation of `request_id` that `r` holds, if it is still remembered: its
@@ -203,6 +219,9 @@ local function run_usage(shape, k)
       end
       local done_until = tonumber(call('ZSCORE', r.ids, member))
       r.repeated = done_until ~= nil and done_until > r.now
+      if r.repeated then
+        refuse_conflict(r, i, member, use_of(mode, r.cost))
+      end
       if not r.repeated and mode == SETTLE then
         read_reservation(r, request_id)
       end
@@ -216,8 +235,8 @@ local function run_usage(shape, k)
     -- Whether this request is to be remembered: it did its part, and a retry must not do
     -- it again. A report or refund that changed nothing did nothing: its retry may. A
     -- settle always did (it used its reservation up).
-    local done = not repeated and cost > 0
-    if not repeated then
+    local done = not repeated and cost > 0 and not shape.dry
+    if not repeated and not shape.dry then
       if mode == SETTLE then
         -- Net of the reservation, which it uses up (a settle of 0 remembers no id: its
         -- retry must not give the reservation back again): a report of the excess, the
@@ -240,7 +259,7 @@ local function run_usage(shape, k)
     local fits = r:evaluate(now, 1)
     local remaining, retry, reset = r:answer(false, not fits, 1)
     if member and done then
-      remember_request(r, member, r.window, 0, false, shape.margin)
+      remember_request(r, member, r.window, 0, false, use_of(mode, cost), shape.margin)
     end
     add_result(fits and ALLOWS or 0, remaining, retry, reset, 0, r.now)
   end
@@ -294,6 +313,7 @@ local function run_check(shape, k)
     if request_id ~= '' then
       local expires = tonumber(call('ZSCORE', r.ids, request_id))
       if expires and expires > r.now then
+        refuse_conflict(r, i, request_id, use_of(shape.reserve and RESERVE or 'check', rule_cost))
         r.repeat_release = tonumber(call('HGET', r.releases, request_id)) or 0
       end
     end
@@ -338,9 +358,10 @@ local function run_check(shape, k)
     if recorded and request_id ~= '' then
       if shape.reserve then
         local reservation = int(cost) .. ':' .. int(now) .. ':' .. int(now + reset)
-        remember_request(r, request_id, max(r.window, reset), delay, reservation, shape.margin)
+        remember_request(r, request_id, max(r.window, reset), delay, reservation,
+          use_of(RESERVE, cost), shape.margin)
       else
-        remember_request(r, request_id, reset, delay, false, shape.margin)
+        remember_request(r, request_id, reset, delay, false, use_of('check', cost), shape.margin)
       end
     end
     add_result(recorded and status + RECORDED or status, remaining, retry, reset, delay, now)
@@ -380,9 +401,10 @@ local function read_shapes()
     local mode = argv[p + 4]
     shape.t, shape.margin = tonumber(argv[p + 1]) or false, argv[p + 1] == '' and 0 or 60000
     shape.cost, shape.request_id = tonumber(argv[p + 2]), argv[p + 3]
-    shape.usage = (mode == REPORT or mode == SETTLE or mode == REFUND) and mode
-    shape.undo, shape.reserve = undo, mode == RESERVE
-    shape.dry = mode == DRY or mode == DRY_CHARGE
+    local dry_of = dry_usage(mode)
+    shape.usage = (mode == REPORT or mode == SETTLE or mode == REFUND) and mode or dry_of
+    shape.undo, shape.reserve = undo, mode == RESERVE or mode == DRY_RESERVE
+    shape.dry = mode == DRY or mode == DRY_CHARGE or mode == DRY_RESERVE or dry_of ~= false
     shape.charge = mode == CHARGE or mode == DRY_CHARGE
     shape.keys_per_rule, shape.rule_count = argv[p + 3] == '' and 1 or 3, rule_count
     shape.costs = own_costs and shape.cost_table

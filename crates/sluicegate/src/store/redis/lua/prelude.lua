@@ -64,7 +64,9 @@
 --              given per rule); CHARGE and DRY_CHARGE are CHECK and DRY where a
 --              fixed window that refuses records the cost all the same (docs/SPEC.md,
 --              "Charging refusals"); RESERVE is CHECK whose admission also remembers
---              its units under the request id; REPORT, SETTLE and REFUND are never
+--              its units under the request id, and DRY_RESERVE its DRY; dry-report,
+--              dry-settle and dry-refund check a usage mode's request id and answer
+--              its standing, recording nothing; REPORT, SETTLE and REFUND are never
 --              refused and each rule does its part (docs/SPEC.md, "Usage")
 --            number of rules R, then per rule its number among the S rules (from 1),
 --              for UNDO only the time the admission was recorded at ('' for none), and
@@ -92,7 +94,22 @@ local ZSET, COMPACT, ENVOY = 0, 1, 2
 -- The modes the script tells apart from CHECK ('check', which decides and records); DRY
 -- is evaluated as CHECK is, but never records.
 local DRY, UNDO, CHARGE, DRY_CHARGE = 'dry', 'undo', 'charge', 'dry-charge'
+-- DRY for a reservation: its request id's use is compared as a reserve's.
+local DRY_RESERVE = 'dry-reserve'
 local RESERVE, REPORT, SETTLE, REFUND = 'reserve', 'report', 'settle', 'refund'
+-- The usage mode a dry run of REPORT, SETTLE or REFUND is of, or false: such a run
+-- records nothing, fails on a conflicting reuse of its request id, and answers the
+-- standing. A function, not a table, as usage_id below.
+local function dry_usage(mode)
+  if mode == 'dry-report' then
+    return REPORT
+  elseif mode == 'dry-settle' then
+    return SETTLE
+  elseif mode == 'dry-refund' then
+    return REFUND
+  end
+  return false
+end
 -- The request id of a report, settle or refund, as a member of the request ids' zset: 0xFF,
 -- the mode's letter, the id (no UTF-8 text begins with 0xFF, so no id passes for another
 -- mode's). A function, not a table: a script run by EVALSHA would build the table anew on
@@ -105,6 +122,14 @@ end
 -- "r:s:e" — its units, the instant they were recorded at and the TAT its admission set
 -- (s + its reset_after; only the GCRA algorithms read it), as exact integers.
 local RESERVED_UNITS = '\255u'
+-- Prefixed to a remembered id (its member of the request ids' zset): the field of the
+-- release times' hash holding what the id was used for, "mode:cost" — `check` (envoy's
+-- counting too), `reserve`, `report`, `settle` or `refund`, and the cost asked, an exact
+-- integer. A later use of the id that asks otherwise is a conflicting reuse.
+local USED = '\255c'
+-- The error text of a conflicting reuse: this, the rule's number in the check (from 1),
+-- a space, and what the id was used for. store/redis/script.rs reads it back.
+local CONFLICT = 'request id conflict: rule '
 -- The most units a count holds (a charged fixed window, a report's debt): every count at
 -- or above its limit refuses alike, and below 2^53 a count is exact.
 local MAX_EXACT = 2 ^ 53 - 1
