@@ -34,6 +34,8 @@ struct Index {
     hasher: RandomState,
     /// The latest `expires_at` of the ids held: each expires at or before it.
     last_expiry: u64,
+    /// The bytes of the ids held, for [`RequestIds::heap_bytes`].
+    id_bytes: usize,
 }
 
 /// Which ids an id is compared with: a `check` and a `reserve` are both admissions; each
@@ -88,7 +90,7 @@ impl Index {
         {
             let Reverse((expires_at, hash)) = self.by_expiry.pop().expect("peeked just now");
             if let Ok(held) = self.by_id.find_entry(hash, |r| r.expires_at == expires_at) {
-                held.remove();
+                self.id_bytes -= held.remove().0.request_id.len();
             }
         }
         self.by_id.is_empty()
@@ -163,6 +165,7 @@ impl RequestIds {
         ) {
             hashbrown::hash_table::Entry::Occupied(mut held) => *held.get_mut() = remembered,
             hashbrown::hash_table::Entry::Vacant(slot) => {
+                index.id_bytes += remembered.request_id.len();
                 slot.insert(remembered);
             }
         }
@@ -178,6 +181,18 @@ impl RequestIds {
         {
             self.ids = None;
         }
+    }
+
+    /// The bytes these ids hold on the heap: the index, its tables' capacities and the
+    /// ids themselves.
+    #[inline]
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.ids.as_deref().map_or(0, |index| {
+            size_of::<Index>()
+                + index.by_id.capacity() * (size_of::<Remembered>() + 1)
+                + index.by_expiry.capacity() * size_of::<Reverse<(u64, u64)>>()
+                + index.id_bytes
+        })
     }
 
     /// Until when the last of these ids is remembered (0 for none).
