@@ -94,6 +94,18 @@ impl OnFull {
     }
 }
 
+impl std::str::FromStr for OnFull {
+    type Err = String;
+
+    /// One of the names [`OnFull::name`] gives.
+    fn from_str(text: &str) -> Result<Self, String> {
+        [OnFull::Refuse, OnFull::Allow, OnFull::EvictIdle]
+            .into_iter()
+            .find(|policy| policy.name() == text)
+            .ok_or_else(|| format!("{text:?} is not one of refuse, allow, evict-idle"))
+    }
+}
+
 impl MemoryBudget {
     /// A budget of `limit` bytes, of which one rule may hold `rule_share` (above 0, at most 1).
     pub fn new(limit: usize, rule_share: f64) -> Result<Self, BudgetError> {

@@ -169,6 +169,11 @@ impl<S: Store> Limiter<S> {
         &self.store
     }
 
+    /// The memory budget the limiter's tables count in (`LimiterConfig::memory`).
+    pub fn memory(&self) -> &MemoryBudget {
+        &self.config.memory
+    }
+
     /// The clock this limiter's own timers run on.
     pub fn clock(&self) -> &dyn Clock {
         self.clock.as_ref()
