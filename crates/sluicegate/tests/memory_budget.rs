@@ -66,7 +66,7 @@ proptest! {
             rule("leaky", Algorithm::LeakyBucket, 5, 10 * S),
         ];
         let key_of = |k: usize| {
-            if k % 3 == 0 { format!("a-long-key-of-many-bytes-{k}") } else { format!("k{k}") }
+            if k.is_multiple_of(3) { format!("a-long-key-of-many-bytes-{k}") } else { format!("k{k}") }
         };
         let mut id = 0;
         for (r, k, cost, with_id, two, advance) in steps {
@@ -261,7 +261,7 @@ fn long_keys_fill_the_byte_budget_before_the_key_cap() {
     assert_eq!(keys, held);
     assert!(bytes <= 128 * 1024, "within its share: {bytes}");
     assert!(
-        held >= 25 && held < 32,
+        (25..32).contains(&held),
         "{held} keys of 4 KiB in a 128 KiB share"
     );
     assert!(budget.used() <= budget.limit());

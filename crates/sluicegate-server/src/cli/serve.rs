@@ -511,28 +511,38 @@ fn parse_rule_share(text: &str) -> Result<f64, String> {
 }
 
 impl ServeArgs {
-    /// The memory budget --max-memory and --max-rule-share describe, its size logged with
-    /// where it came from; a budget that cannot be honoured stops the start, naming the flag.
+    /// The memory budget --max-memory and --max-rule-share describe; a budget that cannot
+    /// be honoured stops the start, naming the flag.
     fn memory_budget(&self) -> anyhow::Result<MemoryBudget> {
-        let (bytes, source) = match self.max_memory {
-            Some(bytes) => (bytes, "--max-memory".to_owned()),
-            None => default_max_memory().context(
-                "--max-memory has no default here: neither the cgroup's memory limit nor \
-                 /proc/meminfo could be read; set it (such as --max-memory 512MiB)",
-            )?,
-        };
-        let budget = MemoryBudget::new(
+        let (bytes, _) = self.max_memory()?;
+        MemoryBudget::new(
             usize::try_from(bytes).unwrap_or(usize::MAX),
             self.max_rule_share,
         )
-        .map_err(|e| anyhow::anyhow!("--max-memory / --max-rule-share: {e}"))?;
-        tracing::info!(
-            "memory budget: {} ({source}); a rule may hold {} of it; when full: {}",
-            human_bytes(bytes),
-            self.max_rule_share,
-            self.on_full.name()
-        );
-        Ok(budget)
+        .map_err(|e| anyhow::anyhow!("--max-memory / --max-rule-share: {e}"))
+    }
+
+    /// The budget's size in bytes, and where it came from.
+    fn max_memory(&self) -> anyhow::Result<(u64, String)> {
+        match self.max_memory {
+            Some(bytes) => Ok((bytes, "--max-memory".to_owned())),
+            None => default_max_memory().context(
+                "--max-memory has no default here: neither the cgroup's memory limit nor \
+                 /proc/meminfo could be read; set it (such as --max-memory 512MiB)",
+            ),
+        }
+    }
+
+    /// Logs the memory budget in force, with where its size came from.
+    fn log_memory_budget(&self) {
+        if let Ok((bytes, source)) = self.max_memory() {
+            tracing::info!(
+                "memory budget: {} ({source}); a rule may hold {} of it; when full: {}",
+                human_bytes(bytes),
+                self.max_rule_share,
+                self.on_full.name()
+            );
+        }
     }
 }
 
@@ -578,6 +588,7 @@ pub(super) fn serve(args: ServeArgs, envoy_warnings: &[String]) -> anyhow::Resul
                 return Ok(());
             }
         };
+        args.log_memory_budget();
         let listeners = args.listeners().await?;
         prepared.serve(listeners, signals.shutdown()).await
     });
