@@ -137,7 +137,50 @@ proptest! {
     }
 }
 
-/// The brief's second attack in the library: one rule flooded with new keys until full.
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Keys held before the store fills decide exactly as on a store without bounds, while
+    /// a flood of new keys keeps it full, under the policies that evict nothing.
+    #[test]
+    fn held_keys_decide_exactly_while_the_store_is_full(
+        steps in prop::collection::vec((0usize..4, 0u64..4, any::<bool>(), 0u64..500), 1..200),
+        on_full in prop::sample::select(vec![OnFull::Refuse, OnFull::Allow]),
+        algorithm in prop::sample::select(vec![
+            Algorithm::SlidingLog,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingCounter,
+            Algorithm::TokenBucket,
+            Algorithm::LeakyBucket,
+        ]),
+    ) {
+        let clock = ManualClock::new(HOUR);
+        let budget = MemoryBudget::new(1 << 30, 0.5).unwrap();
+        let bounded = store(&budget, 16, on_full, &clock);
+        let unbounded = store(&MemoryBudget::unlimited(), 1_000_000, on_full, &clock);
+        let rule = rule("hourly", algorithm, 6, HOUR);
+        let held = ["alice", "bob", "carol", "dave"];
+        for key in held {
+            check(&bounded, &rule, key, 1);
+            check(&unbounded, &rule, key, 1);
+        }
+        let mut flood = 0;
+        for (k, cost, flooding, advance_ms) in steps {
+            if flooding {
+                flood += 1;
+                check(&bounded, &rule, &format!("flood-{flood}"), 1);
+            } else {
+                let got = check(&bounded, &rule, held[k], cost);
+                let want = check(&unbounded, &rule, held[k], cost);
+                prop_assert_eq!(got.decision, want.decision, "{}", held[k]);
+                prop_assert_eq!(got.decided_by, DecidedBy::Store);
+            }
+            clock.advance(advance_ms * 1_000);
+        }
+    }
+}
+
+/// The second attack of a full store, in the library: one rule flooded with new keys until full.
 /// Under every policy, the other rule's new keys still get in (its share is untouched),
 /// and a key held before the flood keeps deciding exactly.
 #[test]

@@ -207,3 +207,36 @@ fn id_hash(hasher: &RandomState, namespace: Namespace, id: &str) -> u64 {
     id.hash(&mut hasher);
     hasher.finish()
 }
+
+#[cfg(test)]
+mod heap_tests {
+    use super::*;
+
+    fn id(name: &str, expires_at: u64) -> Remembered {
+        Remembered {
+            request_id: name.into(),
+            namespace: Namespace::Admission,
+            reservation: None,
+            expires_at,
+            release_at: 0,
+        }
+    }
+
+    /// The bytes counted are the ids held now: an id forgotten takes its bytes with it.
+    #[test]
+    fn heap_bytes_follow_the_ids_held() {
+        let mut ids = RequestIds::default();
+        assert_eq!(ids.heap_bytes(), 0);
+        ids.remember(0, id(&"a".repeat(200), 10));
+        ids.remember(0, id("b", 20));
+        let index = ids.ids.as_deref().unwrap();
+        let tables = size_of::<Index>()
+            + index.by_id.capacity() * (size_of::<Remembered>() + 1)
+            + index.by_expiry.capacity() * size_of::<Reverse<(u64, u64)>>();
+        assert_eq!(ids.heap_bytes(), tables + 201);
+        ids.forget_expired(10);
+        assert_eq!(ids.heap_bytes(), tables + 1, "the 200-byte id is gone");
+        ids.forget_expired(20);
+        assert_eq!(ids.heap_bytes(), 0);
+    }
+}

@@ -64,6 +64,10 @@ pub const FULL_RETRY_AFTER: u64 = SWEEP_INTERVAL;
 /// check.
 const EVICTION_SAMPLE: usize = 32;
 
+/// How often, at most, a full shard is swept for room (µs): a flood of new keys into a
+/// full store would otherwise walk the whole shard on every check.
+const FULL_SWEEP_SPACING: u64 = SWEEP_INTERVAL / 10;
+
 /// Entries evicted for one new entry, at most: one suffices unless the new one is larger.
 const MAX_EVICTIONS_PER_KEY: u64 = 8;
 
@@ -120,6 +124,9 @@ pub struct MemoryStore {
 struct Shard {
     table: HashTable<Slot>,
     next_sweep: u64,
+    /// When the shard was last swept: a full shard is swept again for room at most once
+    /// per [`FULL_SWEEP_SPACING`].
+    swept_at: u64,
     /// The rule this shard's hint names.
     hinted: HintedRule,
 }
@@ -612,7 +619,8 @@ impl MemoryStore {
     }
 
     /// Room for a new entry of `rule` holding `heap` bytes on the heap, in the shard
-    /// `locked[own]`: taken if there is some; else, after a sweep of that shard, made by
+    /// `locked[own]`: taken if there is some; else, after a sweep of that shard (unless
+    /// one ran within [`FULL_SWEEP_SPACING`]), made by
     /// evicting (the `evict-idle` policy), up to [`MAX_EVICTIONS_PER_KEY`] entries of the
     /// shards locked, each counted in `evictions`. `None`: there is none.
     fn make_room(
@@ -632,7 +640,7 @@ impl MemoryStore {
                 Ok(room) => return Some(room),
                 Err(full) => full,
             };
-            if !swept {
+            if !swept && now >= shard.swept_at.saturating_add(FULL_SWEEP_SPACING) {
                 swept = true;
                 if self.sweep_shard(*index, shard, now) > 0 {
                     continue;
@@ -775,6 +783,7 @@ impl MemoryStore {
             self.give_back(&freed);
         }
         shard.next_sweep = now.saturating_add(SWEEP_INTERVAL);
+        shard.swept_at = now;
         freed.keys
     }
 
