@@ -8,9 +8,13 @@ use std::path::Path;
 /// runtime) and to the spikes of a `/metrics` scrape or a reload.
 const DEFAULT_SHARE_DIVISOR: u64 = 4;
 
+/// The smallest budget accepted: below it the store holds a few hundred keys at most, and
+/// a size that small is far likelier a unit left out (`512` for `512MiB`) than meant.
+const MIN_MAX_MEMORY: u64 = 64 << 10;
+
 /// clap's value parser for byte sizes: `1048576`, `512KiB`, `512MiB`, `2GiB`, `1TiB`, and
 /// the decimal `kB`, `MB`, `GB`, `TB` (case-insensitive, an optional space before the
-/// unit). Zero is refused: a budget of nothing holds no key.
+/// unit). Below [`MIN_MAX_MEMORY`] is refused.
 pub(crate) fn parse_bytes_arg(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
     let split = trimmed
@@ -38,8 +42,11 @@ pub(crate) fn parse_bytes_arg(text: &str) -> Result<u64, String> {
         .ok()
         .and_then(|n| n.checked_mul(multiplier))
         .ok_or_else(|| format!("{text:?} is not a size in bytes, such as 512MiB or 2GB"))?;
-    if bytes == 0 {
-        return Err("a memory budget of 0 bytes can hold no key".to_owned());
+    if bytes < MIN_MAX_MEMORY {
+        return Err(format!(
+            "{text:?} is below the smallest memory budget, 64KiB (a unit left out? such as \
+             512MiB)"
+        ));
     }
     Ok(bytes)
 }
@@ -94,9 +101,10 @@ mod tests {
     #[test]
     fn sizes_parse_in_binary_and_decimal_units_and_zero_is_refused() {
         assert_eq!(parse_bytes_arg("1048576"), Ok(1 << 20));
+        assert_eq!(parse_bytes_arg("64KiB"), Ok(64 << 10));
         assert_eq!(parse_bytes_arg("512MiB"), Ok(512 << 20));
         assert_eq!(parse_bytes_arg("2 GiB"), Ok(2 << 30));
-        assert_eq!(parse_bytes_arg("64kb"), Ok(64_000));
+        assert_eq!(parse_bytes_arg("100kb"), Ok(100_000));
         assert_eq!(parse_bytes_arg("1GB"), Ok(1_000_000_000));
         for bad in [
             "",
