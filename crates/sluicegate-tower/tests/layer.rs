@@ -11,7 +11,10 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use sluicegate::{Algorithm, Limiter, ManualClock, MemoryStore, MemoryStoreConfig, Rule, RuleSpec};
+use sluicegate::{
+    Algorithm, Limiter, ManualClock, MemoryStore, MemoryStoreConfig, RedisStore, RedisStoreConfig,
+    Rule, RuleSpec, Store,
+};
 use sluicegate_tower::{KeyExtractor, RateLimitLayer};
 use tower::ServiceExt;
 
@@ -27,7 +30,7 @@ fn rule(name: &str, spec: RuleSpec) -> Rule {
     Rule::new(name, &spec).unwrap()
 }
 
-fn app(layer: RateLimitLayer) -> Router {
+fn app<S: Store + 'static>(layer: RateLimitLayer<S>) -> Router {
     Router::new()
         .route("/users/{id}", get(|| async { "hello" }))
         .layer(layer)
@@ -250,9 +253,34 @@ async fn several_rules_per_route_and_missing_keys() {
     assert_eq!(problem["detail"], "header x-api-key is required");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_cannot_decide_answers_503() {
-    // A store with room for no key at all fails every admission of a new key.
+    // A real redis-server, gone once the store has connected to it.
+    let server = sluicegate_test_support::RedisServer::start(&[]);
+    let port = server.port;
+    let store = RedisStore::connect(RedisStoreConfig::new(&server.url()))
+        .await
+        .unwrap();
+    drop(server);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis-server still up"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let per_ip = rule("per-ip", RuleSpec::new(Algorithm::SlidingLog, 5, 60 * S));
+    let layer =
+        RateLimitLayer::new(Arc::new(Limiter::new(store))).limit(per_ip, KeyExtractor::peer_ip());
+    let response = send(&app(layer), from("192.0.2.1:1")).await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+}
+
+/// A full store is not an outage: a new key without room is refused as a rate limit (429
+/// with a Retry-After of one second), not answered 503.
+#[tokio::test]
+async fn a_full_store_answers_429() {
     let full = MemoryStoreConfig {
         max_keys: 0,
         ..MemoryStoreConfig::default()
@@ -260,7 +288,8 @@ async fn a_store_that_cannot_decide_answers_503() {
     let per_ip = rule("per-ip", RuleSpec::new(Algorithm::SlidingLog, 5, 60 * S));
     let layer = RateLimitLayer::new(limiter(full)).limit(per_ip, KeyExtractor::peer_ip());
     let response = send(&app(layer), from("192.0.2.1:1")).await;
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&response, "retry-after"), "1");
 }
 
 #[tokio::test]

@@ -3,6 +3,7 @@
 #![cfg_attr(not(feature = "redis"), allow(rustdoc::broken_intra_doc_links))]
 
 pub(crate) mod algorithm;
+mod budget;
 mod clock;
 mod decision;
 pub mod duration;
@@ -12,10 +13,12 @@ mod policy;
 mod rule;
 pub mod store;
 
+pub use budget::{BudgetError, BudgetPart, DEFAULT_RULE_SHARE, MemoryBudget, OnFull};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, RetryAfter};
 pub use limiter::{
-    BreakerConfig, BreakerState, BreakerTransitions, Limiter, LimiterConfig, LimiterStats,
+    BreakerConfig, BreakerState, BreakerTransitions, FALLBACK_PART, Limiter, LimiterConfig,
+    LimiterStats, NEGATIVE_CACHE_PART,
 };
 pub use policy::FailurePolicy;
 pub use rule::{
@@ -23,9 +26,9 @@ pub use rule::{
     MAX_ZSET_LOG_LIMIT, Rule, RuleError, RuleSpec,
 };
 pub use store::{
-    AnyStore, Charge, Check, DecidedBy, Limit, MemoryStore, MemoryStoreConfig, Outcome,
-    RequestIdConflict, RequestUse, Store, StoreError, StoreOptions, StoreUrl, StoreUrlError,
-    TlsClientIdentity,
+    AnyStore, Charge, Check, DecidedBy, FULL_RETRY_AFTER, Limit, MemoryStore, MemoryStoreConfig,
+    Outcome, RequestIdConflict, RequestUse, STORE_PART, Store, StoreError, StoreOptions, StoreUrl,
+    StoreUrlError, TlsClientIdentity,
 };
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreConfig};

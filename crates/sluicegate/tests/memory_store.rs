@@ -6,8 +6,9 @@ use std::thread;
 
 use sluicegate::store::stored_key;
 use sluicegate::{
-    Algorithm, Charge, Check, Limit, ManualClock, MemoryStore, MemoryStoreConfig, Outcome,
-    RequestIdConflict, RequestUse, RetryAfter, Rule, RuleSpec, StoreError,
+    Algorithm, Charge, Check, DecidedBy, FULL_RETRY_AFTER, Limit, ManualClock, MemoryStore,
+    MemoryStoreConfig, OnFull, Outcome, RequestIdConflict, RequestUse, RetryAfter, Rule, RuleSpec,
+    StoreError,
 };
 
 const S: u64 = 1_000_000;
@@ -147,6 +148,7 @@ fn shards_sweep_themselves_as_checks_pass() {
     assert_eq!(store.len(), 1, "the shard dropped the 100 expired keys");
 }
 
+/// Under `refuse`, a full store refuses new keys as full, with a Retry-After of one sweep.
 #[test]
 fn key_cap_refuses_new_keys_without_evicting_any() {
     let clock = ManualClock::new(HOUR);
@@ -154,6 +156,8 @@ fn key_cap_refuses_new_keys_without_evicting_any() {
         MemoryStoreConfig {
             max_keys: 100,
             shards: 8,
+            on_full: OnFull::Refuse,
+            ..MemoryStoreConfig::default()
         },
         Arc::new(clock.clone()),
     );
@@ -166,10 +170,23 @@ fn key_cap_refuses_new_keys_without_evicting_any() {
     let mut admitted = 0;
     let mut full = 0;
     for i in 0..10_000 {
-        match check(&store, &rule, &format!("flood-{i}"), 1) {
-            Ok(true) => admitted += 1,
-            Err(StoreError::KeyCapacity { max_keys: 100 }) => full += 1,
-            other => panic!("unexpected {other:?}"),
+        let key = format!("flood-{i}");
+        let limits = [Limit {
+            rule: &rule,
+            key: &key,
+        }];
+        let outcome = store.check_now(&Check::new(&limits, 1)).unwrap();
+        match outcome.decided_by {
+            DecidedBy::Store if outcome.decision.allowed => admitted += 1,
+            DecidedBy::Full(OnFull::Refuse) => {
+                assert!(!outcome.decision.allowed);
+                assert_eq!(
+                    outcome.decision.retry_after,
+                    RetryAfter::Micros(FULL_RETRY_AFTER)
+                );
+                full += 1;
+            }
+            _ => panic!("unexpected {outcome:?}"),
         }
     }
     assert_eq!((admitted, full), (99, 10_000 - 99));
@@ -259,6 +276,7 @@ fn usage_modes_create_entries_within_the_key_cap_and_refunds_create_none() {
     let store = MemoryStore::new(
         MemoryStoreConfig {
             max_keys: 2,
+            on_full: OnFull::Refuse,
             ..MemoryStoreConfig::default()
         },
         Arc::new(ManualClock::new(HOUR)),
@@ -284,16 +302,16 @@ fn usage_modes_create_entries_within_the_key_cap_and_refunds_create_none() {
             key: "c",
         },
     ];
-    assert!(matches!(
-        usage(&store, &both, 1, Charge::Reported, None),
-        Err(StoreError::KeyCapacity { max_keys: 2 })
-    ));
-    // The failed report recorded nothing, not even in the entry it held: still 30 units in
-    // debt, 20 past the burst, so one unit fits again in 21 · T.
+    // A report is never refused: the held key records its unit, the new one finds no room
+    // and is not kept, and the outcome says the store was full.
+    let reported = usage(&store, &both, 1, Charge::Reported, None).unwrap();
+    assert_eq!(reported.decided_by, DecidedBy::Full(OnFull::Refuse));
+    assert_eq!(store.len(), 2);
+    // 31 units in debt, 21 past the burst, so one unit fits again in 22 · T.
     let standing = usage(&store, &one("a"), 0, Charge::Reported, None).unwrap();
     assert_eq!(
         standing.decision.retry_after,
-        RetryAfter::Micros(21 * HOUR / 10)
+        RetryAfter::Micros(22 * HOUR / 10)
     );
     assert!(usage(&store, &one("a"), 5, Charge::Refunded, None).is_ok());
 }

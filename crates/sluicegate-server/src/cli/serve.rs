@@ -8,10 +8,17 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
-use sluicegate::{Algorithm, BreakerConfig, LimiterConfig, MemoryStoreConfig, StoreOptions};
+use std::str::FromStr as _;
 
+use sluicegate::{
+    Algorithm, BreakerConfig, DEFAULT_RULE_SHARE, LimiterConfig, MemoryBudget, MemoryStoreConfig,
+    OnFull, STORE_PART, StoreOptions,
+};
+
+mod memory;
 mod xds;
 
+use self::memory::{default_max_memory, human_bytes, parse_bytes_arg};
 use self::xds::XdsArgs;
 use super::args::{DurationArg, PrecheckArgs, StoreArgs, parse_duration_arg, read_token_file};
 use super::logging::LogArgs;
@@ -216,10 +223,24 @@ pub struct ServeArgs {
     /// to it (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); without it, an error.
     #[arg(long, env = "SLUICEGATE_MERGE_DOMAIN_CONFIG")]
     merge_domain_config: bool,
-    /// The in-memory store's hard cap on live (rule, key) entries: at the cap a check that
-    /// would add one answers 503 until an entry expires (none is ever evicted).
+    /// The in-memory store's hard cap on live (rule, key) entries: at the cap a new key is
+    /// decided by --on-full.
     #[arg(long, env = "SLUICEGATE_MAX_KEYS", default_value_t = MemoryStoreConfig::default().max_keys)]
     max_keys: usize,
+    /// The memory budget in bytes (`512MiB`, `2GB`): the in-memory store, the negative
+    /// cache and the local fallback count what they hold against it [default: a quarter
+    /// of the cgroup's memory limit, else of the machine's memory].
+    #[arg(long, env = "SLUICEGATE_MAX_MEMORY", value_parser = parse_bytes_arg)]
+    max_memory: Option<u64>,
+    /// What a new key gets when the budget, --max-keys or its rule's share is reached:
+    /// refuse (429, OVER_LIMIT), allow (uncounted), or evict-idle (evict idle keys that
+    /// still have room under their limit, the flooding rule's first; refuse if none).
+    #[arg(long, env = "SLUICEGATE_ON_FULL", default_value = "evict-idle", value_parser = OnFull::from_str)]
+    on_full: OnFull,
+    /// The share of the memory budget and of --max-keys one rule may hold (above 0, at
+    /// most 1): a flood of new keys under one rule leaves the rest to the others.
+    #[arg(long, env = "SLUICEGATE_MAX_RULE_SHARE", default_value_t = DEFAULT_RULE_SHARE, value_parser = parse_rule_share)]
+    max_rule_share: f64,
     /// Connections open at once over every listener; beyond it new ones are closed at
     /// once (lowered to what the descriptor limit allows).
     #[arg(long, env = "SLUICEGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
@@ -322,6 +343,7 @@ impl ServeArgs {
         );
         let (response_headers, envoy_header_names) = self.response_headers();
         let (envoy_stats, statsd) = self.stats.options()?;
+        let memory = self.memory_budget()?;
         Ok(ServeOptions {
             config: self.config.clone(),
             xds: self.xds.options(),
@@ -333,6 +355,8 @@ impl ServeArgs {
             store: StoreOptions {
                 memory: MemoryStoreConfig {
                     max_keys: self.max_keys,
+                    budget: memory.part(STORE_PART),
+                    on_full: self.on_full,
                     ..MemoryStoreConfig::default()
                 },
                 expiration_jitter_max: self.expiration_jitter_max()?,
@@ -353,6 +377,7 @@ impl ServeArgs {
                     0
                 },
                 local_precheck: self.precheck.local_precheck,
+                memory,
                 ..LimiterConfig::default()
             },
             service: ServiceOptions {
@@ -506,6 +531,46 @@ fn parse_failure_rate(text: &str) -> Result<f64, String> {
     parse_share(text, "calls", "0.5")
 }
 
+fn parse_rule_share(text: &str) -> Result<f64, String> {
+    parse_share(text, "the memory budget", "0.5")
+}
+
+impl ServeArgs {
+    /// The memory budget --max-memory and --max-rule-share describe; a budget that cannot
+    /// be honoured stops the start, naming the flag.
+    fn memory_budget(&self) -> anyhow::Result<MemoryBudget> {
+        let (bytes, _) = self.max_memory()?;
+        MemoryBudget::new(
+            usize::try_from(bytes).unwrap_or(usize::MAX),
+            self.max_rule_share,
+        )
+        .map_err(|e| anyhow::anyhow!("--max-memory / --max-rule-share: {e}"))
+    }
+
+    /// The budget's size in bytes, and where it came from.
+    fn max_memory(&self) -> anyhow::Result<(u64, String)> {
+        match self.max_memory {
+            Some(bytes) => Ok((bytes, "--max-memory".to_owned())),
+            None => default_max_memory().context(
+                "--max-memory has no default here: neither the cgroup's memory limit nor \
+                 /proc/meminfo could be read; set it (such as --max-memory 512MiB)",
+            ),
+        }
+    }
+
+    /// Logs the memory budget in force, with where its size came from.
+    fn log_memory_budget(&self) {
+        if let Ok((bytes, source)) = self.max_memory() {
+            tracing::info!(
+                "memory budget: {} ({source}); a rule may hold {} of it; when full: {}",
+                human_bytes(bytes),
+                self.max_rule_share,
+                self.on_full.name()
+            );
+        }
+    }
+}
+
 /// A share of `what` in (0, 1], in the float type the flag keeps.
 fn parse_share<T>(text: &str, what: &str, example: &str) -> Result<T, String>
 where
@@ -548,6 +613,7 @@ pub(super) fn serve(args: ServeArgs, envoy_warnings: &[String]) -> anyhow::Resul
                 return Ok(());
             }
         };
+        args.log_memory_budget();
         let listeners = args.listeners().await?;
         prepared.serve(listeners, signals.shutdown()).await
     });

@@ -25,7 +25,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use sluicegate::{AnyStore, BreakerState, Charge, DecidedBy, Decision, FailurePolicy, Limiter};
+use sluicegate::{
+    AnyStore, BreakerState, Charge, DecidedBy, Decision, FailurePolicy, Limit, Limiter, OnFull,
+    Outcome,
+};
 
 pub(crate) use self::connections::{ConnectionMetrics, ConnectionTimeout, OpenConnection, Refused};
 pub(crate) use self::detailed::DEFAULT_MAX_DETAILED_SERIES;
@@ -51,13 +54,16 @@ const LATENCY_BUCKETS: [f64; 12] = [
 pub(crate) const DEFAULT_NEAR_LIMIT_RATIO: f32 = 0.8;
 
 /// Everyone who can decide a check, in the order the metrics list them.
-const DECIDERS: [DecidedBy; 6] = [
+const DECIDERS: [DecidedBy; 9] = [
     DecidedBy::Store,
     DecidedBy::NegativeCache,
     DecidedBy::LocalPrecheck,
     DecidedBy::Fallback(FailurePolicy::Allow),
     DecidedBy::Fallback(FailurePolicy::Deny),
     DecidedBy::Fallback(FailurePolicy::Local),
+    DecidedBy::Full(OnFull::Refuse),
+    DecidedBy::Full(OnFull::Allow),
+    DecidedBy::Full(OnFull::EvictIdle),
 ];
 
 /// Where `decided_by` stands in [`DECIDERS`]; `None` for the `error` policy, which never
@@ -70,6 +76,9 @@ const fn decider_index(decided_by: DecidedBy) -> Option<usize> {
         DecidedBy::Fallback(FailurePolicy::Allow) => Some(3),
         DecidedBy::Fallback(FailurePolicy::Deny) => Some(4),
         DecidedBy::Fallback(FailurePolicy::Local) => Some(5),
+        DecidedBy::Full(OnFull::Refuse) => Some(6),
+        DecidedBy::Full(OnFull::Allow) => Some(7),
+        DecidedBy::Full(OnFull::EvictIdle) => Some(8),
         _ => None,
     }
 }
@@ -116,6 +125,23 @@ struct BreakerLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PolicyLabels {
     policy: String,
+}
+
+/// A rule and the policy that decided its new key without room.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FullLabels {
+    rule: String,
+    policy: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EvictionLabels {
+    rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PartLabels {
+    part: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -207,6 +233,8 @@ pub(crate) struct Metrics {
     request_id_conflicts: Family<ConflictLabels, Counter>,
     /// One counter per entry of [`DECIDERS`].
     decided_by: Vec<Counter>,
+    full_decisions: Family<FullLabels, Counter>,
+    evictions: Family<EvictionLabels, Counter>,
     check_duration: Histogram,
     config_loads: Counter,
     config_errors: Counter,
@@ -268,6 +296,19 @@ impl Metrics {
                 })
             })
             .collect();
+        let full_decisions = Family::<FullLabels, Counter>::default();
+        registry.register(
+            "sluicegate_full_decisions",
+            "Checks of a rule whose new key found no room (memory budget, key cap or the \
+             rule's share), by the --on-full policy that decided them",
+            full_decisions.clone(),
+        );
+        let evictions = Family::<EvictionLabels, Counter>::default();
+        registry.register(
+            "sluicegate_evictions",
+            "Idle keys evicted to make room for new keys of a rule (--on-full evict-idle)",
+            evictions.clone(),
+        );
         let check_duration = Histogram::new(LATENCY_BUCKETS);
         registry.register(
             "sluicegate_check_duration_seconds",
@@ -303,6 +344,8 @@ impl Metrics {
             usage_units,
             request_id_conflicts,
             decided_by,
+            full_decisions,
+            evictions,
             check_duration,
             config_loads,
             config_errors,
@@ -424,10 +467,31 @@ impl Metrics {
         (self.config_loads.get(), self.config_errors.get())
     }
 
-    /// Counts who decided a check, and how long the limiter took.
-    pub(crate) fn check(&self, decided_by: DecidedBy, took: Duration) {
-        if let Some(i) = decider_index(decided_by) {
+    /// Counts who decided a check of `limits`, how long the limiter took, and, when the
+    /// store was full, the policy that decided and the keys it evicted, under each rule of
+    /// the check.
+    pub(crate) fn check(&self, limits: &[Limit<'_>], outcome: &Outcome, took: Duration) {
+        if let Some(i) = decider_index(outcome.decided_by) {
             self.decided_by[i].inc();
+        }
+        if let DecidedBy::Full(policy) = outcome.decided_by {
+            for limit in limits {
+                self.full_decisions
+                    .get_or_create(&FullLabels {
+                        rule: limit.rule.name().to_owned(),
+                        policy: policy.name(),
+                    })
+                    .inc();
+            }
+        }
+        if outcome.evictions > 0 {
+            for limit in limits {
+                self.evictions
+                    .get_or_create(&EvictionLabels {
+                        rule: limit.rule.name().to_owned(),
+                    })
+                    .inc_by(outcome.evictions);
+            }
         }
         self.check_duration.observe(took.as_secs_f64());
     }
@@ -545,6 +609,23 @@ fn limiter_registry(limiter: &Limiter<AnyStore>) -> Registry {
             evicting,
         );
     }
+    let memory = limiter.memory();
+    let parts = Family::<PartLabels, Gauge>::default();
+    for (part, bytes) in memory.parts() {
+        parts
+            .get_or_create(&PartLabels { part })
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+    registry.register(
+        "sluicegate_memory_bytes",
+        "Bytes counted against the memory budget, by the part that holds them",
+        parts,
+    );
+    registry.register(
+        "sluicegate_memory_budget_bytes",
+        "The memory budget (--max-memory)",
+        ConstGauge::new(i64::try_from(memory.limit()).unwrap_or(i64::MAX)),
+    );
     let breaker: i64 = match limiter.breaker_state() {
         BreakerState::Closed => 0,
         BreakerState::Open => 1,
@@ -600,7 +681,11 @@ mod tests {
         metrics.rule("d.user", &decision(false, 0), false);
         metrics.rule("d.user", &decision(false, 0), true);
         metrics.rule("d.\"odd\"", &decision(true, 5), false);
-        metrics.check(DecidedBy::Store, Duration::from_micros(300));
+        metrics.check(
+            &[],
+            &Outcome::single(decision(true, 1)),
+            Duration::from_micros(300),
+        );
         let limiter = Limiter::new(AnyStore::Memory(Default::default()));
         let text = metrics.render(&limiter);
         for line in [

@@ -303,7 +303,7 @@ impl Service {
         };
         let started = std::time::Instant::now();
         let outcome = self.limiter.decide(&check).await?;
-        self.metrics.check(outcome.decided_by, started.elapsed());
+        self.metrics.check(limits, &outcome, started.elapsed());
         Ok(outcome)
     }
 }

@@ -456,11 +456,35 @@ impl RuleState {
     /// What an evaluation that records nothing answers: a refusal, or, for one that fits
     /// (held back by another rule, or the standing of a usage mode), `allowed` with the
     /// "refused" formulas and nothing taken.
-    fn unrecorded(&self, rule: &Rule, eval: &Evaluation) -> Decision {
+    pub(crate) fn unrecorded(&self, rule: &Rule, eval: &Evaluation) -> Decision {
         Decision {
             allowed: eval.allows(),
             ..self.refuse(rule, eval)
         }
+    }
+
+    /// The bytes this state holds on the heap (its own size is its holder's to count): a
+    /// log's or a counter's box and buffer, and the request ids it remembers. Nothing for
+    /// a fixed window or a bucket without ids, the common case, decided by two tests.
+    #[inline(always)]
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let kind = match &self.kind {
+            StateKind::Log(state) => size_of::<SlidingLogState>() + state.buffer_bytes(),
+            StateKind::Counter(state) => size_of::<SlidingCounterState>() + state.buffer_bytes(),
+            StateKind::Fixed(_) | StateKind::Gcra(_) => 0,
+        };
+        kind + self.request_ids.heap_bytes()
+    }
+
+    /// Whether this state remembers any request id (an admission's, a reservation's): a
+    /// state that does is never evicted, as forgetting it would count a retry twice.
+    pub(crate) fn holds_request_ids(&self, now: u64) -> bool {
+        self.request_ids.expires_at() > now
+    }
+
+    /// When this state was last written (µs): how recently its key was used.
+    pub(crate) fn latest(&self) -> u64 {
+        self.latest
     }
 
     /// The time (µs) from which this state is the same as no state at all: its units are

@@ -34,6 +34,8 @@ struct Index {
     hasher: RandomState,
     /// The latest `expires_at` of the ids held: each expires at or before it.
     last_expiry: u64,
+    /// The bytes of the ids held, for [`RequestIds::heap_bytes`].
+    id_bytes: usize,
 }
 
 /// Which ids an id is compared with: a `check` and a `reserve` are both admissions; each
@@ -118,7 +120,7 @@ impl Index {
         {
             let Reverse((expires_at, hash)) = self.by_expiry.pop().expect("peeked just now");
             if let Ok(held) = self.by_id.find_entry(hash, |r| r.expires_at == expires_at) {
-                held.remove();
+                self.id_bytes -= held.remove().0.request_id.len();
             }
         }
         self.by_id.is_empty()
@@ -207,6 +209,7 @@ impl RequestIds {
         ) {
             hashbrown::hash_table::Entry::Occupied(mut held) => *held.get_mut() = remembered,
             hashbrown::hash_table::Entry::Vacant(slot) => {
+                index.id_bytes += remembered.request_id.len();
                 slot.insert(remembered);
             }
         }
@@ -224,6 +227,18 @@ impl RequestIds {
         }
     }
 
+    /// The bytes these ids hold on the heap: the index, its tables' capacities and the
+    /// ids themselves.
+    #[inline]
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.ids.as_deref().map_or(0, |index| {
+            size_of::<Index>()
+                + index.by_id.capacity() * (size_of::<Remembered>() + 1)
+                + index.by_expiry.capacity() * size_of::<Reverse<(u64, u64)>>()
+                + index.id_bytes
+        })
+    }
+
     /// Until when the last of these ids is remembered (0 for none).
     pub(super) fn expires_at(&self) -> u64 {
         self.ids.as_deref().map_or(0, |index| index.last_expiry)
@@ -235,4 +250,38 @@ fn id_hash(hasher: &RandomState, namespace: Namespace, id: &str) -> u64 {
     namespace.hash(&mut hasher);
     id.hash(&mut hasher);
     hasher.finish()
+}
+
+#[cfg(test)]
+mod heap_tests {
+    use super::*;
+
+    fn id(name: &str, expires_at: u64) -> Remembered {
+        Remembered {
+            request_id: name.into(),
+            namespace: Namespace::Admission,
+            used: RequestUse::new(Charge::Admitted, 1),
+            reservation: None,
+            expires_at,
+            release_at: 0,
+        }
+    }
+
+    /// The bytes counted are the ids held now: an id forgotten takes its bytes with it.
+    #[test]
+    fn heap_bytes_follow_the_ids_held() {
+        let mut ids = RequestIds::default();
+        assert_eq!(ids.heap_bytes(), 0);
+        ids.remember(0, id(&"a".repeat(200), 10));
+        ids.remember(0, id("b", 20));
+        let index = ids.ids.as_deref().unwrap();
+        let tables = size_of::<Index>()
+            + index.by_id.capacity() * (size_of::<Remembered>() + 1)
+            + index.by_expiry.capacity() * size_of::<Reverse<(u64, u64)>>();
+        assert_eq!(ids.heap_bytes(), tables + 201);
+        ids.forget_expired(10);
+        assert_eq!(ids.heap_bytes(), tables + 1, "the 200-byte id is gone");
+        ids.forget_expired(20);
+        assert_eq!(ids.heap_bytes(), 0);
+    }
 }

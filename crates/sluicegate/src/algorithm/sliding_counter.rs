@@ -29,6 +29,11 @@ fn width(rule: &Rule) -> u64 {
 }
 
 impl SlidingCounterState {
+    /// The bytes of the buckets' buffer.
+    pub(crate) fn buffer_bytes(&self) -> usize {
+        self.buckets.capacity() * size_of::<(u64, u64)>()
+    }
+
     /// Estimates at `now`, reading only: buckets older than `b − N` weigh nothing and are
     /// dropped when the next admission writes.
     pub(crate) fn plan(&self, rule: &Rule, now: u64) -> CounterPlan {

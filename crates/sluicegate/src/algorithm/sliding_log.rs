@@ -30,6 +30,11 @@ pub(crate) struct LogPlan {
 }
 
 impl SlidingLogState {
+    /// The bytes of the runs' buffer.
+    pub(crate) fn buffer_bytes(&self) -> usize {
+        self.runs.capacity() * size_of::<Run>()
+    }
+
     /// Counts the live units (an entry `s` with `s ≤ t − W` has expired). Reads only: the
     /// expired runs are dropped when the next admission writes, so a refused check changes
     /// nothing, even for a later check that carries an earlier time.

@@ -11,11 +11,15 @@ use std::sync::Arc;
 
 use super::seeds::Seeds;
 use super::share::Shares;
+use crate::budget::MemoryBudget;
 use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
 use crate::policy::FailurePolicy;
 use crate::rule::Rule;
 use crate::store::{Check, Limit, MemoryStore, MemoryStoreConfig, StoreError};
+
+/// The name of the local fallback's part of a memory budget: its store and its seeds.
+pub const FALLBACK_PART: &str = "fallback";
 
 #[derive(Debug)]
 pub(crate) struct LocalFallback {
@@ -26,12 +30,23 @@ pub(crate) struct LocalFallback {
 }
 
 impl LocalFallback {
-    /// `instances` share the store; `seeds` keys at most are remembered.
-    pub(crate) fn new(instances: u32, seeds: usize, clock: &Arc<dyn Clock>) -> Self {
+    /// `instances` share the store; `seeds` keys at most are remembered; the keys and the
+    /// seeds count in `budget`'s [`FALLBACK_PART`].
+    pub(crate) fn new(
+        instances: u32,
+        seeds: usize,
+        clock: &Arc<dyn Clock>,
+        budget: &MemoryBudget,
+    ) -> Self {
+        let part = budget.part(FALLBACK_PART);
+        let config = MemoryStoreConfig {
+            budget: part.clone(),
+            ..MemoryStoreConfig::default()
+        };
         LocalFallback {
-            store: MemoryStore::new(MemoryStoreConfig::default(), Arc::clone(clock)),
+            store: MemoryStore::new(config, Arc::clone(clock)),
             shares: Shares::new(1000, instances, "@local"),
-            seeds: Seeds::new(seeds, Arc::clone(clock)),
+            seeds: Seeds::new(seeds, Arc::clone(clock), part),
         }
     }
 

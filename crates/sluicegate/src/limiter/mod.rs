@@ -18,6 +18,8 @@ mod seeds;
 mod share;
 
 pub use breaker::{BreakerConfig, BreakerState, BreakerTransitions};
+pub use local::FALLBACK_PART;
+pub use negative_cache::NEGATIVE_CACHE_PART;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +30,7 @@ use local::LocalFallback;
 use negative_cache::NegativeCache;
 use precheck::Precheck;
 
+use crate::budget::MemoryBudget;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, RetryAfter};
 use crate::policy::FailurePolicy;
@@ -54,6 +57,9 @@ pub struct LimiterConfig {
     /// the store past factor × L / `instances` of a rule (at least 1; `None`, the default,
     /// turns it off). See docs/SPEC.md for what it may refuse that the store would admit.
     pub local_precheck: Option<f64>,
+    /// Where the negative cache and the local fallback count their bytes
+    /// ([`NEGATIVE_CACHE_PART`], [`FALLBACK_PART`]); past it they keep no more.
+    pub memory: MemoryBudget,
 }
 
 impl Default for LimiterConfig {
@@ -65,6 +71,7 @@ impl Default for LimiterConfig {
             negative_cache_entries: 0,
             local_seed_entries: 100_000,
             local_precheck: None,
+            memory: MemoryBudget::unlimited(),
         }
     }
 }
@@ -134,13 +141,23 @@ impl<S: Store> Limiter<S> {
         Limiter {
             store,
             breaker: Breaker::new(config.breaker),
-            negative: (config.negative_cache_entries > 0)
-                .then(|| NegativeCache::new(config.negative_cache_entries, Arc::clone(&clock))),
+            negative: (config.negative_cache_entries > 0).then(|| {
+                NegativeCache::new(
+                    config.negative_cache_entries,
+                    Arc::clone(&clock),
+                    config.memory.part(NEGATIVE_CACHE_PART),
+                )
+            }),
             in_flight: InFlight::new(),
             precheck: config
                 .local_precheck
                 .map(|factor| Precheck::new(factor, config.instances, &clock)),
-            local: LocalFallback::new(config.instances, config.local_seed_entries, &clock),
+            local: LocalFallback::new(
+                config.instances,
+                config.local_seed_entries,
+                &clock,
+                &config.memory,
+            ),
             config,
             stats: LimiterStats::default(),
             clock,
@@ -150,6 +167,11 @@ impl<S: Store> Limiter<S> {
     /// The store behind this limiter.
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// The memory budget the limiter's tables count in (`LimiterConfig::memory`).
+    pub fn memory(&self) -> &MemoryBudget {
+        &self.config.memory
     }
 
     /// The clock this limiter's own timers run on.
@@ -263,6 +285,11 @@ impl<S: Store> Limiter<S> {
                     Ok(outcome) => {
                         ticket.finish(true, self.clock.now_micros());
                         self.stats.store_decisions.fetch_add(1, Ordering::Relaxed);
+                        // A full store's answer says nothing about the key's usage: neither
+                        // a refusal to cache nor a count to start a fallback from.
+                        if matches!(outcome.decided_by, DecidedBy::Full(_)) {
+                            return Ok(outcome);
+                        }
                         if let (Some(negative), Some(hash)) = (&self.negative, cached) {
                             negative.remember(check, hash, now, outcome.decision, outcome.limits());
                             negative.remember_admission(check, hash, now, outcome.decision);
@@ -277,9 +304,8 @@ impl<S: Store> Limiter<S> {
                     Err(e @ (StoreError::InvalidCheck(_) | StoreError::RequestIdConflict(_))) => {
                         return Err(e);
                     }
-                    // Only an unreachable or silent store counts against the breaker: a full
-                    // in-memory store or a key of the wrong type says nothing about the next
-                    // check.
+                    // Only an unreachable or silent store counts against the breaker: a key of
+                    // the wrong type says nothing about the next check.
                     Err(e @ (StoreError::Unavailable { .. } | StoreError::Timeout { .. })) => {
                         ticket.finish(false, self.clock.now_micros());
                         e

@@ -25,7 +25,8 @@
 //!   it was sent. Refunds are told apart by a hash of (rule identity, key) into
 //!   [`FREEING_SLOTS`] slots: two limits that share a slot only make the cache keep less.
 //!
-//! Memory: at most `capacity` entries; expired ones are dropped first, and when none has
+//! Memory: at most `capacity` entries, their bytes counted in the memory budget's
+//! `negative-cache` part; expired ones are dropped first, and when none has
 //! expired a new refusal is simply not cached (a miss only costs a round trip).
 //!
 //! Cost: a lookup is on the path of every check, so it hashes the check's limits where
@@ -39,6 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::room::{Expiring, ExpiringTable};
 use crate::algorithm;
+use crate::budget::BudgetPart;
 use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::Rule;
@@ -50,6 +52,9 @@ const MAX_LIMITS: usize = 4;
 
 /// Slots that track the refunds and settles of limits hashed into them.
 const FREEING_SLOTS: usize = 1024;
+
+/// The name of the negative cache's part of a memory budget.
+pub const NEGATIVE_CACHE_PART: &str = "negative-cache";
 
 #[derive(Debug)]
 pub(crate) struct NegativeCache {
@@ -111,6 +116,16 @@ impl Expiring for Entry {
     fn until(&self) -> u64 {
         self.until
     }
+
+    fn bytes(&self) -> usize {
+        entry_bytes(self.limits.iter().map(|l| l.key.len()))
+    }
+}
+
+/// The bytes of an entry of limits with keys of these lengths: its bucket, its limits'
+/// box, and their keys.
+fn entry_bytes(keys: impl ExactSizeIterator<Item = usize>) -> usize {
+    size_of::<Entry>() + 1 + keys.len() * size_of::<CachedLimit>() + keys.sum::<usize>()
 }
 
 impl Entry {
@@ -128,9 +143,9 @@ impl Entry {
 }
 
 impl NegativeCache {
-    pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>, budget: BudgetPart) -> Self {
         NegativeCache {
-            table: ExpiringTable::new(capacity, Arc::clone(&clock)),
+            table: ExpiringTable::new(capacity, Arc::clone(&clock), budget),
             freeing: (0..FREEING_SLOTS).map(|_| FreeingSlot::default()).collect(),
             clock,
         }
@@ -265,7 +280,8 @@ impl NegativeCache {
     fn insert(&self, check: &Check<'_>, hash: u64, sent: u64, wait: u64, decisions: &[Decision]) {
         // Room is taken before an entry for the same limits is replaced, so a full cache
         // of live refusals keeps them as they are.
-        if !self.table.reserve() {
+        let bytes = entry_bytes(check.limits.iter().map(|l| l.key.len()));
+        if !self.table.reserve(bytes) {
             return;
         }
         let entry = Entry {
@@ -288,12 +304,11 @@ impl NegativeCache {
         // Looked at under the shard's lock, which `forget` takes too: a refund answered
         // after this look forgets the entry made here.
         if self.may_be_stale(check.limits, sent) {
-            self.table.give_back(1);
+            self.table.give_back(bytes);
             return;
         }
         if let Ok(old) = shard.find_entry(hash, |e| e.holds(check.limits)) {
-            old.remove();
-            self.table.give_back(1);
+            self.table.give_back(old.remove().0.bytes());
         }
         shard.insert_unique(hash, entry, |e| e.hash);
     }
@@ -309,8 +324,7 @@ impl NegativeCache {
                 [cached] => *cached.key == *limit.key && cached.rule.same_identity(limit.rule),
                 _ => false,
             }) {
-                entry.remove();
-                self.table.give_back(1);
+                self.table.give_back(entry.remove().0.bytes());
             }
         }
     }

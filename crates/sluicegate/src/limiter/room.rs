@@ -1,6 +1,7 @@
 //! A bounded, sharded table of entries that expire, forgotten only when the table is full:
 //! what the negative cache and the local fallback's seeds are both made of. One lookup
-//! locks one shard; no lock is shared by every check.
+//! locks one shard; no lock is shared by every check. Bounded twice: in entries, and in
+//! the bytes they hold, counted in the table's part of the memory budget.
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use foldhash::fast::{FoldHasher, RandomState};
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 
+use crate::budget::BudgetPart;
 use crate::clock::Clock;
 
 /// Independently locked parts of a table: enough that concurrent checks rarely meet on
@@ -47,6 +49,8 @@ impl<T> Sharded<T> {
 /// An entry that stops mattering at `until` (µs of the limiter's clock).
 pub(crate) trait Expiring {
     fn until(&self) -> u64;
+    /// The bytes this entry holds: its bucket in the table and its heap.
+    fn bytes(&self) -> usize;
 }
 
 /// Aligned to two cache lines, with its lock, so threads in neighbouring shards never share
@@ -65,16 +69,19 @@ pub(crate) struct ExpiringTable<T> {
     capacity: usize,
     /// The limiter's clock, read to drop expired entries when the table is full.
     clock: Arc<dyn Clock>,
+    /// Where the entries' bytes are counted.
+    budget: BudgetPart,
 }
 
 impl<T: Expiring> ExpiringTable<T> {
-    pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>, budget: BudgetPart) -> Self {
         ExpiringTable {
             shards: Sharded::new(),
             hasher: RandomState::default(),
             len: AtomicUsize::new(0),
             capacity,
             clock,
+            budget,
         }
     }
 
@@ -88,15 +95,21 @@ impl<T: Expiring> ExpiringTable<T> {
         self.shards.shard(hash)
     }
 
-    /// Takes room for one entry. When the table is full, every expired entry is dropped
-    /// and the room is tried once more.
-    pub(crate) fn reserve(&self) -> bool {
+    /// Takes room for one entry of `bytes`. When the table or the budget is full, every
+    /// expired entry is dropped and the room is tried once more.
+    pub(crate) fn reserve(&self, bytes: usize) -> bool {
         let take = || {
-            self.len
+            let entry = self
+                .len
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                     (n < self.capacity).then_some(n + 1)
                 })
-                .is_ok()
+                .is_ok();
+            if entry && !self.budget.try_take(bytes) {
+                self.len.fetch_sub(1, Ordering::Relaxed);
+                return false;
+            }
+            entry
         };
         if take() {
             return true;
@@ -109,18 +122,24 @@ impl<T: Expiring> ExpiringTable<T> {
     /// Removes every entry for which `remove` says so, shard by shard (no lock is held
     /// across shards), and gives back their room.
     fn remove_where(&self, mut remove: impl FnMut(&T) -> bool) {
-        let mut removed = 0;
+        let (mut removed, mut bytes) = (0, 0);
         for shard in self.shards.iter() {
-            let mut table = shard.lock();
-            let before = table.len();
-            table.retain(|entry| !remove(entry));
-            removed += before - table.len();
+            shard.lock().retain(|entry| {
+                let gone = remove(entry);
+                if gone {
+                    removed += 1;
+                    bytes += entry.bytes();
+                }
+                !gone
+            });
         }
-        self.give_back(removed);
+        self.len.fetch_sub(removed, Ordering::Relaxed);
+        self.budget.give_back(bytes);
     }
 
-    /// Gives back the room of `entries` removed.
-    pub(crate) fn give_back(&self, entries: usize) {
-        self.len.fetch_sub(entries, Ordering::Relaxed);
+    /// Gives back the room of one entry of `bytes`, removed or never made.
+    pub(crate) fn give_back(&self, bytes: usize) {
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        self.budget.give_back(bytes);
     }
 }

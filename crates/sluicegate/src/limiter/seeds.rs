@@ -18,6 +18,7 @@ use std::hash::Hasher;
 use std::sync::Arc;
 
 use super::room::{Expiring, ExpiringTable};
+use crate::budget::BudgetPart;
 use crate::clock::Clock;
 use crate::rule::Rule;
 
@@ -41,12 +42,21 @@ impl Expiring for Seed {
     fn until(&self) -> u64 {
         self.until
     }
+
+    fn bytes(&self) -> usize {
+        seed_bytes(&self.key)
+    }
+}
+
+/// The bytes of a seed of `key`: its bucket and its key.
+fn seed_bytes(key: &str) -> usize {
+    size_of::<Seed>() + 1 + key.len()
 }
 
 impl Seeds {
-    pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn new(capacity: usize, clock: Arc<dyn Clock>, budget: BudgetPart) -> Self {
         Seeds {
-            table: ExpiringTable::new(capacity, clock),
+            table: ExpiringTable::new(capacity, clock, budget),
         }
     }
 
@@ -70,13 +80,12 @@ impl Seeds {
                 (seed.used, seed.until) = (used, until);
             }
             Ok(seed) => {
-                seed.remove();
-                self.table.give_back(1);
+                self.table.give_back(seed.remove().0.bytes());
             }
             Err(_) if used == 0 => {}
             Err(_) => {
                 drop(shard);
-                if !self.table.reserve() {
+                if !self.table.reserve(seed_bytes(key)) {
                     return;
                 }
                 let seed = Seed {
@@ -91,8 +100,7 @@ impl Seeds {
                     shard.find_entry(hash, |s| *s.key == *key && s.rule.same_identity(rule))
                 {
                     // Another check remembered the key meanwhile; the room taken is not needed.
-                    old.remove();
-                    self.table.give_back(1);
+                    self.table.give_back(old.remove().0.bytes());
                 }
                 shard.insert_unique(hash, seed, |s| s.hash);
             }
@@ -110,7 +118,7 @@ impl Seeds {
             return;
         };
         let (entry, _) = found.remove();
-        self.table.give_back(1);
+        self.table.give_back(entry.bytes());
         if now < entry.until {
             seed(entry.used);
         }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::error::{RequestIdConflict, StoreError};
 pub use crate::algorithm::{Charge, RequestUse};
+use crate::budget::OnFull;
 use crate::decision::Decision;
 use crate::policy::FailurePolicy;
 use crate::rule::{EXACT_LIMIT, MAX_TIME, Rule};
@@ -193,6 +194,8 @@ pub struct Outcome {
     several: Vec<Decision>,
     /// Who decided: the store, or the limiter without it.
     pub decided_by: DecidedBy,
+    /// Entries the store evicted to make room for this check's new keys (`evict-idle`).
+    pub evictions: u64,
 }
 
 /// Who decided a check.
@@ -209,10 +212,15 @@ pub enum DecidedBy {
     LocalPrecheck,
     /// The store failed and this policy decided.
     Fallback(FailurePolicy),
+    /// The store had no room for a new key of the check (its memory budget, its key cap,
+    /// or the rule's share of either) and this policy decided ([`OnFull::EvictIdle`]: it
+    /// found nothing it may evict, and refused).
+    Full(OnFull),
 }
 
 impl DecidedBy {
-    /// `store`, `negative-cache`, `local-precheck`, `fallback-allow`, `fallback-deny`, `fallback-local`.
+    /// `store`, `negative-cache`, `local-precheck`, `fallback-allow`, `fallback-deny`,
+    /// `fallback-local`, `store-error`, `full-refuse`, `full-allow`, `full-evict-idle`.
     pub fn name(self) -> &'static str {
         match self {
             DecidedBy::Store => "store",
@@ -222,6 +230,9 @@ impl DecidedBy {
             DecidedBy::Fallback(FailurePolicy::Deny) => "fallback-deny",
             DecidedBy::Fallback(FailurePolicy::Local) => "fallback-local",
             DecidedBy::Fallback(FailurePolicy::Error) => "store-error",
+            DecidedBy::Full(OnFull::Refuse) => "full-refuse",
+            DecidedBy::Full(OnFull::Allow) => "full-allow",
+            DecidedBy::Full(OnFull::EvictIdle) => "full-evict-idle",
         }
     }
 }
@@ -233,6 +244,7 @@ impl Outcome {
             decision,
             several: Vec::new(),
             decided_by: DecidedBy::Store,
+            evictions: 0,
         }
     }
 
@@ -247,6 +259,7 @@ impl Outcome {
             decision,
             several: limits,
             decided_by: DecidedBy::Store,
+            evictions: 0,
         }
     }
 

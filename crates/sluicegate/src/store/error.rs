@@ -15,11 +15,6 @@ pub enum StoreError {
     /// memory still lasts: a conflicting reuse, not a retry (docs/SPEC.md, "Retries"). The
     /// check is refused whole and records nothing, in every limit.
     RequestIdConflict(RequestIdConflict),
-    /// The in-memory store holds `max_keys` live keys and this check would add one more.
-    KeyCapacity {
-        /// The configured cap.
-        max_keys: usize,
-    },
     /// The server could not be reached, or the cluster is down.
     Unavailable {
         /// The server (its URL without credentials).
@@ -93,14 +88,13 @@ impl StoreError {
     }
 
     /// What kind of failure this is, in snake case, for counting failures by kind:
-    /// `timeout`, `breaker_open`, `unavailable`, `script`, `wrong_type`, `key_capacity`,
+    /// `timeout`, `breaker_open`, `unavailable`, `script`, `wrong_type`,
     /// `invalid_check`, `request_id_conflict`. An open breaker's error is an [`StoreError::Unavailable`] to its
     /// callers, but a kind of its own here: no call was made.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::InvalidCheck(_) => "invalid_check",
             StoreError::RequestIdConflict(_) => "request_id_conflict",
-            StoreError::KeyCapacity { .. } => "key_capacity",
             StoreError::Unavailable { server, .. } if server == BREAKER_OPEN => "breaker_open",
             StoreError::Unavailable { .. } => "unavailable",
             StoreError::Timeout { .. } => "timeout",
@@ -115,11 +109,6 @@ impl fmt::Display for StoreError {
         match self {
             StoreError::InvalidCheck(message) => write!(f, "invalid check: {message}"),
             StoreError::RequestIdConflict(conflict) => conflict.fmt(f),
-            StoreError::KeyCapacity { max_keys } => write!(
-                f,
-                "in-memory store is full: {max_keys} keys are live; a new key is not admitted \
-                 until one expires (raise max_keys — `sluicegate serve --max-keys` — to hold more)"
-            ),
             StoreError::Unavailable { server, message } => {
                 write!(f, "redis at {server} is unavailable: {message}")
             }

@@ -11,7 +11,7 @@ pub mod redis;
 mod url;
 
 pub use any::{AnyStore, StoreOptions, TlsClientIdentity};
-pub use memory::{MemoryStore, MemoryStoreConfig, SWEEP_INTERVAL};
+pub use memory::{FULL_RETRY_AFTER, MemoryStore, MemoryStoreConfig, STORE_PART, SWEEP_INTERVAL};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreConfig, ScriptCalls};
 pub use url::{StoreUrl, StoreUrlError};

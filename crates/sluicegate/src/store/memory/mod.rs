@@ -10,20 +10,25 @@
 //! Keys are hashed with foldhash, seeded at random per store: a fraction of SipHash's cost,
 //! and without the seed a client cannot aim keys at one bucket.
 //!
-//! Memory stays bounded two ways. Idle state expires: each shard drops the entries whose
+//! Memory stays bounded three ways. Idle state expires: each shard drops the entries whose
 //! state is back to empty at most once per [`SWEEP_INTERVAL`] when a check touches it, and
-//! [`MemoryStore::sweep`] sweeps all (the server calls it periodically). And a hard cap,
-//! `max_keys`, bounds live (rule, key) entries: at the cap, a check that would create a new
-//! entry first sweeps its shard, then fails with [`StoreError::KeyCapacity`] — it is neither
-//! allowed nor rejected, and no existing entry is evicted, so a flood of new keys cannot
-//! push a busy key's state out and reset its limit. Keys already held keep deciding
-//! exactly; peeks and refused checks never create entries.
+//! [`MemoryStore::sweep`] sweeps all (the server calls it periodically). A hard cap,
+//! `max_keys`, bounds live (rule, key) entries. And every byte an entry holds — its table
+//! bucket, a long key, a log's or a counter's buffer, the request ids it remembers — is
+//! counted against a [`MemoryBudget`], of which (like the key cap) one rule may hold only
+//! its share. A check that would create an entry past any of these first sweeps its shard;
+//! if there is still no room, [`OnFull`] decides: refuse, allow uncounted, or evict idle
+//! entries that still have room under their limit (never one at its limit, whose eviction
+//! would hand its client a fresh limit). The answer is a decision, marked
+//! [`DecidedBy::Full`], never an error. Keys already held keep deciding exactly; peeks and
+//! refused checks never create entries.
 //!
 //! A key being refused is decided without the lock: each shard publishes the state of the
 //! fixed window or bucket it refused last ([`refusal_hint`]), and its next refusals are
 //! read from there.
 
 mod refusal_hint;
+mod rule_usage;
 
 use parking_lot::{RwLock, RwLockWriteGuard};
 use std::hash::BuildHasher;
@@ -34,16 +39,38 @@ use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 
 use refusal_hint::{HintedRule, RefusalHint};
+use rule_usage::RuleUsages;
 
-use super::check::{Check, Outcome, Store};
+use super::check::{Charge, Check, DecidedBy, Outcome, Store};
 use super::error::StoreError;
 use super::key::{stored_key, with_stored_keys};
 use crate::algorithm::{self, RuleState, StateWords};
+use crate::budget::{BudgetPart, MemoryBudget, OnFull};
 use crate::clock::{Clock, SystemClock};
+use crate::decision::{Decision, RetryAfter};
 use crate::rule::Rule;
 
 /// How often (µs of store time) a shard drops expired entries when checks touch it.
 pub const SWEEP_INTERVAL: u64 = 1_000_000;
+
+/// The Retry-After of a refusal for want of room: one sweep interval. Room comes back when
+/// held keys expire, which the store takes note of once per interval per shard, and an
+/// eviction may make room at the next check; the store cannot know sooner, and a longer
+/// wait (say, the rule's window) would keep the new users a full store refuses out for
+/// as long as the flood that filled it.
+pub const FULL_RETRY_AFTER: u64 = SWEEP_INTERVAL;
+
+/// Entries of a shard an eviction looks at, at most, for a victim: the least recently
+/// written of a sample, as Redis' approximated LRU does, rather than an order kept on every
+/// check.
+const EVICTION_SAMPLE: usize = 32;
+
+/// How often, at most, a full shard is swept for room (µs): a flood of new keys into a
+/// full store would otherwise walk the whole shard on every check.
+const FULL_SWEEP_SPACING: u64 = SWEEP_INTERVAL / 10;
+
+/// Entries evicted for one new entry, at most: one suffices unless the new one is larger.
+const MAX_EVICTIONS_PER_KEY: u64 = 8;
 
 /// Settings of a [`MemoryStore`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +79,11 @@ pub struct MemoryStoreConfig {
     pub max_keys: usize,
     /// Number of independently locked shards (rounded up to a power of two).
     pub shards: usize,
+    /// Where the store's bytes are counted; the budget's rule share also cuts `max_keys`
+    /// per rule.
+    pub budget: BudgetPart,
+    /// What a new key gets when there is no room for it.
+    pub on_full: OnFull,
 }
 
 impl Default for MemoryStoreConfig {
@@ -59,9 +91,14 @@ impl Default for MemoryStoreConfig {
         MemoryStoreConfig {
             max_keys: 1_000_000,
             shards: 64,
+            budget: MemoryBudget::unlimited().part(STORE_PART),
+            on_full: OnFull::default(),
         }
     }
 }
+
+/// The name of the store's part of a memory budget.
+pub const STORE_PART: &str = "store";
 
 /// The in-memory store. See the module documentation for memory bounds.
 #[derive(Debug)]
@@ -75,6 +112,10 @@ pub struct MemoryStore {
     /// Entries across all shards; at most `max_keys`.
     keys: AtomicUsize,
     max_keys: usize,
+    budget: BudgetPart,
+    /// Entries and bytes per rule, each at most its share.
+    rules: RuleUsages,
+    on_full: OnFull,
 }
 
 /// Aligned to two cache lines so that threads working in neighbouring shards never share a
@@ -84,6 +125,9 @@ pub struct MemoryStore {
 struct Shard {
     table: HashTable<Slot>,
     next_sweep: u64,
+    /// When the shard was last swept: a full shard is swept again for room at most once
+    /// per [`FULL_SWEEP_SPACING`].
+    swept_at: u64,
     /// The rule this shard's hint names.
     hinted: HintedRule,
 }
@@ -101,10 +145,48 @@ struct Slot {
     state: RuleState,
 }
 
+/// What an entry counts against its rule's share beyond its heap bytes.
+const SLOT_BYTES: usize = size_of::<Slot>();
+/// What a table counts per bucket of its capacity: the slot and its control byte.
+const BUCKET_BYTES: usize = size_of::<Slot>() + 1;
+
 impl Slot {
     fn holds(&self, rule: &Rule, key: &str) -> bool {
         self.key.as_bytes() == key.as_bytes() && self.rule.same_identity(rule)
     }
+
+    /// The bytes this entry holds on the heap: a long key's and its state's.
+    #[inline(always)]
+    fn heap_bytes(&self) -> usize {
+        self.key.heap_bytes() + self.state.heap_bytes()
+    }
+
+    /// Whether evicting this entry at `now` loses nothing a client could exploit: it has
+    /// expired, or it still has room for a unit under its limit and remembers no request
+    /// id. An entry at or over its limit is never evicted: that would reset the limit.
+    fn evictable(&self, now: u64) -> bool {
+        self.state.expires_at(&self.rule) <= now
+            || (!self.state.holds_request_ids(now)
+                && self
+                    .state
+                    .refusal(&self.rule, now, 1, None, Charge::Admitted)
+                    .is_none())
+    }
+}
+
+/// Why a new entry found no room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Full {
+    /// Its rule holds its share of the keys or of the budget.
+    Share,
+    /// The store holds `max_keys`, or the budget is spent.
+    Whole,
+}
+
+/// Room taken for a new entry: the table's growth counted in advance, to settle on insert.
+#[derive(Clone, Copy, Debug)]
+struct Room {
+    growth: usize,
 }
 
 /// A key stored inline when it is short (user ids, most IPv4 addresses), so comparing it
@@ -142,6 +224,14 @@ impl CompactKey {
             CompactKey::Heap(key) => key.as_bytes(),
         }
     }
+
+    /// The bytes a long key holds on the heap: the string's box and the string.
+    fn heap_bytes(&self) -> usize {
+        match self {
+            CompactKey::Inline { .. } => 0,
+            CompactKey::Heap(key) => size_of::<Box<str>>() + key.len(),
+        }
+    }
 }
 
 impl Default for MemoryStore {
@@ -162,7 +252,28 @@ impl MemoryStore {
             clock,
             keys: AtomicUsize::new(0),
             max_keys: config.max_keys,
+            rules: RuleUsages::new(
+                config.budget.budget().share_of(config.max_keys),
+                config
+                    .budget
+                    .budget()
+                    .share_of(config.budget.budget().limit()),
+            ),
+            budget: config.budget,
+            on_full: config.on_full,
         }
+    }
+
+    /// The bytes the store holds, as counted in its budget.
+    pub fn bytes(&self) -> usize {
+        self.budget.used()
+    }
+
+    /// The entries and bytes `rule` holds (counted against its share: each entry's slot
+    /// and heap bytes).
+    pub fn rule_usage(&self, rule: &Rule) -> (usize, usize) {
+        let usage = self.rules.of(rule);
+        (usage.keys, usage.bytes)
     }
 
     /// Live (rule, key) entries, including expired ones not swept yet.
@@ -192,8 +303,7 @@ impl MemoryStore {
         let shard = &mut *self.shards[index].write();
         self.hints[index].clear_if_holds(&mut shard.hinted, hash);
         if let Ok(entry) = shard.table.find_entry(hash, |s| s.holds(rule, key)) {
-            entry.remove();
-            self.keys.fetch_sub(1, Ordering::Relaxed);
+            self.released(&entry.remove().0);
         }
     }
 
@@ -203,10 +313,8 @@ impl MemoryStore {
         check.validate()?;
         let t = check.at.unwrap_or_else(|| self.clock.now_micros());
         with_stored_keys(check, |check| match check.limits {
-            [limit] => self
-                .check_one(limit.rule, limit.key, t, check)
-                .map(Outcome::single),
-            _ => self.check_many(t, check).map(Outcome::from_limits),
+            [limit] => self.check_one(limit.rule, limit.key, t, check),
+            _ => self.check_many(t, check),
         })
     }
 
@@ -216,7 +324,7 @@ impl MemoryStore {
         key: &str,
         t: u64,
         check: &Check<'_>,
-    ) -> Result<crate::Decision, StoreError> {
+    ) -> Result<Outcome, StoreError> {
         let hash = self.hash(rule, key.as_bytes());
         let index = self.shard_of(hash);
         let cost = check.cost_of(0);
@@ -230,7 +338,7 @@ impl MemoryStore {
                 .and_then(|words| RuleState::from_words(rule, words))
                 .and_then(|state| state.refusal(rule, t, cost, None, charge))
         {
-            return Ok(refused);
+            return Ok(Outcome::single(refused));
         }
         let lock = &self.shards[index];
         // Uncontended, take the shard exclusively at once: most checks write. Contended (a
@@ -243,7 +351,7 @@ impl MemoryStore {
             None => {
                 if let Some(refused) = Self::refuse_shared(&lock.read(), hash, rule, key, t, check)
                 {
-                    return Ok(refused);
+                    return Ok(Outcome::single(refused));
                 }
                 lock.write()
             }
@@ -259,29 +367,63 @@ impl MemoryStore {
             // Whatever the mode, a hint of this entry goes before its state may change (a
             // panic cannot leave it stale), and a refusal publishes the state it leaves.
             hint.clear_if_holds(&mut shard.hinted, hash);
+            let before = slot.state.heap_bytes();
             let decision = slot.state.decide_alone(rule, t, cost, request_id, charge).0;
+            let after = slot.state.heap_bytes();
+            if after != before {
+                self.resized(rule, before, after);
+            }
             if !decision.allowed && StateWords::hold(rule) {
                 Self::publish_refusal(hint, &mut shard.hinted, hash, rule, key, &slot.state);
             }
-            return Ok(decision);
+            return Ok(Outcome::single(decision));
         }
         // A new entry is made only for what records; deciding on a fresh state first is
         // safe, as nothing is stored until the key is accounted for.
         let mut state = RuleState::new(rule);
         let (decision, records) = state.decide_alone(rule, t, cost, request_id, charge);
-        if records {
-            self.reserve_keys(index, shard, t, 1)?;
-            shard.table.insert_unique(
-                hash,
-                Slot {
-                    rule: rule.clone(),
-                    key: CompactKey::new(key),
-                    state,
-                },
-                |s| self.hash(&s.rule, s.key.as_bytes()),
-            );
+        if !records {
+            return Ok(Outcome::single(decision));
         }
-        Ok(decision)
+        let slot = Slot {
+            rule: rule.clone(),
+            key: CompactKey::new(key),
+            state,
+        };
+        let mut evictions = 0;
+        let heap = slot.heap_bytes();
+        match self.make_room(
+            &mut [(index, &mut *shard)],
+            0,
+            rule,
+            heap,
+            t,
+            &mut evictions,
+        ) {
+            Some(room) => {
+                self.insert(shard, hash, slot, room.growth);
+                let mut outcome = Outcome::single(decision);
+                outcome.evictions = evictions;
+                Ok(outcome)
+            }
+            None => Ok(self.full(rule, decision, charge, evictions)),
+        }
+    }
+
+    /// What a check whose new entry found no room answers: `fresh`, what the check decided
+    /// on an empty state (recorded nowhere), when the policy allows or the mode is never
+    /// refused; otherwise a refusal that asks for [`FULL_RETRY_AFTER`].
+    #[cold]
+    fn full(&self, rule: &Rule, fresh: Decision, charge: Charge, evictions: u64) -> Outcome {
+        let decision = if self.on_full == OnFull::Allow || !charge.may_refuse() {
+            fresh
+        } else {
+            full_refusal(rule)
+        };
+        let mut outcome = Outcome::single(decision);
+        outcome.decided_by = DecidedBy::Full(self.on_full);
+        outcome.evictions = evictions;
+        outcome
     }
 
     /// Publishes the state a refusal left, if it is words. Out of line and cold: an
@@ -317,9 +459,9 @@ impl MemoryStore {
     }
 
     /// A check of several limits, maybe in several shards: lock every shard it touches in
-    /// ascending order (so two such checks cannot deadlock), take the slots out, decide
-    /// all-or-nothing, put them back.
-    fn check_many(&self, t: u64, check: &Check<'_>) -> Result<Vec<crate::Decision>, StoreError> {
+    /// ascending order (so two such checks cannot deadlock), take the slots out, give each
+    /// new entry room, decide all-or-nothing, put them back.
+    fn check_many(&self, t: u64, check: &Check<'_>) -> Result<Outcome, StoreError> {
         let hashes: Vec<u64> = check
             .limits
             .iter()
@@ -363,6 +505,8 @@ impl MemoryStore {
                 }
             })
             .collect();
+        // Each slot's heap bytes as counted: a held one's, or a new one's when room is taken.
+        let heaps: Vec<usize> = slots.iter().map(|(s, _)| s.heap_bytes()).collect();
 
         // Copied out: the states below borrow the slots for the rest of the check.
         let held: Vec<bool> = slots.iter().map(|&(_, held)| held).collect();
@@ -394,12 +538,9 @@ impl MemoryStore {
                 .map(|i| algorithm::creates_entry(check.charge, check.cost_of(i)))
                 .collect()
         };
-        let new_keys = held
-            .iter()
-            .zip(&records)
-            .filter(|&(&held, &records)| !held && records)
-            .count();
-        // A conflicting reuse of the request id in any limit refuses the whole check.
+
+        // A conflicting reuse of the request id in any limit refuses the whole check: the
+        // held entries go back as they were, and no new one is made.
         let conflict = check.request_id.and_then(|id| {
             states.iter().enumerate().find_map(|(i, state)| {
                 state
@@ -407,70 +548,249 @@ impl MemoryStore {
                     .map(|remembered| check.request_id_conflict(i, remembered))
             })
         });
-        let reserved = if let Some(conflict) = conflict {
-            Err(conflict)
-        } else if new_keys > 0 {
-            // Sweeping for room may touch any locked shard; the first is as good as any.
-            self.reserve_keys(shard_ids[0], &mut guards[0], t, new_keys)
-        } else {
-            Ok(())
-        };
-        let decisions = reserved.map(|()| {
-            if may_refuse {
-                algorithm::finish_all(
-                    &rules,
-                    &mut states,
-                    &evaluations,
-                    check.request_id,
-                    check.charge,
-                )
-            } else {
-                // Never refused, so not all-or-nothing: each limit does its part.
-                rules
-                    .iter()
-                    .zip(states.iter_mut())
-                    .enumerate()
-                    .map(|(i, (rule, state))| {
-                        let cost = check.cost_of(i);
-                        state.record_usage(rule, t, cost, check.request_id, check.charge)
-                    })
-                    .collect()
+        if let Some(conflict) = conflict {
+            drop(states);
+            for (i, (slot, held)) in slots.into_iter().enumerate() {
+                if held {
+                    self.insert(&mut guards[guard_of(hashes[i])], hashes[i], slot, 0);
+                }
             }
-        });
-        drop(states);
-        let keep_new = decisions.is_ok();
-        for (((slot, held), &hash), records) in slots.into_iter().zip(&hashes).zip(records) {
-            if held || (keep_new && records) {
-                guards[guard_of(hash)]
-                    .table
-                    .insert_unique(hash, slot, |s| self.hash(&s.rule, s.key.as_bytes()));
-            }
+            return Err(conflict);
         }
-        decisions
+
+        // Room for every entry the check makes, before anything is recorded.
+        let mut evictions = 0;
+        let mut rooms: Vec<Option<Room>> = vec![None; rules.len()];
+        let mut full = vec![false; rules.len()];
+        for i in 0..rules.len() {
+            if held[i] || !records[i] {
+                continue;
+            }
+            let own = guard_of(hashes[i]);
+            let mut locked: Vec<(usize, &mut Shard)> = shard_ids
+                .iter()
+                .copied()
+                .zip(guards.iter_mut().map(|g| &mut **g))
+                .collect();
+            rooms[i] = self.make_room(&mut locked, own, rules[i], heaps[i], t, &mut evictions);
+            full[i] = rooms[i].is_none();
+        }
+        let any_full = full.contains(&true);
+        let refuse_full = any_full && may_refuse && self.on_full != OnFull::Allow;
+        let decisions = if refuse_full {
+            // All-or-nothing: no entry is made and nothing is recorded.
+            for (i, room) in rooms.iter_mut().enumerate() {
+                if let Some(room) = room.take() {
+                    self.return_room(rules[i], heaps[i], room);
+                }
+            }
+            rules
+                .iter()
+                .zip(&states)
+                .zip(&evaluations)
+                .zip(&full)
+                .map(|(((rule, state), eval), &full)| {
+                    if full {
+                        full_refusal(rule)
+                    } else {
+                        state.unrecorded(rule, eval)
+                    }
+                })
+                .collect()
+        } else if may_refuse {
+            algorithm::finish_all(
+                &rules,
+                &mut states,
+                &evaluations,
+                check.request_id,
+                check.charge,
+            )
+        } else {
+            // Never refused, so not all-or-nothing: each limit does its part.
+            rules
+                .iter()
+                .zip(states.iter_mut())
+                .enumerate()
+                .map(|(i, (rule, state))| {
+                    let cost = check.cost_of(i);
+                    state.record_usage(rule, t, cost, check.request_id, check.charge)
+                })
+                .collect()
+        };
+        drop(states);
+        for (i, (slot, held)) in slots.into_iter().enumerate() {
+            let shard = &mut *guards[guard_of(hashes[i])];
+            let counted_growth = match (held, rooms[i]) {
+                (true, _) => 0,
+                (false, Some(room)) => room.growth,
+                (false, None) => continue,
+            };
+            let heap = slot.heap_bytes();
+            if heap != heaps[i] {
+                self.resized(&slot.rule, heaps[i], heap);
+            }
+            self.insert(shard, hashes[i], slot, counted_growth);
+        }
+        let mut outcome = Outcome::from_limits(decisions);
+        outcome.evictions = evictions;
+        if any_full {
+            outcome.decided_by = DecidedBy::Full(self.on_full);
+        }
+        Ok(outcome)
     }
 
-    /// Accounts for `count` new entries, sweeping `shard` (number `index`) once if the cap
-    /// is reached.
-    fn reserve_keys(
+    /// Puts `slot` in `shard`, counting the table's growth (`counted_growth` of it counted
+    /// already, when its room was taken).
+    fn insert(&self, shard: &mut Shard, hash: u64, slot: Slot, counted_growth: usize) {
+        let before = shard.table.capacity();
+        shard
+            .table
+            .insert_unique(hash, slot, |s| self.hash(&s.rule, s.key.as_bytes()));
+        let grown = (shard.table.capacity() - before) * BUCKET_BYTES;
+        self.budget.resize(counted_growth, grown);
+    }
+
+    /// Room for a new entry of `rule` holding `heap` bytes on the heap, in the shard
+    /// `locked[own]`: taken if there is some; else, after a sweep of that shard (unless
+    /// one ran within [`FULL_SWEEP_SPACING`]), made by
+    /// evicting (the `evict-idle` policy), up to [`MAX_EVICTIONS_PER_KEY`] entries of the
+    /// shards locked, each counted in `evictions`. `None`: there is none.
+    fn make_room(
         &self,
-        index: usize,
-        shard: &mut Shard,
+        locked: &mut [(usize, &mut Shard)],
+        own: usize,
+        rule: &Rule,
+        heap: usize,
         now: u64,
-        count: usize,
-    ) -> Result<(), StoreError> {
-        for attempt in 0..2 {
-            let before = self.keys.fetch_add(count, Ordering::Relaxed);
-            if before + count <= self.max_keys {
-                return Ok(());
+        evictions: &mut u64,
+    ) -> Option<Room> {
+        let mut swept = false;
+        let mut evicted = 0;
+        loop {
+            let (index, shard) = &mut locked[own];
+            let full = match self.take_room(&shard.table, rule, heap) {
+                Ok(room) => return Some(room),
+                Err(full) => full,
+            };
+            if !swept && now >= shard.swept_at.saturating_add(FULL_SWEEP_SPACING) {
+                swept = true;
+                if self.sweep_shard(*index, shard, now) > 0 {
+                    continue;
+                }
             }
-            self.keys.fetch_sub(count, Ordering::Relaxed);
-            if attempt == 0 && self.sweep_shard(index, shard, now) == 0 {
-                break;
+            if self.on_full != OnFull::EvictIdle
+                || evicted == MAX_EVICTIONS_PER_KEY
+                || !self.evict_one(locked, own, rule, full == Full::Share, now)
+            {
+                return None;
+            }
+            evicted += 1;
+            *evictions += 1;
+        }
+    }
+
+    /// Takes room for a new entry of `rule` holding `heap` bytes, to go in `table`: one of
+    /// the rule's share of keys and bytes, one of `max_keys`, and its bytes (and the
+    /// table's growth, if it must grow) in the budget.
+    fn take_room(&self, table: &HashTable<Slot>, rule: &Rule, heap: usize) -> Result<Room, Full> {
+        if !self.rules.try_take(rule, SLOT_BYTES + heap) {
+            return Err(Full::Share);
+        }
+        // Growing doubles the capacity (from 3 buckets' worth): at most this many more.
+        let growth = if table.len() == table.capacity() {
+            (table.capacity() + 4) * BUCKET_BYTES
+        } else {
+            0
+        };
+        let key = self
+            .keys
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max_keys).then_some(n + 1)
+            })
+            .is_ok();
+        if key && self.budget.try_take(heap + growth) {
+            return Ok(Room { growth });
+        }
+        if key {
+            self.keys.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.rules
+            .give_back(rule.fingerprint(), 1, SLOT_BYTES + heap);
+        Err(Full::Whole)
+    }
+
+    /// Gives back room taken for an entry that was not made.
+    fn return_room(&self, rule: &Rule, heap: usize, room: Room) {
+        self.keys.fetch_sub(1, Ordering::Relaxed);
+        self.budget.give_back(heap + room.growth);
+        self.rules
+            .give_back(rule.fingerprint(), 1, SLOT_BYTES + heap);
+    }
+
+    /// Evicts one entry for a new entry of `rule`, from the shards `locked` (`locked[own]`,
+    /// the new entry's, first): of the first [`EVICTION_SAMPLE`] that may go
+    /// ([`Slot::evictable`]), an expired one, else the least recently written, of `rule`
+    /// before any other rule's — and of `rule` only when `own_only` (its rule holds its
+    /// share). Whether one was evicted.
+    fn evict_one(
+        &self,
+        locked: &mut [(usize, &mut Shard)],
+        own: usize,
+        rule: &Rule,
+        own_only: bool,
+        now: u64,
+    ) -> bool {
+        let count = locked.len();
+        for position in (0..count).map(|i| (own + i) % count) {
+            let (index, shard) = &mut locked[position];
+            let victim = shard
+                .table
+                .iter()
+                .take(EVICTION_SAMPLE * 8)
+                .filter(|s| !own_only || s.rule.same_identity(rule))
+                .take(EVICTION_SAMPLE)
+                .filter(|s| s.evictable(now))
+                .min_by_key(|s| {
+                    (
+                        s.state.expires_at(&s.rule) > now,
+                        !s.rule.same_identity(rule),
+                        s.state.latest(),
+                    )
+                })
+                .map(|s| (self.hash(&s.rule, s.key.as_bytes()), std::ptr::from_ref(s)));
+            if let Some((hash, victim)) = victim {
+                let entry = shard
+                    .table
+                    .find_entry(hash, |s| std::ptr::eq(s, victim))
+                    .expect("the victim was just seen in this table");
+                self.hints[*index].clear(&mut shard.hinted);
+                self.released(&entry.remove().0);
+                return true;
             }
         }
-        Err(StoreError::KeyCapacity {
-            max_keys: self.max_keys,
-        })
+        false
+    }
+
+    /// Counts a held entry of `rule` whose heap bytes went from `before` to `after`.
+    #[cold]
+    fn resized(&self, rule: &Rule, before: usize, after: usize) {
+        self.budget.resize(before, after);
+        self.rules.resize(rule, before, after);
+    }
+
+    /// Gives back what a removed entry held.
+    fn released(&self, slot: &Slot) {
+        let mut freed = Freed::default();
+        freed.add(slot);
+        self.give_back(&freed);
+    }
+
+    fn give_back(&self, freed: &Freed) {
+        self.keys.fetch_sub(freed.keys, Ordering::Relaxed);
+        self.budget.give_back(freed.heap);
+        for &(fingerprint, keys, bytes) in &freed.rules {
+            self.rules.give_back(fingerprint, keys, bytes);
+        }
     }
 
     fn sweep_if_due(&self, index: usize, shard: &mut Shard, now: u64) {
@@ -481,18 +801,22 @@ impl MemoryStore {
 
     /// Drops the expired entries of `shard`, number `index`.
     fn sweep_shard(&self, index: usize, shard: &mut Shard, now: u64) -> usize {
-        let before = shard.table.len();
-        shard
-            .table
-            .retain(|slot| slot.state.expires_at(&slot.rule) > now);
-        let removed = before - shard.table.len();
-        if removed > 0 {
+        let mut freed = Freed::default();
+        shard.table.retain(|slot| {
+            let live = slot.state.expires_at(&slot.rule) > now;
+            if !live {
+                freed.add(slot);
+            }
+            live
+        });
+        if freed.keys > 0 {
             // The hinted entry may be among them, and a check must then find no state.
             self.hints[index].clear(&mut shard.hinted);
+            self.give_back(&freed);
         }
-        self.keys.fetch_sub(removed, Ordering::Relaxed);
         shard.next_sweep = now.saturating_add(SWEEP_INTERVAL);
-        removed
+        shard.swept_at = now;
+        freed.keys
     }
 
     fn hash(&self, rule: &Rule, key: &[u8]) -> u64 {
@@ -502,6 +826,44 @@ impl MemoryStore {
     /// Bits 32.. pick the shard; the table itself uses the low bits and the top seven.
     fn shard_of(&self, hash: u64) -> usize {
         ((hash >> 32) & self.shard_mask) as usize
+    }
+}
+
+/// What removed entries held, to give back: entries, heap bytes, and per rule (by
+/// fingerprint) entries and bytes as counted against its share.
+#[derive(Debug, Default)]
+struct Freed {
+    keys: usize,
+    heap: usize,
+    rules: Vec<(u64, usize, usize)>,
+}
+
+impl Freed {
+    fn add(&mut self, slot: &Slot) {
+        let heap = slot.heap_bytes();
+        self.keys += 1;
+        self.heap += heap;
+        let fingerprint = slot.rule.fingerprint();
+        match self.rules.iter_mut().find(|(f, ..)| *f == fingerprint) {
+            Some((_, keys, bytes)) => {
+                *keys += 1;
+                *bytes += SLOT_BYTES + heap;
+            }
+            None => self.rules.push((fingerprint, 1, SLOT_BYTES + heap)),
+        }
+    }
+}
+
+/// A refusal for want of room: nothing is held for the key, and room may come back within
+/// [`FULL_RETRY_AFTER`].
+fn full_refusal(rule: &Rule) -> Decision {
+    Decision {
+        allowed: false,
+        limit: rule.capacity(),
+        remaining: 0,
+        retry_after: RetryAfter::Micros(FULL_RETRY_AFTER),
+        reset_after: 0,
+        delay: 0,
     }
 }
 
@@ -619,6 +981,8 @@ mod tests {
             let config = MemoryStoreConfig {
                 max_keys: 2,
                 shards: 1,
+                on_full: OnFull::Refuse,
+                ..MemoryStoreConfig::default()
             };
             let store = MemoryStore::new(config, clock.clone());
             let spec = RuleSpec::new(Algorithm::TokenBucket, 1, SECOND / 10);
@@ -661,15 +1025,14 @@ mod tests {
                 }
             }
             // Stamped when the key was refused, a check finds no state, as the sweep left it:
-            // admitted, or, with the cap full, not taken in (never refused from the hint).
+            // admitted, or, with the cap full, refused as full (never refused from the hint).
             let k = [Limit {
                 rule: &rule,
                 key: "k",
             }];
-            let answer = at(10 * SECOND, &k);
+            let answer = at(10 * SECOND, &k).unwrap();
             assert!(
-                matches!(answer, Ok(ref o) if o.decision.allowed)
-                    || matches!(answer, Err(StoreError::KeyCapacity { .. })),
+                answer.decision.allowed || answer.decided_by == DecidedBy::Full(OnFull::Refuse),
                 "after {trigger}: {answer:?}"
             );
         }
