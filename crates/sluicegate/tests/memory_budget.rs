@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use sluicegate::store::MAX_STORED_KEY_BYTES;
 use sluicegate::{
     Algorithm, Charge, Check, DecidedBy, FULL_RETRY_AFTER, Limit, ManualClock, MemoryBudget,
     MemoryStore, MemoryStoreConfig, OnFull, Outcome, RetryAfter, Rule, RuleSpec, STORE_PART,
@@ -238,6 +239,38 @@ fn a_flood_on_one_rule_leaves_the_other_rules_their_share() {
     }
 }
 
+/// Shares are counted per place, not per state identity: two rules counting in envoy's
+/// counters of one window share an identity (`envoy|w=…`), and requests' limit overrides
+/// that match no rule are each a rule of their own name — yet a flood through one place
+/// leaves another place its share, and a flood of distinct overrides in one place takes
+/// that place's share only.
+#[test]
+fn shares_are_counted_per_place_not_per_state_identity() {
+    let clock = ManualClock::new(HOUR);
+    let budget = MemoryBudget::new(1 << 30, 0.5).unwrap();
+    let store = store(&budget, 100, OnFull::Refuse, &clock);
+    let minute = |name: &str, place: &str| {
+        rule(name, Algorithm::FixedWindow, 10, 60 * S)
+            .in_scope(place)
+            .with_envoy_counter()
+            .unwrap()
+    };
+    let flooded = minute("d.user", "6:d.user");
+    let other = minute("d.api", "5:d.api");
+    assert_eq!(flooded.identity(), other.identity(), "one envoy counter");
+    for i in 0..200 {
+        // Each flood key a rule of its own name, as an override matching no rule is.
+        let overriding = minute(&format!("d.user_{i}"), "6:d.user");
+        check(&store, &overriding, &format!("attacker-{i}"), 1);
+    }
+    assert_eq!(store.rule_usage(&flooded).0, 50, "one share for the place");
+    for i in 0..50 {
+        let outcome = check(&store, &other, &format!("user-{i}"), 1);
+        assert!(outcome.decision.allowed, "{outcome:?}");
+        assert_eq!(outcome.decided_by, DecidedBy::Store);
+    }
+}
+
 /// `evict-idle` takes the least recently written idle key of the flooding rule; with only
 /// keys at their limit left, it evicts nothing and refuses as full.
 #[test]
@@ -282,18 +315,18 @@ fn evict_idle_evicts_idle_keys_and_refuses_when_none_may_go() {
     assert_eq!(refused.evictions, 0);
 }
 
-/// The budget bounds bytes, not entries: long keys fill it long before the key cap, and a
-/// key's bytes count in its rule's share.
+/// The budget bounds bytes, not entries: long keys (as long as a key is stored whole)
+/// fill it long before the key cap, and a key's bytes count in its rule's share.
 #[test]
 fn long_keys_fill_the_byte_budget_before_the_key_cap() {
     let clock = ManualClock::new(HOUR);
     let budget = MemoryBudget::new(256 * 1024, 0.5).unwrap();
     let store = store(&budget, 1_000_000, OnFull::Refuse, &clock);
     let hourly = rule("hourly", Algorithm::FixedWindow, 10, HOUR);
-    let value = "v".repeat(4096);
+    let value = "v".repeat(MAX_STORED_KEY_BYTES - 8);
     let mut held = 0;
-    for i in 0..1_000 {
-        if check(&store, &hourly, &format!("{i}-{value}"), 1)
+    for i in 0..10_000 {
+        if check(&store, &hourly, &format!("{i:07}-{value}"), 1)
             .decision
             .allowed
         {
@@ -302,10 +335,14 @@ fn long_keys_fill_the_byte_budget_before_the_key_cap() {
     }
     let (keys, bytes) = store.rule_usage(&hourly);
     assert_eq!(keys, held);
-    assert!(bytes <= 128 * 1024, "within its share: {bytes}");
+    let share = 128 * 1024;
+    assert!(bytes <= share, "within its share: {bytes}");
+    // Refused for bytes: the share has no room for one more key of this size.
+    assert!(held < 10_000, "{held} keys");
     assert!(
-        (25..32).contains(&held),
-        "{held} keys of 4 KiB in a 128 KiB share"
+        bytes + bytes / held > share,
+        "{held} keys of {} bytes in a {share}-byte share",
+        bytes / held
     );
     assert!(budget.used() <= budget.limit());
     // A short key of another rule still fits.

@@ -47,6 +47,8 @@ struct RuleInner {
     identity: Box<str>,
     /// A hash of `identity`, so stores need not hash the whole string on every check.
     fingerprint: u64,
+    /// What the rule's share of a store is counted under (see [`Rule::owner`]).
+    owner: u64,
     algorithm: Algorithm,
     limit: u64,
     window: u64,
@@ -213,6 +215,7 @@ impl Rule {
             scope: None,
             identity: Box::default(),
             fingerprint: 0,
+            owner: 0,
             algorithm,
             limit,
             window,
@@ -267,6 +270,16 @@ impl Rule {
 
     pub(crate) fn fingerprint(&self) -> u64 {
         self.inner.fingerprint
+    }
+
+    /// Who a store's per-rule share counts this rule's entries for: its scope when it has
+    /// one (the service gives each configured rule its place, and a limit override the
+    /// place of the rule it overrides), else its identity. Not the identity alone: envoy
+    /// counters of one window share an identity across every rule, and an override that
+    /// matches no rule is named after the request's values, so a flood of them would
+    /// otherwise take a fresh share per value.
+    pub(crate) fn owner(&self) -> u64 {
+        self.inner.owner
     }
 
     /// Where this rule's shared part lives: the same for every clone of one rule, and no two
@@ -328,6 +341,7 @@ impl Rule {
                 scope: r.scope.clone(),
                 identity: r.identity.clone(),
                 fingerprint: r.fingerprint,
+                owner: r.owner,
                 on_store_error: Some(policy),
                 ..**r
             }),
@@ -451,6 +465,14 @@ impl RuleInner {
         let mut hasher = std::hash::DefaultHasher::new();
         identity.hash(&mut hasher);
         self.fingerprint = hasher.finish();
+        self.owner = match &self.scope {
+            Some(scope) => {
+                let mut hasher = std::hash::DefaultHasher::new();
+                ("scope", scope).hash(&mut hasher);
+                hasher.finish()
+            }
+            None => self.fingerprint,
+        };
         self.identity = identity.into_boxed_str();
     }
 }

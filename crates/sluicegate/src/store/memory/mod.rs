@@ -714,8 +714,7 @@ impl MemoryStore {
         if key {
             self.keys.fetch_sub(1, Ordering::Relaxed);
         }
-        self.rules
-            .give_back(rule.fingerprint(), 1, SLOT_BYTES + heap);
+        self.rules.give_back(rule.owner(), 1, SLOT_BYTES + heap);
         Err(Full::Whole)
     }
 
@@ -723,8 +722,7 @@ impl MemoryStore {
     fn return_room(&self, rule: &Rule, heap: usize, room: Room) {
         self.keys.fetch_sub(1, Ordering::Relaxed);
         self.budget.give_back(heap + room.growth);
-        self.rules
-            .give_back(rule.fingerprint(), 1, SLOT_BYTES + heap);
+        self.rules.give_back(rule.owner(), 1, SLOT_BYTES + heap);
     }
 
     /// Evicts one entry for a new entry of `rule`, from the shards `locked` (`locked[own]`,
@@ -747,13 +745,13 @@ impl MemoryStore {
                 .table
                 .iter()
                 .take(EVICTION_SAMPLE * 8)
-                .filter(|s| !own_only || s.rule.same_identity(rule))
+                .filter(|s| !own_only || s.rule.owner() == rule.owner())
                 .take(EVICTION_SAMPLE)
                 .filter(|s| s.evictable(now))
                 .min_by_key(|s| {
                     (
                         s.state.expires_at(&s.rule) > now,
-                        !s.rule.same_identity(rule),
+                        s.rule.owner() != rule.owner(),
                         s.state.latest(),
                     )
                 })
@@ -788,8 +786,8 @@ impl MemoryStore {
     fn give_back(&self, freed: &Freed) {
         self.keys.fetch_sub(freed.keys, Ordering::Relaxed);
         self.budget.give_back(freed.heap);
-        for &(fingerprint, keys, bytes) in &freed.rules {
-            self.rules.give_back(fingerprint, keys, bytes);
+        for &(owner, keys, bytes) in &freed.rules {
+            self.rules.give_back(owner, keys, bytes);
         }
     }
 
@@ -829,8 +827,8 @@ impl MemoryStore {
     }
 }
 
-/// What removed entries held, to give back: entries, heap bytes, and per rule (by
-/// fingerprint) entries and bytes as counted against its share.
+/// What removed entries held, to give back: entries, heap bytes, and per rule (by its
+/// owner) entries and bytes as counted against its share.
 #[derive(Debug, Default)]
 struct Freed {
     keys: usize,
@@ -843,13 +841,13 @@ impl Freed {
         let heap = slot.heap_bytes();
         self.keys += 1;
         self.heap += heap;
-        let fingerprint = slot.rule.fingerprint();
-        match self.rules.iter_mut().find(|(f, ..)| *f == fingerprint) {
+        let owner = slot.rule.owner();
+        match self.rules.iter_mut().find(|(o, ..)| *o == owner) {
             Some((_, keys, bytes)) => {
                 *keys += 1;
                 *bytes += SLOT_BYTES + heap;
             }
-            None => self.rules.push((fingerprint, 1, SLOT_BYTES + heap)),
+            None => self.rules.push((owner, 1, SLOT_BYTES + heap)),
         }
     }
 }

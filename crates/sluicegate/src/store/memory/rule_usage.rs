@@ -3,8 +3,8 @@
 //!
 //! Touched only when an entry is made, dropped, or its heap size changes (a log's buffer
 //! grows, an id is remembered): never on a check of a held key whose size stays. Rules are
-//! told apart by their fingerprint (a hash of their identity: a reload keeps a rule's
-//! usage as it keeps its state), spread over a few locks by it.
+//! told apart by their owner (`Rule::owner`: a configured rule's place, which a reload
+//! keeps as it keeps its state, and which its limit overrides share), spread over a few locks by it.
 
 use std::collections::HashMap;
 
@@ -38,14 +38,14 @@ impl RuleUsages {
         }
     }
 
-    fn shard(&self, fingerprint: u64) -> &Mutex<HashMap<u64, Usage>> {
-        &self.shards[(fingerprint >> 40) as usize % SHARDS]
+    fn shard(&self, owner: u64) -> &Mutex<HashMap<u64, Usage>> {
+        &self.shards[(owner >> 40) as usize % SHARDS]
     }
 
     /// Takes one entry of `bytes` for `rule` if that keeps it within its share.
     pub(super) fn try_take(&self, rule: &Rule, bytes: usize) -> bool {
-        let mut shard = self.shard(rule.fingerprint()).lock();
-        let usage = shard.entry(rule.fingerprint()).or_default();
+        let mut shard = self.shard(rule.owner()).lock();
+        let usage = shard.entry(rule.owner()).or_default();
         let fits = usage.keys < self.max_keys
             && usage
                 .bytes
@@ -55,36 +55,36 @@ impl RuleUsages {
             usage.keys += 1;
             usage.bytes += bytes;
         } else if usage.keys == 0 {
-            shard.remove(&rule.fingerprint());
+            shard.remove(&rule.owner());
         }
         fits
     }
 
-    /// Gives back `keys` entries of `bytes` in all, of the rule of `fingerprint`.
-    pub(super) fn give_back(&self, fingerprint: u64, keys: usize, bytes: usize) {
-        let mut shard = self.shard(fingerprint).lock();
-        if let Some(usage) = shard.get_mut(&fingerprint) {
+    /// Gives back `keys` entries of `bytes` in all, of the rule of `owner`.
+    pub(super) fn give_back(&self, owner: u64, keys: usize, bytes: usize) {
+        let mut shard = self.shard(owner).lock();
+        if let Some(usage) = shard.get_mut(&owner) {
             usage.keys -= keys;
             usage.bytes -= bytes;
             if usage.keys == 0 {
-                shard.remove(&fingerprint);
+                shard.remove(&owner);
             }
         }
     }
 
     /// Counts a held entry of `rule` grown or shrunk from `before` to `after` bytes.
     pub(super) fn resize(&self, rule: &Rule, before: usize, after: usize) {
-        let mut shard = self.shard(rule.fingerprint()).lock();
-        if let Some(usage) = shard.get_mut(&rule.fingerprint()) {
+        let mut shard = self.shard(rule.owner()).lock();
+        if let Some(usage) = shard.get_mut(&rule.owner()) {
             usage.bytes = usage.bytes + after - before;
         }
     }
 
     /// What `rule` holds now.
     pub(super) fn of(&self, rule: &Rule) -> Usage {
-        self.shard(rule.fingerprint())
+        self.shard(rule.owner())
             .lock()
-            .get(&rule.fingerprint())
+            .get(&rule.owner())
             .copied()
             .unwrap_or_default()
     }
