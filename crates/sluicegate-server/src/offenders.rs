@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde::Serialize;
+use sluicegate::BudgetPart;
 
 /// Counters a rule's sketch keeps by default: keys refused more than 1/64 of the rule's
 /// refusals are never missed.
@@ -30,6 +31,9 @@ pub(crate) const DEFAULT_TOP_KEYS: usize = 64;
 /// How long one period of counting lasts by default, in µs; the report covers the
 /// period under way and the one before it.
 pub(crate) const DEFAULT_TOP_PERIOD: u64 = 60_000_000;
+
+/// The memory budget's part the trackers are counted in.
+pub(crate) const TOP_OFFENDERS_PART: &str = "top_offenders";
 
 /// The longest descriptor text held (and shown) as it is, in bytes.
 pub(crate) const MAX_SHOWN_BYTES: usize = 256;
@@ -143,11 +147,24 @@ pub(crate) struct RuleOffenders {
     period: u64,
     capacity: usize,
     periods: Mutex<Periods>,
+    /// Where [`RuleOffenders::most_bytes`] is counted while the tracker lives.
+    memory: BudgetPart,
+}
+
+impl Drop for RuleOffenders {
+    fn drop(&mut self) {
+        self.memory.give_back(Self::most_bytes(self.capacity));
+    }
 }
 
 impl RuleOffenders {
-    pub(crate) fn new(capacity: usize, period: u64, now: u64) -> Self {
+    /// A tracker of `capacity` keys per period, counted in `memory` at the most it can
+    /// hold: it is bounded by construction, so it is counted whole from the start (and
+    /// never refused: a rule in force always has its tracker).
+    pub(crate) fn new(capacity: usize, period: u64, now: u64, memory: BudgetPart) -> Self {
+        memory.add(Self::most_bytes(capacity));
         RuleOffenders {
+            memory,
             period: period.max(1),
             capacity,
             periods: Mutex::new(Periods {
@@ -156,6 +173,12 @@ impl RuleOffenders {
                 previous: SpaceSaving::new(capacity),
             }),
         }
+    }
+
+    /// The most a tracker of `capacity` keys holds: two periods' keys, each at most
+    /// [`MAX_SHOWN_BYTES`] with its counter and its map slot.
+    fn most_bytes(capacity: usize) -> usize {
+        2 * capacity * (MAX_SHOWN_BYTES + size_of::<(Box<str>, Counter)>() + 8)
     }
 
     /// Moves the periods on to `now`: a period that ended becomes the previous one; one
@@ -220,14 +243,17 @@ pub(crate) struct Offenders {
     capacity: usize,
     period: u64,
     rules: Mutex<HashMap<String, Arc<RuleOffenders>>>,
+    memory: BudgetPart,
 }
 
 impl Offenders {
-    pub(crate) fn new(capacity: usize, period: u64) -> Self {
+    /// Trackers of `capacity` keys per `period`, counted in `memory`.
+    pub(crate) fn new(capacity: usize, period: u64, memory: BudgetPart) -> Self {
         Offenders {
             capacity,
             period,
             rules: Mutex::new(HashMap::new()),
+            memory,
         }
     }
 
@@ -244,7 +270,12 @@ impl Offenders {
             .into_iter()
             .map(|path| {
                 let tracker = rules.get(path).cloned().unwrap_or_else(|| {
-                    Arc::new(RuleOffenders::new(self.capacity, self.period, now))
+                    Arc::new(RuleOffenders::new(
+                        self.capacity,
+                        self.period,
+                        now,
+                        self.memory.clone(),
+                    ))
                 });
                 (path.to_owned(), tracker)
             })
@@ -258,6 +289,10 @@ impl Offenders {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    fn unlimited() -> BudgetPart {
+        sluicegate::MemoryBudget::unlimited().part(TOP_OFFENDERS_PART)
+    }
 
     proptest! {
         /// The Space-Saving guarantees, against exact counts: every held key's count is
@@ -293,7 +328,7 @@ mod tests {
 
     #[test]
     fn the_report_spans_this_period_and_the_last_then_forgets() {
-        let tracker = RuleOffenders::new(4, 10, 1_000);
+        let tracker = RuleOffenders::new(4, 10, 1_000, unlimited());
         tracker.record("user=a", 3, 1_000);
         tracker.record("user=b", 1, 1_005);
         // The next period: a and b carry over as the previous one.
@@ -317,7 +352,7 @@ mod tests {
 
     #[test]
     fn long_descriptors_are_held_as_a_prefix_and_a_digest() {
-        let tracker = RuleOffenders::new(4, 1_000, 0);
+        let tracker = RuleOffenders::new(4, 1_000, 0, unlimited());
         let long = |last: char| format!("user={}{last}", "é".repeat(30_000));
         tracker.record(&long('a'), 2, 0);
         tracker.record(&long('b'), 1, 0);
@@ -340,7 +375,7 @@ mod tests {
 
     #[test]
     fn a_reload_keeps_the_trackers_of_paths_still_configured() {
-        let offenders = Offenders::new(4, 1_000);
+        let offenders = Offenders::new(4, 1_000, unlimited());
         let first = offenders.for_paths(["a", "b"], 0);
         first["a"].record("user=x", 2, 0);
         let second = offenders.for_paths(["a", "c"], 0);
@@ -348,5 +383,17 @@ mod tests {
         assert_eq!(second["a"].top(1, 0).0[0].refused, 2);
         assert!(!second.contains_key("b"));
         assert!(second["c"].top(1, 0).0.is_empty());
+    }
+
+    /// A tracker is counted in the memory budget at the most it can hold while it lives.
+    #[test]
+    fn trackers_count_their_bound_while_they_live() {
+        let budget = sluicegate::MemoryBudget::unlimited();
+        let offenders = Offenders::new(4, 1_000, budget.part(TOP_OFFENDERS_PART));
+        let trackers = offenders.for_paths(["d.a", "d.b"], 0);
+        assert_eq!(budget.used(), 2 * RuleOffenders::most_bytes(4));
+        drop(trackers);
+        drop(offenders.for_paths(["d.a"], 0));
+        assert_eq!(budget.used(), RuleOffenders::most_bytes(4), "d.b dropped");
     }
 }

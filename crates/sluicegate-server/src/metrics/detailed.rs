@@ -8,11 +8,14 @@
 //! consumer already reads it and no request value can name it — and in the rule's
 //! overflow counter. A value's series not counted in for its rule's window, and at least
 //! [`MIN_IDLE_US`], is dropped: its counters are forgotten and its slot is free again.
+//! Each series counts [`SERIES_BYTES`] against the service's memory budget: with the
+//! budget spent, a new value overflows as past the cap.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
+use sluicegate::BudgetPart;
 
 use super::RuleMetrics;
 
@@ -30,6 +33,12 @@ pub(crate) const MAX_DETAILED_KEY_BYTES: usize = 256;
 /// rule's window: longer than a scrape interval or a statsd flush, so its last counts are
 /// read before it goes.
 pub(crate) const MIN_IDLE_US: u64 = 5 * 60 * 1_000_000;
+
+/// What one value's series holds at most, counted against the memory budget: its counters
+/// in the family's map, its labels, its envoy stat names and the statsd sink's copies, with
+/// a key of [`MAX_DETAILED_KEY_BYTES`] (measured: 192,000 values at the cap of 1,000 per
+/// rule hold about 4 MB).
+pub(crate) const SERIES_BYTES: usize = 4 * 1024;
 
 /// One value's series.
 #[derive(Debug)]
@@ -62,13 +71,16 @@ pub(crate) enum Slot {
 pub(crate) struct DetailedSeries {
     max_per_rule: usize,
     rules: RwLock<HashMap<Box<str>, RuleSeries>>,
+    /// Where each series' [`SERIES_BYTES`] are counted.
+    memory: BudgetPart,
 }
 
 impl DetailedSeries {
-    pub(crate) fn new(max_per_rule: usize) -> Self {
+    pub(crate) fn new(max_per_rule: usize, memory: BudgetPart) -> Self {
         DetailedSeries {
             max_per_rule,
             rules: RwLock::default(),
+            memory,
         }
     }
 
@@ -104,7 +116,7 @@ impl DetailedSeries {
             held.last_used_us.fetch_max(now_us, Ordering::Relaxed);
             return Slot::Own(held.metrics.clone());
         }
-        if !fits || rule.values.len() >= self.max_per_rule {
+        if !fits || rule.values.len() >= self.max_per_rule || !self.memory.try_take(SERIES_BYTES) {
             return Slot::Overflow(rule.own.clone());
         }
         let metrics = make(key);
@@ -145,5 +157,38 @@ impl DetailedSeries {
         for key in &dropped {
             forget(key);
         }
+        self.memory.give_back(dropped.len() * SERIES_BYTES);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use sluicegate::MemoryBudget;
+
+    /// With the memory budget spent, a new value overflows as past the cap; a dropped
+    /// series gives its bytes back.
+    #[test]
+    fn series_count_against_the_memory_budget() {
+        let metrics = Metrics::default();
+        let budget = MemoryBudget::new(3 * SERIES_BYTES, 1.0).unwrap();
+        let series = DetailedSeries::new(100, budget.part("metric_series"));
+        let slot = |value: &str, now| {
+            let key = format!("d.user_{value}");
+            series.slot("d.user", &key, 0, now, |k| metrics.rule_metrics(k))
+        };
+        for value in ["a", "b", "c"] {
+            assert!(matches!(slot(value, 0), Slot::Own(_)), "{value}");
+        }
+        assert_eq!(budget.used(), 3 * SERIES_BYTES);
+        assert!(matches!(slot("d", 0), Slot::Overflow(_)), "no room left");
+        assert!(matches!(slot("a", MIN_IDLE_US / 2), Slot::Own(_)), "held");
+        let mut forgotten = Vec::new();
+        series.expire(MIN_IDLE_US, |key| forgotten.push(key.to_owned()));
+        forgotten.sort();
+        assert_eq!(forgotten, ["d.user_b", "d.user_c"]);
+        assert_eq!(budget.used(), SERIES_BYTES);
+        assert!(matches!(slot("d", MIN_IDLE_US), Slot::Own(_)), "room again");
     }
 }

@@ -41,6 +41,9 @@ pub use self::statsd::{StatsdOptions, StatsdTags};
 pub(crate) use self::xds::XdsMetrics;
 use crate::config::Config;
 
+/// The memory budget's part the `detailed_metric` series are counted in.
+pub(crate) const METRIC_SERIES_PART: &str = "metric_series";
+
 /// The content type of [`Metrics::render`]'s text.
 pub(crate) const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
@@ -253,14 +256,23 @@ pub(crate) struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics::new(DEFAULT_NEAR_LIMIT_RATIO, EnvoyStatsOptions::default())
+        Metrics::new(
+            DEFAULT_NEAR_LIMIT_RATIO,
+            EnvoyStatsOptions::default(),
+            sluicegate::MemoryBudget::unlimited().part(METRIC_SERIES_PART),
+        )
     }
 }
 
 impl Metrics {
     /// The service's metrics, a hit near its limit past `near_limit_ratio` of it, envoy's
-    /// statistics written as `envoy_stats` says.
-    pub(crate) fn new(near_limit_ratio: f32, envoy_stats: EnvoyStatsOptions) -> Self {
+    /// statistics written as `envoy_stats` says, `detailed_metric` series counted in
+    /// `memory`.
+    pub(crate) fn new(
+        near_limit_ratio: f32,
+        envoy_stats: EnvoyStatsOptions,
+        memory: sluicegate::BudgetPart,
+    ) -> Self {
         let mut registry = Registry::default();
         let rule_hits = Family::<RuleLabels, Counter>::default();
         registry.register(
@@ -337,7 +349,7 @@ impl Metrics {
         );
         let connections = ConnectionMetrics::register(&mut registry);
         let xds = XdsMetrics::register(&mut registry);
-        let detailed = DetailedSeries::new(envoy_stats.max_detailed_series);
+        let detailed = DetailedSeries::new(envoy_stats.max_detailed_series, memory);
         Metrics {
             registry,
             rule_hits,

@@ -17,8 +17,10 @@ use crate::compat::Counting;
 use crate::config::{Config, ConfiguredLimit, Entry, UnknownDomain};
 use crate::history::History;
 use crate::limit_override::LimitOverride;
-use crate::metrics::{Metrics, RuleMetrics, RuleTotals};
-use crate::offenders::{DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD, Offenders, RuleOffenders};
+use crate::metrics::{METRIC_SERIES_PART, Metrics, RuleMetrics, RuleTotals};
+use crate::offenders::{
+    DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD, Offenders, RuleOffenders, TOP_OFFENDERS_PART,
+};
 
 mod answer;
 mod counting;
@@ -271,8 +273,17 @@ impl Service {
         limiter: Arc<Limiter<AnyStore>>,
         options: ServiceOptions,
     ) -> Self {
-        let metrics = Metrics::new(options.near_limit_ratio, options.envoy_stats.clone());
-        let offenders = Offenders::new(DEFAULT_TOP_KEYS, DEFAULT_TOP_PERIOD);
+        let memory = limiter.memory();
+        let metrics = Metrics::new(
+            options.near_limit_ratio,
+            options.envoy_stats.clone(),
+            memory.part(METRIC_SERIES_PART),
+        );
+        let offenders = Offenders::new(
+            DEFAULT_TOP_KEYS,
+            DEFAULT_TOP_PERIOD,
+            memory.part(TOP_OFFENDERS_PART),
+        );
         let now = limiter.clock().now_micros();
         let live = ArcSwap::from_pointee(Live::new(config, &metrics, &offenders, 1, now));
         Service {
