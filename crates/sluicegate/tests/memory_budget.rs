@@ -192,7 +192,8 @@ fn a_flood_on_one_rule_leaves_the_other_rules_their_share() {
         let store = store(&budget, 100, on_full, &clock);
         let flooded = rule("per-user-hourly", Algorithm::FixedWindow, 10, HOUR);
         let other = rule("per-api", Algorithm::TokenBucket, 5, S);
-        for _ in 0..3 {
+        // At its limit, so that no policy may evict it.
+        for _ in 0..10 {
             assert!(check(&store, &flooded, "held", 1).decision.allowed);
         }
         let mut full = 0;
@@ -229,10 +230,7 @@ fn a_flood_on_one_rule_leaves_the_other_rules_their_share() {
             assert!(outcome.decision.allowed, "{on_full:?}: {outcome:?}");
             assert_eq!(outcome.decided_by, DecidedBy::Store, "{on_full:?}");
         }
-        // Held keys decide exactly: 3 of 10 taken before, 7 more, then refused.
-        for _ in 0..7 {
-            assert!(check(&store, &flooded, "held", 1).decision.allowed);
-        }
+        // Held keys decide exactly: 10 of 10 taken before the flood, refused after it.
         let refused = check(&store, &flooded, "held", 1);
         assert!(!refused.decision.allowed);
         assert_eq!(refused.decided_by, DecidedBy::Store);
@@ -369,4 +367,60 @@ fn a_report_without_room_is_answered_and_not_kept() {
     let outcome = store.check_now(&report).unwrap();
     assert_eq!(outcome.decided_by, DecidedBy::Full(OnFull::Refuse));
     assert_eq!(store.len(), 1);
+}
+
+/// Request ids on one held key are bounded by the budget too: past it, a report is still
+/// counted (units are never dropped) but its id is not remembered, and a check that may
+/// refuse is answered by the policy; the store never holds more than the budget.
+#[test]
+fn request_ids_on_a_held_key_stay_within_the_budget() {
+    for on_full in [OnFull::Refuse, OnFull::Allow, OnFull::EvictIdle] {
+        let clock = ManualClock::new(HOUR);
+        let budget = MemoryBudget::new(64 * 1024, 1.0).unwrap();
+        let store = store(&budget, 1_000, on_full, &clock);
+        let tokens = rule("tokens", Algorithm::TokenBucket, 1_000_000, HOUR);
+        let limits = [Limit {
+            rule: &tokens,
+            key: "model",
+        }];
+        let id_of = |i: usize| format!("{i:08}-{}", "r".repeat(200));
+        let mut full = 0;
+        for i in 0..1_000 {
+            let id = id_of(i);
+            let report = Check {
+                charge: Charge::Reported,
+                request_id: Some(&id),
+                ..Check::new(&limits, 1)
+            };
+            let outcome = store.check_now(&report).unwrap();
+            if outcome.decided_by == DecidedBy::Full(on_full) {
+                full += 1;
+            }
+            assert!(store.bytes() <= budget.limit(), "{on_full:?}: report {i}");
+        }
+        assert!(full > 500, "{on_full:?}: {full} reports found no room");
+        // Every report's unit was counted, remembered or not: 1,000 of 1,000,000 spent (a
+        // peek answers as a cost of 1 would).
+        let peek = store.check_now(&Check::new(&limits, 0)).unwrap();
+        assert_eq!(
+            peek.decision.remaining,
+            1_000_000 - 1_000 - 1,
+            "{on_full:?}"
+        );
+        // A check with a new id: the policy answers it, as a new key's.
+        let id = id_of(5_000);
+        let checked = store
+            .check_now(&Check {
+                request_id: Some(&id),
+                ..Check::new(&limits, 1)
+            })
+            .unwrap();
+        assert_eq!(checked.decided_by, DecidedBy::Full(on_full), "{on_full:?}");
+        assert_eq!(
+            checked.decision.allowed,
+            on_full == OnFull::Allow,
+            "{on_full:?}"
+        );
+        assert!(store.bytes() <= budget.limit());
+    }
 }

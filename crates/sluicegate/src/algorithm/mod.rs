@@ -25,6 +25,11 @@ use sliding_counter::{CounterPlan, SlidingCounterState};
 use sliding_log::{LogPlan, SlidingLogState};
 pub(crate) use usage::creates_entry;
 
+/// About what remembering one more request id of `id_len` bytes adds to a state's heap.
+pub(crate) fn request_id_bytes(id_len: usize) -> usize {
+    request_ids::RequestIds::one_more(id_len)
+}
+
 use std::mem::ManuallyDrop;
 
 use crate::decision::Decision;
@@ -474,6 +479,13 @@ impl RuleState {
             StateKind::Fixed(_) | StateKind::Gcra(_) => 0,
         };
         kind + self.request_ids.heap_bytes()
+    }
+
+    /// Whether a check of `request_id` in mode `charge` at `t` finds the id remembered
+    /// already (a retry, or a conflict): deciding it keeps no more bytes for the id.
+    pub(crate) fn remembers(&self, t: u64, request_id: &str, charge: Charge) -> bool {
+        self.request_ids
+            .holds(Namespace::of(charge), request_id, t.max(self.latest))
     }
 
     /// Whether this state remembers any request id (an admission's, a reservation's): a

@@ -227,6 +227,14 @@ impl RequestIds {
         }
     }
 
+    /// About what remembering one more id of `id_len` bytes adds on the heap: its entry in
+    /// each table, and the id. A table that must grow to take it grows by more; this is
+    /// what is asked of a budget before an id is remembered, and what it holds is then
+    /// counted exactly.
+    pub(crate) fn one_more(id_len: usize) -> usize {
+        size_of::<Remembered>() + 1 + size_of::<Reverse<(u64, u64)>>() + id_len
+    }
+
     /// The bytes these ids hold on the heap: the index, its tables' capacities and the
     /// ids themselves.
     #[inline]

@@ -364,6 +364,17 @@ impl MemoryStore {
             {
                 return Err(check.request_id_conflict(0, remembered));
             }
+            // A new id on a held key grows it: with no room for that, the key is full.
+            let mut request_id = request_id;
+            let id_without_room = request_id.is_some_and(|id| {
+                !slot.state.remembers(t, id, charge) && !self.room_for_ids(&[rule], id.len())
+            });
+            if id_without_room {
+                if charge.may_refuse() && self.on_full != OnFull::Allow {
+                    return Ok(self.full(rule, full_refusal(rule), charge, 0));
+                }
+                request_id = None;
+            }
             // Whatever the mode, a hint of this entry goes before its state may change (a
             // panic cannot leave it stale), and a refusal publishes the state it leaves.
             hint.clear_if_holds(&mut shard.hinted, hash);
@@ -375,6 +386,9 @@ impl MemoryStore {
             }
             if !decision.allowed && StateWords::hold(rule) {
                 Self::publish_refusal(hint, &mut shard.hinted, hash, rule, key, &slot.state);
+            }
+            if id_without_room {
+                return Ok(self.full(rule, decision, charge, 0));
             }
             return Ok(Outcome::single(decision));
         }
@@ -424,6 +438,15 @@ impl MemoryStore {
         outcome.decided_by = DecidedBy::Full(self.on_full);
         outcome.evictions = evictions;
         outcome
+    }
+
+    /// Whether the budget, and each of `rules`' shares, have room to remember one more
+    /// request id of `id_len` bytes in a key of each rule.
+    fn room_for_ids(&self, rules: &[&Rule], id_len: usize) -> bool {
+        let bytes = algorithm::request_id_bytes(id_len);
+        let budget = self.budget.budget();
+        budget.used().saturating_add(bytes * rules.len()) <= budget.limit()
+            && rules.iter().all(|rule| self.rules.has_room(rule, bytes))
     }
 
     /// Publishes the state a refusal left, if it is words. Out of line and cold: an
@@ -513,32 +536,6 @@ impl MemoryStore {
         let rules: Vec<&Rule> = check.limits.iter().map(|l| l.rule).collect();
         let mut states: Vec<&mut RuleState> = slots.iter_mut().map(|(s, _)| &mut s.state).collect();
         let may_refuse = check.charge.may_refuse();
-        let evaluations = if may_refuse {
-            algorithm::evaluate_all(
-                &rules,
-                &states,
-                t,
-                |i| check.cost_of(i),
-                check.request_id,
-                check.charge,
-            )
-        } else {
-            Vec::new()
-        };
-        // Which limits record: all of an admitted check (but a peek), or the charged
-        // refusals of a refused one; in a never-refused mode, each limit on its own.
-        let records: Vec<bool> = if may_refuse {
-            let admits = algorithm::all_allow(&evaluations);
-            evaluations
-                .iter()
-                .map(|e| e.records(admits, check.charge))
-                .collect()
-        } else {
-            (0..rules.len())
-                .map(|i| algorithm::creates_entry(check.charge, check.cost_of(i)))
-                .collect()
-        };
-
         // A conflicting reuse of the request id in any limit refuses the whole check: the
         // held entries go back as they were, and no new one is made.
         let conflict = check.request_id.and_then(|id| {
@@ -557,6 +554,63 @@ impl MemoryStore {
             }
             return Err(conflict);
         }
+        // A new id in a held key grows it: with no room for that, the check is full. A
+        // mode that may refuse is then answered by the policy before anything is recorded;
+        // otherwise it is recorded without its id.
+        let id_without_room = check.request_id.is_some_and(|id| {
+            let growing: Vec<&Rule> = rules
+                .iter()
+                .zip(&states)
+                .zip(&held)
+                .filter(|((_, state), held)| **held && !state.remembers(t, id, check.charge))
+                .map(|((rule, _), _)| *rule)
+                .collect();
+            !growing.is_empty() && !self.room_for_ids(&growing, id.len())
+        });
+        if id_without_room && may_refuse && self.on_full != OnFull::Allow {
+            drop(states);
+            let mut refusals = Vec::with_capacity(rules.len());
+            for (i, (slot, held)) in slots.into_iter().enumerate() {
+                refusals.push(full_refusal(&slot.rule));
+                if held {
+                    self.insert(&mut guards[guard_of(hashes[i])], hashes[i], slot, 0);
+                }
+            }
+            let mut outcome = Outcome::from_limits(refusals);
+            outcome.decided_by = DecidedBy::Full(self.on_full);
+            return Ok(outcome);
+        }
+        let request_id = if id_without_room {
+            None
+        } else {
+            check.request_id
+        };
+
+        let evaluations = if may_refuse {
+            algorithm::evaluate_all(
+                &rules,
+                &states,
+                t,
+                |i| check.cost_of(i),
+                request_id,
+                check.charge,
+            )
+        } else {
+            Vec::new()
+        };
+        // Which limits record: all of an admitted check (but a peek), or the charged
+        // refusals of a refused one; in a never-refused mode, each limit on its own.
+        let records: Vec<bool> = if may_refuse {
+            let admits = algorithm::all_allow(&evaluations);
+            evaluations
+                .iter()
+                .map(|e| e.records(admits, check.charge))
+                .collect()
+        } else {
+            (0..rules.len())
+                .map(|i| algorithm::creates_entry(check.charge, check.cost_of(i)))
+                .collect()
+        };
 
         // Room for every entry the check makes, before anything is recorded.
         let mut evictions = 0;
@@ -598,13 +652,7 @@ impl MemoryStore {
                 })
                 .collect()
         } else if may_refuse {
-            algorithm::finish_all(
-                &rules,
-                &mut states,
-                &evaluations,
-                check.request_id,
-                check.charge,
-            )
+            algorithm::finish_all(&rules, &mut states, &evaluations, request_id, check.charge)
         } else {
             // Never refused, so not all-or-nothing: each limit does its part.
             rules
@@ -613,7 +661,7 @@ impl MemoryStore {
                 .enumerate()
                 .map(|(i, (rule, state))| {
                     let cost = check.cost_of(i);
-                    state.record_usage(rule, t, cost, check.request_id, check.charge)
+                    state.record_usage(rule, t, cost, request_id, check.charge)
                 })
                 .collect()
         };
@@ -633,7 +681,7 @@ impl MemoryStore {
         }
         let mut outcome = Outcome::from_limits(decisions);
         outcome.evictions = evictions;
-        if any_full {
+        if any_full || id_without_room {
             outcome.decided_by = DecidedBy::Full(self.on_full);
         }
         Ok(outcome)

@@ -60,6 +60,14 @@ impl RuleUsages {
         fits
     }
 
+    /// Whether `rule` may hold `bytes` more within its share.
+    pub(super) fn has_room(&self, rule: &Rule, bytes: usize) -> bool {
+        self.of(rule)
+            .bytes
+            .checked_add(bytes)
+            .is_some_and(|after| after <= self.max_bytes)
+    }
+
     /// Gives back `keys` entries of `bytes` in all, of the rule of `owner`.
     pub(super) fn give_back(&self, owner: u64, keys: usize, bytes: usize) {
         let mut shard = self.shard(owner).lock();
