@@ -75,13 +75,19 @@ struct Counter {
 struct SpaceSaving {
     capacity: usize,
     counters: HashMap<Box<str>, Counter>,
+    /// The bytes its keys hold, with their slots.
+    held: usize,
 }
+
+/// What one held key costs beside its text: its map slot and counter.
+const ENTRY_BYTES: usize = size_of::<(Box<str>, Counter)>() + 8;
 
 impl SpaceSaving {
     fn new(capacity: usize) -> Self {
         SpaceSaving {
             capacity: capacity.max(1),
             counters: HashMap::new(),
+            held: 0,
         }
     }
 
@@ -91,6 +97,7 @@ impl SpaceSaving {
             return;
         }
         if self.counters.len() < self.capacity {
+            self.held += ENTRY_BYTES + key.len();
             self.counters.insert(
                 key.into(),
                 Counter {
@@ -111,6 +118,7 @@ impl SpaceSaving {
             return;
         };
         self.counters.remove(&smallest);
+        self.held = self.held - smallest.len() + key.len();
         self.counters.insert(
             key.into(),
             Counter {
@@ -138,6 +146,8 @@ struct Periods {
     started: u64,
     current: SpaceSaving,
     previous: SpaceSaving,
+    /// What both sketches held when last counted in the memory budget.
+    counted: usize,
 }
 
 /// One rule's tracker; shared by every configuration version that holds the rule's path,
@@ -147,22 +157,21 @@ pub(crate) struct RuleOffenders {
     period: u64,
     capacity: usize,
     periods: Mutex<Periods>,
-    /// Where [`RuleOffenders::most_bytes`] is counted while the tracker lives.
+    /// Where what the sketches hold is counted. They are bounded by construction
+    /// (`capacity` keys of at most [`MAX_SHOWN_BYTES`] per period), so they are counted,
+    /// never refused: a rule in force always has its tracker.
     memory: BudgetPart,
 }
 
 impl Drop for RuleOffenders {
     fn drop(&mut self) {
-        self.memory.give_back(Self::most_bytes(self.capacity));
+        self.memory.give_back(self.periods.get_mut().counted);
     }
 }
 
 impl RuleOffenders {
-    /// A tracker of `capacity` keys per period, counted in `memory` at the most it can
-    /// hold: it is bounded by construction, so it is counted whole from the start (and
-    /// never refused: a rule in force always has its tracker).
+    /// A tracker of `capacity` keys per period, what it holds counted in `memory`.
     pub(crate) fn new(capacity: usize, period: u64, now: u64, memory: BudgetPart) -> Self {
-        memory.add(Self::most_bytes(capacity));
         RuleOffenders {
             memory,
             period: period.max(1),
@@ -171,14 +180,16 @@ impl RuleOffenders {
                 started: now,
                 current: SpaceSaving::new(capacity),
                 previous: SpaceSaving::new(capacity),
+                counted: 0,
             }),
         }
     }
 
-    /// The most a tracker of `capacity` keys holds: two periods' keys, each at most
-    /// [`MAX_SHOWN_BYTES`] with its counter and its map slot.
-    fn most_bytes(capacity: usize) -> usize {
-        2 * capacity * (MAX_SHOWN_BYTES + size_of::<(Box<str>, Counter)>() + 8)
+    /// Counts in the memory budget what the sketches hold now.
+    fn count(&self, periods: &mut Periods) {
+        let held = periods.current.held + periods.previous.held;
+        self.memory.resize(periods.counted, held);
+        periods.counted = held;
     }
 
     /// Moves the periods on to `now`: a period that ended becomes the previous one; one
@@ -204,6 +215,7 @@ impl RuleOffenders {
         let mut periods = self.periods.lock();
         self.roll(&mut periods, now);
         periods.current.record(&descriptor, weight);
+        self.count(&mut periods);
     }
 
     /// The `n` keys refused most over the current and the previous period, most first
@@ -211,6 +223,7 @@ impl RuleOffenders {
     pub(crate) fn top(&self, n: usize, now: u64) -> (Vec<Offender>, u64) {
         let mut periods = self.periods.lock();
         self.roll(&mut periods, now);
+        self.count(&mut periods);
         let mut merged: HashMap<&str, Counter> = HashMap::new();
         for sketch in [&periods.previous, &periods.current] {
             for (key, c) in &sketch.counters {
@@ -385,15 +398,27 @@ mod tests {
         assert!(second["c"].top(1, 0).0.is_empty());
     }
 
-    /// A tracker is counted in the memory budget at the most it can hold while it lives.
+    /// What the sketches hold is counted in the memory budget, and given back as periods
+    /// end and trackers go.
     #[test]
-    fn trackers_count_their_bound_while_they_live() {
+    fn what_trackers_hold_is_counted_in_the_memory_budget() {
         let budget = sluicegate::MemoryBudget::unlimited();
-        let offenders = Offenders::new(4, 1_000, budget.part(TOP_OFFENDERS_PART));
+        let offenders = Offenders::new(2, 1_000, budget.part(TOP_OFFENDERS_PART));
         let trackers = offenders.for_paths(["d.a", "d.b"], 0);
-        assert_eq!(budget.used(), 2 * RuleOffenders::most_bytes(4));
+        assert_eq!(budget.used(), 0);
+        trackers["d.a"].record("user=ann", 1, 0);
+        trackers["d.a"].record("user=ann", 1, 0);
+        trackers["d.b"].record("user=bo", 1, 0);
+        assert_eq!(budget.used(), 2 * ENTRY_BYTES + 8 + 7);
+        // Past its capacity a sketch replaces a key: the new key's bytes for the old's.
+        trackers["d.b"].record("user=cy", 1, 0);
+        trackers["d.b"].record("user=dorothy", 1, 0);
+        assert_eq!(budget.used(), 3 * ENTRY_BYTES + 8 + 7 + 12);
+        // Two periods on, d.a's sketches are empty again.
+        trackers["d.a"].top(1, 2_000);
+        assert_eq!(budget.used(), 2 * ENTRY_BYTES + 7 + 12);
         drop(trackers);
-        drop(offenders.for_paths(["d.a"], 0));
-        assert_eq!(budget.used(), RuleOffenders::most_bytes(4), "d.b dropped");
+        drop(offenders.for_paths(["d.a"], 2_000));
+        assert_eq!(budget.used(), 0, "d.b dropped");
     }
 }
