@@ -209,6 +209,8 @@ impl Config {
             domain: &file.domain,
             default: options.default_algorithm,
             envoy_counters: options.envoy_counters,
+            path_bytes: std::cell::Cell::new(0),
+            max_path_bytes: options.max_bytes,
         };
         let mut tree = DescriptorTree::default();
         tree.extend(&build, &file.domain, &[], file.descriptors.0)

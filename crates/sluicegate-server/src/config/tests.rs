@@ -325,6 +325,47 @@ fn the_node_budget_bounds_a_file() {
     assert!(parse(text).is_ok());
 }
 
+/// Long values nested deep spell descriptor paths far longer than the text they came
+/// from (each path repeats every value above it): their bytes are bounded by
+/// --max-config-bytes as the text is, with an error naming the line and the flag.
+#[test]
+fn descriptor_paths_are_bounded_like_the_text() {
+    // Twelve levels of 4 KiB values: 49 KiB of text, 312 KiB of paths.
+    let mut text = String::from("domain: d\ndescriptors:\n");
+    for depth in 0..12 {
+        let indent = "  ".repeat(2 * depth);
+        let value = format!("{depth:02}{}", "v".repeat(4094));
+        text += &format!("{indent}  - key: k{depth}\n{indent}    value: {value}\n");
+        text += &format!("{indent}    rate_limit: {{unit: second, requests_per_unit: 1}}\n");
+        text += &format!("{indent}    descriptors:\n");
+    }
+    text += &format!("{}  - key: leaf\n", "  ".repeat(24));
+    let options = LoadOptions {
+        max_bytes: 64 * 1024,
+        ..LoadOptions::new(DEFAULT_ALGORITHM)
+    };
+    assert!(text.len() < options.max_bytes);
+    let err = Config::parse(Path::new("deep.yaml"), &text, options)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the descriptor paths of this file")
+            && err.contains("--max-config-bytes (65536)"),
+        "{err}"
+    );
+    assert!(
+        err.len() < 4096,
+        "the error quotes a bounded part: {} bytes",
+        err.len()
+    );
+    // The same file within a bound its paths fit.
+    let roomy = LoadOptions {
+        max_bytes: 1 << 20,
+        ..LoadOptions::new(DEFAULT_ALGORITHM)
+    };
+    Config::parse(Path::new("deep.yaml"), &text, roomy).unwrap();
+}
+
 #[test]
 fn an_empty_directory_or_file_is_an_error() {
     let dir = std::env::temp_dir().join(format!("sluicegate-config-empty-{}", std::process::id()));

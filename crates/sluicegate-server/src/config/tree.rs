@@ -51,6 +51,11 @@ pub(super) struct Build<'a> {
     pub(super) default: Algorithm,
     /// Fixed windows count in envoy's own Redis keys (`limit::with_envoy_counter`).
     pub(super) envoy_counters: bool,
+    /// The bytes of the descriptor paths built so far, and the most they may come to. A
+    /// path spells every key and value above its node, so values nested deep make paths
+    /// that hold far more than the text they came from: bounded like the text is.
+    pub(super) path_bytes: std::cell::Cell<usize>,
+    pub(super) max_path_bytes: usize,
 }
 
 impl DescriptorTree {
@@ -211,6 +216,17 @@ fn node(
         Some(value) => format!("{prefix}.{key}_{value}"),
         None => format!("{prefix}.{key}"),
     };
+    let total = build.path_bytes.get().saturating_add(path.len());
+    if total > build.max_path_bytes {
+        // The message before the path: a path this long is cut where the error is shown.
+        return Err(format!(
+            "line {line}: the descriptor paths of this file (the domain, and each key and \
+             value above a descriptor, for every descriptor) come to more than \
+             --max-config-bytes ({}) here: values nest too deep or are too long: {path}",
+            build.max_path_bytes
+        ));
+    }
+    build.path_bytes.set(total);
     let error = |field: &str, message: &str| format!("line {line}: {path}: {field}: {message}");
     if key.is_empty() {
         return Err(error("key", "must not be empty"));
