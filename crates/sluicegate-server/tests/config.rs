@@ -232,6 +232,9 @@ fn a_reload_over_the_byte_bound_keeps_the_rules_in_force() {
         "20ms",
         "--max-config-bytes",
         "300000",
+        // Values this long are refused by default: no request could carry them.
+        "--max-entry-bytes",
+        "300000",
     ]);
     assert!(
         server

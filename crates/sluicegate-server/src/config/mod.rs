@@ -48,6 +48,14 @@ const MAX_QUOTED_BYTES: usize = 1024;
 /// xDS version).
 pub(crate) const MAX_QUOTED_NAME_BYTES: usize = 256;
 
+/// The longest key or value of an entry, in bytes, unless `--max-entry-bytes` says: 64 KiB,
+/// no tighter than Envoy, whose default cap on a request's headers is 60 KiB
+/// (`max_request_headers_kb`), so any header value Envoy forwards as a descriptor value
+/// (a JWT claim, a path) fits. envoyproxy/ratelimit bounds entries only by its gRPC
+/// message size, 4 MiB (grpc-go's default), which tonic's default also keeps for the
+/// whole request here; HTTP bodies stop at 256 KiB.
+pub(crate) const DEFAULT_MAX_ENTRY_BYTES: usize = 64 * 1024;
+
 /// How configuration files are read.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LoadOptions {
@@ -68,6 +76,9 @@ pub(crate) struct LoadOptions {
     /// Fixed windows of whole seconds count in envoy's own Redis keys
     /// (`limit::with_envoy_counter`).
     pub(crate) envoy_counters: bool,
+    /// The longest key or value a request may carry (`--max-entry-bytes`): a descriptor's
+    /// key or value longer than that could never be matched, and is refused.
+    pub(crate) max_entry_bytes: usize,
 }
 
 #[cfg(test)]
@@ -82,6 +93,7 @@ impl LoadOptions {
             ignore_dotfiles: true,
             merge_domains: false,
             envoy_counters: false,
+            max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
         }
     }
 }
@@ -211,6 +223,7 @@ impl Config {
             envoy_counters: options.envoy_counters,
             path_bytes: std::cell::Cell::new(0),
             max_path_bytes: options.max_bytes,
+            max_entry_bytes: options.max_entry_bytes,
         };
         let mut tree = DescriptorTree::default();
         tree.extend(&build, &file.domain, &[], file.descriptors.0)

@@ -366,6 +366,40 @@ fn descriptor_paths_are_bounded_like_the_text() {
     Config::parse(Path::new("deep.yaml"), &text, roomy).unwrap();
 }
 
+/// A key or value longer than a request may carry could never be matched: refused, naming
+/// the line, the field and the flag, so that a long value cannot cost memory (its path is
+/// in every metric label of its rule) for nothing. Raising the flag admits it.
+#[test]
+fn keys_and_values_longer_than_a_request_may_carry_are_refused() {
+    let value = "v".repeat(DEFAULT_MAX_ENTRY_BYTES + 1);
+    let text = format!(
+        "domain: d\ndescriptors:\n  - key: a\n    value: {value}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+    );
+    let err = parse(&text).unwrap_err().to_string();
+    assert!(
+        err.starts_with(
+            "limits.yaml: line 3: value: 65537 bytes, longer than --max-entry-bytes (65536)"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.len() < 4096,
+        "the error quotes a bounded part: {} bytes",
+        err.len()
+    );
+    let key_text = text.replace(
+        &format!("key: a\n    value: {value}"),
+        &format!("key: {value}"),
+    );
+    let err = parse(&key_text).unwrap_err().to_string();
+    assert!(err.contains("line 3: key: 65537 bytes"), "{err}");
+    let roomy = LoadOptions {
+        max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES + 1,
+        ..LoadOptions::new(DEFAULT_ALGORITHM)
+    };
+    Config::parse(Path::new("limits.yaml"), &text, roomy).unwrap();
+}
+
 #[test]
 fn an_empty_directory_or_file_is_an_error() {
     let dir = std::env::temp_dir().join(format!("sluicegate-config-empty-{}", std::process::id()));

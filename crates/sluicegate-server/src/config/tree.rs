@@ -56,6 +56,8 @@ pub(super) struct Build<'a> {
     /// that hold far more than the text they came from: bounded like the text is.
     pub(super) path_bytes: std::cell::Cell<usize>,
     pub(super) max_path_bytes: usize,
+    /// The longest key or value a request may carry: a longer one here matches nothing.
+    pub(super) max_entry_bytes: usize,
 }
 
 impl DescriptorTree {
@@ -216,6 +218,18 @@ fn node(
         Some(value) => format!("{prefix}.{key}_{value}"),
         None => format!("{prefix}.{key}"),
     };
+    for (field, text) in [("key", Some(key.as_str())), ("value", value.as_deref())] {
+        let Some(text) = text.filter(|t| t.len() > build.max_entry_bytes) else {
+            continue;
+        };
+        // The message before the path: a path this long is cut where the error is shown.
+        return Err(format!(
+            "line {line}: {field}: {} bytes, longer than --max-entry-bytes ({}) lets a \
+             request carry, so no request could match it: {path}",
+            text.len(),
+            build.max_entry_bytes
+        ));
+    }
     let total = build.path_bytes.get().saturating_add(path.len());
     if total > build.max_path_bytes {
         // The message before the path: a path this long is cut where the error is shown.

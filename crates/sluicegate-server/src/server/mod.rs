@@ -136,6 +136,7 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         ignore_dotfiles: options.config_ignore_dotfiles,
         merge_domains: options.merge_domain_config,
         envoy_counters: options.service.compat.envoy_counters(),
+        max_entry_bytes: options.service.max_entry_bytes,
     };
     // The files as they were before loading, so an edit made meanwhile is reloaded too.
     let loaded_files = options

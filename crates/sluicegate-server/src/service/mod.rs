@@ -207,13 +207,7 @@ fn detailed_key(domain: &str, entries: &[Entry]) -> String {
 pub(crate) const MAX_DESCRIPTORS: usize = 64;
 /// The most entries one descriptor may carry (but under `--compat envoy`).
 pub(crate) const MAX_ENTRIES: usize = 16;
-/// The longest key or value of an entry, in bytes, unless `--max-entry-bytes` says: 64 KiB,
-/// no tighter than Envoy, whose default cap on a request's headers is 60 KiB
-/// (`max_request_headers_kb`), so any header value Envoy forwards as a descriptor value
-/// (a JWT claim, a path) fits. envoyproxy/ratelimit bounds entries only by its gRPC
-/// message size, 4 MiB (grpc-go's default), which tonic's default also keeps for the
-/// whole request here; HTTP bodies stop at 256 KiB.
-pub(crate) const DEFAULT_MAX_ENTRY_BYTES: usize = 64 * 1024;
+pub(crate) use crate::config::DEFAULT_MAX_ENTRY_BYTES;
 
 impl Live {
     fn new(
