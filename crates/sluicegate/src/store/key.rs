@@ -28,7 +28,7 @@ pub const DIGESTED_KEY_BYTES: usize = DIGEST_MARKER.len() + 64;
 
 /// Whether `key` is stored as it is.
 #[inline]
-fn kept(key: &str) -> bool {
+pub(crate) fn key_kept(key: &str) -> bool {
     key.len() <= MAX_STORED_KEY_BYTES && !key.starts_with(DIGEST_MARKER)
 }
 
@@ -37,7 +37,7 @@ fn kept(key: &str) -> bool {
 /// SHA-256 of its bytes in lowercase hex.
 #[inline]
 pub fn stored_key(key: &str) -> Cow<'_, str> {
-    if kept(key) {
+    if key_kept(key) {
         Cow::Borrowed(key)
     } else {
         Cow::Owned(digest(key))
@@ -54,12 +54,19 @@ fn digest(key: &str) -> String {
     digested
 }
 
-/// Runs `decide` on `check` with every limit's key replaced by its stored key. Nearly every
-/// check's keys are kept as they are: those are passed through with nothing copied.
+/// Whether every limit's key of `check` is stored as it is: nearly every check's. Tested
+/// before [`with_stored_keys`] rather than inside it, so that the common case stays a
+/// straight call the compiler inlines.
+#[inline]
+pub(crate) fn keys_kept(check: &Check<'_>) -> bool {
+    check.limits.iter().all(|limit| key_kept(limit.key))
+}
+
+/// Runs `decide` on `check` with every limit's key replaced by its stored key (for a check
+/// some of whose keys are not [`keys_kept`]).
+#[cold]
+#[inline(never)]
 pub(crate) fn with_stored_keys<R>(check: &Check<'_>, decide: impl FnOnce(&Check<'_>) -> R) -> R {
-    if check.limits.iter().all(|limit| kept(limit.key)) {
-        return decide(check);
-    }
     let keys: Vec<Cow<'_, str>> = check.limits.iter().map(|l| stored_key(l.key)).collect();
     let limits: Vec<Limit<'_>> = check
         .limits
