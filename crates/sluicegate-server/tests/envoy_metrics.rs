@@ -43,20 +43,7 @@ async fn hit(server: &Server, entries: &[(&str, &str)], hits: u32, times: usize)
         .await
         .unwrap();
     for _ in 0..times {
-        let request = RateLimitRequest {
-            domain: "d".to_owned(),
-            descriptors: vec![RateLimitDescriptor {
-                entries: entries
-                    .iter()
-                    .map(|(k, v)| Entry {
-                        key: (*k).to_owned(),
-                        value: (*v).to_owned(),
-                    })
-                    .collect(),
-                ..RateLimitDescriptor::default()
-            }],
-            hits_addend: hits,
-        };
+        let request = server::rls_request("d", entries, hits);
         client.should_rate_limit(request).await.unwrap();
     }
 }

@@ -11,28 +11,13 @@ use server::Server;
 
 use std::process::Command;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt32Value;
 
 fn request(domain: &str, pairs: &[(&str, &str)]) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: domain.to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: pairs
-                .iter()
-                .map(|(k, v)| Entry {
-                    key: (*k).to_owned(),
-                    value: (*v).to_owned(),
-                })
-                .collect(),
-            ..RateLimitDescriptor::default()
-        }],
-        hits_addend: 0,
-    }
+    server::rls_request(domain, pairs, 0)
 }
 
 /// The example rules give each user 5 per 10 s: five OK, then OVER_LIMIT with its status.

@@ -7,9 +7,6 @@ mod server;
 
 use server::Server;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
@@ -22,23 +19,6 @@ fn body(pairs: &[(&str, &str)]) -> String {
         r#"{{"domain":"example","descriptors":[{{"entries":[{}]}}]}}"#,
         entries.join(",")
     )
-}
-
-fn grpc_request(pairs: &[(&str, &str)]) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "example".to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: pairs
-                .iter()
-                .map(|(k, v)| Entry {
-                    key: (*k).to_owned(),
-                    value: (*v).to_owned(),
-                })
-                .collect(),
-            ..RateLimitDescriptor::default()
-        }],
-        hits_addend: 0,
-    }
 }
 
 /// Floods the one-hour rule with new users until the store is full; the statuses seen.
@@ -77,7 +57,7 @@ fn newcomers(server: &Server, round: usize) -> [(u16, i32); 2] {
         let grpc_pairs: Vec<(&str, &str)> =
             grpc_pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let response = runtime
-            .block_on(client.should_rate_limit(grpc_request(&grpc_pairs)))
+            .block_on(client.should_rate_limit(server::rls_request("example", &grpc_pairs, 0)))
             .expect("answered, not UNAVAILABLE")
             .into_inner();
         *answer = (status, response.overall_code);

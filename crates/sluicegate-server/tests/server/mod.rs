@@ -9,6 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
 
 use clap::Parser;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -384,4 +387,23 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .unwrap()
+}
+
+/// Envoy's `ShouldRateLimit` request in `domain` of one descriptor of `pairs`, each
+/// descriptor adding `hits` (0: Envoy's default, one).
+pub fn rls_request(domain: &str, pairs: &[(&str, &str)], hits: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: pairs
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: (*k).to_owned(),
+                    value: (*v).to_owned(),
+                })
+                .collect(),
+            ..RateLimitDescriptor::default()
+        }],
+        hits_addend: hits,
+    }
 }
