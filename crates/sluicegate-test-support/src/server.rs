@@ -1,8 +1,10 @@
 //! One redis-server process on a loopback port, and the client calls tests make to it.
 
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use redis::{Cmd, FromRedisValue, RedisResult, TlsCertificates, Value, cmd};
@@ -96,6 +98,7 @@ impl RedisServer {
                 .map(|s| (*s).to_owned()),
         );
         let log = dir.join("log");
+        *HELD_PORTS.lock().unwrap().entry(port).or_default() += 1;
         let server = RedisServer {
             port,
             access,
@@ -221,10 +224,33 @@ fn signal(pid: u32, name: &str) {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free loopback port");
+        if !HELD_PORTS.lock().unwrap().contains_key(&port) {
+            return port;
+        }
+    }
+}
+
+/// The ports of this process's servers, as many times as a server holds each: a server
+/// that was shut down keeps its port until it is dropped, since a test restarts it there,
+/// and a free port picked meanwhile for another server must not be that one (two servers
+/// would then answer for each other).
+static HELD_PORTS: Mutex<BTreeMap<u16, usize>> = Mutex::new(BTreeMap::new());
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let mut held = HELD_PORTS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = held.get_mut(&self.port) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.port);
+            }
+        }
+    }
 }
 
 /// Runs `redis-server ARGS` (output to `log`) under a shell that waits on a pipe from this
