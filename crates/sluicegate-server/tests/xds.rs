@@ -78,6 +78,16 @@ impl AggregatedDiscoveryService for Ads {
             .map(|v| v.to_str().unwrap().to_owned());
         let mut inbound = request.into_inner();
         let seen = self.seen.clone();
+        // The first request is read before any response is sent, as a management server
+        // answers requests: a client that resets the stream on the response (one over
+        // its message limit) can then not discard a request nobody has read yet.
+        if let Ok(Some(request)) = inbound.message().await {
+            let _ = seen.send(Seen {
+                request,
+                stream,
+                token: token.clone(),
+            });
+        }
         tokio::spawn(async move {
             while let Ok(Some(request)) = inbound.message().await {
                 let _ = seen.send(Seen {
