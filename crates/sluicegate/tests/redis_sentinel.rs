@@ -386,9 +386,10 @@ async fn wrong_credentials_and_an_untrusted_authority_each_fail_saying_which() {
     says(&err, "the connection to the sentinels", "UnknownIssuer");
 }
 
-/// One of two sentinels stopped, and the master too: the live sentinel has it down and
-/// names no master, the stopped one refuses the connection. The error says that no master
-/// is usable, and does not blame the master's connection for the sentinel's refusal.
+/// One of two sentinels stopped, and the master too: the live sentinel has it down (and
+/// cannot fail over alone), the stopped one refuses the connection. The error names the
+/// master the live sentinel names and says that it refuses connections, and does not
+/// blame the master's credentials or TLS for the sentinel's refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_down_with_the_master_is_not_blamed_on_the_master() {
     let test = "sentinel-and-master-down";
@@ -422,8 +423,35 @@ async fn a_sentinel_down_with_the_master_is_not_blamed_on_the_master() {
         Err(err @ StoreError::Unavailable { .. }) => err.to_string(),
         other => panic!("not refused as unavailable: {other:?}"),
     };
+    let named = format!(
+        "the sentinels answer and name master {} at 127.0.0.1:{}, which refuses connections",
+        RedisSentinel::MASTER_NAME,
+        deployment.servers.master.port
+    );
     assert!(
-        err.contains("a sentinel answers; no usable master") && !err.contains("the master the"),
+        err.contains(&named) && !err.contains("the connection to the master"),
         "{err}"
     );
+}
+
+/// Every sentinel up, the master's process killed and no replica to promote: the
+/// sentinels still name the master. The error says so — the sentinels answer, the master
+/// they name, where, and that it refuses connections — not that no master came from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_the_sentinels_still_name_is_named_with_its_address() {
+    let test = "master-down-sentinels-up";
+    let deployment = Deployment::start(test, 1, PLAIN);
+    let url = deployment.url(None, None);
+    deployment.servers.replica.shutdown();
+    deployment.servers.master.shutdown();
+    let err = match RedisStore::connect(deployment.config(&url, test)).await {
+        Err(err @ StoreError::Unavailable { .. }) => err.to_string(),
+        other => panic!("not refused as unavailable: {other:?}"),
+    };
+    let named = format!(
+        "the sentinels answer and name master {} at 127.0.0.1:{}, which refuses connections",
+        RedisSentinel::MASTER_NAME,
+        deployment.servers.master.port
+    );
+    assert!(err.contains(&named), "{err}");
 }

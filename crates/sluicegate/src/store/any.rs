@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::check::{
-    Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_EXPIRATION_JITTER_MAX, DEFAULT_REDIS_PREFIX,
-    DEFAULT_REDIS_TIMEOUT, Outcome, Store,
+    Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_EXPIRATION_JITTER_MAX,
+    DEFAULT_LOST_STATE_CHECK_INTERVAL, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome, Store,
 };
 use super::error::StoreError;
 use super::memory::{MemoryStore, MemoryStoreConfig};
@@ -44,6 +44,9 @@ pub struct StoreOptions {
     /// How often Redis' `maxmemory-policy` is read again after connecting; zero: at
     /// connect only.
     pub eviction_check_interval: Duration,
+    /// How often Redis is checked for state it lost (a restart without persistence, a
+    /// failover that lost writes, a flush); zero: at connect only, which sees no loss.
+    pub lost_state_check_interval: Duration,
     /// How much longer than its window an envoy counter may live in Redis, at most
     /// (`RedisStoreConfig::expiration_jitter_max`).
     pub expiration_jitter_max: Duration,
@@ -78,6 +81,7 @@ impl StoreOptions {
             tls_ca: None,
             tls_client: None,
             eviction_check_interval: DEFAULT_EVICTION_CHECK_INTERVAL,
+            lost_state_check_interval: DEFAULT_LOST_STATE_CHECK_INTERVAL,
             expiration_jitter_max: DEFAULT_EXPIRATION_JITTER_MAX,
             memory: MemoryStoreConfig::default(),
         }
@@ -104,6 +108,7 @@ impl AnyStore {
                     tls_ca: options.tls_ca,
                     tls_client: options.tls_client,
                     eviction_check_interval: options.eviction_check_interval,
+                    lost_state_check_interval: options.lost_state_check_interval,
                     scripting: Scripting::Auto,
                     expiration_jitter_max: options.expiration_jitter_max,
                 },
@@ -150,6 +155,14 @@ impl Store for AnyStore {
             AnyStore::Memory(store) => store.check_now(check),
             #[cfg(feature = "redis")]
             AnyStore::Redis(store) => store.check(check).await,
+        }
+    }
+
+    fn lost_state_generation(&self, check: &Check<'_>) -> u64 {
+        match self {
+            AnyStore::Memory(store) => store.lost_state_generation(check),
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(store) => store.lost_state_generation(check),
         }
     }
 }

@@ -28,6 +28,9 @@ pub(crate) const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(250);
 pub(crate) const DEFAULT_EXPIRATION_JITTER_MAX: Duration = Duration::from_secs(300);
 /// How often Redis' `maxmemory-policy` is read again unless configured.
 pub(crate) const DEFAULT_EVICTION_CHECK_INTERVAL: Duration = Duration::from_secs(60);
+/// How often Redis is checked for lost state unless configured: a loss is seen within
+/// this long, at the cost of one `INFO` and one `GET` per node each time.
+pub(crate) const DEFAULT_LOST_STATE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One rule applied to one key.
 #[derive(Clone, Copy, Debug)]
@@ -277,4 +280,12 @@ impl Outcome {
 pub trait Store: Send + Sync {
     /// Decides `check` atomically (docs/SPEC.md). An error means nothing was decided.
     fn check(&self, check: &Check<'_>) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
+
+    /// How many times the servers holding `check`'s keys were found to have lost state
+    /// that this store wrote (a restart without persistence, a failover that lost writes,
+    /// a flush), summed over them; it only grows. A store that cannot lose its state
+    /// answers 0.
+    fn lost_state_generation(&self, _check: &Check<'_>) -> u64 {
+        0
+    }
 }

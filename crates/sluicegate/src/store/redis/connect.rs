@@ -76,10 +76,10 @@ impl Connection {
                     &tcp_settings(),
                 )
                 .map_err(|e| unavailable(e.to_string()))?;
-                let master = sentinel::master(&mut client, connect_timeout)
+                let master = sentinel::master(&mut client, &names.master_name, connect_timeout)
                     .await
                     .map_err(unavailable)?;
-                sentinels = Some(client);
+                sentinels = Some((client, names.master_name.clone()));
                 master
             }
             Topology::Cluster(nodes) => {
@@ -114,9 +114,10 @@ impl Connection {
         let manager = Replaceable::connect(client, manager_config, connect_timeout)
             .await
             .map_err(unavailable)?;
-        if let Some(sentinels) = sentinels {
+        if let Some((sentinels, master_name)) = sentinels {
             tokio::spawn(ReplaceableInner::follow(
                 sentinels,
+                master_name,
                 Arc::downgrade(&manager.0),
                 connect_timeout,
             ));
@@ -280,10 +281,12 @@ impl Replaceable {
 }
 
 impl ReplaceableInner {
-    /// Asks `sentinels` every [`sentinel::LOOKUP_EVERY`] which server is the master, and
-    /// moves `connection` there when it is another; ends when the connection is dropped.
+    /// Asks `sentinels` every [`sentinel::LOOKUP_EVERY`] which server is `master_name`'s
+    /// master, and moves `connection` there when it is another; ends when the connection
+    /// is dropped.
     async fn follow(
         mut sentinels: SentinelClient,
+        master_name: String,
         connection: Weak<ReplaceableInner>,
         timeout: Duration,
     ) {
@@ -291,7 +294,7 @@ impl ReplaceableInner {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            let master = sentinel::current_master(&mut sentinels, timeout).await;
+            let master = sentinel::current_master(&mut sentinels, &master_name, timeout).await;
             let Some(connection) = connection.upgrade() else {
                 return;
             };

@@ -16,6 +16,7 @@ use redis::{FromRedisValue, RedisError, Value};
 
 use super::connect::Connection;
 use super::error::bounded;
+use super::periodic::Periodic;
 
 /// The one policy under which Redis never deletes a key to make room.
 pub const NO_EVICTION: &str = "noeviction";
@@ -75,15 +76,7 @@ impl Eviction {
 /// which ends when this is dropped (with the last clone of the store).
 pub(super) struct EvictionWatch {
     latest: Arc<Mutex<Eviction>>,
-    task: Option<tokio::task::AbortHandle>,
-}
-
-impl Drop for EvictionWatch {
-    fn drop(&mut self) {
-        if let Some(task) = &self.task {
-            task.abort();
-        }
-    }
+    _task: Periodic,
 }
 
 impl EvictionWatch {
@@ -98,22 +91,22 @@ impl EvictionWatch {
         let first = read(&connection, &server, timeout).await;
         log_change(None, &first);
         let latest = Arc::new(Mutex::new(first));
-        let task = (!interval.is_zero()).then(|| {
+        let task = Periodic::start(interval, {
             let latest = Arc::clone(&latest);
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(interval);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                tick.tick().await;
-                loop {
-                    tick.tick().await;
+            move || {
+                let (connection, server, latest) =
+                    (connection.clone(), server.clone(), Arc::clone(&latest));
+                async move {
                     let now = read(&connection, &server, timeout).await;
                     let before = std::mem::replace(&mut *latest.lock(), now.clone());
                     log_change(Some(&before), &now);
                 }
-            })
-            .abort_handle()
+            }
         });
-        EvictionWatch { latest, task }
+        EvictionWatch {
+            latest,
+            _task: task,
+        }
     }
 
     /// The policies as last read.

@@ -78,6 +78,17 @@ pub(super) fn state_key(prefix: &str, rule: &Rule, key: &str, at: u64) -> String
     }
 }
 
+/// The key holding a server's epoch marker (see `lost_state`): on a single server
+/// `{prefix}sluicegate-epoch`; on a Redis Cluster one per master,
+/// `{prefix}sluicegate-epoch:{TAG}`, the tag chosen so that the key hashes to a slot the
+/// master serves.
+pub(super) fn marker_key(prefix: &str, tag: Option<u32>) -> String {
+    match tag {
+        None => format!("{prefix}sluicegate-epoch"),
+        Some(tag) => format!("{prefix}sluicegate-epoch:{{{tag}}}"),
+    }
+}
+
 /// The hash slot of every key of `rule` for `key` (at `at`, for an envoy counter).
 pub(super) fn state_slot(prefix: &str, rule: &Rule, key: &str, at: u64) -> u16 {
     if rule.envoy_counter() {

@@ -18,6 +18,8 @@ mod connect;
 mod error;
 mod eviction;
 mod keys;
+mod lost_state;
+mod periodic;
 mod script;
 mod scripting;
 mod sentinel;
@@ -29,13 +31,14 @@ use std::time::Duration;
 
 pub use eviction::{Eviction, NO_EVICTION, NodePolicy};
 pub use keys::{KeyKind, envoy_counter_key, hash_slot, identity_slot, key_pattern, redis_key};
+pub use lost_state::{LossReason, LostState, StateLoss, WatchedNode};
 pub use script::{ScriptCalls, ScriptTime};
 pub use scripting::Scripting;
 
 use super::any::TlsClientIdentity;
 use super::check::{
-    Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_EXPIRATION_JITTER_MAX, DEFAULT_REDIS_PREFIX,
-    DEFAULT_REDIS_TIMEOUT, Outcome, Store,
+    Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_EXPIRATION_JITTER_MAX,
+    DEFAULT_LOST_STATE_CHECK_INTERVAL, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome, Store,
 };
 use super::error::StoreError;
 use super::url::{RedisUrl, StoreUrl, Target};
@@ -44,6 +47,7 @@ use cluster::RunScript;
 use connect::Connection;
 use error::CallError;
 use eviction::EvictionWatch;
+use lost_state::LostStateWatch;
 use script::{CallCounters, Mode, Row, ScriptCheck, ScriptRow};
 use scripting::CheckScript;
 
@@ -67,6 +71,9 @@ pub struct RedisStoreConfig {
     /// How often the servers' `maxmemory-policy` is read again after connecting
     /// ([`RedisStore::eviction`]); zero reads it at connect only.
     pub eviction_check_interval: Duration,
+    /// How often each server is checked for state it lost ([`RedisStore::lost_state`]);
+    /// zero checks at connect only, which sees no loss.
+    pub lost_state_check_interval: Duration,
     /// How the check script is run: as a Redis Function where the server has them.
     pub scripting: Scripting,
     /// An envoy counter ([`Rule::with_envoy_counter`]) lives for its window plus a jitter
@@ -77,7 +84,7 @@ pub struct RedisStoreConfig {
 
 impl RedisStoreConfig {
     /// Defaults for `url`: prefix `sluicegate:`, a 250 ms timeout, the eviction policy
-    /// read every minute.
+    /// read every minute, lost state checked every second.
     pub fn new(url: &str) -> Self {
         RedisStoreConfig {
             url: url.to_owned(),
@@ -86,6 +93,7 @@ impl RedisStoreConfig {
             tls_ca: None,
             tls_client: None,
             eviction_check_interval: DEFAULT_EVICTION_CHECK_INTERVAL,
+            lost_state_check_interval: DEFAULT_LOST_STATE_CHECK_INTERVAL,
             scripting: Scripting::Auto,
             expiration_jitter_max: DEFAULT_EXPIRATION_JITTER_MAX,
         }
@@ -105,6 +113,7 @@ pub struct RedisStore {
     /// Where it connects, without credentials: named in every error.
     server: String,
     eviction: Arc<EvictionWatch>,
+    lost_state: Arc<LostStateWatch>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -146,6 +155,7 @@ impl RedisStore {
             tls_ca,
             tls_client,
             eviction_check_interval,
+            lost_state_check_interval,
             scripting,
             expiration_jitter_max,
             ..
@@ -171,6 +181,14 @@ impl RedisStore {
             eviction_check_interval,
         )
         .await;
+        let lost_state = LostStateWatch::start(
+            connection.clone(),
+            server.clone(),
+            prefix.clone(),
+            timeout.max(Duration::from_secs(1)),
+            lost_state_check_interval,
+        )
+        .await;
         Ok(RedisStore {
             connection,
             script,
@@ -180,6 +198,7 @@ impl RedisStore {
             timeout,
             server,
             eviction: Arc::new(eviction),
+            lost_state: Arc::new(lost_state),
         })
     }
 
@@ -188,6 +207,13 @@ impl RedisStore {
     /// `maxmemory` deletes keys, and a limit whose state it deletes starts over.
     pub fn eviction(&self) -> Eviction {
         self.eviction.latest()
+    }
+
+    /// What the store found of state Redis lost since it connected (see
+    /// [`Store::lost_state_generation`]): checked at connect, then every
+    /// `lost_state_check_interval`.
+    pub fn lost_state(&self) -> LostState {
+        self.lost_state.latest()
     }
 
     /// Whether the server answers, within the timeout.
@@ -410,5 +436,11 @@ impl Store for RedisStore {
         Ok(Outcome::from_limits(
             rows.into_iter().map(|row| row.decision).collect(),
         ))
+    }
+
+    /// One atomic read on a single server; on a cluster, one per limit, of its slot's
+    /// count (bumped for every slot of a master found to have lost state).
+    fn lost_state_generation(&self, check: &Check<'_>) -> u64 {
+        self.lost_state.generation(&self.prefix, check)
     }
 }

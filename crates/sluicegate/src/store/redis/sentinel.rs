@@ -72,6 +72,7 @@ pub(super) fn sentinels(
 /// told: a wrong password or an untrusted certificate is fixed in a different place for each.
 pub(super) async fn master(
     sentinels: &mut SentinelClient,
+    master_name: &str,
     timeout: Duration,
 ) -> Result<redis::Client, String> {
     let err = match lookup(sentinels, timeout).await {
@@ -91,9 +92,7 @@ pub(super) async fn master(
         Ok(Ok(_)) if is_credentials_or_tls(&err) => Err(format!(
             "the connection to the master the sentinels name failed: {err}"
         )),
-        Ok(Ok(_)) => Err(format!(
-            "a sentinel answers; no usable master from them: {err}"
-        )),
+        Ok(Ok(sentinel)) => Err(unusable_master(&sentinel, master_name, &err, timeout).await),
         Ok(Err(sentinel_err)) => Err(format!(
             "the connection to the sentinels failed: {sentinel_err}"
         )),
@@ -102,18 +101,63 @@ pub(super) async fn master(
 }
 
 /// The master's client, as the sentinels name it now, within `timeout`; for following it.
-/// A failure is only logged, and is not told apart as [`master`] does: that second round
-/// trip, in every failover window, would delay noticing the new master.
+/// A failure is only logged; it names the master the sentinels name and what connecting
+/// to it did, asked of a sentinel after the failure (one round trip to a sentinel, so the
+/// next lookup is that much later at most).
 pub(super) async fn current_master(
     sentinels: &mut SentinelClient,
+    master_name: &str,
     timeout: Duration,
 ) -> Result<redis::Client, String> {
-    lookup(sentinels, timeout)
-        .await
-        .map_err(|failure| match failure {
-            Lookup::TimedOut => within(timeout, "the sentinels or the master"),
-            Lookup::Failed(err) => format!("no usable master from the sentinels: {err}"),
-        })
+    match lookup(sentinels, timeout).await {
+        Ok(master) => Ok(master),
+        Err(Lookup::TimedOut) => Err(within(timeout, "the sentinels or the master")),
+        Err(Lookup::Failed(err)) => {
+            match tokio::time::timeout(timeout, sentinels.async_get_sentinel_client()).await {
+                Ok(Ok(sentinel)) => {
+                    Err(unusable_master(&sentinel, master_name, &err, timeout).await)
+                }
+                _ => Err(format!("no sentinel answers: {err}")),
+            }
+        }
+    }
+}
+
+/// What to say when a sentinel answers but the master could not be used (`err`): which
+/// master the sentinels name, where, and whether it takes connections (tried now: the
+/// redis crate's error may be a sentinel's, not the master's).
+async fn unusable_master(
+    sentinel: &redis::Client,
+    master_name: &str,
+    err: &redis::RedisError,
+    timeout: Duration,
+) -> String {
+    let named = tokio::time::timeout(timeout, async {
+        let mut connection = sentinel.get_multiplexed_async_connection().await?;
+        redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(master_name)
+            .query_async::<Option<(String, u16)>>(&mut connection)
+            .await
+    })
+    .await;
+    let Ok(Ok(Some((host, port)))) = named else {
+        return format!("a sentinel answers, but names no usable master {master_name}: {err}");
+    };
+    let reached = tokio::time::timeout(
+        timeout,
+        tokio::net::TcpStream::connect((host.as_str(), port)),
+    )
+    .await;
+    let state = match reached {
+        Ok(Ok(_)) => format!("which takes connections, but using it failed: {err}"),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            "which refuses connections (it is down)".to_owned()
+        }
+        Ok(Err(e)) => format!("which cannot be reached: {e}"),
+        Err(_) => format!("which does not answer within {timeout:?}"),
+    };
+    format!("the sentinels answer and name master {master_name} at {host}:{port}, {state}")
 }
 
 /// Why the sentinels named no master.

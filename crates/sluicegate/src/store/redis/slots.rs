@@ -5,7 +5,7 @@
 use redis::Value;
 
 /// Hash slots of a Redis Cluster.
-const SLOTS: usize = 16384;
+pub(super) const SLOTS: usize = 16384;
 
 /// Each slot's node, as a number, and each node's address.
 pub(super) struct SlotMap {
@@ -71,6 +71,19 @@ impl SlotMap {
         self.addresses
             .get(usize::from(node))
             .map(|(host, port)| (host.as_str(), *port))
+    }
+
+    /// Every node that serves a slot: its number and its host and port.
+    pub(super) fn nodes(&self) -> impl Iterator<Item = (u16, (&str, u16))> {
+        self.addresses
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (host, port))| Some((u16::try_from(i).ok()?, (host.as_str(), *port))))
+    }
+
+    /// The slots `node` serves.
+    pub(super) fn slots_of(&self, node: u16) -> impl Iterator<Item = u16> + '_ {
+        (0..SLOTS as u16).filter(move |&slot| self.node_of(slot) == Some(node))
     }
 
     /// The node serving `slot`, if known.
