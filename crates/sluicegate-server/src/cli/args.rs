@@ -121,6 +121,12 @@ pub(crate) struct StoreArgs {
     /// only); any policy but noeviction is warned about.
     #[arg(long, env = "SLUICEGATE_EVICTION_CHECK_INTERVAL", default_value = "60s", value_parser = parse_duration_arg)]
     eviction_check_interval: DurationArg,
+    /// How often each Redis node is checked for state it lost (a restart without
+    /// persistence, a flush, a failover that lost writes: an epoch marker, run_id and
+    /// replication offsets); a loss is logged, counted and shown in /readyz. 0s: at
+    /// connect only, which sees none.
+    #[arg(long, env = "SLUICEGATE_LOST_STATE_CHECK_INTERVAL", default_value = "1s", value_parser = parse_duration_arg)]
+    lost_state_check_interval: DurationArg,
 }
 
 /// A store URL as written, checked by [`StoreUrl`] when the flags are read (kept as text:
@@ -145,6 +151,7 @@ impl StoreArgs {
             .unwrap_or_else(|| default_prefix.to_owned());
         options.timeout = self.store_timeout.duration();
         options.eviction_check_interval = self.eviction_check_interval.duration();
+        options.lost_state_check_interval = self.lost_state_check_interval.duration();
         let read = |flag: &str, path: &PathBuf| {
             std::fs::read(path).with_context(|| format!("{flag}: cannot read {}", path.display()))
         };

@@ -16,7 +16,8 @@ pub(super) async fn healthz() -> &'static str {
 }
 
 /// Ready when the store answers. A Redis that may evict keys is named in the body, and
-/// with `--require-noeviction` makes the service not ready.
+/// with `--require-noeviction` makes the service not ready; a Redis node found to have
+/// lost state is named in the body, and the service stays ready (it decides).
 pub(super) async fn readyz(State(service): State<Arc<Service>>) -> Response {
     match readiness(&service).await {
         Readiness::Ready { warning: None } => (StatusCode::OK, "ready\n").into_response(),

@@ -74,6 +74,17 @@ struct StoreBody {
     /// Why it is not ready.
     error: Option<String>,
     breaker: &'static str,
+    /// Every Redis node found to have lost state sluicegate wrote, by reason.
+    lost_state: Vec<LostStateRow>,
+}
+
+#[derive(Serialize)]
+struct LostStateRow {
+    node: String,
+    reason: &'static str,
+    count: u64,
+    detail: String,
+    at_us: u64,
 }
 
 #[derive(Serialize)]
@@ -200,6 +211,21 @@ pub(super) async fn overview(
                 _ => None,
             },
             breaker: service.limiter().breaker_state().name(),
+            lost_state: match store {
+                AnyStore::Memory(_) => Vec::new(),
+                AnyStore::Redis(redis) => redis
+                    .lost_state()
+                    .losses
+                    .into_iter()
+                    .map(|loss| LostStateRow {
+                        node: loss.node,
+                        reason: loss.reason.label(),
+                        count: loss.count,
+                        detail: loss.detail,
+                        at_us: loss.at_us,
+                    })
+                    .collect(),
+            },
         },
         sample_period_s: SAMPLE_PERIOD.as_secs(),
         rule_count: limits.len(),

@@ -130,6 +130,12 @@ struct PolicyLabels {
     policy: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LossLabels {
+    node: String,
+    reason: &'static str,
+}
+
 /// A rule and the policy that decided its new key without room.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FullLabels {
@@ -619,6 +625,21 @@ fn limiter_registry(limiter: &Limiter<AnyStore>) -> Registry {
             "Redis servers by maxmemory-policy: 1 where it may evict keys and reset limits \
              (any policy but noeviction, or unknown: it could not be read)",
             evicting,
+        );
+        let lost = Family::<LossLabels, Counter>::default();
+        for loss in redis.lost_state().losses {
+            lost.get_or_create(&LossLabels {
+                node: loss.node,
+                reason: loss.reason.label(),
+            })
+            .inc_by(loss.count);
+        }
+        registry.register(
+            "sluicegate_store_state_lost",
+            "Times a Redis node was found to have lost state sluicegate wrote, by node and \
+             reason (restarted, flushed, failed_over, replaced): the limits of its keys \
+             started over",
+            lost,
         );
     }
     let memory = limiter.memory();
