@@ -123,8 +123,8 @@ pub(crate) struct StoreArgs {
     eviction_check_interval: DurationArg,
     /// How often each Redis node is checked for state it lost (a restart without
     /// persistence, a flush, a failover that lost writes: an epoch marker, run_id and
-    /// replication offsets); a loss is logged, counted and shown in /readyz. 0s: at
-    /// connect only, which sees none.
+    /// replication offsets); a loss is logged, counted and shown in /readyz. 0s: never
+    /// (no epoch marker is written).
     #[arg(long, env = "SLUICEGATE_LOST_STATE_CHECK_INTERVAL", default_value = "1s", value_parser = parse_duration_arg)]
     lost_state_check_interval: DurationArg,
 }

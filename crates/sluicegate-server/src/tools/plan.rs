@@ -80,6 +80,8 @@ pub(crate) async fn measure_on(url: &str, rows: &[PlanRow]) -> Result<Vec<u64>> 
     let mut config = RedisStoreConfig::new(url);
     config.prefix = format!("sluicegate:plan:{}:", std::process::id());
     config.timeout = Duration::from_secs(5);
+    // A throwaway prefix leaves nothing behind: no epoch marker either.
+    config.lost_state_check_interval = Duration::ZERO;
     let store = RedisStore::connect(config).await?;
     let mut bytes = Vec::new();
     for row in rows {

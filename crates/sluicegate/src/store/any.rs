@@ -45,7 +45,7 @@ pub struct StoreOptions {
     /// connect only.
     pub eviction_check_interval: Duration,
     /// How often Redis is checked for state it lost (a restart without persistence, a
-    /// failover that lost writes, a flush); zero: at connect only, which sees no loss.
+    /// failover that lost writes, a flush); zero: never (no epoch marker is written).
     pub lost_state_check_interval: Duration,
     /// How much longer than its window an envoy counter may live in Redis, at most
     /// (`RedisStoreConfig::expiration_jitter_max`).

@@ -215,8 +215,9 @@ struct Reader {
 }
 
 impl LostStateWatch {
-    /// Reads now (writing the markers), then every `interval` (never again if it is zero),
-    /// each command within `timeout`.
+    /// Reads now (writing the markers), then every `interval`, each command within
+    /// `timeout`. With a zero interval it never reads, and writes no marker: a check at
+    /// connect alone would see no loss.
     pub(super) async fn start(
         connection: Connection,
         server: String,
@@ -242,7 +243,9 @@ impl LostStateWatch {
             shared: Arc::clone(&shared),
             nodes: Arc::default(),
         };
-        reader.read().await;
+        if !interval.is_zero() {
+            reader.read().await;
+        }
         let task = Periodic::start(interval, move || {
             let reader = reader.clone();
             async move { reader.read().await }

@@ -72,7 +72,7 @@ pub struct RedisStoreConfig {
     /// ([`RedisStore::eviction`]); zero reads it at connect only.
     pub eviction_check_interval: Duration,
     /// How often each server is checked for state it lost ([`RedisStore::lost_state`]);
-    /// zero checks at connect only, which sees no loss.
+    /// zero never checks (and writes no epoch marker).
     pub lost_state_check_interval: Duration,
     /// How the check script is run: as a Redis Function where the server has them.
     pub scripting: Scripting,
