@@ -151,20 +151,30 @@ async fn a_restart_with_persistence_is_not_a_loss() {
     assert_eq!(generation(&store, &rule, "bob"), 0);
 }
 
+/// Two instances share the marker: whichever checks first after the flush writes a new
+/// epoch, and the other, finding that one instead of its own, reports the loss too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flush_is_a_loss() {
+async fn a_flush_is_a_loss_for_every_instance() {
     let server = RedisServer::start(&[]);
-    let store = RedisStore::connect(config(&server.url())).await.unwrap();
+    let first = RedisStore::connect(config(&server.url())).await.unwrap();
+    let second = RedisStore::connect(config(&server.url())).await.unwrap();
     let rule = rule();
-    admit(&store, &rule, "carol", 3).await;
+    admit(&first, &rule, "carol", 3).await;
     server.query::<()>(&cmd("FLUSHALL")).unwrap();
-    let state = until(&store, "the flush reported", |state| {
-        !state.losses.is_empty()
-    })
-    .await;
-    assert_eq!(state.losses[0].reason, LossReason::Flushed, "{state:?}");
-    assert_eq!(state.losses[0].count, 1);
-    assert_eq!(generation(&store, &rule, "carol"), 1);
+    for store in [&first, &second] {
+        let state = until(store, "the flush reported", |state| {
+            !state.losses.is_empty()
+        })
+        .await;
+        let loss = &state.losses[0];
+        assert_eq!(
+            (loss.reason, loss.count),
+            (LossReason::Flushed, 1),
+            "{state:?}"
+        );
+        assert!(loss.detail.contains("FLUSHALL"), "{loss:?}");
+        assert_eq!(generation(store, &rule, "carol"), 1);
+    }
 }
 
 /// Runs redis-cli on `port` with `password`: for a server whose new connections need it.

@@ -637,7 +637,7 @@ fn limiter_registry(limiter: &Limiter<AnyStore>) -> Registry {
         registry.register(
             "sluicegate_store_state_lost",
             "Times a Redis node was found to have lost state sluicegate wrote, by node and \
-             reason (restarted, flushed, failed_over, replaced): the limits of its keys \
+             reason (restarted, flushed, failed_over): the limits of its keys \
              started over",
             lost,
         );

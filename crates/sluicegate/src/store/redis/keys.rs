@@ -139,7 +139,15 @@ fn identity_tag(key: &str) -> u64 {
 /// The hash slot of every key of the identity `key` (what the tag of its stored key
 /// hashes to).
 pub fn identity_slot(key: &str) -> u16 {
-    crc16(format!("{:0TAG_DIGITS$x}", identity_tag(&stored_key(key))).as_bytes()) % 16384
+    // The tag's hex digits, as `redis_key` writes them, without building a string: this
+    // runs for every limit of every check on a cluster.
+    let tag = identity_tag(&stored_key(key));
+    let mut digits = [0u8; TAG_DIGITS];
+    for (i, digit) in digits.iter_mut().enumerate() {
+        let nibble = (tag >> (4 * (TAG_DIGITS - 1 - i))) & 0xf;
+        *digit = b"0123456789abcdef"[nibble as usize];
+    }
+    crc16(&digits) % 16384
 }
 
 /// The Redis Cluster hash slot of a key: CRC16 (XMODEM) of its hash tag, modulo 16384.

@@ -8,7 +8,8 @@
 //! - an epoch marker: a key holding a random value that sluicegate writes once per node
 //!   (on a cluster, in a slot that master serves; re-chosen when its slots move). Missing,
 //!   or holding another value (another instance found it missing and wrote a new one),
-//!   means the node lost what was written before.
+//!   means the node lost what was written before: by a restart (a new `run_id`), a
+//!   failover (a promoted replica of the master last read) or a flush (the same process).
 //! - `INFO server` and `INFO replication`: a new `run_id` means a new process. With the
 //!   marker there, it restarted with its data (an information, not a loss) — unless it is
 //!   a promoted replica of the master last read (its `master_replid2` is that master's
@@ -54,19 +55,15 @@ pub enum LossReason {
     Flushed,
     /// A replica took over without every write the old master had acknowledged.
     FailedOver,
-    /// The marker holds an epoch this instance did not see written: another instance found
-    /// the data gone first and wrote a new one, or the data was replaced.
-    Replaced,
 }
 
 impl LossReason {
-    /// The reason as a metric label: `restarted`, `flushed`, `failed_over`, `replaced`.
+    /// The reason as a metric label: `restarted`, `flushed`, `failed_over`.
     pub fn label(self) -> &'static str {
         match self {
             LossReason::Restarted => "restarted",
             LossReason::Flushed => "flushed",
             LossReason::FailedOver => "failed_over",
-            LossReason::Replaced => "replaced",
         }
     }
 }
@@ -307,7 +304,8 @@ impl Reader {
                         self.timeout,
                     )
                     .await;
-                self.check_node(&mut nodes[0], info, &[]).await;
+                let name = self.server.clone();
+                self.check_node(&mut nodes[0], name, info, &[]).await;
             }
             Connection::Cluster { client, .. } => {
                 let reply = self
@@ -338,7 +336,6 @@ impl Reader {
                             nodes.len() - 1
                         }
                     };
-                    nodes[at].name = name;
                     let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                         host: host.to_owned(),
                         port,
@@ -352,7 +349,7 @@ impl Reader {
                                 .map_err(|e| CallError::Redis(e.into()))
                         });
                     let slots: Vec<u16> = map.slots_of(index).collect();
-                    self.check_node(&mut nodes[at], info, &slots).await;
+                    self.check_node(&mut nodes[at], name, info, &slots).await;
                 }
             }
         }
@@ -370,18 +367,24 @@ impl Reader {
     }
 
     /// Reads `node`'s marker, compares it and `info` with what was read before, and
-    /// reports a loss on `slots` (ignored on a single server). A node that does not answer
-    /// is left as it was, to be read again next time.
-    async fn check_node(&self, node: &mut Node, info: Result<String, CallError>, slots: &[u16]) {
+    /// reports a loss on `slots` (ignored on a single server); `name` is where the node is
+    /// now. A node that does not answer is left as it was, to be read again next time.
+    async fn check_node(
+        &self,
+        node: &mut Node,
+        name: String,
+        info: Result<String, CallError>,
+        slots: &[u16],
+    ) {
         let identity = match info {
             Ok(text) => Identity::parse(&text),
             Err(e) => {
-                tracing::debug!(node = %node.name, "lost-state check: INFO failed: {}", self.failed(e));
+                tracing::debug!(node = %name, "lost-state check: INFO failed: {}", self.failed(e));
                 return;
             }
         };
         let Some(identity) = identity else {
-            tracing::debug!(node = %node.name, "lost-state check: INFO lacks run_id or replication");
+            tracing::debug!(node = %name, "lost-state check: INFO lacks run_id or replication");
             return;
         };
         let marker = match &node.epoch {
@@ -391,108 +394,121 @@ impl Reader {
                 Ok(Some(value)) => Some(Marker::Other(value)),
                 Ok(None) => Some(Marker::Missing),
                 Err(e) => {
-                    tracing::debug!(node = %node.name, "lost-state check: GET failed: {}", self.failed(e));
+                    tracing::debug!(node = %name, "lost-state check: GET failed: {}", self.failed(e));
                     return;
                 }
             },
         };
-        // The epoch to expect next: none yet, or a missing marker, is written anew.
-        let keep = match &marker {
-            Some(Marker::Present) => node.epoch.clone(),
-            Some(Marker::Other(value)) => Some(value.clone()),
-            Some(Marker::Missing) | None => None,
-        };
-        let before = node.seen.as_ref();
-        let restarted = before.is_some_and(|before| before.run_id != identity.run_id);
         let promoted_from =
             |before: &Identity| !identity.replid2.is_empty() && identity.replid2 == before.replid;
-        let loss = match (marker, before) {
+        // What was read before, if it was this node: the same address, or the master this
+        // one was promoted from. A cluster master whose slots moved may now be named by
+        // another's marker, whose last read says nothing of it.
+        let before = node
+            .seen
+            .as_ref()
+            .filter(|before| node.name == name || promoted_from(before));
+        let lost = match &marker {
+            None | Some(Marker::Present) => None,
+            Some(Marker::Missing) => Some("the epoch marker is gone".to_owned()),
+            Some(Marker::Other(value)) => Some(format!(
+                "the epoch marker holds {value}, not {}: another instance found it gone first",
+                node.epoch.as_deref().unwrap_or_default()
+            )),
+        };
+        let loss = match (lost, before) {
+            (None, Some(before)) if before.run_id != identity.run_id => {
+                self.compare_offsets(&name, before, &identity)
+            }
             (None, _) => None,
-            (Some(Marker::Missing), Some(before)) if promoted_from(before) => Some((
+            (Some(marker), Some(before)) if promoted_from(before) => Some((
                 LossReason::FailedOver,
                 format!(
-                    "a replica took over (run_id {} → {}) without the epoch marker",
+                    "a replica took over (run_id {} → {}); {marker}",
                     before.run_id, identity.run_id
                 ),
             )),
-            (Some(Marker::Missing), Some(before)) if restarted => Some((
+            (Some(marker), Some(before)) if before.run_id != identity.run_id => Some((
                 LossReason::Restarted,
                 format!(
-                    "restarted without its data (run_id {} → {}; the epoch marker is gone)",
+                    "restarted without its data (run_id {} → {}); {marker}",
                     before.run_id, identity.run_id
                 ),
             )),
-            (Some(Marker::Missing), _) => Some((
+            (Some(marker), _) => Some((
                 LossReason::Flushed,
-                "the epoch marker is gone with the process unchanged (FLUSHALL, FLUSHDB, or \
-                 the key deleted)"
-                    .to_owned(),
-            )),
-            (Some(Marker::Other(value)), _) => Some((
-                LossReason::Replaced,
                 format!(
-                    "the epoch marker holds {value}, not {}: another instance found the data \
-                     gone first, or it was replaced",
-                    node.epoch.as_deref().unwrap_or_default()
+                    "the same process (run_id {}) lost its data (FLUSHALL, FLUSHDB, or the key \
+                     deleted); {marker}",
+                    identity.run_id
                 ),
             )),
-            (Some(Marker::Present), Some(before)) if restarted => {
-                let kept = identity.second_offset.saturating_sub(1);
-                if identity.replid == before.replid && identity.offset < before.offset {
-                    Some((
-                        LossReason::Restarted,
-                        format!(
-                            "restarted (run_id {} → {}) from a snapshot at replication offset                              {}, {} bytes of replication stream short of the {} last read",
-                            before.run_id,
-                            identity.run_id,
-                            identity.offset,
-                            before.offset - identity.offset,
-                            before.offset
-                        ),
-                    ))
-                } else if promoted_from(before) && kept < before.offset {
-                    Some((
-                        LossReason::FailedOver,
-                        format!(
-                            "a replica took over (run_id {} → {}) at replication offset {kept}, \
-                             {} bytes of replication stream short of the {} last read on the \
-                             old master",
-                            before.run_id,
-                            identity.run_id,
-                            before.offset - kept,
-                            before.offset
-                        ),
-                    ))
-                } else {
-                    tracing::info!(
-                        node = %node.name,
-                        "redis is a new process (run_id {} → {}) holding what sluicegate wrote: \
-                         {}",
-                        before.run_id,
-                        identity.run_id,
-                        if promoted_from(before) {
-                            "a replica took over with every write last read on the old master"
-                        } else {
-                            "restarted with its data"
-                        }
-                    );
-                    None
-                }
-            }
-            (Some(Marker::Present), _) => None,
         };
-        match keep {
-            Some(epoch) => node.epoch = Some(epoch),
-            None => match self.adopt(&node.marker).await {
+        // The epoch to expect next: another instance's new one as it is; none yet, or a
+        // missing marker, is written anew.
+        match marker {
+            Some(Marker::Present) => {}
+            Some(Marker::Other(value)) => node.epoch = Some(value),
+            Some(Marker::Missing) | None => match self.adopt(&node.marker).await {
                 Ok(epoch) => node.epoch = epoch,
                 Err(e) => {
-                    tracing::debug!(node = %node.name, "lost-state check: writing the marker failed: {}", self.failed(e));
+                    node.epoch = None;
+                    tracing::debug!(node = %name, "lost-state check: writing the marker failed: {}", self.failed(e));
                 }
             },
         }
         node.seen = Some(identity);
+        node.name = name;
         if let Some((reason, detail)) = loss {
             self.report(&node.name, reason, detail, slots);
+        }
+    }
+
+    /// A new process at a node whose marker is there: a loss only if its replication
+    /// offsets say it lacks writes the old process had (restored from an older snapshot
+    /// of the same replication history, or a replica promoted short of the old master's
+    /// offset as last read); otherwise logged at info.
+    fn compare_offsets(
+        &self,
+        name: &str,
+        before: &Identity,
+        now: &Identity,
+    ) -> Option<(LossReason, String)> {
+        let change = format!("run_id {} → {}", before.run_id, now.run_id);
+        // A promoted replica's second_repl_offset is one past the last byte it had.
+        let kept = now.second_offset.saturating_sub(1);
+        if now.replid == before.replid && now.offset < before.offset {
+            Some((
+                LossReason::Restarted,
+                format!(
+                    "restarted ({change}) from a snapshot at replication offset {}, {} bytes of \
+                     replication stream short of the {} last read",
+                    now.offset,
+                    before.offset - now.offset,
+                    before.offset
+                ),
+            ))
+        } else if now.replid2 == before.replid && kept < before.offset {
+            Some((
+                LossReason::FailedOver,
+                format!(
+                    "a replica took over ({change}) at replication offset {kept}, {} bytes of \
+                     replication stream short of the {} last read on the old master",
+                    before.offset - kept,
+                    before.offset
+                ),
+            ))
+        } else {
+            let how = if now.replid2 == before.replid {
+                "a replica took over with every write last read on the old master"
+            } else {
+                "restarted with its data"
+            };
+            tracing::info!(
+                node = %name,
+                "redis is a new process ({change}) holding what sluicegate wrote: {how}"
+            );
+            None
         }
     }
 
