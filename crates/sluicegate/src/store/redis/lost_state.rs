@@ -287,6 +287,8 @@ const MAX_TAG: u32 = 1 << 20;
 impl Reader {
     async fn read(&self) {
         let mut nodes = self.nodes.lock().await;
+        // The nodes of this read: on a cluster, those a master's marker names now.
+        let mut read_now = Vec::new();
         match &self.connection {
             Connection::Single { .. } => {
                 if nodes.is_empty() {
@@ -306,6 +308,7 @@ impl Reader {
                     .await;
                 let name = self.server.clone();
                 self.check_node(&mut nodes[0], name, info, &[]).await;
+                read_now.push(0);
             }
             Connection::Cluster { client, .. } => {
                 let reply = self
@@ -350,12 +353,14 @@ impl Reader {
                         });
                     let slots: Vec<u16> = map.slots_of(index).collect();
                     self.check_node(&mut nodes[at], name, info, &slots).await;
+                    read_now.push(at);
                 }
             }
         }
-        let watched = nodes
-            .iter()
-            .filter_map(|node| {
+        let watched = read_now
+            .into_iter()
+            .filter_map(|at| {
+                let node = &nodes[at];
                 node.seen.as_ref().map(|seen| WatchedNode {
                     node: node.name.clone(),
                     run_id: seen.run_id.clone(),
