@@ -170,3 +170,38 @@ fn no_ui_turns_the_page_off_but_not_the_overview() {
     let (status, body) = server.request("GET", "/v1/overview?sort=nonsense", "");
     assert_eq!(status, 400, "{body}");
 }
+
+/// A Redis restarted without its data is shown in the header as a warning naming how many
+/// nodes lost state, the store still ready.
+#[test]
+fn live_page_shows_lost_state() {
+    let redis = support::RedisServer::start(&[]);
+    let config = config_file("lost-state");
+    let server = Server::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--store",
+        &redis.url(),
+        "--lost-state-check-interval",
+        "100ms",
+    ]);
+    let page = rendered(&server.address);
+    assert!(page.contains(r#"<span id="lost-wrap" hidden="""#), "{page}");
+    let port = redis.port;
+    redis.shutdown();
+    drop(redis);
+    let _redis = support::RedisServer::start_at(port, &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server
+        .request("GET", "/readyz", "")
+        .1
+        .contains("lost state")
+    {
+        assert!(Instant::now() < deadline, "the loss was never reported");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let page = rendered(&server.address);
+    assert!(page.contains("redis · ready"), "{page}");
+    assert!(page.contains(r#"<span id="lost-wrap">"#), "{page}");
+    assert!(page.contains("lost on 1 node"), "{page}");
+}
