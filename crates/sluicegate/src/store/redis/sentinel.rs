@@ -102,8 +102,9 @@ pub(super) async fn master(
 
 /// The master's client, as the sentinels name it now, within `timeout`; for following it.
 /// A failure is only logged; it names the master the sentinels name and what connecting
-/// to it did, asked of a sentinel after the failure (one round trip to a sentinel, so the
-/// next lookup is that much later at most).
+/// to it did, asked of a sentinel after the failure (a round trip to a sentinel and a
+/// connection tried within [`PROBE_WITHIN`], so the next lookup is that much later at
+/// most).
 pub(super) async fn current_master(
     sentinels: &mut SentinelClient,
     master_name: &str,
@@ -122,6 +123,11 @@ pub(super) async fn current_master(
         }
     }
 }
+
+/// How long the master named by the sentinels is given to take a connection, when the
+/// lookup failed: a refusal comes back within a round trip, and following the sentinels
+/// must not wait on a host that stays silent.
+const PROBE_WITHIN: Duration = Duration::from_millis(200);
 
 /// What to say when a sentinel answers but the master could not be used (`err`): which
 /// master the sentinels name, where, and whether it takes connections (tried now: the
@@ -144,18 +150,16 @@ async fn unusable_master(
     let Ok(Ok(Some((host, port)))) = named else {
         return format!("a sentinel answers, but names no usable master {master_name}: {err}");
     };
-    let reached = tokio::time::timeout(
-        timeout,
-        tokio::net::TcpStream::connect((host.as_str(), port)),
-    )
-    .await;
+    let probe = timeout.min(PROBE_WITHIN);
+    let reached =
+        tokio::time::timeout(probe, tokio::net::TcpStream::connect((host.as_str(), port))).await;
     let state = match reached {
         Ok(Ok(_)) => format!("which takes connections, but using it failed: {err}"),
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
             "which refuses connections (it is down)".to_owned()
         }
         Ok(Err(e)) => format!("which cannot be reached: {e}"),
-        Err(_) => format!("which does not answer within {timeout:?}"),
+        Err(_) => format!("which accepted no connection within {probe:?}: {err}"),
     };
     format!("the sentinels answer and name master {master_name} at {host}:{port}, {state}")
 }
