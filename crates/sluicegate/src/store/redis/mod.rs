@@ -128,8 +128,9 @@ impl fmt::Debug for RedisStore {
 
 impl RedisStore {
     /// Connects (within the configured timeout, at least one second for a first
-    /// connection), checks that the server answers, and reads its eviction policy
-    /// (logging a warning when it may delete our keys; see [`RedisStore::eviction`]).
+    /// connection), checks that the server answers, reads its eviction policy (logging a
+    /// warning when it may delete our keys; see [`RedisStore::eviction`]), and writes the
+    /// epoch markers lost state is checked by (see [`RedisStore::lost_state`]).
     pub async fn connect(config: RedisStoreConfig) -> Result<RedisStore, StoreError> {
         let unavailable =
             |server: String, message: String| StoreError::Unavailable { server, message };
