@@ -277,4 +277,12 @@ impl Outcome {
 pub trait Store: Send + Sync {
     /// Decides `check` atomically (docs/SPEC.md). An error means nothing was decided.
     fn check(&self, check: &Check<'_>) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
+
+    /// How many times the servers holding `check`'s keys were found to have lost state
+    /// that this store wrote (a restart without persistence, a failover that lost writes,
+    /// a flush), summed over them; it only grows. A store that cannot lose its state
+    /// answers 0.
+    fn lost_state_generation(&self, _check: &Check<'_>) -> u64 {
+        0
+    }
 }
