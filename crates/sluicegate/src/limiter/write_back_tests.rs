@@ -275,3 +275,79 @@ async fn the_fallback_gives_its_memory_back_after_an_outage() {
     limiter.write_back(1000).await;
     assert_eq!(memory.part(FALLBACK_PART).used(), 0);
 }
+
+/// A flaky store whose reports, while it is up, wait for a permit of `gate`.
+struct GatedReports {
+    store: Arc<FlakyStore>,
+    gate: tokio::sync::Semaphore,
+}
+
+impl Store for GatedReports {
+    async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
+        if check.charge == Charge::Reported && !self.store.down.load(Ordering::SeqCst) {
+            self.gate.acquire().await.unwrap().forget();
+        }
+        self.store.check(check).await
+    }
+}
+
+#[tokio::test]
+async fn a_check_of_a_key_being_written_back_waits_for_the_write() {
+    let clock = ManualClock::new(1_700_000_040 * S);
+    let flaky = Arc::new(FlakyStore {
+        inner: MemoryStore::new(MemoryStoreConfig::default(), Arc::new(clock.clone())),
+        down: AtomicBool::new(false),
+        generation: AtomicU64::new(0),
+    });
+    let gated = GatedReports {
+        store: Arc::clone(&flaky),
+        gate: tokio::sync::Semaphore::new(0),
+    };
+    let limiter = Limiter::with_clock(gated, local(1), Arc::new(clock.clone()));
+    let rule = rule(Algorithm::SlidingLog, u64::from(L), 60 * S);
+    let limits = [Limit {
+        rule: &rule,
+        key: "k",
+    }];
+    let mut allowed = 0;
+    for _ in 0..150 {
+        allowed += u32::from(
+            limiter
+                .decide(&Check::new(&limits, 1))
+                .await
+                .unwrap()
+                .decision
+                .allowed,
+        );
+    }
+    flaky.down.store(true, Ordering::SeqCst);
+    for _ in 0..100 {
+        allowed += u32::from(
+            limiter
+                .decide(&Check::new(&limits, 1))
+                .await
+                .unwrap()
+                .decision
+                .allowed,
+        );
+    }
+    assert_eq!(allowed, L);
+    flaky.down.store(false, Ordering::SeqCst);
+    // The first check writes the debt back and is held there; the second must wait for
+    // that write, not ask the store, which still counts 150, on its own.
+    let release = async {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(limiter.owed(), (1, 50), "written before the release");
+        limiter.store().gate.add_permits(1);
+    };
+    let one = Check::new(&limits, 1);
+    let (first, second, ()) = tokio::join!(limiter.decide(&one), limiter.decide(&one), release);
+    for outcome in [first.unwrap(), second.unwrap()] {
+        assert_eq!(outcome.decided_by, DecidedBy::Store);
+        assert!(!outcome.decision.allowed, "admitted past L");
+    }
+    assert_eq!(limiter.owed(), (0, 0));
+    assert!(holds_exactly_the_limit(&flaky, &rule, "k"));
+}
