@@ -247,6 +247,9 @@ descriptors:
                     .collect();
                 assert_eq!(allowed, [true, true, false], "{answers:?}");
                 assert!(answers.iter().all(|(_, b)| b.contains("fallback-local")));
+                // What it admitted is owed to Redis until Redis is back.
+                assert_eq!(server.metric("sluicegate_fallback_owed_units"), 2);
+                assert_eq!(server.metric("sluicegate_fallback_owed_keys"), 1);
             }
         }
         // The failures opened the breaker (the deprecated --breaker-failures 3 is read as

@@ -20,7 +20,7 @@ pub use limiter::{
     BreakerConfig, BreakerState, BreakerTransitions, FALLBACK_PART, Limiter, LimiterConfig,
     LimiterStats, NEGATIVE_CACHE_PART,
 };
-pub use policy::FailurePolicy;
+pub use policy::{FailurePolicy, OnStoreReset};
 pub use rule::{
     Algorithm, DEFAULT_BUCKETS, EXACT_LIMIT, LogLayout, MAX_COMPACT_LOG_LIMIT, MAX_SPAN, MAX_TIME,
     MAX_ZSET_LOG_LIMIT, Rule, RuleError, RuleSpec,

@@ -63,3 +63,48 @@ impl FromStr for FailurePolicy {
         .ok_or_else(|| format!("unknown policy {s:?}; expected error, allow, deny or local"))
     }
 }
+
+/// What the limiter does with a key whose state the store has lost (a restart without
+/// persistence, a failover that lost writes, a flush), as
+/// [`Store::lost_state_generation`](crate::Store::lost_state_generation) tells it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum OnStoreReset {
+    /// Nothing: the key starts again from what the store holds now, possibly empty, and
+    /// may admit up to L more in the window it lost.
+    Admit,
+    /// The instance writes back the units it last saw the store count for the key in the
+    /// window (what it would start a `local` fallback from) before the store may admit
+    /// the key again: no key passes L through the loss of what this instance saw, at the
+    /// price of counting units again that other instances also write back (the default).
+    #[default]
+    Conservative,
+}
+
+impl OnStoreReset {
+    /// The name used on the command line.
+    pub const fn name(self) -> &'static str {
+        match self {
+            OnStoreReset::Admit => "admit",
+            OnStoreReset::Conservative => "conservative",
+        }
+    }
+}
+
+impl fmt::Display for OnStoreReset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for OnStoreReset {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [OnStoreReset::Admit, OnStoreReset::Conservative]
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                format!("unknown store-reset policy {s:?}; expected admit or conservative")
+            })
+    }
+}

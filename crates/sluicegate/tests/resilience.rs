@@ -464,3 +464,107 @@ async fn decided_by_store(limiter: &Limiter<RedisStore>, rule: &Rule, keys: &[St
     }
     by_store
 }
+
+/// The store counts exactly `limit` units for `key`: it refuses one more, and admits one
+/// once one unit is refunded (the refund is the test's last word on the key).
+async fn counts_exactly(store: &RedisStore, rule: &Rule, key: &str) -> bool {
+    let limits = [Limit { rule, key }];
+    let peek = || async {
+        store
+            .check(&Check::new(&limits, 0))
+            .await
+            .unwrap()
+            .decision
+            .allowed
+    };
+    let full = !peek().await;
+    store
+        .check(&Check {
+            charge: sluicegate::Charge::Refunded,
+            ..Check::new(&limits, 1)
+        })
+        .await
+        .unwrap();
+    full && peek().await
+}
+
+/// One instance, keys at 150 / 200 when a persistent Redis dies for a while: the local
+/// fallback admits 50 more of each, and Redis, back, counts them before it decides the
+/// key again — through the key's next check, or in the background for a key that sees
+/// none. No key passes 200 in its window, and Redis counts every unit admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_never_passes_l_across_a_redis_restart_with_the_local_fallback() {
+    let persistent = ["--appendonly", "yes", "--appendfsync", "always"];
+    let server = support::RedisServer::start(&persistent);
+    let port = server.port;
+    let limiter = Limiter::with_config(
+        store_on(&server, "write-back").await,
+        LimiterConfig {
+            on_store_error: FailurePolicy::Local,
+            instances: 1,
+            breaker: BreakerConfig {
+                min_calls: 3,
+                cool_down: Duration::from_millis(200),
+                ..BreakerConfig::default()
+            },
+            ..LimiterConfig::default()
+        },
+    );
+    let rule = rule(200);
+    // Checked again after the restart, and left to the background write-back.
+    let checked: Vec<String> = (0..8).map(|i| format!("checked:{i}")).collect();
+    let idle: Vec<String> = (0..4).map(|i| format!("idle:{i}")).collect();
+    let mut admitted = std::collections::HashMap::new();
+    for key in checked.iter().chain(&idle) {
+        for _ in 0..150 {
+            let outcome = check(&limiter, &rule, key).await.0.unwrap();
+            assert_eq!(outcome.decided_by, DecidedBy::Store);
+            *admitted.entry(key.clone()).or_insert(0) += u32::from(outcome.decision.allowed);
+        }
+    }
+    server.shutdown();
+    for key in checked.iter().chain(&idle) {
+        for _ in 0..100 {
+            let outcome = check(&limiter, &rule, key).await.0.unwrap();
+            assert_eq!(
+                outcome.decided_by,
+                DecidedBy::Fallback(FailurePolicy::Local)
+            );
+            *admitted.entry(key.clone()).or_insert(0) += u32::from(outcome.decision.allowed);
+        }
+    }
+    assert_eq!(limiter.owed(), (12, 12 * 50));
+    let restarted = support::RedisServer::start_at(port, &persistent);
+    let back = Instant::now();
+    for key in &checked {
+        for _ in 0..100 {
+            let outcome = loop {
+                let outcome = check(&limiter, &rule, key).await.0.unwrap();
+                if outcome.decided_by == DecidedBy::Store {
+                    break outcome;
+                }
+                assert!(outcome.decided_by == DecidedBy::Fallback(FailurePolicy::Local));
+                assert!(
+                    back.elapsed() < Duration::from_secs(5),
+                    "Redis not back in 5 s"
+                );
+                // Waiting out the breaker's cool-down against a real process.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            *admitted.entry(key.clone()).or_insert(0) += u32::from(outcome.decision.allowed);
+        }
+    }
+    assert_eq!(limiter.owed(), (idle.len(), idle.len() as u64 * 50));
+    assert_eq!(limiter.write_back(100).await, idle.len());
+    assert_eq!(limiter.owed(), (0, 0));
+    let direct = store_on(&restarted, "write-back").await;
+    for key in checked.iter().chain(&idle) {
+        assert_eq!(admitted[key], 200, "{key}: admitted past L");
+        assert!(
+            counts_exactly(&direct, &rule, key).await,
+            "{key}: Redis does not count every unit admitted"
+        );
+    }
+    let stats = limiter.stats();
+    assert_eq!(stats.write_backs_written.load(Ordering::Relaxed), 12);
+}

@@ -55,6 +55,15 @@ pub struct ServeArgs {
     /// How many instances share the store (for the local fallback).
     #[arg(long, env = "SLUICEGATE_INSTANCES", default_value_t = 1)]
     instances: u32,
+    /// When Redis has lost a key's state (a restart without persistence, a failover that
+    /// lost writes, a flush): conservative writes back the count this instance last saw
+    /// for the key before Redis may admit it again; admit starts from what Redis holds.
+    #[arg(
+        long,
+        env = "SLUICEGATE_ON_STORE_RESET",
+        default_value = "conservative"
+    )]
+    on_store_reset: sluicegate::OnStoreReset,
     /// The share of store calls (0 to 1, above 0) that, failing within --breaker-window,
     /// open the circuit breaker.
     #[arg(long, env = "SLUICEGATE_BREAKER_FAILURE_RATE", default_value_t = 0.5, value_parser = parse_failure_rate)]
@@ -365,6 +374,13 @@ impl ServeArgs {
             limiter: LimiterConfig {
                 on_store_error: self.on_store_error,
                 instances: self.instances.max(1),
+                // The in-memory store never loses what it wrote: under `conservative`
+                // every check would remember its key's count for nothing.
+                on_store_reset: if remote {
+                    self.on_store_reset
+                } else {
+                    sluicegate::OnStoreReset::Admit
+                },
                 breaker: BreakerConfig {
                     failure_rate: self.breaker_failure_rate,
                     window: self.breaker_window.duration(),

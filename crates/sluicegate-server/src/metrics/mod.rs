@@ -680,7 +680,59 @@ fn limiter_registry(limiter: &Limiter<AnyStore>) -> Registry {
         "Circuit breaker state changes, by the state entered",
         transitions,
     );
+    register_write_backs(&mut registry, limiter);
     registry
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WriteBackLabels {
+    outcome: &'static str,
+}
+
+/// What the limiter owes the store (units the `local` fallback admitted, counts a store
+/// lost) and what became of its write-backs.
+fn register_write_backs(registry: &mut Registry, limiter: &Limiter<AnyStore>) {
+    use std::sync::atomic::Ordering;
+    let stats = limiter.stats();
+    let write_backs = Family::<WriteBackLabels, Counter>::default();
+    for (outcome, count) in [
+        ("written", &stats.write_backs_written),
+        ("failed", &stats.write_backs_failed),
+        ("expired", &stats.write_backs_expired),
+        ("dropped", &stats.write_backs_dropped),
+    ] {
+        write_backs
+            .get_or_create(&WriteBackLabels { outcome })
+            .inc_by(count.load(Ordering::Relaxed));
+    }
+    registry.register(
+        "sluicegate_fallback_write_backs",
+        "Write-backs to the store of units owed per key: written, failed (still owed), \
+         expired (their window over first), dropped (refused by the store)",
+        write_backs,
+    );
+    let (keys, units) = limiter.owed();
+    registry.register(
+        "sluicegate_fallback_owed_keys",
+        "Keys owing the store units not yet written back",
+        ConstGauge::new(i64::try_from(keys).unwrap_or(i64::MAX)),
+    );
+    registry.register(
+        "sluicegate_fallback_owed_units",
+        "Units owed to the store, not yet written back",
+        ConstGauge::new(i64::try_from(units).unwrap_or(i64::MAX)),
+    );
+    registry.register(
+        "sluicegate_fallback_unowed_units",
+        "Units the local fallback admitted with no room left to owe them: never written back",
+        ConstCounter::new(stats.unowed_units.load(Ordering::Relaxed)),
+    );
+    registry.register(
+        "sluicegate_store_reset_keys",
+        "Keys found in a store that lost their state, whose last count was owed to it again \
+         (--on-store-reset conservative)",
+        ConstCounter::new(stats.store_reset_keys.load(Ordering::Relaxed)),
+    );
 }
 
 #[cfg(test)]

@@ -36,6 +36,14 @@ const EXAMPLE_CONFIG: &str = include_str!("../../../../examples/sluicegate.yaml"
 /// The name the example configuration goes by in logs and errors.
 const EXAMPLE_CONFIG_NAME: &str = "examples/sluicegate.yaml";
 
+/// How often keys that owe the store units and see no check are written back.
+const WRITE_BACK_INTERVAL: Duration = Duration::from_secs(1);
+/// Keys written back per tick, at most, one round trip each: the store takes them a
+/// thousand a second beside the checks it serves, not all at once after an outage with a
+/// million clients. A key that is checked writes its own back first anyway, and a debt
+/// whose window is over is dropped, not written.
+const WRITE_BACK_KEYS: usize = 1_000;
+
 /// What the service is made of.
 pub struct ServeOptions {
     /// A YAML file, or a directory of them; `None` serves the example rules, unless
@@ -160,6 +168,17 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
             }
         });
     }
+    // Keys that owe the store units (the local fallback's admissions, counts a store
+    // lost) and see no check are written back here, a bounded share each tick.
+    let writer = Arc::clone(&limiter);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(WRITE_BACK_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            writer.write_back(WRITE_BACK_KEYS).await;
+        }
+    });
     let telemetry = options
         .otlp
         .as_ref()

@@ -12,6 +12,7 @@ mod breaker;
 mod in_flight;
 mod local;
 mod negative_cache;
+mod owed;
 mod precheck;
 mod room;
 mod seeds;
@@ -33,7 +34,7 @@ use precheck::Precheck;
 use crate::budget::MemoryBudget;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, RetryAfter};
-use crate::policy::FailurePolicy;
+use crate::policy::{FailurePolicy, OnStoreReset};
 use crate::rule::Rule;
 use crate::store::{Check, DecidedBy, Limit, MemoryStore, Outcome, Store, StoreError};
 
@@ -53,6 +54,11 @@ pub struct LimiterConfig {
     /// Keys of `local` rules whose last store answer is remembered to start the `local`
     /// fallback from; past it, a new key starts the fallback empty.
     pub local_seed_entries: usize,
+    /// What a key whose state the store lost gets
+    /// ([`Store::lost_state_generation`]): under [`OnStoreReset::Conservative`] (the
+    /// default) the last count the store answered is remembered for every rule, not only
+    /// `local` ones, and written back to the store after a loss.
+    pub on_store_reset: OnStoreReset,
     /// The local pre-check's factor: each instance refuses on its own what it would send
     /// the store past factor × L / `instances` of a rule (at least 1; `None`, the default,
     /// turns it off). See docs/SPEC.md for what it may refuse that the store would admit.
@@ -70,6 +76,7 @@ impl Default for LimiterConfig {
             breaker: BreakerConfig::default(),
             negative_cache_entries: 0,
             local_seed_entries: 100_000,
+            on_store_reset: OnStoreReset::default(),
             local_precheck: None,
             memory: MemoryBudget::unlimited(),
         }
@@ -89,6 +96,22 @@ pub struct LimiterStats {
     pub local_precheck_refusals: AtomicU64,
     /// Checks a fallback policy decided.
     pub fallback_decisions: AtomicU64,
+    /// Keys whose owed units (admitted by the `local` fallback, or lost by the store) were
+    /// written to the store.
+    pub write_backs_written: AtomicU64,
+    /// Write-backs of owed units the store failed; the units stay owed.
+    pub write_backs_failed: AtomicU64,
+    /// Keys whose owed units expired before they could be written back: they no longer
+    /// count.
+    pub write_backs_expired: AtomicU64,
+    /// Keys whose owed units the store refused as invalid: dropped, logged at error.
+    pub write_backs_dropped: AtomicU64,
+    /// Units the `local` fallback admitted with no room left to owe them (its memory
+    /// budget or key cap full): never written back.
+    pub unowed_units: AtomicU64,
+    /// Keys found in a store that lost their state, whose last count was owed to the
+    /// store again (`--on-store-reset conservative`).
+    pub store_reset_keys: AtomicU64,
 }
 
 /// Decides checks against a store.
@@ -194,6 +217,60 @@ impl<S: Store> Limiter<S> {
         self.breaker.transitions()
     }
 
+    /// Writes back to the store what up to `max_keys` keys owe it — units the `local`
+    /// fallback admitted, or counts a store that lost them no longer holds — for keys that
+    /// saw no check since the store answered again (a check of a key writes its own back
+    /// first); drops what no longer counts, and gives the fallback's memory back. Does
+    /// nothing while the breaker is open; stops at the first write the store fails.
+    /// Returns how many keys it wrote back. The server calls it periodically.
+    pub async fn write_back(&self, max_keys: usize) -> usize {
+        let now = self.clock.now_micros();
+        self.local.sweep(now);
+        let mut written = 0;
+        for (rule, key) in self.local.due(max_keys, now, &self.stats) {
+            let limits = [Limit {
+                rule: &rule,
+                key: &key,
+            }];
+            let check = Check::new(&limits, 0);
+            let Permit::Call(ticket) = self.breaker.permit(now) else {
+                break;
+            };
+            let generation = self.store.lost_state_generation(&check);
+            let result = self
+                .local
+                .write_back_key(&self.store, &limits[0], generation, now, &self.stats)
+                .await;
+            let reached = !matches!(
+                result,
+                Err(StoreError::Unavailable { .. } | StoreError::Timeout { .. })
+            );
+            ticket.finish(reached, self.clock.now_micros());
+            if let Err(error) = result {
+                let (keys, units) = self.local.owed();
+                tracing::warn!(%error, owing = keys, units, "writing back units owed to the store failed; they stay owed");
+                break;
+            }
+            written += 1;
+        }
+        if written > 0 {
+            let (keys, units) = self.local.owed();
+            tracing::info!(
+                written,
+                owing = keys,
+                units,
+                "wrote back units owed to the store"
+            );
+        }
+        written
+    }
+
+    /// Keys owing units to the store, and the units, now: what the `local` fallback
+    /// admitted, or a store that lost state no longer counts, not yet written back.
+    pub fn owed(&self) -> (usize, u64) {
+        self.local.owed()
+    }
+
     /// Takes `cost` units for `key` under `rule`.
     pub async fn check(&self, rule: &Rule, key: &str, cost: u64) -> Result<Decision, StoreError> {
         let limits = [Limit { rule, key }];
@@ -274,12 +351,27 @@ impl<S: Store> Limiter<S> {
                 self.breaker.wait(now)
             )),
             Permit::Call(ticket) => {
+                let generation = self.store.lost_state_generation(check);
+                // A generation of 0 has never lost anything: no seed to look up.
+                if generation > 0 && self.config.on_store_reset == OnStoreReset::Conservative {
+                    let keys = self.local.owe_lost(check, generation, now);
+                    self.stats
+                        .store_reset_keys
+                        .fetch_add(keys, Ordering::Relaxed);
+                }
                 let freeing = self
                     .negative
                     .as_ref()
                     .filter(|_| check.charge.may_free_units())
                     .map(|negative| negative.freeing(check.limits));
-                let answer = self.store.check(check).await;
+                let answer = match self
+                    .local
+                    .write_back(&self.store, check, generation, now, &self.stats)
+                    .await
+                {
+                    Ok(()) => self.store.check(check).await,
+                    Err(e) => Err(e),
+                };
                 drop(freeing);
                 match answer {
                     Ok(outcome) => {
@@ -294,8 +386,13 @@ impl<S: Store> Limiter<S> {
                             negative.remember(check, hash, now, outcome.decision, outcome.limits());
                             negative.remember_admission(check, hash, now, outcome.decision);
                         }
-                        self.local
-                            .remember(check, self.policies(check), now, outcome.limits());
+                        self.local.remember(
+                            check,
+                            self.seeded(check),
+                            now,
+                            generation,
+                            outcome.limits(),
+                        );
                         return Ok(outcome);
                     }
                     // A malformed check, or a request id reused for another request, is the
@@ -329,6 +426,15 @@ impl<S: Store> Limiter<S> {
             .limits
             .iter()
             .map(move |l| l.rule.failure_policy().unwrap_or(default))
+    }
+
+    /// Whether each limit of `check` keeps a seed: `local` rules start their fallback
+    /// from it, and every rule writes it back after a loss under
+    /// [`OnStoreReset::Conservative`].
+    fn seeded<'c>(&self, check: &'c Check<'_>) -> impl Iterator<Item = bool> + 'c {
+        let every = self.config.on_store_reset == OnStoreReset::Conservative;
+        self.policies(check)
+            .map(move |p| every || p == FailurePolicy::Local)
     }
 
     /// Decides `check` by the policies of its rules, the store having failed with `error`.
@@ -374,7 +480,7 @@ impl<S: Store> Limiter<S> {
                     .collect()
             }
             FailurePolicy::Local | FailurePolicy::Allow => {
-                self.local.decide(check, &policies, now)?
+                self.local.decide(check, &policies, now, &self.stats)?
             }
         };
         self.stats

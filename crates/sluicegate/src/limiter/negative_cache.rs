@@ -117,6 +117,10 @@ impl Expiring for Entry {
         self.until
     }
 
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+
     fn bytes(&self) -> usize {
         entry_bytes(self.limits.iter().map(|l| l.key.len()))
     }

@@ -49,6 +49,8 @@ impl<T> Sharded<T> {
 /// An entry that stops mattering at `until` (µs of the limiter's clock).
 pub(crate) trait Expiring {
     fn until(&self) -> u64;
+    /// The hash the entry was filed under, to move it when its shard shrinks.
+    fn hash(&self) -> u64;
     /// The bytes this entry holds: its bucket in the table and its heap.
     fn bytes(&self) -> usize;
 }
@@ -120,11 +122,13 @@ impl<T: Expiring> ExpiringTable<T> {
     }
 
     /// Removes every entry for which `remove` says so, shard by shard (no lock is held
-    /// across shards), and gives back their room.
-    fn remove_where(&self, mut remove: impl FnMut(&T) -> bool) {
+    /// across shards), gives back their room, and shrinks each shard that emptied enough
+    /// that its memory goes back to the allocator. Returns how many were removed.
+    pub(crate) fn remove_where(&self, mut remove: impl FnMut(&T) -> bool) -> usize {
         let (mut removed, mut bytes) = (0, 0);
         for shard in self.shards.iter() {
-            shard.lock().retain(|entry| {
+            let mut shard = shard.lock();
+            shard.retain(|entry| {
                 let gone = remove(entry);
                 if gone {
                     removed += 1;
@@ -132,14 +136,36 @@ impl<T: Expiring> ExpiringTable<T> {
                 }
                 !gone
             });
+            shrink(&mut shard);
         }
         self.len.fetch_sub(removed, Ordering::Relaxed);
         self.budget.give_back(bytes);
+        removed
+    }
+
+    /// Every shard, in order.
+    pub(crate) fn shards(&self) -> impl Iterator<Item = &Mutex<HashTable<T>>> {
+        self.shards.iter()
+    }
+
+    /// Entries across all shards.
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
     }
 
     /// Gives back the room of one entry of `bytes`, removed or never made.
     pub(crate) fn give_back(&self, bytes: usize) {
         self.len.fetch_sub(1, Ordering::Relaxed);
         self.budget.give_back(bytes);
+    }
+}
+
+/// Shrinks `table` when it holds nothing, or no more than a quarter of its buckets hold
+/// entries: after a flood of keys (an outage of the store with many clients) the room goes
+/// back to the allocator instead of staying with a table that will not hold as many again
+/// soon. Keeping twice the entries leaves room to grow without shrinking and growing back.
+pub(crate) fn shrink<T: Expiring>(table: &mut HashTable<T>) {
+    if table.capacity() > 4 * table.len().max(8) || table.is_empty() {
+        table.shrink_to(2 * table.len(), Expiring::hash);
     }
 }

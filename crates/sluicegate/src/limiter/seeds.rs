@@ -36,11 +36,18 @@ struct Seed {
     used: u64,
     /// When they have all freed (µs of the limiter's clock).
     until: u64,
+    /// The store's lost-state generation for the key when it was asked
+    /// ([`Store::lost_state_generation`](crate::Store::lost_state_generation)).
+    generation: u64,
 }
 
 impl Expiring for Seed {
     fn until(&self) -> u64 {
         self.until
+    }
+
+    fn hash(&self) -> u64 {
+        self.hash
     }
 
     fn bytes(&self) -> usize {
@@ -67,9 +74,16 @@ impl Seeds {
         hasher.finish()
     }
 
-    /// Remembers that the store, asked at `sent`, counted `used` units of `rule` for `key`,
-    /// all free `reset_after` µs later.
-    pub(crate) fn remember(&self, rule: &Rule, key: &str, sent: u64, used: u64, reset_after: u64) {
+    /// Remembers that the store, asked at `sent` in lost-state `generation`, counted `used`
+    /// units of `rule` for `key`, all free `reset_after` µs later.
+    pub(crate) fn remember(
+        &self,
+        rule: &Rule,
+        key: &str,
+        sent: u64,
+        (used, reset_after): (u64, u64),
+        generation: u64,
+    ) {
         let hash = self.hash(rule, key);
         let until = sent.saturating_add(reset_after);
         let mut shard = self.table.shard(hash).lock();
@@ -77,7 +91,7 @@ impl Seeds {
         match found {
             Ok(mut seed) if used > 0 => {
                 let seed = seed.get_mut();
-                (seed.used, seed.until) = (used, until);
+                (seed.used, seed.until, seed.generation) = (used, until, generation);
             }
             Ok(seed) => {
                 self.table.give_back(seed.remove().0.bytes());
@@ -94,6 +108,7 @@ impl Seeds {
                     key: key.into(),
                     used,
                     until,
+                    generation,
                 };
                 let mut shard = self.table.shard(hash).lock();
                 if let Ok(old) =
@@ -122,5 +137,31 @@ impl Seeds {
         if now < entry.until {
             seed(entry.used);
         }
+    }
+
+    /// When the store's lost-state generation for `key` is `generation` and differs from
+    /// the one of its last answer, that answer's units (if they still count at `now`) and
+    /// until when they count: what the store has lost of them. Remembers `generation`, so
+    /// that one loss is answered once.
+    pub(crate) fn lost(
+        &self,
+        rule: &Rule,
+        key: &str,
+        generation: u64,
+        now: u64,
+    ) -> Option<(u64, u64)> {
+        let hash = self.hash(rule, key);
+        let mut shard = self.table.shard(hash).lock();
+        let seed = shard.find_mut(hash, |s| *s.key == *key && s.rule.same_identity(rule))?;
+        if seed.generation == generation {
+            return None;
+        }
+        seed.generation = generation;
+        (now < seed.until).then_some((seed.used, seed.until))
+    }
+
+    /// Drops every seed that no longer counts at `now`, and gives its room back.
+    pub(crate) fn sweep(&self, now: u64) -> usize {
+        self.table.remove_where(|seed| seed.until <= now)
     }
 }

@@ -2,7 +2,7 @@
 //! when a test says so, and no test sleeps.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::*;
@@ -13,11 +13,21 @@ use crate::store::MemoryStoreConfig;
 const S: u64 = 1_000_000;
 
 /// An in-memory store that can be taken down: then every check fails as an unreachable
-/// Redis would.
+/// Redis would. It can also lose a key's state, as a Redis restarted without persistence
+/// would, and say so in its lost-state generation.
 #[derive(Debug)]
 struct FlakyStore {
     inner: MemoryStore,
     down: AtomicBool,
+    generation: AtomicU64,
+}
+
+impl FlakyStore {
+    /// Forgets what `rule` counted for `key`, and tells it by a new generation.
+    fn lose(&self, rule: &Rule, key: &str) {
+        self.inner.forget(rule, key);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl Store for FlakyStore {
@@ -30,6 +40,10 @@ impl Store for FlakyStore {
         }
         self.inner.check_now(check)
     }
+
+    fn lost_state_generation(&self, _check: &Check<'_>) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
 }
 
 /// A limiter and its store on one manual clock, at the start of a minute.
@@ -38,6 +52,7 @@ fn limiter(config: LimiterConfig) -> (Limiter<FlakyStore>, ManualClock) {
     let store = FlakyStore {
         inner: MemoryStore::new(MemoryStoreConfig::default(), Arc::new(clock.clone())),
         down: AtomicBool::new(false),
+        generation: AtomicU64::new(0),
     };
     (
         Limiter::with_clock(store, config, Arc::new(clock.clone())),
@@ -361,3 +376,6 @@ async fn new_numbers_are_not_answered_from_what_the_old_ones_cached() {
     assert_eq!(admitted(&limiter, &after, "other", 5).await, 2);
     assert_eq!(admitted(&limiter, &more, "third", 5).await, 3);
 }
+
+#[path = "write_back_tests.rs"]
+mod write_back;

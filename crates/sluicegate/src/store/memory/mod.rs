@@ -130,6 +130,9 @@ struct Shard {
     swept_at: u64,
     /// The rule this shard's hint names.
     hinted: HintedRule,
+    /// The table's buckets as counted in the budget: what a shrink gives back. Not
+    /// recomputed from the capacity, which removals that leave tombstones lower.
+    counted_buckets: usize,
 }
 
 /// One (rule, key) entry: one cache line, aligned to it, so a lookup that finds it reads one
@@ -698,6 +701,7 @@ impl MemoryStore {
             .table
             .insert_unique(hash, slot, |s| self.hash(&s.rule, s.key.as_bytes()));
         let grown = (shard.table.capacity() - before) * BUCKET_BYTES;
+        shard.counted_buckets += grown;
         self.budget.resize(counted_growth, grown);
     }
 
@@ -863,9 +867,28 @@ impl MemoryStore {
             self.hints[index].clear(&mut shard.hinted);
             self.give_back(&freed);
         }
+        self.shrink(shard);
         shard.next_sweep = now.saturating_add(SWEEP_INTERVAL);
         shard.swept_at = now;
         freed.keys
+    }
+
+    /// Shrinks `shard`'s table when it holds nothing, or no more than a quarter of its
+    /// buckets hold entries, to twice its entries, and gives the buckets' bytes back to the
+    /// budget: after a flood of keys (the local fallback through an outage of the store, a
+    /// burst of new clients) the memory goes back to the allocator once the keys expire.
+    /// Twice, so that a table at a steady size never shrinks and grows back.
+    fn shrink(&self, shard: &mut Shard) {
+        let table = &mut shard.table;
+        if table.capacity() <= 4 * table.len().max(8) && !table.is_empty() {
+            return;
+        }
+        table.shrink_to(2 * table.len(), |s| self.hash(&s.rule, s.key.as_bytes()));
+        let kept = table.capacity() * BUCKET_BYTES;
+        if kept < shard.counted_buckets {
+            self.budget.give_back(shard.counted_buckets - kept);
+            shard.counted_buckets = kept;
+        }
     }
 
     fn hash(&self, rule: &Rule, key: &[u8]) -> u64 {
