@@ -20,6 +20,7 @@ use super::error::{CallError, bounded};
 use super::script::CallCounters;
 use super::scripting::{CheckScript, Scripting};
 use super::sentinel;
+use super::slots::{self, SlotMap, Slots};
 use crate::store::any::TlsClientIdentity;
 use crate::store::error::StoreError;
 use crate::store::url::{RedisUrl, Topology};
@@ -34,6 +35,8 @@ pub(super) enum Connection {
     Cluster {
         client: ClusterConnection,
         batcher: Batcher,
+        /// Which master serves each slot, as last read.
+        slots: Arc<Slots>,
     },
 }
 
@@ -96,9 +99,19 @@ impl Connection {
                         .await
                         .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
                         .map_err(|e| unavailable(e.to_string()))?;
+                // Read now, so that checks are told apart by node from the first; if it
+                // cannot be, it is read again in the background.
+                let first = slots::read(
+                    &mut connection.clone(),
+                    connect_timeout,
+                    &SlotMap::unknown(),
+                )
+                .await;
+                let slots = Arc::new(Slots::start(first, connection.clone(), timeout));
                 return Ok(Connection::Cluster {
+                    slots: Arc::clone(&slots),
                     batcher: Batcher::start(
-                        Target::cluster(connection.clone()),
+                        Target::cluster(connection.clone(), slots),
                         Arc::clone(script),
                         Arc::clone(calls),
                         call_hold(timeout),

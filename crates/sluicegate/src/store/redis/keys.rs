@@ -128,7 +128,14 @@ fn identity_tag(key: &str) -> u64 {
 /// The hash slot of every key of the identity `key` (what the tag of its stored key
 /// hashes to).
 pub fn identity_slot(key: &str) -> u16 {
-    crc16(format!("{:0TAG_DIGITS$x}", identity_tag(&stored_key(key))).as_bytes()) % 16384
+    // The tag as its lowercase hex digits, written without an allocation: every check of a
+    // cluster is routed by it.
+    let tag = identity_tag(&stored_key(key));
+    let digits: [u8; TAG_DIGITS] = std::array::from_fn(|i| {
+        let nibble = (tag >> (4 * (TAG_DIGITS - 1 - i))) & 0xf;
+        b"0123456789abcdef"[nibble as usize]
+    });
+    crc16(&digits) % 16384
 }
 
 /// The Redis Cluster hash slot of a key: CRC16 (XMODEM) of its hash tag, modulo 16384.

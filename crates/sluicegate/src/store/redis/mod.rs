@@ -35,7 +35,7 @@ pub use scripting::Scripting;
 use super::any::TlsClientIdentity;
 use super::check::{
     Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_EXPIRATION_JITTER_MAX, DEFAULT_REDIS_PREFIX,
-    DEFAULT_REDIS_TIMEOUT, Outcome, Store,
+    DEFAULT_REDIS_TIMEOUT, NodeId, Nodes, Outcome, Store,
 };
 use super::error::StoreError;
 use super::url::{RedisUrl, StoreUrl, Target};
@@ -410,5 +410,56 @@ impl Store for RedisStore {
         Ok(Outcome::from_limits(
             rows.into_iter().map(|row| row.decision).collect(),
         ))
+    }
+
+    /// One server (or Sentinel's master, wherever it is) is one node; on a cluster, the
+    /// masters serving the check's slots by the slot map as last read.
+    fn nodes(&self, check: &Check<'_>) -> Nodes {
+        let Connection::Cluster { slots, .. } = &self.connection else {
+            return Nodes::One(NodeId::FIRST);
+        };
+        let map = slots.current();
+        let at = || check.at.unwrap_or_else(keys::wall_clock_micros);
+        let node_of = |limit: &crate::store::check::Limit<'_>| {
+            let at = if limit.rule.envoy_counter() { at() } else { 0 };
+            map.node_id(keys::state_slot(&self.prefix, limit.rule, limit.key, at))
+        };
+        let mut limits = check.limits.iter();
+        let Some(first) = limits.next().map(node_of) else {
+            return Nodes::One(NodeId::FIRST);
+        };
+        let mut several: Vec<NodeId> = Vec::new();
+        for node in limits.map(node_of) {
+            if node != first && !several.contains(&node) {
+                if several.is_empty() {
+                    several.push(first);
+                }
+                several.push(node);
+            }
+        }
+        if several.is_empty() {
+            Nodes::One(first)
+        } else {
+            Nodes::Several(several)
+        }
+    }
+
+    /// A single server by the store's URL (credentials left out); a master of a cluster
+    /// by `host:port`, and the cluster's URL for [`NodeId::FIRST`] (slots the map does not
+    /// tell).
+    fn node_name(&self, node: NodeId) -> Option<String> {
+        match &self.connection {
+            Connection::Cluster { slots, .. } if node != NodeId::FIRST => {
+                slots.current().node_name(node)
+            }
+            _ => (node == NodeId::FIRST).then(|| self.server.clone()),
+        }
+    }
+
+    /// On a cluster, the slot map is read again soon: the node may be failing over.
+    fn node_refused(&self, _node: NodeId) {
+        if let Connection::Cluster { slots, .. } = &self.connection {
+            slots.refresh_soon();
+        }
     }
 }
