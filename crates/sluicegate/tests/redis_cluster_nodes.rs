@@ -183,6 +183,11 @@ async fn fail_over(setup: &Setup, limiter: &Arc<Limiter<RedisStore>>, rule: &Arc
         .find(|n| n.port == setup.victim)
         .unwrap()
         .shutdown();
+    limiter
+        .store()
+        .ping()
+        .await
+        .expect("ready while the other masters answer");
     let mut promoted = None;
     let mut unsent = (0, Duration::ZERO);
     loop {

@@ -190,7 +190,11 @@ impl RedisStore {
         self.eviction.latest()
     }
 
-    /// Whether the server answers, within the timeout.
+    /// Whether the server answers, within the timeout; on a cluster, whether at least one
+    /// master does. A cluster that lost a master still decides the keys of the others
+    /// (those of the failing master are answered by their policy, at once while its
+    /// breaker is open), so it is not unready for that: a probe that took every instance
+    /// out of service would fail every key instead.
     pub async fn ping(&self) -> Result<(), StoreError> {
         ping(&self.connection, &self.server, self.timeout).await
     }
@@ -315,13 +319,30 @@ fn add_commandstats(time: &mut ScriptTime, reply: &redis::Value) {
     }
 }
 
-/// Whether `server` answers on `connection` within `timeout`.
+/// Whether `server` answers on `connection` within `timeout`: on a cluster, at least one
+/// of its masters (the cluster client sends a PING to every master and, unrouted, would
+/// want every one of them to answer).
 async fn ping(connection: &Connection, server: &str, timeout: Duration) -> Result<(), StoreError> {
-    connection
-        .query::<String>(&redis::cmd("PING"), timeout)
-        .await
-        .map(drop)
-        .map_err(|e| e.into_store_error(server, timeout, None))
+    let answer = match connection {
+        Connection::Single { .. } => connection
+            .query::<String>(&redis::cmd("PING"), timeout)
+            .await
+            .map(drop),
+        Connection::Cluster { client, .. } => {
+            use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+            let routing = RoutingInfo::MultiNode((
+                MultipleNodeRoutingInfo::AllMasters,
+                Some(ResponsePolicy::OneSucceeded),
+            ));
+            error::bounded(
+                timeout,
+                client.clone().route_command(redis::cmd("PING"), routing),
+            )
+            .await
+            .map(drop)
+        }
+    };
+    answer.map_err(|e| e.into_store_error(server, timeout, None))
 }
 
 impl RedisStore {
