@@ -15,7 +15,7 @@ pub enum StoreError {
     /// memory still lasts: a conflicting reuse, not a retry (docs/SPEC.md, "Retries"). The
     /// check is refused whole and records nothing, in every limit.
     RequestIdConflict(RequestIdConflict),
-    /// The server could not be reached, or the cluster is down.
+    /// The server could not be reached.
     Unavailable {
         /// The server (its URL without credentials).
         server: String,

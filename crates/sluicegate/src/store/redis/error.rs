@@ -120,14 +120,6 @@ impl CallError {
                 ErrorKind::Server(ServerErrorKind::CrossSlot) => StoreError::InvalidCheck(format!(
                     "the limits of this check live in different Redis Cluster hash slots: {e}"
                 )),
-                // A server that cannot serve yet is no script failure: a replica whose
-                // master is away, a server loading its data.
-                ErrorKind::Server(ServerErrorKind::MasterDown | ServerErrorKind::BusyLoading) => {
-                    StoreError::Unavailable {
-                        server,
-                        message: e.to_string(),
-                    }
-                }
                 ErrorKind::Server(_) | ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
                     StoreError::Script {
                         server,
