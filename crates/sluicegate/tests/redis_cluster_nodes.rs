@@ -295,11 +295,14 @@ async fn a_failing_master_holds_up_only_its_own_keys() {
         back <= BACK_WITHIN,
         "the victim's keys were decided by the store again {back:?} after the promotion"
     );
-    assert_eq!(
-        node_state(&limiter, setup.victim),
-        Some(BreakerState::Open),
-        "the victim's breaker still rests"
-    );
+    // The victim's breaker opened and never closed (it rests for a minute): the keys came
+    // back under the replica's. The victim serves no slot now, so it is left out of what
+    // the breakers show, and the whole store's is closed.
+    let transitions = limiter.breaker_transitions();
+    assert!(transitions.to(BreakerState::Open) >= 1);
+    assert_eq!(transitions.to(BreakerState::Closed), 0);
+    assert_eq!(node_state(&limiter, setup.victim), None);
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
     assert_counted(&setup, &limiter, &rule, &run).await;
 }
 

@@ -191,22 +191,28 @@ impl<S: Store> Limiter<S> {
         &self.stats
     }
 
-    /// The whole store's circuit breaker state now: open while any node's breaker is open
-    /// (the checks of that node's keys fall back unsent), else half-open while any node's
-    /// is probing, else closed. A store of one server has one node: its breaker's state.
+    /// The whole store's circuit breaker state now, over the nodes it sends checks to:
+    /// open while any one's breaker is open (the checks of that node's keys fall back
+    /// unsent), else half-open while any one's is probing, else closed. A store of one
+    /// server has one node: its breaker's state.
     pub fn breaker_state(&self) -> BreakerState {
-        self.breakers.state(self.clock.now_micros())
+        nodes::worst(self.node_breakers().iter().map(|node| node.state))
     }
 
-    /// How many times the nodes' circuit breakers entered each state, summed over nodes.
+    /// How many times the nodes' circuit breakers entered each state, summed over every
+    /// node that ever had a check.
     pub fn breaker_transitions(&self) -> BreakerTransitions {
         self.breakers.transitions()
     }
 
-    /// Each node's circuit breaker (every node that has had a check), in the order of
-    /// the store's numbers.
+    /// The circuit breaker of each node the store sends checks to now (that has had a
+    /// check), in the order of the store's numbers. A node that no longer serves any key
+    /// (a master that failed over) is left out: whatever its breaker says holds no key.
     pub fn node_breakers(&self) -> Vec<NodeBreaker<'_>> {
-        self.breakers.all(self.clock.now_micros()).collect()
+        self.breakers
+            .all(self.clock.now_micros())
+            .filter(|node| self.store.node_name(node.node).is_some())
+            .collect()
     }
 
     /// Takes `cost` units for `key` under `rule`.

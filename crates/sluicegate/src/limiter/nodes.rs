@@ -16,6 +16,18 @@ use crate::store::NodeId;
 /// Nodes with a breaker of their own.
 pub(crate) const MAX_NODES: usize = 1024;
 
+/// The state of several nodes' breakers together: open while any is open (some checks fall
+/// back unsent), else half-open while any probes, else closed.
+pub(crate) fn worst(states: impl Iterator<Item = BreakerState>) -> BreakerState {
+    states
+        .max_by_key(|state| match state {
+            BreakerState::Closed => 0,
+            BreakerState::HalfOpen => 1,
+            BreakerState::Open => 2,
+        })
+        .unwrap_or(BreakerState::Closed)
+}
+
 /// One breaker per node.
 #[derive(Debug)]
 pub(crate) struct NodeBreakers {
@@ -65,19 +77,6 @@ impl NodeBreakers {
                 transitions: breaker.transitions(),
             })
         })
-    }
-
-    /// The whole store's state: open while any node's breaker is open (some checks fall
-    /// back unsent), else half-open while any node's probes, else closed.
-    pub(crate) fn state(&self, now: u64) -> BreakerState {
-        self.all(now)
-            .map(|node| node.state)
-            .max_by_key(|state| match state {
-                BreakerState::Closed => 0,
-                BreakerState::HalfOpen => 1,
-                BreakerState::Open => 2,
-            })
-            .unwrap_or(BreakerState::Closed)
     }
 
     /// Every node's changes into each state, summed.

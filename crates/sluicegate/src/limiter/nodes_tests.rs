@@ -87,8 +87,10 @@ impl Store for NodeStore {
         }
     }
 
+    /// Node 2, and whichever of nodes 1 and 3 serves the `a` keys now.
     fn node_name(&self, node: NodeId) -> Option<String> {
-        Some(format!("127.0.0.1:700{}", node.0))
+        let serving = node == NodeId(2) || node.0 == self.a_node.load(Ordering::SeqCst);
+        serving.then(|| format!("127.0.0.1:700{}", node.0))
     }
 
     fn node_refused(&self, _node: NodeId) {
@@ -195,7 +197,8 @@ async fn a_failing_node_opens_its_own_breaker_only() {
 }
 
 /// Node 1's keys move to node 3 (its replica promoted, the slot map read again): they are
-/// decided there at once, not held by node 1's breaker for its cool-down.
+/// decided there at once, not held by node 1's breaker for its cool-down. Node 1, which
+/// serves nothing now, is left out of what the breakers show: the whole store's is closed.
 #[tokio::test]
 async fn keys_that_moved_to_a_healthy_node_are_decided_there_at_once() {
     let (limiter, _clock) = limiter();
@@ -205,10 +208,13 @@ async fn keys_that_moved_to_a_healthy_node_are_decided_there_at_once() {
         assert_eq!(decide(&limiter, &rule, &["a1"]).await, DENIED);
     }
     assert_eq!(state_of(&limiter, 1), Some(BreakerState::Open));
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
     limiter.store().a_node.store(3, Ordering::SeqCst);
     assert_eq!(decide(&limiter, &rule, &["a1"]).await, DecidedBy::Store);
-    assert_eq!(state_of(&limiter, 1), Some(BreakerState::Open));
+    assert_eq!(state_of(&limiter, 1), None, "node 1 serves nothing");
     assert_eq!(state_of(&limiter, 3), Some(BreakerState::Closed));
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+    assert_eq!(limiter.breaker_transitions().to(BreakerState::Open), 1);
 }
 
 /// A node that answers at once that the cluster is down fails those checks (their policy

@@ -320,9 +320,11 @@ pub trait Store: Send + Sync {
     }
 
     /// What metrics, logs and the live page call `node` (`host:port`); `None` for a node
-    /// the store does not know.
-    fn node_name(&self, _node: NodeId) -> Option<String> {
-        None
+    /// the store does not send checks to now (unknown, or no longer serving any key: a
+    /// master that failed over), whose failure state is then left out of what they show.
+    /// A store of one node calls it `store`.
+    fn node_name(&self, node: NodeId) -> Option<String> {
+        (node == NodeId::FIRST).then(|| "store".to_owned())
     }
 
     /// Checks of `node` are being answered without calling it (it failed too often). A

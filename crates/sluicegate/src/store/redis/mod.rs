@@ -466,14 +466,17 @@ impl Store for RedisStore {
     }
 
     /// A single server by the store's URL (credentials left out); a master of a cluster
-    /// by `host:port`, and the cluster's URL for [`NodeId::FIRST`] (slots the map does not
-    /// tell).
+    /// by `host:port` while it serves a slot, and the cluster's URL for [`NodeId::FIRST`]
+    /// while the map has slots it does not tell.
     fn node_name(&self, node: NodeId) -> Option<String> {
         match &self.connection {
             Connection::Cluster { slots, .. } if node != NodeId::FIRST => {
                 slots.current().node_name(node)
             }
-            _ => (node == NodeId::FIRST).then(|| self.server.clone()),
+            Connection::Cluster { slots, .. } => {
+                slots.current().has_gaps().then(|| self.server.clone())
+            }
+            Connection::Single { .. } => (node == NodeId::FIRST).then(|| self.server.clone()),
         }
     }
 

@@ -34,6 +34,10 @@ pub(super) struct SlotMap {
     /// Every master's address ever read, by its number: carried from one reading to the
     /// next, so that a number always names one address.
     addresses: Vec<(String, u16)>,
+    /// Whether the node of that number serves a slot in this reading.
+    serving: Vec<bool>,
+    /// Whether some slot has no node in this reading.
+    gaps: bool,
 }
 
 impl SlotMap {
@@ -42,6 +46,8 @@ impl SlotMap {
         SlotMap {
             nodes: vec![None; SLOTS],
             addresses: Vec::new(),
+            serving: Vec::new(),
+            gaps: true,
         }
     }
 
@@ -87,6 +93,11 @@ impl SlotMap {
                 map.nodes[slot] = Some(node);
             }
         }
+        map.serving = vec![false; addresses.len()];
+        for node in map.nodes.iter().flatten() {
+            map.serving[usize::from(*node)] = true;
+        }
+        map.gaps = map.nodes.iter().any(Option::is_none);
         map.addresses = addresses;
         Some(map)
     }
@@ -110,11 +121,26 @@ impl SlotMap {
             .map_or(NodeId::FIRST, |node| NodeId(node + 1))
     }
 
-    /// `host:port` of the node the store numbers `node`.
+    /// `host:port` of the node the store numbers `node`, while it serves a slot. `None`
+    /// for one that no longer does (a master that failed over, come back as a replica),
+    /// and for [`NodeId::FIRST`], which the caller names while some slot has no node.
     pub(super) fn node_name(&self, node: NodeId) -> Option<String> {
         let index = node.0.checked_sub(1)?;
+        if !self
+            .serving
+            .get(usize::from(index))
+            .copied()
+            .unwrap_or(false)
+        {
+            return None;
+        }
         self.address(index)
             .map(|(host, port)| format!("{host}:{port}"))
+    }
+
+    /// Whether some slot has no node: checks of it go to [`NodeId::FIRST`].
+    pub(super) fn has_gaps(&self) -> bool {
+        self.gaps
     }
 }
 
@@ -288,9 +314,16 @@ mod numbering {
             Some("127.0.0.1:7002")
         );
         assert_eq!(
-            after.node_name(before.node_id(0)).as_deref(),
+            after.node_name(before.node_id(0)),
+            None,
+            "7000 serves no slot"
+        );
+        assert_eq!(
+            before.node_name(before.node_id(0)).as_deref(),
             Some("127.0.0.1:7000")
         );
+        assert!(!after.has_gaps());
+        assert!(SlotMap::unknown().has_gaps());
         assert_eq!(SlotMap::unknown().node_id(5), NodeId::FIRST);
         assert_eq!(after.node_name(NodeId::FIRST), None);
     }
