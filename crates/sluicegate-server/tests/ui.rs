@@ -156,7 +156,21 @@ fn live_page_on_redis() {
         &redis.url(),
     ]);
     page_shows_rules_and_refusals_that_move(&server);
-    assert!(rendered(&server.address).contains("redis · ready"));
+    let page = rendered(&server.address);
+    assert!(page.contains("redis · ready"));
+    // The one node of a single server, its breaker closed, named under the badge.
+    let (status, body) = server.request("GET", "/v1/overview?n=1", "");
+    assert_eq!(status, 200, "{body}");
+    let overview: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let nodes = overview["store"]["nodes"].as_array().expect("store.nodes");
+    assert_eq!(nodes.len(), 1, "{body}");
+    let node = nodes[0]["node"].as_str().unwrap();
+    assert!(node.contains(&redis.port.to_string()), "{body}");
+    assert_eq!(nodes[0]["breaker"], "closed", "{body}");
+    assert!(
+        page.contains(&format!("title=\"{node}: closed\"")),
+        "the breaker badge names the node"
+    );
 }
 
 #[test]

@@ -18,7 +18,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, RetryAfter};
 pub use limiter::{
     BreakerConfig, BreakerState, BreakerTransitions, FALLBACK_PART, Limiter, LimiterConfig,
-    LimiterStats, NEGATIVE_CACHE_PART,
+    LimiterStats, NEGATIVE_CACHE_PART, NodeBreaker,
 };
 pub use policy::{FailurePolicy, OnStoreReset};
 pub use rule::{
@@ -27,8 +27,8 @@ pub use rule::{
 };
 pub use store::{
     AnyStore, Charge, Check, DecidedBy, FULL_RETRY_AFTER, Limit, MemoryStore, MemoryStoreConfig,
-    Outcome, RequestIdConflict, RequestUse, STORE_PART, Store, StoreError, StoreOptions, StoreUrl,
-    StoreUrlError, TlsClientIdentity,
+    NodeId, Nodes, Outcome, RequestIdConflict, RequestUse, STORE_PART, Store, StoreError,
+    StoreOptions, StoreUrl, StoreUrlError, TlsClientIdentity,
 };
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreConfig};

@@ -73,9 +73,19 @@ struct StoreBody {
     ready: bool,
     /// Why it is not ready.
     error: Option<String>,
+    /// The whole store's breaker: open while any node's is (see `Limiter::breaker_state`).
     breaker: &'static str,
+    /// Each node's breaker: a server, or a master of a cluster.
+    nodes: Vec<NodeBody>,
     /// Every Redis node found to have lost state sluicegate wrote, by reason.
     lost_state: Vec<LostStateRow>,
+}
+
+#[derive(Serialize)]
+struct NodeBody {
+    /// `host:port` (a single server: the store's URL without credentials).
+    node: String,
+    breaker: &'static str,
 }
 
 #[derive(Serialize)]
@@ -226,6 +236,15 @@ pub(super) async fn overview(
                     })
                     .collect(),
             },
+            nodes: service
+                .limiter()
+                .node_breakers()
+                .into_iter()
+                .map(|node| NodeBody {
+                    node: node.name.to_owned(),
+                    breaker: node.state.name(),
+                })
+                .collect(),
         },
         sample_period_s: SAMPLE_PERIOD.as_secs(),
         rule_count: limits.len(),

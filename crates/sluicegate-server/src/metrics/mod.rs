@@ -125,6 +125,20 @@ struct BreakerLabels {
     to: &'static str,
 }
 
+/// One node of the store and a state of its circuit breaker.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeStateLabels {
+    node: String,
+    state: &'static str,
+}
+
+/// One node of the store and a state its circuit breaker entered.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeTransitionLabels {
+    node: String,
+    to: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PolicyLabels {
     policy: String,
@@ -666,7 +680,8 @@ fn limiter_registry(limiter: &Limiter<AnyStore>) -> Registry {
     };
     registry.register(
         "sluicegate_breaker_state",
-        "Circuit breaker: 0 closed, 1 open, 2 half-open",
+        "The store's circuit breakers, one per node: 0 every node's closed, 1 some node's \
+         open (its keys fall back), 2 some node's half-open and none open",
         ConstGauge::new(breaker),
     );
     let transitions = Family::<BreakerLabels, Counter>::default();
@@ -677,8 +692,43 @@ fn limiter_registry(limiter: &Limiter<AnyStore>) -> Registry {
     }
     registry.register(
         "sluicegate_breaker_transitions",
-        "Circuit breaker state changes, by the state entered",
+        "Circuit breaker state changes, summed over the store's nodes, by the state entered",
         transitions,
+    );
+    let node_states = Family::<NodeStateLabels, Gauge>::default();
+    let node_transitions = Family::<NodeTransitionLabels, Counter>::default();
+    for node in limiter.node_breakers() {
+        for state in [
+            BreakerState::Closed,
+            BreakerState::Open,
+            BreakerState::HalfOpen,
+        ] {
+            node_states
+                .get_or_create(&NodeStateLabels {
+                    node: node.name.to_owned(),
+                    state: state.name(),
+                })
+                .set(i64::from(node.state == state));
+        }
+        for (to, changes) in node.transitions.all() {
+            node_transitions
+                .get_or_create(&NodeTransitionLabels {
+                    node: node.name.to_owned(),
+                    to: to.name(),
+                })
+                .inc_by(changes);
+        }
+    }
+    registry.register(
+        "sluicegate_store_node_state",
+        "Each store node's circuit breaker (a server; a master of a cluster): 1 for the \
+         state it is in",
+        node_states,
+    );
+    registry.register(
+        "sluicegate_store_node_transitions",
+        "Each store node's circuit breaker state changes, by the state entered",
+        node_transitions,
     );
     register_write_backs(&mut registry, limiter);
     registry
@@ -793,5 +843,28 @@ mod tests {
         }
         // Script calls are a Redis store's.
         assert!(!text.contains("sluicegate_redis_script"), "{text}");
+    }
+
+    /// Each node of the store that had a check shows its breaker's state (1 for the state
+    /// it is in, 0 for the others) and its changes.
+    #[tokio::test]
+    async fn every_store_node_shows_its_breakers_state() {
+        let metrics = Metrics::default();
+        let limiter = Limiter::new(AnyStore::Memory(Default::default()));
+        let rule = sluicegate::Rule::new(
+            "r",
+            &sluicegate::RuleSpec::new(sluicegate::Algorithm::FixedWindow, 10, 1_000_000),
+        )
+        .unwrap();
+        limiter.check(&rule, "k", 1).await.unwrap();
+        let text = metrics.render(&limiter);
+        for line in [
+            "sluicegate_store_node_state{node=\"memory\",state=\"closed\"} 1",
+            "sluicegate_store_node_state{node=\"memory\",state=\"open\"} 0",
+            "sluicegate_store_node_state{node=\"memory\",state=\"half_open\"} 0",
+            "sluicegate_store_node_transitions_total{node=\"memory\",to=\"open\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! A circuit breaker for the store. It opens when, over the last `window`, at least
+//! A circuit breaker for one node of the store (see `nodes`: the limiter keeps one per
+//! node). It opens when, over the last `window`, at least
 //! `min_calls` store calls ended and at least `failure_rate` of them failed; then it stops
 //! calling the store for `cool_down` and lets one check through as a probe. Only that
 //! probe's own result closes it (or opens it again for another cool-down).
@@ -115,6 +116,13 @@ impl BreakerTransitions {
         BreakerState::ALL.into_iter().map(|s| (s, self.to(s)))
     }
 
+    /// Adds `other`'s counts to these.
+    pub(crate) fn add(&self, other: &BreakerTransitions) {
+        for (mine, theirs) in self.counts.iter().zip(&other.counts) {
+            mine.fetch_add(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
     fn count(&self, state: BreakerState) {
         self.counts[state.bits() as usize].fetch_add(1, Ordering::Relaxed);
     }
@@ -122,6 +130,8 @@ impl BreakerTransitions {
 
 #[derive(Debug)]
 pub(crate) struct Breaker {
+    /// The node it guards, as logs name it.
+    node: String,
     failure_rate: f64,
     min_calls: u64,
     /// µs.
@@ -179,9 +189,10 @@ impl Drop for Ticket<'_> {
 }
 
 impl Breaker {
-    pub(crate) fn new(config: BreakerConfig) -> Self {
+    pub(crate) fn new(config: BreakerConfig, node: String) -> Self {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         Breaker {
+            node,
             failure_rate: config.failure_rate,
             min_calls: u64::from(config.min_calls),
             cool_down: micros(config.cool_down),
@@ -292,9 +303,11 @@ impl Breaker {
         self.phase.store(next, Ordering::Release);
         self.transitions.count(to);
         tracing::warn!(
+            node = %self.node,
             from = BreakerState::from_bits(phase).name(),
             to = to.name(),
-            "store circuit breaker {}: {why}",
+            "store circuit breaker of {} {}: {why}",
+            self.node,
             to.name()
         );
         next
@@ -306,6 +319,11 @@ impl Breaker {
             return Duration::ZERO;
         }
         Duration::from_micros(self.open_until.load(Ordering::Acquire).saturating_sub(now))
+    }
+
+    /// The node it guards.
+    pub(crate) fn node(&self) -> &str {
+        &self.node
     }
 
     fn state_bits(&self) -> BreakerState {

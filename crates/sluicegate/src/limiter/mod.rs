@@ -3,8 +3,9 @@
 //!
 //! Around the store it keeps deciding when the store cannot (seed 001 §5.2, seed 002
 //! §4.6): a per-rule or server-wide [`FailurePolicy`] (`local` continuing each key from
-//! the store's last count), a circuit breaker that stops calling a store that fails too
-//! large a share of calls, and a negative cache that answers repeated refusals without a
+//! the store's last count), a circuit breaker per node of the store that stops calling a
+//! node that fails too large a share of calls (checks of other nodes' keys go on), and a
+//! negative cache that answers repeated refusals without a
 //! round trip. Every decision says who made it ([`DecidedBy`]) and [`LimiterStats`]
 //! counts them.
 
@@ -12,6 +13,7 @@ mod breaker;
 mod in_flight;
 mod local;
 mod negative_cache;
+mod nodes;
 mod owed;
 mod precheck;
 mod room;
@@ -21,14 +23,16 @@ mod share;
 pub use breaker::{BreakerConfig, BreakerState, BreakerTransitions};
 pub use local::FALLBACK_PART;
 pub use negative_cache::NEGATIVE_CACHE_PART;
+pub use nodes::NodeBreaker;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use breaker::{Breaker, Permit};
+use breaker::{Permit, Ticket};
 use in_flight::{InFlight, Joined};
 use local::LocalFallback;
 use negative_cache::NegativeCache;
+use nodes::NodeBreakers;
 use precheck::Precheck;
 
 use crate::budget::MemoryBudget;
@@ -36,7 +40,9 @@ use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, RetryAfter};
 use crate::policy::{FailurePolicy, OnStoreReset};
 use crate::rule::Rule;
-use crate::store::{Check, DecidedBy, Limit, MemoryStore, Outcome, Store, StoreError};
+use crate::store::{
+    Check, DecidedBy, Limit, MemoryStore, NodeId, Nodes, Outcome, Store, StoreError,
+};
 
 /// How a [`Limiter`] copes with its store.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,7 +51,8 @@ pub struct LimiterConfig {
     pub on_store_error: FailurePolicy,
     /// Instances sharing the store: a `local` fallback allows L / instances (rounded up).
     pub instances: u32,
-    /// When the circuit breaker opens, and for how long.
+    /// When a node's circuit breaker opens, and for how long (each node of the store has
+    /// its own, with these settings).
     pub breaker: BreakerConfig,
     /// Entries of the negative cache; 0 (the default) turns it off. Worth it in front of
     /// a remote store, where it saves round trips; pointless in front of the in-memory
@@ -119,7 +126,7 @@ pub struct LimiterStats {
 pub struct Limiter<S = MemoryStore> {
     store: S,
     config: LimiterConfig,
-    breaker: Breaker,
+    breakers: NodeBreakers,
     negative: Option<NegativeCache>,
     /// Checks at the store, which later checks of the same limits wait for while the
     /// negative cache is on.
@@ -163,7 +170,7 @@ impl<S: Store> Limiter<S> {
     pub fn with_clock(store: S, config: LimiterConfig, clock: Arc<dyn Clock>) -> Self {
         Limiter {
             store,
-            breaker: Breaker::new(config.breaker),
+            breakers: NodeBreakers::new(config.breaker),
             negative: (config.negative_cache_entries > 0).then(|| {
                 NegativeCache::new(
                     config.negative_cache_entries,
@@ -207,34 +214,51 @@ impl<S: Store> Limiter<S> {
         &self.stats
     }
 
-    /// The circuit breaker's state now.
+    /// The whole store's circuit breaker state now, over the nodes it sends checks to:
+    /// open while any one's breaker is open (the checks of that node's keys fall back
+    /// unsent), else half-open while any one's is probing, else closed. A store of one
+    /// server has one node: its breaker's state.
     pub fn breaker_state(&self) -> BreakerState {
-        self.breaker.state(self.clock.now_micros())
+        nodes::worst(self.node_breakers().iter().map(|node| node.state))
     }
 
-    /// How many times the circuit breaker entered each state.
-    pub fn breaker_transitions(&self) -> &BreakerTransitions {
-        self.breaker.transitions()
+    /// How many times the nodes' circuit breakers entered each state, summed over every
+    /// node that ever had a check.
+    pub fn breaker_transitions(&self) -> BreakerTransitions {
+        self.breakers.transitions()
+    }
+
+    /// The circuit breaker of each node the store sends checks to now (that has had a
+    /// check), in the order of the store's numbers. A node that no longer serves any key
+    /// (a master that failed over) is left out: whatever its breaker says holds no key.
+    pub fn node_breakers(&self) -> Vec<NodeBreaker<'_>> {
+        self.breakers
+            .all(self.clock.now_micros())
+            .filter(|node| self.store.node_name(node.node).is_some())
+            .collect()
     }
 
     /// Writes back to the store what up to `max_keys` keys owe it — units the `local`
     /// fallback admitted, or counts a store that lost them no longer holds — for keys that
     /// saw no check since the store answered again (a check of a key writes its own back
     /// first); drops what no longer counts, and gives the fallback's memory back. Does
-    /// nothing while the breaker is open; stops at the first write the store fails.
-    /// Returns how many keys it wrote back. The server calls it periodically.
+    /// nothing for a key whose node's breaker is open; a key whose write fails stays
+    /// owed (the first failure is logged). Returns how many keys it wrote back. The server
+    /// calls it periodically.
     pub async fn write_back(&self, max_keys: usize) -> usize {
         let now = self.clock.now_micros();
         self.local.sweep(now);
         let mut written = 0;
+        let mut failed = false;
         for (rule, key) in self.local.due(max_keys, now, &self.stats) {
             let limits = [Limit {
                 rule: &rule,
                 key: &key,
             }];
             let check = Check::new(&limits, 0);
-            let Permit::Call(ticket) = self.breaker.permit(now) else {
-                break;
+            let nodes = self.store.nodes(&check);
+            let Ok(tickets) = self.permits(&nodes, now) else {
+                continue;
             };
             let generation = self.store.lost_state_generation(&check);
             let result = self
@@ -245,13 +269,16 @@ impl<S: Store> Limiter<S> {
                 result,
                 Err(StoreError::Unavailable { .. } | StoreError::Timeout { .. })
             );
-            ticket.finish(reached, self.clock.now_micros());
-            if let Err(error) = result {
-                let (keys, units) = self.local.owed();
-                tracing::warn!(%error, owing = keys, units, "writing back units owed to the store failed; they stay owed");
-                break;
+            tickets.finish(reached, self.clock.now_micros());
+            match result {
+                Ok(()) => written += 1,
+                Err(error) if !failed => {
+                    failed = true;
+                    let (keys, units) = self.local.owed();
+                    tracing::warn!(%error, owing = keys, units, "writing back units owed to the store failed; they stay owed");
+                }
+                Err(_) => {}
             }
-            written += 1;
         }
         if written > 0 {
             let (keys, units) = self.local.owed();
@@ -345,12 +372,18 @@ impl<S: Store> Limiter<S> {
             refused.decided_by = DecidedBy::LocalPrecheck;
             return Ok(refused);
         }
-        let error = match self.breaker.permit(now) {
-            Permit::Refuse => StoreError::breaker_open(format!(
-                "the store failed too often; next try in {:?}",
-                self.breaker.wait(now)
-            )),
-            Permit::Call(ticket) => {
+        let nodes = self.store.nodes(check);
+        let error = match self.permits(&nodes, now) {
+            Err(refused) => {
+                self.store.node_refused(refused);
+                let breaker = self.breaker(refused);
+                StoreError::breaker_open(format!(
+                    "store node {} failed too often; next try in {:?}",
+                    breaker.node(),
+                    breaker.wait(now)
+                ))
+            }
+            Ok(tickets) => {
                 let generation = self.store.lost_state_generation(check);
                 // A generation of 0 has never lost anything: no seed to look up.
                 if generation > 0 && self.config.on_store_reset == OnStoreReset::Conservative {
@@ -375,7 +408,7 @@ impl<S: Store> Limiter<S> {
                 drop(freeing);
                 match answer {
                     Ok(outcome) => {
-                        ticket.finish(true, self.clock.now_micros());
+                        tickets.finish(true, self.clock.now_micros());
                         self.stats.store_decisions.fetch_add(1, Ordering::Relaxed);
                         // A full store's answer says nothing about the key's usage: neither
                         // a refusal to cache nor a count to start a fallback from.
@@ -404,19 +437,55 @@ impl<S: Store> Limiter<S> {
                     // Only an unreachable or silent store counts against the breaker: a key of
                     // the wrong type says nothing about the next check.
                     Err(e @ (StoreError::Unavailable { .. } | StoreError::Timeout { .. })) => {
-                        ticket.finish(false, self.clock.now_micros());
+                        tickets.finish(false, self.clock.now_micros());
+                        e
+                    }
+                    // A node that says the cluster is down answered at once: calling it
+                    // costs no wait, so its breaker has nothing to save, and it is the
+                    // first to know when the cluster is ok again. Counted as a failure,
+                    // the healthy masters' answers while a failover finishes would open
+                    // their breakers and hold their keys for a cool-down after it. The
+                    // policy answers this check; the next one asks the node again.
+                    Err(e @ StoreError::ClusterDown { .. }) => {
+                        tickets.finish(true, self.clock.now_micros());
                         e
                     }
                     // The store answered, if only with an error: it is reachable.
                     Err(e) => {
-                        ticket.finish(true, self.clock.now_micros());
+                        tickets.finish(true, self.clock.now_micros());
                         e
                     }
                 }
             }
         };
         self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
-        self.fall_back(check, error)
+        self.fall_back(check, &nodes, error)
+    }
+
+    /// The breaker of `node`.
+    fn breaker(&self, node: NodeId) -> &breaker::Breaker {
+        self.breakers.of(node, || self.store.node_name(node))
+    }
+
+    /// A ticket of each of `nodes`' breakers, or the first node whose breaker refuses (the
+    /// tickets already given are dropped unreported).
+    fn permits(&self, nodes: &Nodes, now: u64) -> Result<Tickets<'_>, NodeId> {
+        let mut each = nodes.iter();
+        let first = each.next().unwrap_or(NodeId::FIRST);
+        let Permit::Call(ticket) = self.breaker(first).permit(now) else {
+            return Err(first);
+        };
+        let mut others = Vec::new();
+        for node in each {
+            match self.breaker(node).permit(now) {
+                Permit::Call(other) => others.push(other),
+                Permit::Refuse => return Err(node),
+            }
+        }
+        Ok(Tickets {
+            first: ticket,
+            others,
+        })
     }
 
     /// Each limit's failure policy: its rule's own, or the limiter's.
@@ -444,7 +513,15 @@ impl<S: Store> Limiter<S> {
     ///
     /// A report, a settle or a refund fails whatever the policies: an answer made up
     /// without the store would lose its units, and retried with its id it counts once.
-    fn fall_back(&self, check: &Check<'_>, error: StoreError) -> Result<Outcome, StoreError> {
+    ///
+    /// A `deny` refusal says to come back when the first of `nodes` (the check's) to probe
+    /// again does.
+    fn fall_back(
+        &self,
+        check: &Check<'_>,
+        nodes: &Nodes,
+        error: StoreError,
+    ) -> Result<Outcome, StoreError> {
         if !check.charge.may_refuse() {
             return Err(error);
         }
@@ -458,9 +535,12 @@ impl<S: Store> Limiter<S> {
         let decisions: Vec<Decision> = match strictest {
             FailurePolicy::Error => return Err(error),
             FailurePolicy::Deny => {
-                let wait = u64::try_from(self.breaker.wait(now).as_micros())
-                    .unwrap_or(u64::MAX)
-                    .max(1);
+                let wait = nodes
+                    .iter()
+                    .map(|node| self.breaker(node).wait(now))
+                    .max()
+                    .unwrap_or_default();
+                let wait = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX).max(1);
                 check
                     .limits
                     .iter()
@@ -492,11 +572,30 @@ impl<S: Store> Limiter<S> {
     }
 }
 
+/// The breakers' tickets of one check: one per node it goes to. Its result goes to every
+/// one of them: a check of several nodes that failed counts against each.
+struct Tickets<'a> {
+    first: Ticket<'a>,
+    others: Vec<Ticket<'a>>,
+}
+
+impl Tickets<'_> {
+    fn finish(self, reachable: bool, now: u64) {
+        self.first.finish(reachable, now);
+        for ticket in self.others {
+            ticket.finish(reachable, now);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;
 
 #[cfg(test)]
 mod in_flight_tests;
+
+#[cfg(test)]
+mod nodes_tests;
 
 #[cfg(test)]
 mod precheck_tests;

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use super::check::{
     Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_EXPIRATION_JITTER_MAX,
-    DEFAULT_LOST_STATE_CHECK_INTERVAL, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome, Store,
+    DEFAULT_LOST_STATE_CHECK_INTERVAL, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, NodeId, Nodes,
+    Outcome, Store,
 };
 use super::error::StoreError;
 use super::memory::{MemoryStore, MemoryStoreConfig};
@@ -163,6 +164,30 @@ impl Store for AnyStore {
             AnyStore::Memory(store) => store.lost_state_generation(check),
             #[cfg(feature = "redis")]
             AnyStore::Redis(store) => store.lost_state_generation(check),
+        }
+    }
+
+    fn nodes(&self, check: &Check<'_>) -> Nodes {
+        match self {
+            AnyStore::Memory(store) => store.nodes(check),
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(store) => store.nodes(check),
+        }
+    }
+
+    fn node_name(&self, node: NodeId) -> Option<String> {
+        match self {
+            AnyStore::Memory(store) => store.node_name(node),
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(store) => store.node_name(node),
+        }
+    }
+
+    fn node_refused(&self, node: NodeId) {
+        match self {
+            AnyStore::Memory(store) => store.node_refused(node),
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(store) => store.node_refused(node),
         }
     }
 }

@@ -276,6 +276,39 @@ impl Outcome {
     }
 }
 
+/// One node of a store: a server, or a master of a Redis Cluster, by a small number the
+/// store gives it. A number always means the same node (its address) for the life of the
+/// store, so failure state kept per number stays with the node and never follows the
+/// slots it served to another. A store of one server has one node, [`NodeId::FIRST`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub u16);
+
+impl NodeId {
+    /// The only node of a store of one server; on a cluster, where a check goes while
+    /// the slot map does not tell (not read yet, or a slot no master serves).
+    pub const FIRST: NodeId = NodeId(0);
+}
+
+/// The nodes one check goes to: one, or several for a check of keys on several nodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Nodes {
+    /// All its keys are on this node.
+    One(NodeId),
+    /// Its keys are on these nodes, each named once.
+    Several(Vec<NodeId>),
+}
+
+impl Nodes {
+    /// Each node, once.
+    pub fn iter(&self) -> impl Iterator<Item = NodeId> + '_ {
+        let (one, several) = match self {
+            Nodes::One(node) => (Some(*node), &[][..]),
+            Nodes::Several(nodes) => (None, nodes.as_slice()),
+        };
+        one.into_iter().chain(several.iter().copied())
+    }
+}
+
 /// A store of rate-limit state.
 pub trait Store: Send + Sync {
     /// Decides `check` atomically (docs/SPEC.md). An error means nothing was decided.
@@ -288,4 +321,25 @@ pub trait Store: Send + Sync {
     fn lost_state_generation(&self, _check: &Check<'_>) -> u64 {
         0
     }
+    /// The nodes `check` would go to now, by what the store last knew of where keys live:
+    /// what the limiter keeps failure state by (a circuit breaker per node). Called on
+    /// every check: cheap, no allocation for a check of one node. A store of one server
+    /// answers [`NodeId::FIRST`].
+    fn nodes(&self, _check: &Check<'_>) -> Nodes {
+        Nodes::One(NodeId::FIRST)
+    }
+
+    /// What metrics, logs and the live page call `node` (`host:port`); `None` for a node
+    /// the store does not send checks to now (unknown, or no longer serving any key: a
+    /// master that failed over), whose failure state is then left out of what they show.
+    /// A store of one node calls it `store`.
+    fn node_name(&self, node: NodeId) -> Option<String> {
+        (node == NodeId::FIRST).then(|| "store".to_owned())
+    }
+
+    /// Checks of `node` are being answered without calling it (it failed too often). A
+    /// store whose keys can move to another node (a cluster's failover, a resharding)
+    /// looks again where they live, at a bounded rate, so that checks of keys now served
+    /// elsewhere go there at once. Called on every such check: cheap.
+    fn node_refused(&self, _node: NodeId) {}
 }

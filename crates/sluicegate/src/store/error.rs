@@ -15,11 +15,21 @@ pub enum StoreError {
     /// memory still lasts: a conflicting reuse, not a retry (docs/SPEC.md, "Retries"). The
     /// check is refused whole and records nothing, in every limit.
     RequestIdConflict(RequestIdConflict),
-    /// The server could not be reached, or the cluster is down.
+    /// The server could not be reached.
     Unavailable {
         /// The server (its URL without credentials).
         server: String,
         /// What went wrong.
+        message: String,
+    },
+    /// The Redis Cluster is down as the node that answered sees it: `CLUSTERDOWN`, or a
+    /// script told that "the cluster is down" (a slot has no master while a failover is
+    /// under way, or the node is cut off from the majority). The node answered at once,
+    /// and answers again once the cluster is ok.
+    ClusterDown {
+        /// The server.
+        server: String,
+        /// The server's message.
         message: String,
     },
     /// The server did not answer within the configured time.
@@ -88,7 +98,7 @@ impl StoreError {
     }
 
     /// What kind of failure this is, in snake case, for counting failures by kind:
-    /// `timeout`, `breaker_open`, `unavailable`, `script`, `wrong_type`,
+    /// `timeout`, `breaker_open`, `unavailable`, `cluster_down`, `script`, `wrong_type`,
     /// `invalid_check`, `request_id_conflict`. An open breaker's error is an [`StoreError::Unavailable`] to its
     /// callers, but a kind of its own here: no call was made.
     pub fn kind(&self) -> &'static str {
@@ -97,6 +107,7 @@ impl StoreError {
             StoreError::RequestIdConflict(_) => "request_id_conflict",
             StoreError::Unavailable { server, .. } if server == BREAKER_OPEN => "breaker_open",
             StoreError::Unavailable { .. } => "unavailable",
+            StoreError::ClusterDown { .. } => "cluster_down",
             StoreError::Timeout { .. } => "timeout",
             StoreError::WrongType { .. } => "wrong_type",
             StoreError::Script { .. } => "script",
@@ -111,6 +122,9 @@ impl fmt::Display for StoreError {
             StoreError::RequestIdConflict(conflict) => conflict.fmt(f),
             StoreError::Unavailable { server, message } => {
                 write!(f, "redis at {server} is unavailable: {message}")
+            }
+            StoreError::ClusterDown { server, message } => {
+                write!(f, "the redis cluster at {server} is down: {message}")
             }
             StoreError::Timeout { server, key, after } => write!(
                 f,

@@ -17,7 +17,8 @@ pub use redis::{RedisStore, RedisStoreConfig, ScriptCalls};
 pub use url::{StoreUrl, StoreUrlError};
 
 pub use check::{
-    Charge, Check, DecidedBy, Limit, MAX_REQUEST_ID_BYTES, Outcome, RequestUse, Store,
+    Charge, Check, DecidedBy, Limit, MAX_REQUEST_ID_BYTES, NodeId, Nodes, Outcome, RequestUse,
+    Store,
 };
 pub use error::{RequestIdConflict, StoreError};
 pub use key::{DIGEST_MARKER, DIGESTED_KEY_BYTES, MAX_STORED_KEY_BYTES, stored_key};

@@ -7,12 +7,15 @@ use crate::clock::{Clock, ManualClock};
 const MS: u64 = 1_000;
 
 fn breaker(failure_rate: f64, min_calls: u32) -> (Breaker, ManualClock) {
-    let breaker = Breaker::new(BreakerConfig {
-        failure_rate,
-        window: Duration::from_secs(1),
-        min_calls,
-        cool_down: Duration::from_secs(1),
-    });
+    let breaker = Breaker::new(
+        BreakerConfig {
+            failure_rate,
+            window: Duration::from_secs(1),
+            min_calls,
+            cool_down: Duration::from_secs(1),
+        },
+        "127.0.0.1:6379".to_owned(),
+    );
     (breaker, ManualClock::new(1_700_000_000_000_000))
 }
 
@@ -163,7 +166,7 @@ impl std::io::Write for Captured {
 }
 
 #[test]
-fn every_change_is_logged_at_warn_with_its_reason() {
+fn every_change_is_logged_at_warn_with_its_node_and_reason() {
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -181,11 +184,11 @@ fn every_change_is_logged_at_warn_with_its_reason() {
     let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     let expected = [
-        "store circuit breaker open: 20 of the last 20 store calls failed",
-        "store circuit breaker half_open: the cool-down passed",
-        "store circuit breaker open: the probe failed",
-        "store circuit breaker half_open: the cool-down passed",
-        "store circuit breaker closed: the probe succeeded",
+        "store circuit breaker of 127.0.0.1:6379 open: 20 of the last 20 store calls failed",
+        "store circuit breaker of 127.0.0.1:6379 half_open: the cool-down passed",
+        "store circuit breaker of 127.0.0.1:6379 open: the probe failed",
+        "store circuit breaker of 127.0.0.1:6379 half_open: the cool-down passed",
+        "store circuit breaker of 127.0.0.1:6379 closed: the probe succeeded",
     ];
     assert_eq!(lines.len(), expected.len(), "{text}");
     for (line, message) in lines.iter().zip(expected) {

@@ -946,6 +946,11 @@ impl Store for MemoryStore {
     ) -> impl std::future::Future<Output = Result<Outcome, StoreError>> + Send {
         std::future::ready(self.check_now(check))
     }
+
+    /// Its one node is this process's memory.
+    fn node_name(&self, node: crate::store::check::NodeId) -> Option<String> {
+        (node == crate::store::check::NodeId::FIRST).then(|| "memory".to_owned())
+    }
 }
 
 #[cfg(test)]

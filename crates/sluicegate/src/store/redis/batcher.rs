@@ -2,7 +2,6 @@
 //! Cluster, the checks of one node.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::cluster_async::ClusterConnection;
@@ -13,7 +12,7 @@ use super::error::{CallError, bounded};
 use super::keys::hash_slot;
 use super::script::{CallCounters, ScriptCheck, ScriptRow, split_answers};
 use super::scripting::CheckScript;
-use super::slots::SlotMap;
+use super::slots::{SlotMap, Slots};
 
 /// Most checks that are waiting together go to Redis together, in one script call (at most
 /// [`MAX_BATCH`]): a call's fixed costs (the command, the script's setup, `TIME`) are paid
@@ -59,8 +58,8 @@ pub(super) enum Target {
     Server(Replaceable),
     Cluster {
         connection: ClusterConnection,
-        /// A node refused a routed check (the slot map is out of date): read it again.
-        stale: Arc<AtomicBool>,
+        /// The slot map, read again when a call fails.
+        slots: Arc<Slots>,
     },
 }
 
@@ -112,11 +111,8 @@ fn spans_slots(keys: &[String]) -> bool {
 }
 
 impl Target {
-    pub(super) fn cluster(connection: ClusterConnection) -> Target {
-        Target::Cluster {
-            connection,
-            stale: Arc::new(AtomicBool::new(true)),
-        }
+    pub(super) fn cluster(connection: ClusterConnection, slots: Arc<Slots>) -> Target {
+        Target::Cluster { connection, slots }
     }
 
     fn batches_in_flight(&self) -> usize {
@@ -252,11 +248,7 @@ impl Batcher {
         let (queue, mut waiting) = mpsc::unbounded_channel::<Queued>();
         tokio::spawn(async move {
             let in_flight = Arc::new(Semaphore::new(target.batches_in_flight()));
-            // On a cluster: the slot map as last read, and the readings coming in (`None`
-            // for one that failed), one at a time.
-            let mut slots = SlotMap::unknown();
-            let (maps_in, mut maps) = mpsc::unbounded_channel::<Option<SlotMap>>();
-            let mut reading = false;
+            let unknown = Arc::new(SlotMap::unknown());
             loop {
                 let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
                     return;
@@ -272,19 +264,10 @@ impl Batcher {
                 if batch.is_empty() {
                     continue;
                 }
-                if let Target::Cluster { connection, stale } = &target {
-                    while let Ok(map) = maps.try_recv() {
-                        reading = false;
-                        match map {
-                            Some(map) => slots = map,
-                            None => stale.store(true, Ordering::Relaxed),
-                        }
-                    }
-                    if script.routes() && !reading && stale.swap(false, Ordering::Relaxed) {
-                        reading = true;
-                        tokio::spawn(read_slots(connection.clone(), maps_in.clone(), hold));
-                    }
-                }
+                let slots = match &target {
+                    Target::Cluster { slots, .. } => slots.current().clone(),
+                    Target::Server(_) => Arc::clone(&unknown),
+                };
                 let mut permit = Some(permit);
                 let (groups, turned_away) =
                     target.split(batch, |queued| &queued.call, &slots, script.routes());
@@ -328,23 +311,6 @@ impl Batcher {
     }
 }
 
-/// Reads the slot map (`CLUSTER SLOTS`, from any node) and sends it to the batcher.
-async fn read_slots(
-    mut connection: ClusterConnection,
-    maps: mpsc::UnboundedSender<Option<SlotMap>>,
-    hold: Duration,
-) {
-    let reply = bounded(
-        hold,
-        redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async::<redis::Value>(&mut connection),
-    )
-    .await;
-    let map = reply.ok().and_then(|reply| SlotMap::from_reply(&reply));
-    let _batcher_gone = maps.send(map);
-}
-
 /// Whether a routed check failed because the node it went to does not hold one of its
 /// keys (the slot moved, or is migrating and the key has gone): Redis 7 says "non local
 /// key"; a redirection is named for what it is. The check wrote nothing (`check_routed`
@@ -371,7 +337,8 @@ fn turned_away_unrun(error: &CallError) -> bool {
 /// Sends `group` as one call and answers each of its checks. A routed check that came back
 /// unrun ([`turned_away_unrun`]) is sent again on its own, declared (the cluster client
 /// finds its node) — or, when its keys are of several slots, turned away to be run slot
-/// by slot — and the slot map is read again, as it is after any failed routed call.
+/// by slot — and the slot map is read again, as it is after any failed call on a cluster
+/// (a node that fails may be failing over: its slots are soon another's).
 async fn send_group(
     target: &Target,
     script: &CheckScript,
@@ -395,7 +362,7 @@ async fn send_group(
         Err(e) => (vec![Err(e); calls.len()], true),
     };
     let mut resend = Vec::new();
-    let mut map_stale = routed && call_failed;
+    let mut map_stale = call_failed;
     for ((call, answer), reply) in calls.into_iter().zip(answers).zip(replies) {
         match reply {
             Err(e) if routed && turned_away_unrun(&e) => {
@@ -412,8 +379,8 @@ async fn send_group(
             }
         }
     }
-    if let (true, Target::Cluster { stale, .. }) = (map_stale, target) {
-        stale.store(true, Ordering::Relaxed);
+    if let (true, Target::Cluster { slots, .. }) = (map_stale, target) {
+        slots.refresh_soon();
     }
     for (call, answer) in resend {
         if answer.is_closed() {

@@ -20,6 +20,7 @@ use super::error::{CallError, bounded};
 use super::script::CallCounters;
 use super::scripting::{CheckScript, Scripting};
 use super::sentinel;
+use super::slots::{self, SlotMap, Slots};
 use crate::store::any::TlsClientIdentity;
 use crate::store::error::StoreError;
 use crate::store::url::{RedisUrl, Topology};
@@ -34,6 +35,8 @@ pub(super) enum Connection {
     Cluster {
         client: ClusterConnection,
         batcher: Batcher,
+        /// Which master serves each slot, as last read.
+        slots: Arc<Slots>,
     },
 }
 
@@ -83,10 +86,15 @@ impl Connection {
                 master
             }
             Topology::Cluster(nodes) => {
+                let (retries, max_wait_ms) = cluster_retries(timeout);
                 let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
                     .tcp_settings(tcp_settings())
                     .connection_timeout(connect_timeout)
-                    .response_timeout(timeout);
+                    .response_timeout(timeout)
+                    .retries(retries)
+                    .min_retry_wait(1)
+                    .max_retry_wait(max_wait_ms)
+                    .retry_wait_formula(1, 2);
                 if with_ca {
                     builder = builder.certs(certificates());
                 }
@@ -96,9 +104,19 @@ impl Connection {
                         .await
                         .map_err(|_| unavailable(format!("no answer within {connect_timeout:?}")))?
                         .map_err(|e| unavailable(e.to_string()))?;
+                // Read now, so that checks are told apart by node from the first; if it
+                // cannot be, it is read again in the background.
+                let first = slots::read(
+                    &mut connection.clone(),
+                    connect_timeout,
+                    &SlotMap::unknown(),
+                )
+                .await;
+                let slots = Arc::new(Slots::start(first, connection.clone(), timeout));
                 return Ok(Connection::Cluster {
+                    slots: Arc::clone(&slots),
                     batcher: Batcher::start(
-                        Target::cluster(connection.clone()),
+                        Target::cluster(connection.clone(), slots),
                         Arc::clone(script),
                         Arc::clone(calls),
                         call_hold(timeout),
@@ -166,6 +184,23 @@ impl Connection {
             }
         }
     }
+}
+
+/// How often the cluster client tries a command again, and its longest wait between two
+/// tries (ms), for checks that may take `timeout`. Its own defaults wait 1.28 s or more
+/// before trying again a command a node answered `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`
+/// or `LOADING`: far past a check's timeout, so a node that answered at once that the
+/// cluster is down would look silent, and count against its breaker as a node that does
+/// not answer. Here the client keeps its number of tries (16: redirections and new
+/// connections to a node that failed over are tried again at once, and use them up), and
+/// every wait together stays within half the timeout, so that such an answer comes back
+/// as what it is while the check still waits for it.
+fn cluster_retries(timeout: Duration) -> (u32, u64) {
+    const RETRIES: u32 = 16;
+    let max_wait_ms = u64::try_from(timeout.as_millis() / u128::from(2 * RETRIES))
+        .unwrap_or(u64::MAX)
+        .max(2);
+    (RETRIES, max_wait_ms)
 }
 
 /// Every Redis connection sends at once: a check is a few hundred bytes, and Nagle's

@@ -47,6 +47,19 @@ impl CallError {
         }
     }
 
+    /// Whether the node answered that the cluster is down: `CLUSTERDOWN` for the command,
+    /// or, for a script already running, Redis 7's "Script attempted to execute a command
+    /// while the cluster is down" (and "… while the cluster is down and readonly").
+    fn is_cluster_down(&self) -> bool {
+        match self {
+            CallError::Redis(e) => e.kind() == ErrorKind::Server(ServerErrorKind::ClusterDown),
+            CallError::Check(message) => {
+                message.starts_with("CLUSTERDOWN") || message.contains("the cluster is down")
+            }
+            CallError::Timeout | CallError::Closed | CallError::NotOnOneNode => false,
+        }
+    }
+
     /// Whether a whole call failed before Redis ran any of it: the node could not be
     /// reached (refused, or the client no longer knows it), or it turned the command away
     /// unrun — a replica refuses a writing function (`READONLY`), a node that has lost its
@@ -89,6 +102,14 @@ impl CallError {
                 key: key.unwrap_or_default(),
             };
         }
+        if self.is_cluster_down() {
+            let message = match self {
+                CallError::Redis(e) => e.to_string(),
+                CallError::Check(message) => message,
+                _ => String::new(),
+            };
+            return StoreError::ClusterDown { server, message };
+        }
         match self {
             CallError::Timeout => StoreError::Timeout {
                 server,
@@ -99,10 +120,6 @@ impl CallError {
                 ErrorKind::Server(ServerErrorKind::CrossSlot) => StoreError::InvalidCheck(format!(
                     "the limits of this check live in different Redis Cluster hash slots: {e}"
                 )),
-                ErrorKind::Server(ServerErrorKind::ClusterDown) => StoreError::Unavailable {
-                    server,
-                    message: format!("cluster down: {e}"),
-                },
                 ErrorKind::Server(_) | ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
                     StoreError::Script {
                         server,
@@ -139,6 +156,34 @@ impl CallError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node that says the cluster is down — refusing the command, or refusing a key to a
+    /// script already running — is reported as the cluster being down, not as a failed
+    /// script.
+    #[test]
+    fn a_cluster_that_is_down_is_reported_as_such() {
+        let server = "redis-cluster://127.0.0.1:7000";
+        let timeout = Duration::from_millis(100);
+        let refused = CallError::Redis(RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ClusterDown),
+            "The cluster is down",
+        )));
+        let in_script = CallError::Check(
+            "ERR Script attempted to execute a command while the cluster is down".to_owned(),
+        );
+        for call in [refused, in_script] {
+            let error = call.into_store_error(server, timeout, Some("rl:{00ab}:s"));
+            assert!(
+                matches!(&error, StoreError::ClusterDown { server: s, .. } if s == server),
+                "{error:?}"
+            );
+            assert_eq!(error.kind(), "cluster_down");
+            assert!(error.to_string().contains("cluster"), "{error}");
+        }
+        let script = CallError::Check("ERR user_script:1: bad argument".to_owned())
+            .into_store_error(server, timeout, None);
+        assert_eq!(script.kind(), "script");
+    }
 
     /// A check of several nodes' slots that escaped the slot-by-slot path is the store's
     /// failure: the limiter's failure policies and breaker see it, as for any outage.

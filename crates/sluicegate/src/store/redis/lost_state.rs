@@ -315,7 +315,10 @@ impl Reader {
                     .connection
                     .query::<Value>(redis::cmd("CLUSTER").arg("SLOTS"), self.timeout)
                     .await;
-                let Some(map) = reply.ok().and_then(|reply| SlotMap::from_reply(&reply)) else {
+                let Some(map) = reply
+                    .ok()
+                    .and_then(|reply| SlotMap::from_reply(&reply, &SlotMap::unknown()))
+                else {
                     tracing::debug!("lost-state check: no slot map from the cluster");
                     return;
                 };

@@ -38,7 +38,8 @@ pub use scripting::Scripting;
 use super::any::TlsClientIdentity;
 use super::check::{
     Check, DEFAULT_EVICTION_CHECK_INTERVAL, DEFAULT_EXPIRATION_JITTER_MAX,
-    DEFAULT_LOST_STATE_CHECK_INTERVAL, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, Outcome, Store,
+    DEFAULT_LOST_STATE_CHECK_INTERVAL, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, NodeId, Nodes,
+    Outcome, Store,
 };
 use super::error::StoreError;
 use super::url::{RedisUrl, StoreUrl, Target};
@@ -217,7 +218,11 @@ impl RedisStore {
         self.lost_state.latest()
     }
 
-    /// Whether the server answers, within the timeout.
+    /// Whether the server answers, within the timeout; on a cluster, whether at least one
+    /// master does. A cluster that lost a master still decides the keys of the others
+    /// (those of the failing master are answered by their policy, at once while its
+    /// breaker is open), so it is not unready for that: a probe that took every instance
+    /// out of service would fail every key instead.
     pub async fn ping(&self) -> Result<(), StoreError> {
         ping(&self.connection, &self.server, self.timeout).await
     }
@@ -342,13 +347,30 @@ fn add_commandstats(time: &mut ScriptTime, reply: &redis::Value) {
     }
 }
 
-/// Whether `server` answers on `connection` within `timeout`.
+/// Whether `server` answers on `connection` within `timeout`: on a cluster, at least one
+/// of its masters (the cluster client sends a PING to every master and, unrouted, would
+/// want every one of them to answer).
 async fn ping(connection: &Connection, server: &str, timeout: Duration) -> Result<(), StoreError> {
-    connection
-        .query::<String>(&redis::cmd("PING"), timeout)
-        .await
-        .map(drop)
-        .map_err(|e| e.into_store_error(server, timeout, None))
+    let answer = match connection {
+        Connection::Single { .. } => connection
+            .query::<String>(&redis::cmd("PING"), timeout)
+            .await
+            .map(drop),
+        Connection::Cluster { client, .. } => {
+            use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+            let routing = RoutingInfo::MultiNode((
+                MultipleNodeRoutingInfo::AllMasters,
+                Some(ResponsePolicy::OneSucceeded),
+            ));
+            error::bounded(
+                timeout,
+                client.clone().route_command(redis::cmd("PING"), routing),
+            )
+            .await
+            .map(drop)
+        }
+    };
+    answer.map_err(|e| e.into_store_error(server, timeout, None))
 }
 
 impl RedisStore {
@@ -443,5 +465,59 @@ impl Store for RedisStore {
     /// count (bumped for every slot of a master found to have lost state).
     fn lost_state_generation(&self, check: &Check<'_>) -> u64 {
         self.lost_state.generation(&self.prefix, check)
+    }
+
+    /// One server (or Sentinel's master, wherever it is) is one node; on a cluster, the
+    /// masters serving the check's slots by the slot map as last read.
+    fn nodes(&self, check: &Check<'_>) -> Nodes {
+        let Connection::Cluster { slots, .. } = &self.connection else {
+            return Nodes::One(NodeId::FIRST);
+        };
+        let map = slots.current();
+        let at = || check.at.unwrap_or_else(keys::wall_clock_micros);
+        let node_of = |limit: &crate::store::check::Limit<'_>| {
+            let at = if limit.rule.envoy_counter() { at() } else { 0 };
+            map.node_id(keys::state_slot(&self.prefix, limit.rule, limit.key, at))
+        };
+        let mut limits = check.limits.iter();
+        let Some(first) = limits.next().map(node_of) else {
+            return Nodes::One(NodeId::FIRST);
+        };
+        let mut several: Vec<NodeId> = Vec::new();
+        for node in limits.map(node_of) {
+            if node != first && !several.contains(&node) {
+                if several.is_empty() {
+                    several.push(first);
+                }
+                several.push(node);
+            }
+        }
+        if several.is_empty() {
+            Nodes::One(first)
+        } else {
+            Nodes::Several(several)
+        }
+    }
+
+    /// A single server by the store's URL (credentials left out); a master of a cluster
+    /// by `host:port` while it serves a slot, and the cluster's URL for [`NodeId::FIRST`]
+    /// while the map has slots it does not tell.
+    fn node_name(&self, node: NodeId) -> Option<String> {
+        match &self.connection {
+            Connection::Cluster { slots, .. } if node != NodeId::FIRST => {
+                slots.current().node_name(node)
+            }
+            Connection::Cluster { slots, .. } => {
+                slots.current().has_gaps().then(|| self.server.clone())
+            }
+            Connection::Single { .. } => (node == NodeId::FIRST).then(|| self.server.clone()),
+        }
+    }
+
+    /// On a cluster, the slot map is read again soon: the node may be failing over.
+    fn node_refused(&self, _node: NodeId) {
+        if let Connection::Cluster { slots, .. } = &self.connection {
+            slots.refresh_soon();
+        }
     }
 }

@@ -1,16 +1,43 @@
 //! Which node of a Redis Cluster serves each hash slot, as last read (`CLUSTER SLOTS`): what
-//! the batcher groups a cluster's checks by. It may be out of date; a node refuses what it
-//! does not hold, and the checks it refused are sent again on their own.
+//! the batcher groups a cluster's checks by, and what the limiter keeps each node's failure
+//! state by. It may be out of date; a node refuses what it does not hold, and the checks it
+//! refused are sent again on their own.
+//!
+//! Each master is numbered by its address, and a number keeps naming that address in every
+//! later reading: after a failover the slots of the old master point to the number of the
+//! replica that took them over, whose breaker is its own, so checks of those slots go there
+//! as soon as the map is read again — never held by the old master's breaker.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
 use redis::Value;
+use redis::cluster_async::ClusterConnection;
+use tokio::sync::mpsc;
+
+use super::error::bounded;
+use crate::store::check::NodeId;
 
 /// Hash slots of a Redis Cluster.
 pub(super) const SLOTS: usize = 16384;
 
+/// The shortest time between two readings of the slot map. While a node fails, every check
+/// of its slots asks for a reading (see [`Slots::refresh_soon`]): at this pace that costs
+/// one `CLUSTER SLOTS` per tenth of a second, and a failover the cluster has finished is
+/// seen at most this long (plus the reading's round trip) after its promotion.
+pub(super) const REFRESH_GAP: Duration = Duration::from_millis(100);
+
 /// Each slot's node, as a number, and each node's address.
 pub(super) struct SlotMap {
     nodes: Vec<Option<u16>>,
+    /// Every master's address ever read, by its number: carried from one reading to the
+    /// next, so that a number always names one address.
     addresses: Vec<(String, u16)>,
+    /// Whether the node of that number serves a slot in this reading.
+    serving: Vec<bool>,
+    /// Whether some slot has no node in this reading.
+    gaps: bool,
 }
 
 impl SlotMap {
@@ -19,17 +46,20 @@ impl SlotMap {
         SlotMap {
             nodes: vec![None; SLOTS],
             addresses: Vec::new(),
+            serving: Vec::new(),
+            gaps: true,
         }
     }
 
-    /// The map `CLUSTER SLOTS` answered: ranges `[start, end, [host, port, …], replicas…]`.
-    /// `None` when the reply is not of that shape.
-    pub(super) fn from_reply(reply: &Value) -> Option<SlotMap> {
+    /// The map `CLUSTER SLOTS` answered: ranges `[start, end, [host, port, …], replicas…]`,
+    /// its masters numbered as in `known`, a new address after them. `None` when the reply
+    /// is not of that shape.
+    pub(super) fn from_reply(reply: &Value, known: &SlotMap) -> Option<SlotMap> {
         let Value::Array(ranges) = reply else {
             return None;
         };
         let mut map = SlotMap::unknown();
-        let mut addresses: Vec<(String, u16)> = Vec::new();
+        let mut addresses = known.addresses.clone();
         for range in ranges {
             let Value::Array(fields) = range else {
                 return None;
@@ -55,13 +85,19 @@ impl SlotMap {
                     addresses.len() - 1
                 }
             };
-            let node = u16::try_from(node).ok()?;
+            // Numbers up to u16::MAX - 1, so that every one has a NodeId after FIRST.
+            let node = u16::try_from(node).ok().filter(|&n| n < u16::MAX)?;
             let start = usize::try_from(*start).ok()?;
             let end = usize::try_from(*end).ok()?.min(SLOTS - 1);
             for slot in start..=end {
                 map.nodes[slot] = Some(node);
             }
         }
+        map.serving = vec![false; addresses.len()];
+        for node in map.nodes.iter().flatten() {
+            map.serving[usize::from(*node)] = true;
+        }
+        map.gaps = map.nodes.iter().any(Option::is_none);
         map.addresses = addresses;
         Some(map)
     }
@@ -90,6 +126,128 @@ impl SlotMap {
     pub(super) fn node_of(&self, slot: u16) -> Option<u16> {
         self.nodes.get(usize::from(slot)).copied().flatten()
     }
+
+    /// The store's number of the node serving `slot`: [`NodeId::FIRST`] where the map does
+    /// not tell, each master's own number after it.
+    pub(super) fn node_id(&self, slot: u16) -> NodeId {
+        self.node_of(slot)
+            .map_or(NodeId::FIRST, |node| NodeId(node + 1))
+    }
+
+    /// `host:port` of the node the store numbers `node`, while it serves a slot. `None`
+    /// for one that no longer does (a master that failed over, come back as a replica),
+    /// and for [`NodeId::FIRST`], which the caller names while some slot has no node.
+    pub(super) fn node_name(&self, node: NodeId) -> Option<String> {
+        let index = node.0.checked_sub(1)?;
+        if !self
+            .serving
+            .get(usize::from(index))
+            .copied()
+            .unwrap_or(false)
+        {
+            return None;
+        }
+        self.address(index)
+            .map(|(host, port)| format!("{host}:{port}"))
+    }
+
+    /// Whether some slot has no node: checks of it go to [`NodeId::FIRST`].
+    pub(super) fn has_gaps(&self) -> bool {
+        self.gaps
+    }
+}
+
+/// The slot map in force, read by every check without a lock, and read again from the
+/// cluster when asked, at most once per [`REFRESH_GAP`].
+pub(super) struct Slots {
+    map: Arc<ArcSwap<SlotMap>>,
+    /// Room for one: a request while one waits already is the same request.
+    wanted: mpsc::Sender<()>,
+}
+
+impl Slots {
+    /// Starts with `first` (the map read at connect, if it could be) and a task that reads
+    /// the map again from `connection` when asked (at once when `first` is unknown), each
+    /// reading bounded by `timeout`; the task ends when these slots are dropped.
+    pub(super) fn start(
+        first: Option<SlotMap>,
+        connection: ClusterConnection,
+        timeout: Duration,
+    ) -> Slots {
+        let unread = first.is_none();
+        let map = Arc::new(ArcSwap::from_pointee(
+            first.unwrap_or_else(SlotMap::unknown),
+        ));
+        let (wanted, asked) = mpsc::channel(1);
+        tokio::spawn(keep_fresh(
+            Arc::clone(&map),
+            asked,
+            connection,
+            timeout,
+            unread,
+        ));
+        Slots { map, wanted }
+    }
+
+    /// The map in force.
+    pub(super) fn current(&self) -> arc_swap::Guard<Arc<SlotMap>> {
+        self.map.load()
+    }
+
+    /// Asks for the map to be read again soon: it may be out of date (a node failed, or
+    /// refused a key it no longer holds). Requests coalesce; no more than one reading per
+    /// [`REFRESH_GAP`].
+    pub(super) fn refresh_soon(&self) {
+        let _already_asked = self.wanted.try_send(());
+    }
+}
+
+/// Reads the slot map when `asked` (or first, if `unread`), installs what it read in
+/// `map`, and waits [`REFRESH_GAP`] before the next reading; a reading that failed is tried
+/// again after that gap, unasked.
+async fn keep_fresh(
+    map: Arc<ArcSwap<SlotMap>>,
+    mut asked: mpsc::Receiver<()>,
+    mut connection: ClusterConnection,
+    timeout: Duration,
+    mut unread: bool,
+) {
+    loop {
+        if !unread && asked.recv().await.is_none() {
+            return;
+        }
+        if asked.is_closed() {
+            return;
+        }
+        let reading = read(&mut connection, timeout, &map.load()).await;
+        unread = match reading {
+            Some(read) => {
+                map.store(Arc::new(read));
+                false
+            }
+            None => true,
+        };
+        tokio::time::sleep(REFRESH_GAP).await;
+    }
+}
+
+/// The slot map as `CLUSTER SLOTS` (from any node) says it now, numbered as `known`;
+/// `None` when no answer came within `timeout`, or not one of that shape.
+pub(super) async fn read(
+    connection: &mut ClusterConnection,
+    timeout: Duration,
+    known: &SlotMap,
+) -> Option<SlotMap> {
+    let reply = bounded(
+        timeout,
+        redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async::<Value>(connection),
+    )
+    .await;
+    reply
+        .ok()
+        .and_then(|reply| SlotMap::from_reply(&reply, known))
 }
 
 #[cfg(test)]
@@ -115,7 +273,7 @@ mod tests {
             range(100, 16383, "10.0.0.2", 6379),
             range(50, 50, "10.0.0.1", 6379),
         ]);
-        let map = SlotMap::from_reply(&reply).unwrap();
+        let map = SlotMap::from_reply(&reply, &SlotMap::unknown()).unwrap();
         assert_eq!(map.node_of(0), map.node_of(99));
         assert_ne!(map.node_of(99), map.node_of(100));
         assert_eq!(map.node_of(16383), map.node_of(100));
@@ -127,7 +285,59 @@ mod tests {
             map.address(map.node_of(100).unwrap()),
             Some(("10.0.0.2", 6379))
         );
-        assert!(SlotMap::from_reply(&Value::Int(1)).is_none());
+        assert!(SlotMap::from_reply(&Value::Int(1), &SlotMap::unknown()).is_none());
         assert_eq!(SlotMap::unknown().node_of(7), None);
+    }
+}
+
+#[cfg(test)]
+mod numbering {
+    use super::*;
+
+    fn master(start: i64, end: i64, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(port),
+            ]),
+        ])
+    }
+
+    /// After a failover the old master's slots are served by its replica: a number of its
+    /// own, while every other master keeps its number, and the old master's number is never
+    /// given to another address.
+    #[test]
+    fn a_number_names_one_address_across_readings() {
+        let before = SlotMap::from_reply(
+            &Value::Array(vec![master(0, 8191, 7000), master(8192, 16383, 7001)]),
+            &SlotMap::unknown(),
+        )
+        .unwrap();
+        let after = SlotMap::from_reply(
+            &Value::Array(vec![master(0, 8191, 7002), master(8192, 16383, 7001)]),
+            &before,
+        )
+        .unwrap();
+        assert_eq!(before.node_id(9000), after.node_id(9000));
+        assert_ne!(before.node_id(0), after.node_id(0));
+        assert_eq!(
+            after.node_name(after.node_id(0)).as_deref(),
+            Some("127.0.0.1:7002")
+        );
+        assert_eq!(
+            after.node_name(before.node_id(0)),
+            None,
+            "7000 serves no slot"
+        );
+        assert_eq!(
+            before.node_name(before.node_id(0)).as_deref(),
+            Some("127.0.0.1:7000")
+        );
+        assert!(!after.has_gaps());
+        assert!(SlotMap::unknown().has_gaps());
+        assert_eq!(SlotMap::unknown().node_id(5), NodeId::FIRST);
+        assert_eq!(after.node_name(NodeId::FIRST), None);
     }
 }
