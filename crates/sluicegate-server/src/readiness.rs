@@ -8,7 +8,8 @@ use crate::service::Service;
 /// What the probes report.
 pub(crate) enum Readiness {
     /// The store answers; `warning` names a risk that does not stop the service (a Redis
-    /// that may evict keys).
+    /// that may evict keys; under `--store-durability replicated`, a server without a
+    /// replica, where checks that admit fail and their policy answers).
     Ready { warning: Option<String> },
     /// The store does not answer, or a risk the operator refused
     /// (`--require-noeviction`): why.
@@ -35,14 +36,22 @@ pub(crate) async fn readiness(service: &Service) -> Readiness {
     if let Err(e) = store.ready().await {
         return Readiness::NotReady(format!("not ready: {e}"));
     }
-    let eviction_risk = match store {
-        AnyStore::Redis(redis) => redis.eviction().warning(),
-        AnyStore::Memory(_) => None,
+    let (eviction_risk, unreplicated) = match store {
+        AnyStore::Redis(redis) => (
+            redis.eviction().warning(),
+            redis.replication().warning(redis.durability()),
+        ),
+        AnyStore::Memory(_) => (None, None),
     };
     match eviction_risk {
         Some(risk) if service.options().require_noeviction => {
             Readiness::NotReady(format!("not ready (--require-noeviction): {risk}"))
         }
-        warning => Readiness::Ready { warning },
+        risk => {
+            let warnings: Vec<String> = risk.into_iter().chain(unreplicated).collect();
+            Readiness::Ready {
+                warning: (!warnings.is_empty()).then(|| warnings.join("; ")),
+            }
+        }
     }
 }

@@ -69,6 +69,14 @@ impl RedisCluster {
         self.nodes.iter().filter(|node| node.is_master()).collect()
     }
 
+    /// The node replicating `master` now.
+    pub fn replica_of(&self, master: &RedisServer) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|node| node.master_port() == Some(master.port))
+            .unwrap_or_else(|| panic!("no node replicates the master on {}", master.port))
+    }
+
     /// The master serving `slot` now, by `CLUSTER SLOTS` of a node that answers: ranges
     /// `[start, end, [host, port, …], …]`.
     pub fn master_of(&self, slot: u16) -> &RedisServer {
