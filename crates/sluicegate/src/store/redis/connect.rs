@@ -295,7 +295,7 @@ impl ReplaceableInner {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            let master = sentinel::current_master(&mut sentinels, timeout).await;
+            let master = sentinel::master(&mut sentinels, timeout).await;
             let Some(connection) = connection.upgrade() else {
                 return;
             };

@@ -67,9 +67,12 @@ pub(super) fn sentinels(
     builder.build()
 }
 
-/// The master's client, as the sentinels name it now, within `timeout`; for connecting. A
-/// failure says whose connection failed, the sentinels' or the master's, where that can be
-/// told: a wrong password or an untrusted certificate is fixed in a different place for each.
+/// The master's client, as the sentinels name it now, within `timeout`: at connect, and
+/// every [`LOOKUP_EVERY`] after to follow it. A failure says whose connection failed, the
+/// sentinels' or the master's, where that can be told: a wrong password or an untrusted
+/// certificate is fixed in a different place for each, and a master down while the
+/// sentinels answer (before they fail it over) is not the sentinels' failure. Telling
+/// them apart takes a second round trip, only once the lookup has failed.
 pub(super) async fn master(
     sentinels: &mut SentinelClient,
     timeout: Duration,
@@ -99,21 +102,6 @@ pub(super) async fn master(
         )),
         Err(_) => Err(within(timeout, "the sentinels")),
     }
-}
-
-/// The master's client, as the sentinels name it now, within `timeout`; for following it.
-/// A failure is only logged, and is not told apart as [`master`] does: that second round
-/// trip, in every failover window, would delay noticing the new master.
-pub(super) async fn current_master(
-    sentinels: &mut SentinelClient,
-    timeout: Duration,
-) -> Result<redis::Client, String> {
-    lookup(sentinels, timeout)
-        .await
-        .map_err(|failure| match failure {
-            Lookup::TimedOut => within(timeout, "the sentinels or the master"),
-            Lookup::Failed(err) => format!("no usable master from the sentinels: {err}"),
-        })
 }
 
 /// Why the sentinels named no master.
