@@ -69,12 +69,12 @@ impl RedisCluster {
         self.nodes.iter().filter(|node| node.is_master()).collect()
     }
 
-    /// The node replicating `master` now.
-    pub fn replica_of(&self, master: &RedisServer) -> &RedisServer {
+    /// The nodes replicating `master` now.
+    pub fn replicas_of(&self, master: &RedisServer) -> Vec<&RedisServer> {
         self.nodes
             .iter()
-            .find(|node| node.master_port() == Some(master.port))
-            .unwrap_or_else(|| panic!("no node replicates the master on {}", master.port))
+            .filter(|node| node.master_port() == Some(master.port))
+            .collect()
     }
 
     /// The master serving `slot` now, by `CLUSTER SLOTS` of a node that answers: ranges

@@ -316,14 +316,16 @@ impl Batcher {
                     let (target, script, counters) =
                         (target.clone(), Arc::clone(&script), Arc::clone(&counters));
                     tokio::spawn(async move {
-                        let sent = Sent {
-                            target: &target,
-                            script: &script,
-                            counters: &counters,
+                        send_group(
+                            &target,
+                            &script,
+                            &counters,
+                            group,
                             hold,
                             replica_wait,
-                        };
-                        sent.group(group, permit).await;
+                            permit,
+                        )
+                        .await;
                     });
                 }
             }
@@ -389,93 +391,100 @@ fn turned_away_unrun(error: &CallError) -> bool {
     misrouted(error) || error.never_ran()
 }
 
-/// How a batcher's calls are sent.
-struct Sent<'a> {
-    target: &'a Target,
-    script: &'a CheckScript,
-    counters: &'a CallCounters,
+/// Sends `calls` as one call (to `routed_to`, if set): each check's rows or error. With
+/// `replica_wait`, a check that recorded units fails when the `WAIT` after the call heard
+/// from no replica: it answers only for writes a replica has.
+async fn call_and_split(
+    target: &Target,
+    script: &CheckScript,
+    counters: &CallCounters,
+    calls: &[ScriptCheck],
+    routed_to: Option<&(String, u16)>,
     hold: Duration,
     replica_wait: Option<Duration>,
+) -> Result<Vec<Result<Vec<ScriptRow>, CallError>>, CallError> {
+    let replied = target
+        .send(script, calls, routed_to, hold, replica_wait)
+        .await?;
+    let mut answers = split_answers(replied.reply, calls)?;
+    if let (Some(acknowledged @ 0), Some(within)) = (replied.acknowledged, replica_wait) {
+        for answer in &mut answers {
+            if answer.as_deref().is_ok_and(recorded) {
+                counters.count_not_replicated();
+                *answer = Err(CallError::NotReplicated {
+                    acknowledged,
+                    within,
+                });
+            }
+        }
+    }
+    Ok(answers)
 }
 
-impl Sent<'_> {
-    /// Sends `calls` as one call (to `routed_to`, if set): each check's rows or error. A
-    /// check that recorded units fails when the `WAIT` after the call heard from no
-    /// replica: it answers only for writes a replica has.
-    async fn call(
-        &self,
-        calls: &[ScriptCheck],
-        routed_to: Option<&(String, u16)>,
-    ) -> Result<Vec<Result<Vec<ScriptRow>, CallError>>, CallError> {
-        let replied = self
-            .target
-            .send(self.script, calls, routed_to, self.hold, self.replica_wait)
-            .await?;
-        let mut answers = split_answers(replied.reply, calls)?;
-        if let (Some(acknowledged @ 0), Some(within)) = (replied.acknowledged, self.replica_wait) {
-            for answer in &mut answers {
-                if answer.as_deref().is_ok_and(recorded) {
-                    self.counters.count_not_replicated();
-                    *answer = Err(CallError::NotReplicated {
-                        acknowledged,
-                        within,
-                    });
+/// Sends `group` as one call and answers each of its checks. A routed check that came back
+/// unrun ([`turned_away_unrun`]) is sent again on its own, declared (the cluster client
+/// finds its node) — or, when its keys are of several slots, turned away to be run slot
+/// by slot — and the slot map is read again, as it is after any failed routed call.
+async fn send_group(
+    target: &Target,
+    script: &CheckScript,
+    counters: &CallCounters,
+    group: Group<Queued>,
+    hold: Duration,
+    replica_wait: Option<Duration>,
+    permit: OwnedSemaphorePermit,
+) {
+    let (calls, answers): (Vec<ScriptCheck>, Vec<_>) = group
+        .members
+        .into_iter()
+        .map(|q| (q.call, q.answer))
+        .unzip();
+    counters.count(calls.len());
+    let routed = group.routed_to.is_some();
+    let reply = call_and_split(
+        target,
+        script,
+        counters,
+        &calls,
+        group.routed_to.as_ref(),
+        hold,
+        replica_wait,
+    )
+    .await;
+    let (replies, call_failed) = match reply {
+        Ok(replies) => (replies, false),
+        Err(e) => (vec![Err(e); calls.len()], true),
+    };
+    let mut resend = Vec::new();
+    let mut map_stale = routed && call_failed;
+    for ((call, answer), reply) in calls.into_iter().zip(answers).zip(replies) {
+        match reply {
+            Err(e) if routed && turned_away_unrun(&e) => {
+                map_stale = true;
+                if spans_slots(call.keys()) {
+                    // Declared, a call of several slots is refused: run slot by slot.
+                    let _caller_gone = answer.send(Err(CallError::NotOnOneNode));
+                } else {
+                    resend.push((call, answer));
                 }
             }
+            reply => {
+                let _caller_gone = answer.send(reply);
+            }
         }
-        Ok(answers)
     }
-
-    /// Sends `group` as one call and answers each of its checks. A routed check that came
-    /// back unrun ([`turned_away_unrun`]) is sent again on its own, declared (the cluster
-    /// client finds its node) — or, when its keys are of several slots, turned away to be
-    /// run slot by slot — and the slot map is read again, as it is after any failed routed
-    /// call.
-    async fn group(&self, group: Group<Queued>, permit: OwnedSemaphorePermit) {
-        let (calls, answers): (Vec<ScriptCheck>, Vec<_>) = group
-            .members
-            .into_iter()
-            .map(|q| (q.call, q.answer))
-            .unzip();
-        self.counters.count(calls.len());
-        let routed = group.routed_to.is_some();
-        let (replies, call_failed) = match self.call(&calls, group.routed_to.as_ref()).await {
-            Ok(replies) => (replies, false),
-            Err(e) => (vec![Err(e); calls.len()], true),
-        };
-        let mut resend = Vec::new();
-        let mut map_stale = routed && call_failed;
-        for ((call, answer), reply) in calls.into_iter().zip(answers).zip(replies) {
-            match reply {
-                Err(e) if routed && turned_away_unrun(&e) => {
-                    map_stale = true;
-                    if spans_slots(call.keys()) {
-                        // Declared, a call of several slots is refused: run slot by slot.
-                        let _caller_gone = answer.send(Err(CallError::NotOnOneNode));
-                    } else {
-                        resend.push((call, answer));
-                    }
-                }
-                reply => {
-                    let _caller_gone = answer.send(reply);
-                }
-            }
-        }
-        if let (true, Target::Cluster { stale, .. }) = (map_stale, self.target) {
-            stale.store(true, Ordering::Relaxed);
-        }
-        for (call, answer) in resend {
-            if answer.is_closed() {
-                continue;
-            }
-            let calls = std::slice::from_ref(&call);
-            self.counters.count(1);
-            let mut replies = self
-                .call(calls, None)
-                .await
-                .unwrap_or_else(|e| vec![Err(e)]);
-            let _caller_gone = answer.send(replies.pop().expect("one answer for one check"));
-        }
-        drop(permit);
+    if let (true, Target::Cluster { stale, .. }) = (map_stale, target) {
+        stale.store(true, Ordering::Relaxed);
     }
+    for (call, answer) in resend {
+        if answer.is_closed() {
+            continue;
+        }
+        let calls = std::slice::from_ref(&call);
+        counters.count(1);
+        let reply = call_and_split(target, script, counters, calls, None, hold, replica_wait).await;
+        let mut replies = reply.unwrap_or_else(|e| vec![Err(e)]);
+        let _caller_gone = answer.send(replies.pop().expect("one answer for one check"));
+    }
+    drop(permit);
 }
