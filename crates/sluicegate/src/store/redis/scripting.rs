@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::SingleNodeRoutingInfo;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use super::script::{CHECK_LIBRARY, ScriptCheck, command, routed_command};
@@ -172,24 +172,45 @@ impl CheckScript {
         (host, port): (&str, u16),
         replica_wait: Option<Duration>,
     ) -> RedisResult<Replied> {
-        let route = || SingleNodeRoutingInfo::ByAddress {
-            host: host.to_owned(),
-            port,
-        };
-        let call = || {
-            let mut pipeline = redis::pipe();
-            pipeline.add_command(routed_command(&self.routed_function, checks));
-            add_wait(&mut pipeline, replica_wait);
-            pipeline
-        };
-        let count = 1 + usize::from(replica_wait.is_some());
-        match replied(cluster.route_pipeline(call(), 0, count, route()).await?) {
+        match self
+            .send_routed(cluster, checks, (host, port), replica_wait)
+            .await
+        {
             Err(e) if has_detail(&e, FUNCTION_NOT_FOUND) => {
                 self.load_library(cluster).await?;
-                replied(cluster.route_pipeline(call(), 0, count, route()).await?)
+                self.send_routed(cluster, checks, (host, port), replica_wait)
+                    .await
             }
             reply => reply,
         }
+    }
+
+    /// Sends [`CheckScript::call_routed`]'s call once, and its `WAIT` in the same write.
+    async fn send_routed(
+        &self,
+        cluster: &mut ClusterConnection,
+        checks: &[ScriptCheck],
+        (host, port): (&str, u16),
+        replica_wait: Option<Duration>,
+    ) -> RedisResult<Replied> {
+        let route = SingleNodeRoutingInfo::ByAddress {
+            host: host.to_owned(),
+            port,
+        };
+        let call = routed_command(&self.routed_function, checks);
+        if replica_wait.is_none() {
+            let reply = cluster
+                .route_command(call, RoutingInfo::SingleNode(route))
+                .await?;
+            return Ok(Replied {
+                reply,
+                acknowledged: None,
+            });
+        }
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(call);
+        add_wait(&mut pipeline, replica_wait);
+        replied(cluster.route_pipeline(pipeline, 0, 2, route).await?)
     }
 }
 
