@@ -8,7 +8,9 @@ use crate::service::Service;
 /// What the probes report.
 pub(crate) enum Readiness {
     /// The store answers; `warning` names a risk that does not stop the service (a Redis
-    /// that may evict keys), and state Redis was found to have lost.
+    /// that may evict keys; under `--store-durability replicated`, a server without a
+    /// replica, where checks that admit fail and their policy answers), and state Redis
+    /// was found to have lost.
     Ready { warning: Option<String> },
     /// The store does not answer, or a risk the operator refused
     /// (`--require-noeviction`): why.
@@ -35,9 +37,13 @@ pub(crate) async fn readiness(service: &Service) -> Readiness {
     if let Err(e) = store.ready().await {
         return Readiness::NotReady(format!("not ready: {e}"));
     }
-    let (eviction_risk, lost_state) = match store {
-        AnyStore::Redis(redis) => (redis.eviction().warning(), redis.lost_state().warning()),
-        AnyStore::Memory(_) => (None, None),
+    let (eviction_risk, unreplicated, lost_state) = match store {
+        AnyStore::Redis(redis) => (
+            redis.eviction().warning(),
+            redis.replication().warning(redis.durability()),
+            redis.lost_state().warning(),
+        ),
+        AnyStore::Memory(_) => (None, None, None),
     };
     match eviction_risk {
         Some(risk) if service.options().require_noeviction => {
@@ -45,11 +51,15 @@ pub(crate) async fn readiness(service: &Service) -> Readiness {
         }
         // Lost state is history, not a present fault: the service decides exactly again
         // once the limits of the node's keys have started over, so it stays ready.
-        risk => Readiness::Ready {
-            warning: match (risk, lost_state) {
-                (Some(risk), Some(lost)) => Some(format!("{risk}\nwarning: {lost}")),
-                (risk, lost) => risk.or(lost),
-            },
-        },
+        risk => {
+            let warnings: Vec<String> = risk
+                .into_iter()
+                .chain(unreplicated)
+                .chain(lost_state)
+                .collect();
+            Readiness::Ready {
+                warning: (!warnings.is_empty()).then(|| warnings.join("\nwarning: ")),
+            }
+        }
     }
 }

@@ -174,6 +174,26 @@ fn serve_refuses_a_bad_config_naming_file_and_line() {
     );
 }
 
+/// `SLUICEGATE_STORE_DURABILITY=replicated` (the env twin of `--store-durability`) on a
+/// Redis without a replica, or on the in-memory store, stops the start naming the flag.
+#[test]
+fn replicated_durability_without_a_replica_stops_the_start() {
+    let alone = support::RedisServer::start(&[]);
+    for store in [alone.url(), "memory".to_owned()] {
+        let out = sluicegate()
+            .args(["serve", "--listen", "127.0.0.1:0", "--store", &store])
+            .env("SLUICEGATE_STORE_DURABILITY", "replicated")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{store}");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            stderr.contains("--store-durability replicated"),
+            "{store}: {stderr}"
+        );
+    }
+}
+
 /// Each store-failure policy seen end to end: serve on a real redis-server, stop it, ask.
 #[test]
 fn store_failure_policies_through_the_http_api() {

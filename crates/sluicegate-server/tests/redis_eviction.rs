@@ -1,6 +1,8 @@
 //! A Redis that may evict keys can reset limits silently: the service reads each server's
 //! `maxmemory-policy` (CONFIG GET, or INFO memory where CONFIG is renamed away), names the
-//! risk in `/readyz` and `/metrics`, and with `--require-noeviction` is not ready.
+//! risk in `/readyz` and `/metrics`, and with `--require-noeviction` is not ready. Each
+//! server's replicas and `min-replicas-to-write` are read along with it, and matter under
+//! `--store-durability replicated`.
 
 mod server;
 
@@ -193,4 +195,71 @@ fn the_risk_is_logged_at_start() {
         warning.contains("has maxmemory-policy allkeys-lru"),
         "{warning}"
     );
+}
+
+/// Under `--store-durability replicated`: the master's replicas and write guard are in
+/// `/metrics`; once its replica is gone, `/readyz` names it, and a check that admits is
+/// answered by the failure policy and counted as not replicated.
+#[test]
+fn replicated_durability_names_a_master_without_replica_and_its_policy_answers() {
+    let master = RedisServer::start(&[]);
+    let port = master.port.to_string();
+    let replica = RedisServer::start(&["--replicaof", "127.0.0.1", &port]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while master.online_replicas() != 1 {
+        assert!(Instant::now() < deadline, "the replica never came online");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let config =
+        std::env::temp_dir().join(format!("sluicegate-durability-{}.yaml", std::process::id()));
+    std::fs::write(
+        &config,
+        "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {window: 1h, requests_per_unit: 4}\n",
+    )
+    .unwrap();
+    let server = Server::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--store",
+        &master.url(),
+        "--store-durability",
+        "replicated",
+        "--on-store-error",
+        "deny",
+        "--eviction-check-interval",
+        "200ms",
+    ]);
+    let node = format!("node=\"{}\"", master.url());
+    let text = metrics(&server);
+    assert!(
+        text.contains(&format!("sluicegate_redis_replicas{{{node}}} 1")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "sluicegate_redis_min_replicas_to_write{{{node}}} 0"
+        )),
+        "{text}"
+    );
+    let check = r#"{"domain":"d","descriptors":[{"entries":[{"key":"user","value":"u1"}]}]}"#;
+    let (status, body) = server.request("POST", "/v1/check", check);
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(r#""allowed":true"#) && body.contains(r#""decided_by":"store""#),
+        "{body}"
+    );
+    assert_eq!(server.metric("sluicegate_redis_not_replicated_total"), 0);
+
+    replica.shutdown();
+    let (status, body) = readyz_until(&server, |_, body| body.contains("warning:"));
+    assert_eq!(status, 200, "{body}");
+    let named = format!("redis at {} has no replica online", master.url());
+    assert!(body.contains(&named), "{body}");
+    let (status, body) = server.request("POST", "/v1/check", check);
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(r#""allowed":false"#) && body.contains(r#""decided_by":"fallback-deny""#),
+        "{body}"
+    );
+    assert_eq!(server.metric("sluicegate_redis_not_replicated_total"), 1);
 }

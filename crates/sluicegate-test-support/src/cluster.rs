@@ -69,6 +69,14 @@ impl RedisCluster {
         self.nodes.iter().filter(|node| node.is_master()).collect()
     }
 
+    /// The nodes replicating `master` now.
+    pub fn replicas_of(&self, master: &RedisServer) -> Vec<&RedisServer> {
+        self.nodes
+            .iter()
+            .filter(|node| node.master_port() == Some(master.port))
+            .collect()
+    }
+
     /// The master serving `slot` now, by `CLUSTER SLOTS` of a node that answers: ranges
     /// `[start, end, [host, port, …], …]`.
     pub fn master_of(&self, slot: u16) -> &RedisServer {

@@ -194,6 +194,38 @@ impl RedisServer {
         signal(pid, "CONT");
     }
 
+    /// Kills the server's process (SIGKILL): a crash that saves nothing and says nothing
+    /// to anyone. Returns once it no longer answers.
+    pub fn kill(&self) {
+        signal(self.pid(), "KILL");
+        let stopped = poll_until(Duration::from_secs(5), || {
+            self.query::<()>(&cmd("PING")).is_err()
+        });
+        assert!(stopped, "redis-server on {} did not die", self.port);
+    }
+
+    /// How many replicas are online on it: connected and in sync (`INFO replication`'s
+    /// `slaveN:` lines with `state=online`), so that they acknowledge writes.
+    pub fn online_replicas(&self) -> usize {
+        let info: String = self
+            .query(cmd("INFO").arg("replication"))
+            .expect("INFO replication answers");
+        info.lines()
+            .filter(|line| line.starts_with("slave") && line.contains("state=online"))
+            .count()
+    }
+
+    /// The port of the master it replicates now (`ROLE`), if it is a replica.
+    pub fn master_port(&self) -> Option<u16> {
+        let role: Vec<Value> = self.query(&cmd("ROLE")).ok()?;
+        match role.as_slice() {
+            [Value::BulkString(name), _host, port, ..] if name == b"slave" => {
+                redis::from_redis_value_ref(port).ok()
+            }
+            _ => None,
+        }
+    }
+
     /// The server's process id, as it reports it (`INFO server`).
     pub fn pid(&self) -> u32 {
         let info: String = self

@@ -26,9 +26,9 @@ pub use rule::{
     MAX_ZSET_LOG_LIMIT, Rule, RuleError, RuleSpec,
 };
 pub use store::{
-    AnyStore, Charge, Check, DecidedBy, FULL_RETRY_AFTER, Limit, MemoryStore, MemoryStoreConfig,
-    NodeId, Nodes, Outcome, RequestIdConflict, RequestUse, STORE_PART, Store, StoreError,
-    StoreOptions, StoreUrl, StoreUrlError, TlsClientIdentity,
+    AnyStore, Charge, Check, DecidedBy, Durability, FULL_RETRY_AFTER, Limit, MemoryStore,
+    MemoryStoreConfig, NodeId, Nodes, Outcome, RequestIdConflict, RequestUse, STORE_PART, Store,
+    StoreError, StoreOptions, StoreUrl, StoreUrlError, TlsClientIdentity,
 };
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreConfig};

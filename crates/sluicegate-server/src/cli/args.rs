@@ -9,7 +9,8 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Args;
 use sluicegate::duration::{DurationError, parse_duration};
 use sluicegate::{
-    Algorithm, LogLayout, Rule, RuleSpec, StoreOptions, StoreUrl, StoreUrlError, TlsClientIdentity,
+    Algorithm, Durability, LogLayout, Rule, RuleSpec, StoreOptions, StoreUrl, StoreUrlError,
+    TlsClientIdentity,
 };
 
 use crate::tools::bench::Drive;
@@ -127,6 +128,11 @@ pub(crate) struct StoreArgs {
     /// (no epoch marker is written).
     #[arg(long, env = "SLUICEGATE_LOST_STATE_CHECK_INTERVAL", default_value = "1s", value_parser = parse_duration_arg)]
     lost_state_check_interval: DurationArg,
+    /// async, or replicated: a check that admitted answers only once a Redis replica
+    /// acknowledged it (WAIT 1, within half --store-timeout), else it fails and
+    /// --on-store-error answers. Needs a replica of every master.
+    #[arg(long, env = "SLUICEGATE_STORE_DURABILITY", default_value = "async")]
+    store_durability: Durability,
 }
 
 /// A store URL as written, checked by [`StoreUrl`] when the flags are read (kept as text:
@@ -152,6 +158,12 @@ impl StoreArgs {
         options.timeout = self.store_timeout.duration();
         options.eviction_check_interval = self.eviction_check_interval.duration();
         options.lost_state_check_interval = self.lost_state_check_interval.duration();
+        anyhow::ensure!(
+            !(self.is_memory() && self.store_durability == Durability::Replicated),
+            "--store-durability replicated needs a Redis store with replicas; the in-memory \
+             store has none"
+        );
+        options.durability = self.store_durability;
         let read = |flag: &str, path: &PathBuf| {
             std::fs::read(path).with_context(|| format!("{flag}: cannot read {}", path.display()))
         };

@@ -753,6 +753,33 @@ mod tests {
     }
 
     #[test]
+    fn store_durability_is_async_unless_asked_and_replicated_needs_redis() {
+        let durability = |flags: &[&str]| {
+            let all = std::iter::once("serve").chain(flags.iter().copied());
+            Serve::try_parse_from(all)
+                .map_err(|e| e.to_string())?
+                .args
+                .options()
+                .map(|o| o.store.durability)
+                .map_err(|e| e.to_string())
+        };
+        let redis = ["--store", "redis://127.0.0.1:6379"];
+        assert_eq!(durability(&redis), Ok(sluicegate::Durability::Async));
+        let replicated = [&redis[..], &["--store-durability", "replicated"]].concat();
+        assert_eq!(
+            durability(&replicated),
+            Ok(sluicegate::Durability::Replicated)
+        );
+        let unknown = durability(&["--store-durability", "sync"]).unwrap_err();
+        assert!(unknown.contains("async or replicated"), "{unknown}");
+        let memory = durability(&["--store-durability", "replicated"]).unwrap_err();
+        assert!(
+            memory.contains("--store-durability replicated needs a Redis store"),
+            "{memory}"
+        );
+    }
+
+    #[test]
     fn envoy_compatibility_keeps_envoys_prefix_and_the_librarys_jitter() {
         let url = "redis://127.0.0.1:6379";
         let options = |args: &[&str]| {

@@ -150,6 +150,12 @@ struct LossLabels {
     reason: &'static str,
 }
 
+/// A Redis server: the store's URL without credentials, or a cluster master's address.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    node: String,
+}
+
 /// A rule and the policy that decided its new key without room.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FullLabels {
@@ -627,6 +633,12 @@ fn limiter_registry(limiter: &Limiter<AnyStore>) -> Registry {
             "Checks those calls carried: under load several share a call",
             sent.checks,
         );
+        counter(
+            "sluicegate_redis_not_replicated",
+            "Checks that admitted and failed because no replica acknowledged their write in \
+             time (--store-durability replicated)",
+            sent.not_replicated,
+        );
         let evicting = Family::<PolicyLabels, Gauge>::default();
         for node in redis.eviction().nodes {
             let policy = node.policy.clone().unwrap_or_else(|_| "unknown".to_owned());
@@ -634,6 +646,32 @@ fn limiter_registry(limiter: &Limiter<AnyStore>) -> Registry {
                 .get_or_create(&PolicyLabels { policy })
                 .set(i64::from(node.at_risk()));
         }
+        let replicas = Family::<NodeLabels, Gauge>::default();
+        let min_replicas_to_write = Family::<NodeLabels, Gauge>::default();
+        for node in redis.replication().nodes {
+            let labels = NodeLabels { node: node.node };
+            if let Ok(connected) = node.replicas {
+                replicas
+                    .get_or_create(&labels)
+                    .set(i64::try_from(connected).unwrap_or(i64::MAX));
+            }
+            if let Ok(guard) = node.min_replicas {
+                min_replicas_to_write
+                    .get_or_create(&labels)
+                    .set(i64::try_from(guard.to_write).unwrap_or(i64::MAX));
+            }
+        }
+        registry.register(
+            "sluicegate_redis_replicas",
+            "Replicas connected to each Redis server (cluster master), as last read",
+            replicas,
+        );
+        registry.register(
+            "sluicegate_redis_min_replicas_to_write",
+            "Each Redis server's min-replicas-to-write: 0 lets a master cut off from its \
+             replicas accept admissions that a failover loses",
+            min_replicas_to_write,
+        );
         registry.register(
             "sluicegate_redis_evicting",
             "Redis servers by maxmemory-policy: 1 where it may evict keys and reset limits \

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use sluicegate::{Algorithm, AnyStore, Limiter, LimiterConfig, MemoryStore, StoreOptions};
+use sluicegate::{
+    Algorithm, AnyStore, Durability, Limiter, LimiterConfig, MemoryStore, StoreOptions,
+};
 use tokio::net::TcpListener;
 
 pub use self::connection::ConnectionOptions;
@@ -156,7 +158,14 @@ pub async fn prepare(options: ServeOptions) -> anyhow::Result<Prepared> {
         Some(_) => None,
         None => Some(load_config(options.config.as_deref(), load)?),
     };
-    let store = AnyStore::open(options.store.clone()).await?;
+    let store = match AnyStore::open(options.store.clone()).await {
+        // A store that cannot honour it names the flag that asked.
+        Err(e) if options.store.durability == Durability::Replicated => {
+            return Err(anyhow::Error::new(e)
+                .context("cannot open the store with --store-durability replicated"));
+        }
+        store => store?,
+    };
     let limiter = Arc::new(Limiter::with_config(store, options.limiter.clone()));
     if limiter.store().memory().is_some() {
         let sweeper = Arc::clone(&limiter);

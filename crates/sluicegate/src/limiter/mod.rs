@@ -434,9 +434,13 @@ impl<S: Store> Limiter<S> {
                     Err(e @ (StoreError::InvalidCheck(_) | StoreError::RequestIdConflict(_))) => {
                         return Err(e);
                     }
-                    // Only an unreachable or silent store counts against the breaker: a key of
-                    // the wrong type says nothing about the next check.
-                    Err(e @ (StoreError::Unavailable { .. } | StoreError::Timeout { .. })) => {
+                    // Only an unreachable, silent or unreplicated store counts against the
+                    // breaker: a key of the wrong type says nothing about the next check.
+                    Err(
+                        e @ (StoreError::Unavailable { .. }
+                        | StoreError::Timeout { .. }
+                        | StoreError::NotReplicated { .. }),
+                    ) => {
                         tickets.finish(false, self.clock.now_micros());
                         e
                     }

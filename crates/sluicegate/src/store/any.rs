@@ -8,6 +8,7 @@ use super::check::{
     DEFAULT_LOST_STATE_CHECK_INTERVAL, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, NodeId, Nodes,
     Outcome, Store,
 };
+use super::durability::Durability;
 use super::error::StoreError;
 use super::memory::{MemoryStore, MemoryStoreConfig};
 #[cfg(feature = "redis")]
@@ -51,6 +52,9 @@ pub struct StoreOptions {
     /// How much longer than its window an envoy counter may live in Redis, at most
     /// (`RedisStoreConfig::expiration_jitter_max`).
     pub expiration_jitter_max: Duration,
+    /// Whether a check that recorded units answers only once a Redis replica has them;
+    /// the in-memory store has none, and refuses [`Durability::Replicated`].
+    pub durability: Durability,
     /// The in-memory store's settings.
     pub memory: MemoryStoreConfig,
 }
@@ -84,6 +88,7 @@ impl StoreOptions {
             eviction_check_interval: DEFAULT_EVICTION_CHECK_INTERVAL,
             lost_state_check_interval: DEFAULT_LOST_STATE_CHECK_INTERVAL,
             expiration_jitter_max: DEFAULT_EXPIRATION_JITTER_MAX,
+            durability: Durability::Async,
             memory: MemoryStoreConfig::default(),
         }
     }
@@ -95,6 +100,13 @@ impl AnyStore {
         let url =
             StoreUrl::parse(&options.url).map_err(|e| StoreError::InvalidCheck(e.to_string()))?;
         match url.target() {
+            Target::Memory if options.durability == Durability::Replicated => {
+                Err(StoreError::InvalidCheck(
+                    "store durability replicated needs Redis replicas; the in-memory store \
+                     has none"
+                        .to_owned(),
+                ))
+            }
             Target::Memory => Ok(AnyStore::Memory(MemoryStore::new(
                 options.memory,
                 Arc::new(SystemClock::new()),
@@ -112,6 +124,7 @@ impl AnyStore {
                     lost_state_check_interval: options.lost_state_check_interval,
                     scripting: Scripting::Auto,
                     expiration_jitter_max: options.expiration_jitter_max,
+                    durability: options.durability,
                 },
             )
             .await

@@ -41,6 +41,21 @@ pub enum StoreError {
         /// The timeout.
         after: std::time::Duration,
     },
+    /// The check recorded units, but no replica of the server acknowledged the write
+    /// within the time allowed ([`Durability::Replicated`]): a failover could lose it.
+    /// The units stay taken on the server.
+    ///
+    /// [`Durability::Replicated`]: crate::Durability::Replicated
+    NotReplicated {
+        /// The server.
+        server: String,
+        /// The check's first state key.
+        key: Option<String>,
+        /// How many replicas acknowledged the write (fewer than needed).
+        acknowledged: u64,
+        /// How long the server waited for them.
+        within: std::time::Duration,
+    },
     /// A key the check needs holds a value of another type (something else wrote it).
     WrongType {
         /// The server.
@@ -99,7 +114,7 @@ impl StoreError {
 
     /// What kind of failure this is, in snake case, for counting failures by kind:
     /// `timeout`, `breaker_open`, `unavailable`, `cluster_down`, `script`, `wrong_type`,
-    /// `invalid_check`, `request_id_conflict`. An open breaker's error is an [`StoreError::Unavailable`] to its
+    /// `invalid_check`, `request_id_conflict`, `not_replicated`. An open breaker's error is an [`StoreError::Unavailable`] to its
     /// callers, but a kind of its own here: no call was made.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -109,6 +124,7 @@ impl StoreError {
             StoreError::Unavailable { .. } => "unavailable",
             StoreError::ClusterDown { .. } => "cluster_down",
             StoreError::Timeout { .. } => "timeout",
+            StoreError::NotReplicated { .. } => "not_replicated",
             StoreError::WrongType { .. } => "wrong_type",
             StoreError::Script { .. } => "script",
         }
@@ -129,6 +145,18 @@ impl fmt::Display for StoreError {
             StoreError::Timeout { server, key, after } => write!(
                 f,
                 "redis at {server} did not answer within {after:?}{}",
+                key.as_ref()
+                    .map_or(String::new(), |k| format!(" (key {k})"))
+            ),
+            StoreError::NotReplicated {
+                server,
+                key,
+                acknowledged,
+                within,
+            } => write!(
+                f,
+                "redis at {server}: not replicated within {within:?} ({acknowledged} replicas \
+                 acknowledged the check's write, 1 needed){}",
                 key.as_ref()
                     .map_or(String::new(), |k| format!(" (key {k})"))
             ),

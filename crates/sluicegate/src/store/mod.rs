@@ -3,6 +3,7 @@
 
 mod any;
 pub(crate) mod check;
+mod durability;
 pub(crate) mod error;
 mod key;
 mod memory;
@@ -11,6 +12,7 @@ pub mod redis;
 mod url;
 
 pub use any::{AnyStore, StoreOptions, TlsClientIdentity};
+pub use durability::Durability;
 pub use memory::{FULL_RETRY_AFTER, MemoryStore, MemoryStoreConfig, STORE_PART, SWEEP_INTERVAL};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreConfig, ScriptCalls};

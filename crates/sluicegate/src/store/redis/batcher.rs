@@ -10,8 +10,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use super::connect::Replaceable;
 use super::error::{CallError, bounded};
 use super::keys::hash_slot;
-use super::script::{CallCounters, ScriptCheck, ScriptRow, split_answers};
-use super::scripting::CheckScript;
+use super::script::{CallCounters, ScriptCheck, ScriptRow, recorded, split_answers};
+use super::scripting::{CheckScript, Replied};
 use super::slots::{SlotMap, Slots};
 
 /// Most checks that are waiting together go to Redis together, in one script call (at most
@@ -186,7 +186,8 @@ impl Target {
         (groups, turned_away)
     }
 
-    /// Sends one call carrying `calls`, bounded by `hold`; replaces a single server's
+    /// Sends one call carrying `calls`, bounded by `hold`, followed by the `WAIT` of
+    /// `replica_wait` when one of them may record units; replaces a single server's
     /// connection when Redis stayed silent for the whole hold.
     async fn send(
         &self,
@@ -194,10 +195,16 @@ impl Target {
         calls: &[ScriptCheck],
         routed_to: Option<&(String, u16)>,
         hold: Duration,
-    ) -> Result<redis::Value, CallError> {
+        replica_wait: Option<Duration>,
+    ) -> Result<Replied, CallError> {
+        let replica_wait = replica_wait.filter(|_| calls.iter().any(ScriptCheck::may_record));
         match self {
             Target::Server(connection) => {
-                let reply = bounded(hold, script.call(&mut connection.current(), calls)).await;
+                let reply = bounded(
+                    hold,
+                    script.call(&mut connection.current(), calls, replica_wait),
+                )
+                .await;
                 // Our bound or the manager's own response timeout, both the hold.
                 let silent = match &reply {
                     Err(CallError::Timeout) => true,
@@ -214,11 +221,14 @@ impl Target {
                     let mut connection = connection.clone();
                     if let Some((host, port)) = routed_to {
                         return script
-                            .call_routed(&mut connection, calls, (host, *port))
+                            .call_routed(&mut connection, calls, (host, *port), replica_wait)
                             .await;
                     }
-                    match script.call(&mut connection, calls).await {
-                        Err(e) => match script.call_asked(&mut connection, &e, calls).await {
+                    match script.call(&mut connection, calls, replica_wait).await {
+                        Err(e) => match script
+                            .call_asked(&mut connection, &e, calls, replica_wait)
+                            .await
+                        {
                             Some(reply) => reply,
                             None => Err(e),
                         },
@@ -239,11 +249,15 @@ struct Queued {
 impl Batcher {
     /// Starts the task that sends queued checks; it ends when every store clone is gone.
     /// A call that has no answer within `hold` gives its place up (see [`call_hold`]).
+    /// With `replica_wait`, a call that may record units is followed by a `WAIT` for one
+    /// replica, for that long at most, and each of its checks that recorded units fails
+    /// unless one acknowledged ([`CallError::NotReplicated`]).
     pub(super) fn start(
         target: Target,
         script: Arc<CheckScript>,
         counters: Arc<CallCounters>,
         hold: Duration,
+        replica_wait: Option<Duration>,
     ) -> Batcher {
         let (queue, mut waiting) = mpsc::unbounded_channel::<Queued>();
         tokio::spawn(async move {
@@ -285,7 +299,16 @@ impl Batcher {
                     let (target, script, counters) =
                         (target.clone(), Arc::clone(&script), Arc::clone(&counters));
                     tokio::spawn(async move {
-                        send_group(&target, &script, &counters, group, hold, permit).await;
+                        send_group(
+                            &target,
+                            &script,
+                            &counters,
+                            group,
+                            hold,
+                            replica_wait,
+                            permit,
+                        )
+                        .await;
                     });
                 }
             }
@@ -334,6 +357,36 @@ fn turned_away_unrun(error: &CallError) -> bool {
     misrouted(error) || error.never_ran()
 }
 
+/// Sends `calls` as one call (to `routed_to`, if set): each check's rows or error. With
+/// `replica_wait`, a check that recorded units fails when the `WAIT` after the call heard
+/// from no replica: it answers only for writes a replica has.
+async fn call_and_split(
+    target: &Target,
+    script: &CheckScript,
+    counters: &CallCounters,
+    calls: &[ScriptCheck],
+    routed_to: Option<&(String, u16)>,
+    hold: Duration,
+    replica_wait: Option<Duration>,
+) -> Result<Vec<Result<Vec<ScriptRow>, CallError>>, CallError> {
+    let replied = target
+        .send(script, calls, routed_to, hold, replica_wait)
+        .await?;
+    let mut answers = split_answers(replied.reply, calls)?;
+    if let (Some(acknowledged @ 0), Some(within)) = (replied.acknowledged, replica_wait) {
+        for answer in &mut answers {
+            if answer.as_deref().is_ok_and(recorded) {
+                counters.count_not_replicated();
+                *answer = Err(CallError::NotReplicated {
+                    acknowledged,
+                    within,
+                });
+            }
+        }
+    }
+    Ok(answers)
+}
+
 /// Sends `group` as one call and answers each of its checks. A routed check that came back
 /// unrun ([`turned_away_unrun`]) is sent again on its own, declared (the cluster client
 /// finds its node) — or, when its keys are of several slots, turned away to be run slot
@@ -345,6 +398,7 @@ async fn send_group(
     counters: &CallCounters,
     group: Group<Queued>,
     hold: Duration,
+    replica_wait: Option<Duration>,
     permit: OwnedSemaphorePermit,
 ) {
     let (calls, answers): (Vec<ScriptCheck>, Vec<_>) = group
@@ -354,10 +408,17 @@ async fn send_group(
         .unzip();
     counters.count(calls.len());
     let routed = group.routed_to.is_some();
-    let reply = target
-        .send(script, &calls, group.routed_to.as_ref(), hold)
-        .await;
-    let (replies, call_failed) = match reply.and_then(|reply| split_answers(reply, &calls)) {
+    let reply = call_and_split(
+        target,
+        script,
+        counters,
+        &calls,
+        group.routed_to.as_ref(),
+        hold,
+        replica_wait,
+    )
+    .await;
+    let (replies, call_failed) = match reply {
         Ok(replies) => (replies, false),
         Err(e) => (vec![Err(e); calls.len()], true),
     };
@@ -388,11 +449,8 @@ async fn send_group(
         }
         let calls = std::slice::from_ref(&call);
         counters.count(1);
-        let reply = target.send(script, calls, None, hold).await;
-        let mut replies = match reply.and_then(|reply| split_answers(reply, calls)) {
-            Ok(replies) => replies,
-            Err(e) => vec![Err(e)],
-        };
+        let reply = call_and_split(target, script, counters, calls, None, hold, replica_wait).await;
+        let mut replies = reply.unwrap_or_else(|e| vec![Err(e)]);
         let _caller_gone = answer.send(replies.pop().expect("one answer for one check"));
     }
     drop(permit);

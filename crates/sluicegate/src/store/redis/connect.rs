@@ -42,14 +42,16 @@ pub(super) enum Connection {
 
 impl Connection {
     /// Connects to `url` within `timeout`, at least one second for a first connection.
-    /// `tls` says what TLS trusts and presents. A single server's checks go through a
-    /// batcher that runs `script` and counts its calls in `calls`.
+    /// `tls` says what TLS trusts and presents. Checks go through a batcher that runs
+    /// `script`, counts its calls in `calls`, and follows each call that may record units
+    /// with a `WAIT` of `replica_wait`, if any (see [`Batcher::start`]).
     pub(super) async fn open(
         url: &RedisUrl,
         timeout: Duration,
         tls: TlsFiles<'_>,
         script: &Arc<CheckScript>,
         calls: &Arc<CallCounters>,
+        replica_wait: Option<Duration>,
     ) -> Result<Connection, StoreError> {
         let unavailable = |message: String| StoreError::Unavailable {
             server: url.shown.clone(),
@@ -120,6 +122,7 @@ impl Connection {
                         Arc::clone(script),
                         Arc::clone(calls),
                         call_hold(timeout),
+                        replica_wait,
                     ),
                     client: connection,
                 });
@@ -146,6 +149,7 @@ impl Connection {
                 Arc::clone(script),
                 Arc::clone(calls),
                 call_hold(timeout),
+                replica_wait,
             ),
             manager,
         })

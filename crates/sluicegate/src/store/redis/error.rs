@@ -21,6 +21,12 @@ pub(super) enum CallError {
     /// all on one node (by the slot map as last read, or the node turned it away before it
     /// wrote), or calls cannot be routed. Nothing ran; the store runs it slot by slot.
     NotOnOneNode,
+    /// The check recorded units, and fewer replicas than needed acknowledged the write
+    /// within `within` (`WAIT`, sent right after the call).
+    NotReplicated {
+        acknowledged: u64,
+        within: Duration,
+    },
 }
 
 /// `call`, or a timeout error once `timeout` has passed.
@@ -43,7 +49,10 @@ impl CallError {
         match self {
             CallError::Redis(e) => e.to_string().contains(WRONG_TYPE),
             CallError::Check(message) => message.contains(WRONG_TYPE),
-            CallError::Timeout | CallError::Closed | CallError::NotOnOneNode => false,
+            CallError::Timeout
+            | CallError::Closed
+            | CallError::NotOnOneNode
+            | CallError::NotReplicated { .. } => false,
         }
     }
 
@@ -56,7 +65,10 @@ impl CallError {
             CallError::Check(message) => {
                 message.starts_with("CLUSTERDOWN") || message.contains("the cluster is down")
             }
-            CallError::Timeout | CallError::Closed | CallError::NotOnOneNode => false,
+            CallError::Timeout
+            | CallError::Closed
+            | CallError::NotOnOneNode
+            | CallError::NotReplicated { .. } => false,
         }
     }
 
@@ -136,6 +148,15 @@ impl CallError {
                 server,
                 key,
                 message,
+            },
+            CallError::NotReplicated {
+                acknowledged,
+                within,
+            } => StoreError::NotReplicated {
+                server,
+                key,
+                acknowledged,
+                within,
             },
             CallError::Closed => StoreError::Unavailable {
                 server,

@@ -17,6 +17,8 @@ use redis::{FromRedisValue, RedisError, Value};
 use super::connect::Connection;
 use super::error::bounded;
 use super::periodic::Periodic;
+use super::replication::{self, Replication};
+use crate::store::Durability;
 
 /// The one policy under which Redis never deletes a key to make room.
 pub const NO_EVICTION: &str = "noeviction";
@@ -73,38 +75,50 @@ impl Eviction {
 }
 
 /// Keeps [`Eviction`] fresh: read at connect, then every `interval` on a task of its own,
-/// which ends when this is dropped (with the last clone of the store).
+/// which ends when this is dropped (with the last clone of the store). [`Replication`] is
+/// read along with it.
 pub(super) struct EvictionWatch {
     latest: Arc<Mutex<Eviction>>,
+    replication: Arc<Mutex<Replication>>,
     _task: Periodic,
 }
 
 impl EvictionWatch {
     /// Reads the policies now (logging a warning if they put the limits at risk), then
-    /// again every `interval` (never again if it is zero), each read within `timeout`.
+    /// again every `interval` (never again if it is zero), each read within `timeout`;
+    /// the replication too, logged as it matters under `durability`.
     pub(super) async fn start(
         connection: Connection,
         server: String,
         timeout: Duration,
         interval: Duration,
+        durability: Durability,
     ) -> EvictionWatch {
         let first = read(&connection, &server, timeout).await;
         log_change(None, &first);
         let latest = Arc::new(Mutex::new(first));
+        let first = replication::read(&connection, &server, timeout).await;
+        replication::log_change(None, &first, durability);
+        let replication = Arc::new(Mutex::new(first));
         let task = Periodic::start(interval, {
             let latest = Arc::clone(&latest);
+            let replication = Arc::clone(&replication);
             move || {
-                let (connection, server, latest) =
-                    (connection.clone(), server.clone(), Arc::clone(&latest));
+                let (connection, server) = (connection.clone(), server.clone());
+                let (latest, replication) = (Arc::clone(&latest), Arc::clone(&replication));
                 async move {
                     let now = read(&connection, &server, timeout).await;
                     let before = std::mem::replace(&mut *latest.lock(), now.clone());
                     log_change(Some(&before), &now);
+                    let now = replication::read(&connection, &server, timeout).await;
+                    let before = std::mem::replace(&mut *replication.lock(), now.clone());
+                    replication::log_change(Some(&before), &now, durability);
                 }
             }
         });
         EvictionWatch {
             latest,
+            replication,
             _task: task,
         }
     }
@@ -112,6 +126,11 @@ impl EvictionWatch {
     /// The policies as last read.
     pub(super) fn latest(&self) -> Eviction {
         self.latest.lock().clone()
+    }
+
+    /// The replication as last read.
+    pub(super) fn replication(&self) -> Replication {
+        self.replication.lock().clone()
     }
 }
 
@@ -172,7 +191,7 @@ async fn read(connection: &Connection, server: &str, timeout: Duration) -> Evict
 
 /// `command` on the one server, or on every master of a cluster: each node's reply or
 /// error, by node.
-async fn on_each_node(
+pub(super) async fn on_each_node(
     connection: &Connection,
     server: &str,
     command: &redis::Cmd,

@@ -20,6 +20,7 @@ mod eviction;
 mod keys;
 mod lost_state;
 mod periodic;
+mod replication;
 mod script;
 mod scripting;
 mod sentinel;
@@ -32,6 +33,7 @@ use std::time::Duration;
 pub use eviction::{Eviction, NO_EVICTION, NodePolicy};
 pub use keys::{KeyKind, envoy_counter_key, hash_slot, identity_slot, key_pattern, redis_key};
 pub use lost_state::{LossReason, LostState, StateLoss, WatchedNode};
+pub use replication::{MinReplicas, NodeReplication, Replication};
 pub use script::{ScriptCalls, ScriptTime};
 pub use scripting::Scripting;
 
@@ -41,6 +43,7 @@ use super::check::{
     DEFAULT_LOST_STATE_CHECK_INTERVAL, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT, NodeId, Nodes,
     Outcome, Store,
 };
+use super::durability::Durability;
 use super::error::StoreError;
 use super::url::{RedisUrl, StoreUrl, Target};
 use crate::rule::Rule;
@@ -81,11 +84,14 @@ pub struct RedisStoreConfig {
     /// below this many whole seconds (envoy's `EXPIRATION_JITTER_MAX_SECONDS`), so that
     /// the counters of one window do not all expire at once.
     pub expiration_jitter_max: Duration,
+    /// Whether a check that recorded units answers only once a replica has them
+    /// ([`Durability::Replicated`]: a `WAIT` follows its call).
+    pub durability: Durability,
 }
 
 impl RedisStoreConfig {
     /// Defaults for `url`: prefix `sluicegate:`, a 250 ms timeout, the eviction policy
-    /// read every minute, lost state checked every second.
+    /// read every minute, lost state checked every second, [`Durability::Async`].
     pub fn new(url: &str) -> Self {
         RedisStoreConfig {
             url: url.to_owned(),
@@ -97,6 +103,7 @@ impl RedisStoreConfig {
             lost_state_check_interval: DEFAULT_LOST_STATE_CHECK_INTERVAL,
             scripting: Scripting::Auto,
             expiration_jitter_max: DEFAULT_EXPIRATION_JITTER_MAX,
+            durability: Durability::Async,
         }
     }
 }
@@ -115,6 +122,7 @@ pub struct RedisStore {
     server: String,
     eviction: Arc<EvictionWatch>,
     lost_state: Arc<LostStateWatch>,
+    durability: Durability,
 }
 
 impl fmt::Debug for RedisStore {
@@ -130,8 +138,10 @@ impl fmt::Debug for RedisStore {
 impl RedisStore {
     /// Connects (within the configured timeout, at least one second for a first
     /// connection), checks that the server answers, reads its eviction policy (logging a
-    /// warning when it may delete our keys; see [`RedisStore::eviction`]), and writes the
-    /// epoch markers lost state is checked by (see [`RedisStore::lost_state`]).
+    /// warning when it may delete our keys; see [`RedisStore::eviction`]) and its
+    /// replication ([`RedisStore::replication`]), and writes the epoch markers lost state
+    /// is checked by (see [`RedisStore::lost_state`]). Under [`Durability::Replicated`],
+    /// refuses a server (a cluster master) that has no replica online.
     pub async fn connect(config: RedisStoreConfig) -> Result<RedisStore, StoreError> {
         let unavailable =
             |server: String, message: String| StoreError::Unavailable { server, message };
@@ -160,6 +170,7 @@ impl RedisStore {
             lost_state_check_interval,
             scripting,
             expiration_jitter_max,
+            durability,
             ..
         } = config;
         let script = Arc::new(CheckScript::new());
@@ -168,7 +179,8 @@ impl RedisStore {
             ca: tls_ca.as_deref(),
             client: tls_client.as_ref(),
         };
-        let connection = Connection::open(url, timeout, tls, &script, &calls).await?;
+        let replica_wait = (durability == Durability::Replicated).then(|| replica_wait(timeout));
+        let connection = Connection::open(url, timeout, tls, &script, &calls, replica_wait).await?;
         let server = url.shown.clone();
         ping(&connection, &server, timeout).await?;
         connection
@@ -181,8 +193,15 @@ impl RedisStore {
             server.clone(),
             timeout.max(Duration::from_secs(1)),
             eviction_check_interval,
+            durability,
         )
         .await;
+        if let Some(warning) = eviction.replication().warning(durability) {
+            return Err(StoreError::Unavailable {
+                server,
+                message: format!("{warning}: a replica must be online at start"),
+            });
+        }
         let lost_state = LostStateWatch::start(
             connection.clone(),
             server.clone(),
@@ -201,6 +220,7 @@ impl RedisStore {
             server,
             eviction: Arc::new(eviction),
             lost_state: Arc::new(lost_state),
+            durability,
         })
     }
 
@@ -209,6 +229,17 @@ impl RedisStore {
     /// `maxmemory` deletes keys, and a limit whose state it deletes starts over.
     pub fn eviction(&self) -> Eviction {
         self.eviction.latest()
+    }
+
+    /// The servers' replicas and write guard as last read (with the eviction policy): see
+    /// [`Replication`].
+    pub fn replication(&self) -> Replication {
+        self.eviction.replication()
+    }
+
+    /// Whether checks wait for a replica: see [`Durability`].
+    pub fn durability(&self) -> Durability {
+        self.durability
     }
 
     /// What the store found of state Redis lost since it connected (see
@@ -330,6 +361,13 @@ impl RedisStore {
         }
         None
     }
+}
+
+/// How long Redis waits for a replica to acknowledge a check's writes under
+/// [`Durability::Replicated`]: half the check's `timeout`, so that the answer "not
+/// replicated" reaches the check while it still waits, with the other half for the call.
+fn replica_wait(timeout: Duration) -> Duration {
+    timeout / 2
 }
 
 /// Adds the `INFO` texts in `reply`: one server's, or on a cluster one per master (a map

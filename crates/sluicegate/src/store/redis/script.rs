@@ -134,6 +134,11 @@ impl Row {
 pub(super) type ScriptRow = [i64; ROW_FIELDS];
 const ROW_FIELDS: usize = 6;
 
+/// Whether any of a check's `rows` recorded units.
+pub(super) fn recorded(rows: &[ScriptRow]) -> bool {
+    rows.iter().any(|row| row[0] & code::RECORDED != 0)
+}
+
 /// One check's keys and arguments for the script.
 pub(super) struct ScriptCheck {
     keys: Vec<String>,
@@ -243,6 +248,15 @@ impl ScriptCheck {
     /// only what a check does).
     pub(super) fn is_undo(&self) -> bool {
         self.mode == code::UNDO
+    }
+
+    /// Whether the check may record units: any mode but a dry run or an undo, unless it
+    /// costs nothing and has no request id to remember (a peek).
+    pub(super) fn may_record(&self) -> bool {
+        let costs_something = self.cost > 0 || self.costs.iter().any(|&cost| cost > 0);
+        self.mode != code::UNDO
+            && !self.mode.starts_with(code::DRY)
+            && (costs_something || self.request_id.is_some())
     }
 
     /// Whether the script would read `other` exactly as this check, but for the keys.
@@ -410,6 +424,7 @@ pub(super) fn request_id_conflict(message: &str) -> Option<(usize, RequestUse)> 
 pub(super) struct CallCounters {
     calls: AtomicU64,
     checks: AtomicU64,
+    not_replicated: AtomicU64,
 }
 
 impl CallCounters {
@@ -418,10 +433,16 @@ impl CallCounters {
         self.checks.fetch_add(checks as u64, Ordering::Relaxed);
     }
 
+    /// A check that recorded units failed: no replica acknowledged them.
+    pub(super) fn count_not_replicated(&self) {
+        self.not_replicated.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(super) fn read(&self) -> ScriptCalls {
         ScriptCalls {
             calls: self.calls.load(Ordering::Relaxed),
             checks: self.checks.load(Ordering::Relaxed),
+            not_replicated: self.not_replicated.load(Ordering::Relaxed),
         }
     }
 }
@@ -433,6 +454,9 @@ pub struct ScriptCalls {
     pub calls: u64,
     /// Checks they carried.
     pub checks: u64,
+    /// Checks that recorded units and failed because no replica acknowledged them in
+    /// time ([`StoreError::NotReplicated`](crate::StoreError::NotReplicated)).
+    pub not_replicated: u64,
 }
 
 /// What [`RedisStore::script_time`](super::RedisStore::script_time) reports: Redis' own

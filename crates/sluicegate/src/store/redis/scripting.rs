@@ -6,6 +6,7 @@
 //! without running anything, and the call is loaded and sent again, once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
@@ -113,25 +114,23 @@ impl CheckScript {
             .map(drop)
     }
 
-    /// Sends one call carrying `checks` and returns the script's reply. When the server
-    /// has lost the library (or the script), loads it and sends the call again, once;
-    /// when it no longer has functions at all (replaced by an older Redis), goes on with
-    /// `EVALSHA`.
+    /// Sends one call carrying `checks` and returns the script's reply; with `replica_wait`,
+    /// a `WAIT` for one replica follows it on the same connection (see [`Replied`]). When
+    /// the server has lost the library (or the script), loads it and sends the call again,
+    /// once; when it no longer has functions at all (replaced by an older Redis), goes on
+    /// with `EVALSHA`.
     pub(super) async fn call(
         &self,
         connection: &mut impl ConnectionLike,
         checks: &[ScriptCheck],
-    ) -> RedisResult<Value> {
+        replica_wait: Option<Duration>,
+    ) -> RedisResult<Replied> {
         if self.uses_functions() {
-            match command("FCALL", &self.function, checks)
-                .query_async(connection)
-                .await
-            {
+            let call = || command("FCALL", &self.function, checks);
+            match send(connection, call(), replica_wait).await {
                 Err(e) if has_detail(&e, FUNCTION_NOT_FOUND) => {
                     self.load_library(connection).await?;
-                    return command("FCALL", &self.function, checks)
-                        .query_async(connection)
-                        .await;
+                    return send(connection, call(), replica_wait).await;
                 }
                 Err(e) if has_detail(&e, UNKNOWN_COMMAND) => {
                     tracing::warn!("redis no longer has functions; checks go on with EVALSHA");
@@ -140,19 +139,15 @@ impl CheckScript {
                 reply => return reply,
             }
         }
-        match command("EVALSHA", &self.sha1, checks)
-            .query_async(connection)
-            .await
-        {
+        let call = || command("EVALSHA", &self.sha1, checks);
+        match send(connection, call(), replica_wait).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 redis::cmd("SCRIPT")
                     .arg("LOAD")
                     .arg(&self.eval)
                     .query_async::<String>(connection)
                     .await?;
-                command("EVALSHA", &self.sha1, checks)
-                    .query_async(connection)
-                    .await
+                send(connection, call(), replica_wait).await
             }
             reply => reply,
         }
@@ -169,26 +164,53 @@ impl CheckScript {
     /// moved, or is migrating and the key has gone) fails before it writes, alone. No key
     /// is declared, so that no redirection (`ASK`, whose `ASKING` would let the importing
     /// node take every key of the slot, present or not) is ever followed for the call.
+    /// With `replica_wait`, a `WAIT` follows the call, as in [`CheckScript::call`].
     pub(super) async fn call_routed(
         &self,
         cluster: &mut ClusterConnection,
         checks: &[ScriptCheck],
         (host, port): (&str, u16),
-    ) -> RedisResult<Value> {
-        let route = || {
-            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                host: host.to_owned(),
-                port,
-            })
-        };
-        let call = || routed_command(&self.routed_function, checks);
-        match cluster.route_command(call(), route()).await {
+        replica_wait: Option<Duration>,
+    ) -> RedisResult<Replied> {
+        match self
+            .send_routed(cluster, checks, (host, port), replica_wait)
+            .await
+        {
             Err(e) if has_detail(&e, FUNCTION_NOT_FOUND) => {
                 self.load_library(cluster).await?;
-                cluster.route_command(call(), route()).await
+                self.send_routed(cluster, checks, (host, port), replica_wait)
+                    .await
             }
             reply => reply,
         }
+    }
+
+    /// Sends [`CheckScript::call_routed`]'s call once, and its `WAIT` in the same write.
+    async fn send_routed(
+        &self,
+        cluster: &mut ClusterConnection,
+        checks: &[ScriptCheck],
+        (host, port): (&str, u16),
+        replica_wait: Option<Duration>,
+    ) -> RedisResult<Replied> {
+        let route = SingleNodeRoutingInfo::ByAddress {
+            host: host.to_owned(),
+            port,
+        };
+        let call = routed_command(&self.routed_function, checks);
+        if replica_wait.is_none() {
+            let reply = cluster
+                .route_command(call, RoutingInfo::SingleNode(route))
+                .await?;
+            return Ok(Replied {
+                reply,
+                acknowledged: None,
+            });
+        }
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(call);
+        add_wait(&mut pipeline, replica_wait);
+        replied(cluster.route_pipeline(pipeline, 0, 2, route).await?)
     }
 }
 
@@ -199,13 +221,15 @@ impl CheckScript {
     /// its `ASKING` apart from the command: on a connection shared with other calls,
     /// another call can come between and spend it, the node then answers `MOVED` back,
     /// and the call goes round until its retries run out. Written together, the two reach
-    /// the node back to back. `None` when `error` is not an `ASK`.
+    /// the node back to back (and the `WAIT` of `replica_wait` right after them). `None`
+    /// when `error` is not an `ASK`.
     pub(super) async fn call_asked(
         &self,
         cluster: &mut ClusterConnection,
         error: &RedisError,
         checks: &[ScriptCheck],
-    ) -> Option<RedisResult<Value>> {
+        replica_wait: Option<Duration>,
+    ) -> Option<RedisResult<Replied>> {
         if error.kind() != ErrorKind::Server(ServerErrorKind::Ask) {
             return None;
         }
@@ -219,21 +243,81 @@ impl CheckScript {
         };
         let mut pipeline = redis::pipe();
         pipeline.cmd("ASKING").add_command(call);
+        add_wait(&mut pipeline, replica_wait);
         let route = SingleNodeRoutingInfo::ByAddress {
             host: host.to_owned(),
             port,
         };
+        let count = 1 + usize::from(replica_wait.is_some());
         Some(
             cluster
-                .route_pipeline(pipeline, 1, 1, route)
+                .route_pipeline(pipeline, 1, count, route)
                 .await
-                .and_then(|mut replies| {
-                    replies.pop().ok_or_else(|| {
-                        RedisError::from((ErrorKind::Client, "no reply to an ASK's call"))
-                    })
-                }),
+                .and_then(replied),
         )
     }
+}
+
+/// A script call's reply and, when a `WAIT` followed it on the same connection, how many
+/// replicas acknowledged every write made on that connection up to the call's: the call's
+/// writes included, since the two were sent back to back.
+pub(super) struct Replied {
+    pub(super) reply: Value,
+    pub(super) acknowledged: Option<u64>,
+}
+
+/// Sends `call`, and the `WAIT` of `replica_wait` in the same write when there is one.
+async fn send(
+    connection: &mut impl ConnectionLike,
+    call: redis::Cmd,
+    replica_wait: Option<Duration>,
+) -> RedisResult<Replied> {
+    let Some(wait) = replica_wait else {
+        let reply = call.query_async(connection).await?;
+        return Ok(Replied {
+            reply,
+            acknowledged: None,
+        });
+    };
+    let mut pipeline = redis::pipe();
+    pipeline.add_command(call);
+    add_wait(&mut pipeline, Some(wait));
+    replied(connection.req_packed_commands(&pipeline, 0, 2).await?)
+}
+
+/// Adds `WAIT 1 {milliseconds}` for `replica_wait`, if any: at least one millisecond, as
+/// `WAIT` with 0 would block until a replica answers, however long that takes.
+fn add_wait(pipeline: &mut redis::Pipeline, replica_wait: Option<Duration>) {
+    if let Some(wait) = replica_wait {
+        let millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+        pipeline.cmd("WAIT").arg(1).arg(millis);
+    }
+}
+
+/// A call's reply, then `WAIT`'s if there is one, from a pipeline's replies: an error of
+/// either is the call's error, the call's first.
+fn replied(replies: Vec<Value>) -> RedisResult<Replied> {
+    let mut replies = replies.into_iter();
+    let reply = match replies.next() {
+        Some(Value::ServerError(e)) => return Err(e.into()),
+        Some(reply) => reply,
+        None => return Err(RedisError::from((ErrorKind::Client, "no reply to a call"))),
+    };
+    let acknowledged = match replies.next() {
+        None => None,
+        Some(Value::Int(acknowledged)) => Some(u64::try_from(acknowledged).unwrap_or(0)),
+        Some(Value::ServerError(e)) => return Err(e.into()),
+        Some(_) => {
+            return Err(RedisError::from((
+                ErrorKind::Client,
+                "WAIT answered something other than a number",
+            )));
+        }
+    };
+    Ok(Replied {
+        reply,
+        acknowledged,
+    })
 }
 
 /// Whether `error` is a plain `ERR` whose text contains `text`.
