@@ -3,7 +3,10 @@
 //! leave Redis answering as if nothing had happened: every limit whose state went with
 //! them starts over, and every answer still says the store decided. So each node (the
 //! server, or each master of a cluster) is read at connect and then every check interval,
-//! off the decision path:
+//! off the decision path — and a single server also on each new connection, before any
+//! check is sent on it (`connect::Replaceable::for_check`): a restart always breaks the
+//! connection, a Sentinel failover moves to a new one, so their losses are known before
+//! the new process decides a check whose answer would replace what the limiter last knew:
 //!
 //! - an epoch marker: a key holding a random value that sluicegate writes once per node
 //!   (on a cluster, in a slot that master serves; re-chosen when its slots move). Missing,
@@ -21,6 +24,10 @@
 //! failover while the marker survives (the offset last read is older than them); a loss
 //! before the first read; a restart from a snapshot taken after the marker was written but
 //! before later writes, when the server keeps no replication offset to compare.
+//!
+//! What it sees only at the next period, the checks before it decided from what is left:
+//! a flush (`FLUSHALL`, `FLUSHDB`: the connection stays), and every loss on a cluster,
+//! whose node connections the cluster client makes and replaces out of the store's sight.
 //!
 //! A loss is logged at warn naming the node and the reason, counted by node and reason
 //! ([`LostState`]), and bumps the generation [`RedisStore::lost_state_generation`] answers
