@@ -27,7 +27,8 @@
 //!
 //! What it sees only at the next period, the checks before it decided from what is left:
 //! a flush (`FLUSHALL`, `FLUSHDB`: the connection stays), and every loss on a cluster,
-//! whose node connections the cluster client makes and replaces out of the store's sight.
+//! whose node connections the cluster client makes and replaces out of the store's sight
+//! (a call that met a broken one is sent again on the new one, without an error).
 //!
 //! A loss is logged at warn naming the node and the reason, counted by node and reason
 //! ([`LostState`]), and bumps the generation [`RedisStore::lost_state_generation`] answers
