@@ -171,7 +171,7 @@ impl Connection {
     }
 
     /// Has `verifier` read a single server before the first check on each new connection
-    /// to it (see [`Replaceable::verified`]); held weakly, so that it ends with its owner.
+    /// to it (see [`Replaceable::for_check`]); held weakly, so that it ends with its owner.
     /// A cluster's node connections are the cluster client's own, made and replaced out of
     /// sight: there, the verifier's periodic reads alone see a node's new process.
     pub(super) fn verify_new_connections(&self, verifier: Weak<dyn Verify>) {
@@ -229,8 +229,8 @@ pub(super) struct TlsFiles<'t> {
 /// the loss is known would be decided from empty state, and their answers would replace
 /// what the limiter last knew of their keys. So whenever a connection is new — replaced
 /// here, or reconnected by the manager after a call found it broken — the next check waits
-/// until the server has been verified ([`Replaceable::verified`]); a healthy connection's
-/// checks only read a flag.
+/// until the server has been verified ([`Replaceable::for_check`]); a healthy connection's
+/// checks only compare two counters.
 #[derive(Clone)]
 pub(super) struct Replaceable(Arc<ReplaceableInner>);
 
