@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use sluicegate::store::redis::identity_slot;
+use sluicegate::store::redis::{LossReason, identity_slot};
 use sluicegate::{
     Algorithm, BreakerConfig, BreakerState, Check, DecidedBy, FailurePolicy, Limit, Limiter,
-    LimiterConfig, ManualClock, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
+    LimiterConfig, ManualClock, OnStoreReset, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store,
+    StoreError,
 };
 use sluicegate_test_support as support;
 
@@ -567,4 +568,100 @@ async fn one_instance_never_passes_l_across_a_redis_restart_with_the_local_fallb
     }
     let stats = limiter.stats();
     assert_eq!(stats.write_backs_written.load(Ordering::Relaxed), 12);
+}
+
+/// One instance, keys at 150 / 200, a Redis restarted without persistence on the same
+/// port while every key is checked continuously: the store verifies the new process
+/// before it decides a check there, so what the instance last knew of each key (150) is
+/// written back before the key is decided again, instead of being overwritten by answers
+/// from the empty server. No key passes 200 in its window, and Redis counts, on top of
+/// the 150 written back, every unit it admitted since the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restarted_without_its_data_is_seeded_before_it_decides_a_busy_key() {
+    let server = support::RedisServer::start(&[]);
+    let port = server.port;
+    let limiter = Arc::new(Limiter::with_config(
+        store_on(&server, "restart-seeded").await,
+        LimiterConfig {
+            on_store_error: FailurePolicy::Deny,
+            on_store_reset: OnStoreReset::Conservative,
+            instances: 1,
+            breaker: BreakerConfig {
+                min_calls: 3,
+                cool_down: Duration::from_millis(50),
+                ..BreakerConfig::default()
+            },
+            ..LimiterConfig::default()
+        },
+    ));
+    let rule = rule(200);
+    let keys: Vec<String> = (0..12).map(|i| format!("busy:{i}")).collect();
+    for key in &keys {
+        for _ in 0..150 {
+            let outcome = check(&limiter, &rule, key).await.0.unwrap();
+            assert!(outcome.decision.allowed && outcome.decided_by == DecidedBy::Store);
+        }
+    }
+    server.shutdown();
+    drop(server);
+    // Every key, round after round, until each has been refused by the restarted Redis:
+    // admissions since the restart by key, and the keys Redis refused.
+    let record = Arc::new(parking_lot::Mutex::new((
+        std::collections::HashMap::<String, u64>::new(),
+        std::collections::HashSet::<String>::new(),
+    )));
+    let checking = {
+        let (limiter, rule, keys, record) = (
+            Arc::clone(&limiter),
+            rule.clone(),
+            keys.clone(),
+            Arc::clone(&record),
+        );
+        tokio::spawn(async move {
+            loop {
+                for key in &keys {
+                    let Ok(outcome) = check(&limiter, &rule, key).await.0 else {
+                        continue;
+                    };
+                    let mut record = record.lock();
+                    if outcome.decision.allowed {
+                        *record.0.entry(key.clone()).or_default() += 1;
+                    } else if outcome.decided_by == DecidedBy::Store {
+                        record.1.insert(key.clone());
+                    }
+                    if record.1.len() == keys.len() {
+                        return;
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let restarted = support::RedisServer::start_at(port, &[]);
+    tokio::time::timeout(Duration::from_secs(20), checking)
+        .await
+        .expect("every key refused by the restarted Redis within 20 s")
+        .unwrap();
+    let losses = limiter.store().lost_state().losses;
+    assert!(
+        losses
+            .iter()
+            .any(|loss| loss.reason == LossReason::Restarted),
+        "{losses:?}"
+    );
+    let (since_restart, _) = record.lock().clone();
+    // Each key: (admitted in its window, units Redis stores).
+    let mut counted = Vec::new();
+    for key in &keys {
+        let stored: u64 = restarted
+            .query(support::cmd("ZCARD").arg(limiter.store().state_key(&rule, key)))
+            .unwrap();
+        counted.push((150 + since_restart.get(key).copied().unwrap_or(0), stored));
+    }
+    assert!(
+        counted
+            .iter()
+            .all(|&(admitted, stored)| admitted <= 200 && stored >= admitted),
+        "(admitted of 200, stored) by key: {counted:?}"
+    );
 }

@@ -419,13 +419,19 @@ impl<S: Store> Limiter<S> {
                             negative.remember(check, hash, now, outcome.decision, outcome.limits());
                             negative.remember_admission(check, hash, now, outcome.decision);
                         }
-                        self.local.remember(
-                            check,
-                            self.seeded(check),
-                            now,
-                            generation,
-                            outcome.limits(),
-                        );
+                        // A loss found while the check was on its way (the store verifies
+                        // a server on a new connection before sending to it) makes this
+                        // answer one from the state that is left: what the instance last
+                        // knew stays, to be owed again at the key's next check.
+                        if self.store.lost_state_generation(check) == generation {
+                            self.local.remember(
+                                check,
+                                self.seeded(check),
+                                now,
+                                generation,
+                                outcome.limits(),
+                            );
+                        }
                         return Ok(outcome);
                     }
                     // A malformed check, or a request id reused for another request, is the

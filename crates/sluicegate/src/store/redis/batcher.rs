@@ -186,6 +186,15 @@ impl Target {
         (groups, turned_away)
     }
 
+    /// Waits, at most `hold`, until a single server behind a new connection has been
+    /// verified (see [`Replaceable::for_check`]); at once on a cluster.
+    async fn verified(&self, hold: Duration) -> Result<(), CallError> {
+        match self {
+            Target::Server(connection) => connection.for_check(hold).await.map(drop),
+            Target::Cluster { .. } => Ok(()),
+        }
+    }
+
     /// Sends one call carrying `calls`, bounded by `hold`, followed by the `WAIT` of
     /// `replica_wait` when one of them may record units; replaces a single server's
     /// connection when Redis stayed silent for the whole hold.
@@ -200,11 +209,9 @@ impl Target {
         let replica_wait = replica_wait.filter(|_| calls.iter().any(ScriptCheck::may_record));
         match self {
             Target::Server(connection) => {
-                let reply = bounded(
-                    hold,
-                    script.call(&mut connection.current(), calls, replica_wait),
-                )
-                .await;
+                let mut manager = connection.for_check(hold).await?;
+                let reply = bounded(hold, script.call(&mut manager, calls, replica_wait)).await;
+                connection.note(&reply);
                 // Our bound or the manager's own response timeout, both the hold.
                 let silent = match &reply {
                     Err(CallError::Timeout) => true,
@@ -401,11 +408,23 @@ async fn send_group(
     replica_wait: Option<Duration>,
     permit: OwnedSemaphorePermit,
 ) {
+    if let Err(e) = target.verified(hold).await {
+        for queued in group.members {
+            let _caller_gone = queued.answer.send(Err(e.clone()));
+        }
+        return;
+    }
+    // A check whose caller stopped waiting while the server was verified is not sent, as
+    // in the batcher's queue.
     let (calls, answers): (Vec<ScriptCheck>, Vec<_>) = group
         .members
         .into_iter()
+        .filter(|q| !q.answer.is_closed())
         .map(|q| (q.call, q.answer))
         .unzip();
+    if calls.is_empty() {
+        return;
+    }
     counters.count(calls.len());
     let routed = group.routed_to.is_some();
     let reply = call_and_split(

@@ -2,7 +2,8 @@
 //! through Sentinel — or a Redis Cluster through the cluster client, the checks batched on
 //! either; TLS with rustls.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -181,13 +182,32 @@ impl Connection {
     ) -> Result<T, CallError> {
         match self {
             Connection::Single { manager, .. } => {
-                bounded(timeout, command.query_async(&mut manager.current())).await
+                let reply = bounded(timeout, command.query_async(&mut manager.current())).await;
+                manager.note(&reply);
+                reply
             }
             Connection::Cluster { client, .. } => {
                 bounded(timeout, command.query_async(&mut client.clone())).await
             }
         }
     }
+
+    /// Has `verifier` read a single server before the first check on each new connection
+    /// to it (see [`Replaceable::for_check`]); held weakly, so that it ends with its owner.
+    /// A cluster's node connections are the cluster client's own, made and replaced out of
+    /// sight: there, the verifier's periodic reads alone see a node's new process.
+    pub(super) fn verify_new_connections(&self, verifier: Weak<dyn Verify>) {
+        if let Connection::Single { manager, .. } = self {
+            *manager.0.verifier.lock() = Some(verifier);
+        }
+    }
+}
+
+/// Reads a server for what it lost (see `lost_state`) on a new connection, before any
+/// check is sent on it.
+pub(super) trait Verify: Send + Sync {
+    /// Reads the server; an error when it did not answer.
+    fn verify(&self) -> Pin<Box<dyn Future<Output = Result<(), CallError>> + Send + '_>>;
 }
 
 /// How often the cluster client tries a command again, and its longest wait between two
@@ -242,6 +262,14 @@ pub(super) struct TlsFiles<'t> {
 /// check for as long as TCP takes to notice (hours). Behind Sentinel, it also moves to the
 /// master the sentinels name. Only the batcher's task and the occasional command take the
 /// lock, each to clone the manager.
+///
+/// A new connection may reach another process than the last one did: one restarted
+/// without its data, or (behind Sentinel) a promoted replica. Checks decided there before
+/// the loss is known would be decided from empty state, and their answers would replace
+/// what the limiter last knew of their keys. So whenever a connection is new — replaced
+/// here, or reconnected by the manager after a call found it broken — the next check waits
+/// until the server has been verified ([`Replaceable::for_check`]); a healthy connection's
+/// checks only compare two counters.
 #[derive(Clone)]
 pub(super) struct Replaceable(Arc<ReplaceableInner>);
 
@@ -254,6 +282,15 @@ struct ReplaceableInner {
     connect_timeout: Duration,
     /// A new connection is being made.
     replacing: AtomicBool,
+    /// How many times the connection was (or may have been) replaced: the server behind
+    /// it is verified when this equals `verified_through`.
+    changes: AtomicU64,
+    /// `changes` as it was when the last verification that succeeded began.
+    verified_through: AtomicU64,
+    /// What verifies the server; none when lost state is not checked.
+    verifier: Mutex<Option<Weak<dyn Verify>>>,
+    /// One verification at a time: the checks that wait for it share its outcome.
+    verifying: tokio::sync::Mutex<()>,
 }
 
 impl Replaceable {
@@ -269,6 +306,10 @@ impl Replaceable {
             config,
             connect_timeout,
             replacing: AtomicBool::new(false),
+            changes: AtomicU64::new(0),
+            verified_through: AtomicU64::new(0),
+            verifier: Mutex::new(None),
+            verifying: tokio::sync::Mutex::new(()),
         })))
     }
 
@@ -291,6 +332,54 @@ impl Replaceable {
         self.0.current.lock().clone()
     }
 
+    /// Notes a call's `reply`: one that broke the connection leaves the manager connecting
+    /// anew, and the server is verified before the next check.
+    pub(super) fn note<T>(&self, reply: &Result<T, CallError>) {
+        if let Err(e) = reply
+            && e.broke_connection()
+        {
+            self.0.changes.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The manager to send a check on: at once on a connection verified already; on a new
+    /// one, once the server behind it has been verified (waiting at most `bound`), so that
+    /// the check is decided by a server whose lost state, if any, is known. An error when
+    /// the server did not answer the verification: the check is not sent (it would most
+    /// likely fail too, and could be decided from state lost unseen).
+    pub(super) async fn for_check(&self, bound: Duration) -> Result<ConnectionManager, CallError> {
+        loop {
+            {
+                // Replacing the manager counts a change under this lock.
+                let current = self.0.current.lock();
+                if self.0.verified() {
+                    return Ok(current.clone());
+                }
+            }
+            self.verify(bound).await?;
+        }
+    }
+
+    /// Verifies the server, unless another check has just done so. Checks stay held while
+    /// it runs; a change meanwhile is verified again.
+    async fn verify(&self, bound: Duration) -> Result<(), CallError> {
+        let _one_at_a_time = self.0.verifying.lock().await;
+        let through = self.0.changes.load(Ordering::Acquire);
+        if self.0.verified_through.load(Ordering::Acquire) == through {
+            return Ok(());
+        }
+        let verifier = self.0.verifier.lock().as_ref().and_then(Weak::upgrade);
+        if let Some(verifier) = verifier {
+            match tokio::time::timeout(bound, verifier.verify()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(CallError::Timeout),
+            }
+        }
+        self.0.verified_through.store(through, Ordering::Release);
+        Ok(())
+    }
+
     /// Redis has not answered on the current connection for a whole hold: connect anew,
     /// in the background (once at a time), and send on the new connection once it is up.
     /// If it cannot connect, the current one stays, and the next silence tries again.
@@ -307,7 +396,7 @@ impl Replaceable {
                         "redis did not answer on its connection for a whole call hold; \
                          moved to a new connection"
                     );
-                    *this.current.lock() = manager;
+                    this.install(manager);
                 }
                 Err(e) => tracing::warn!(
                     "redis did not answer on its connection for a whole call hold, and a \
@@ -320,6 +409,18 @@ impl Replaceable {
 }
 
 impl ReplaceableInner {
+    /// Sends on `manager` from now on, once the server behind it has been verified.
+    fn install(&self, manager: ConnectionManager) {
+        let mut current = self.current.lock();
+        *current = manager;
+        self.changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Whether the server behind the connection has been verified since it last changed.
+    fn verified(&self) -> bool {
+        self.verified_through.load(Ordering::Acquire) == self.changes.load(Ordering::Acquire)
+    }
+
     /// Asks `sentinels` every [`sentinel::LOOKUP_EVERY`] which server is `master_name`'s
     /// master, and moves `connection` there when it is another; ends when the connection
     /// is dropped.
@@ -355,7 +456,7 @@ impl ReplaceableInner {
             Ok(manager) => {
                 tracing::warn!(master = %address, "the sentinels name a new Redis master; moved to it");
                 *self.client.lock() = master;
-                *self.current.lock() = manager;
+                self.install(manager);
             }
             Err(e) => tracing::warn!(
                 master = %address,

@@ -98,6 +98,28 @@ impl CallError {
             )
     }
 
+    /// Whether the call's connection broke (a reset, a close, a refusal): the connection
+    /// manager then connects anew, maybe to another process at the same address.
+    pub(super) fn broke_connection(&self) -> bool {
+        match self {
+            CallError::Redis(e) => e.is_io_error() || e.is_unrecoverable_error(),
+            CallError::Timeout
+            | CallError::Closed
+            | CallError::Check(_)
+            | CallError::NotOnOneNode
+            | CallError::NotReplicated { .. } => false,
+        }
+    }
+
+    /// Whether the server answered, if only with an error reply.
+    pub(super) fn server_answered(&self) -> bool {
+        match self {
+            CallError::Redis(e) => matches!(e.kind(), ErrorKind::Server(_)),
+            CallError::Check(_) | CallError::NotReplicated { .. } => true,
+            CallError::Timeout | CallError::Closed | CallError::NotOnOneNode => false,
+        }
+    }
+
     /// The error as the store reports it: from `server` (its URL without credentials),
     /// whose calls may take `timeout`, about `key`.
     pub(super) fn into_store_error(

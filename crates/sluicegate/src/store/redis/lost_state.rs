@@ -3,7 +3,10 @@
 //! leave Redis answering as if nothing had happened: every limit whose state went with
 //! them starts over, and every answer still says the store decided. So each node (the
 //! server, or each master of a cluster) is read at connect and then every check interval,
-//! off the decision path:
+//! off the decision path — and a single server also on each new connection, before any
+//! check is sent on it (`connect::Replaceable::for_check`): a restart always breaks the
+//! connection, a Sentinel failover moves to a new one, so their losses are known before
+//! the new process decides a check whose answer would replace what the limiter last knew:
 //!
 //! - an epoch marker: a key holding a random value that sluicegate writes once per node
 //!   (on a cluster, in a slot that master serves; re-chosen when its slots move). Missing,
@@ -22,6 +25,11 @@
 //! before the first read; a restart from a snapshot taken after the marker was written but
 //! before later writes, when the server keeps no replication offset to compare.
 //!
+//! What it sees only at the next period, the checks before it decided from what is left:
+//! a flush (`FLUSHALL`, `FLUSHDB`: the connection stays), and every loss on a cluster,
+//! whose node connections the cluster client makes and replaces out of the store's sight
+//! (a call that met a broken one is sent again on the new one, without an error).
+//!
 //! A loss is logged at warn naming the node and the reason, counted by node and reason
 //! ([`LostState`]), and bumps the generation [`RedisStore::lost_state_generation`] answers
 //! for the node's keys.
@@ -30,6 +38,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -38,7 +47,7 @@ use parking_lot::Mutex;
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
-use super::connect::Connection;
+use super::connect::{Connection, Verify};
 use super::error::{CallError, bounded};
 use super::keys::{self, hash_slot, marker_key, wall_clock_micros};
 use super::periodic::Periodic;
@@ -198,6 +207,9 @@ struct Shared {
 pub(super) struct LostStateWatch {
     shared: Arc<Shared>,
     _task: Periodic,
+    /// What reads a single server on each new connection before a check is sent on it;
+    /// the connection holds it weakly.
+    _verifier: Option<Arc<dyn Verify>>,
 }
 
 /// What a read needs.
@@ -240,16 +252,27 @@ impl LostStateWatch {
             shared: Arc::clone(&shared),
             nodes: Arc::default(),
         };
+        let verifier = (!interval.is_zero()).then(|| {
+            let verifier: Arc<dyn Verify> = Arc::new(reader.clone());
+            reader
+                .connection
+                .verify_new_connections(Arc::downgrade(&verifier));
+            verifier
+        });
         if !interval.is_zero() {
-            reader.read().await;
+            // A server that does not answer now is read again at the next period.
+            let _unanswered = reader.read().await;
         }
         let task = Periodic::start(interval, move || {
             let reader = reader.clone();
-            async move { reader.read().await }
+            async move {
+                let _unanswered = reader.read().await;
+            }
         });
         LostStateWatch {
             shared,
             _task: task,
+            _verifier: verifier,
         }
     }
 
@@ -284,8 +307,16 @@ impl LostStateWatch {
 /// tag lands on a given one about once in `n` tries.
 const MAX_TAG: u32 = 1 << 20;
 
+impl Verify for Reader {
+    fn verify(&self) -> Pin<Box<dyn Future<Output = Result<(), CallError>> + Send + '_>> {
+        Box::pin(self.read())
+    }
+}
+
 impl Reader {
-    async fn read(&self) {
+    /// Reads every node; an error when a single server did not answer (on a cluster, a
+    /// node that does not answer is read again at the next period).
+    async fn read(&self) -> Result<(), CallError> {
         let mut nodes = self.nodes.lock().await;
         // The nodes of this read: on a cluster, those a master's marker names now.
         let mut read_now = Vec::new();
@@ -307,8 +338,9 @@ impl Reader {
                     )
                     .await;
                 let name = self.server.clone();
-                self.check_node(&mut nodes[0], name, info, &[]).await;
-                read_now.push(0);
+                let answered = self.check_node(&mut nodes[0], name, info, &[]).await;
+                self.report_nodes(&nodes, &[0]);
+                return answered;
             }
             Connection::Cluster { client, .. } => {
                 let reply = self
@@ -320,7 +352,7 @@ impl Reader {
                     .and_then(|reply| SlotMap::from_reply(&reply, &SlotMap::unknown()))
                 else {
                     tracing::debug!("lost-state check: no slot map from the cluster");
-                    return;
+                    return Ok(());
                 };
                 for (index, (host, port)) in map.nodes() {
                     let Some(tag) = (0..MAX_TAG).find(|&tag| {
@@ -355,14 +387,20 @@ impl Reader {
                                 .map_err(|e| CallError::Redis(e.into()))
                         });
                     let slots: Vec<u16> = map.slots_of(index).collect();
-                    self.check_node(&mut nodes[at], name, info, &slots).await;
+                    let _unanswered = self.check_node(&mut nodes[at], name, info, &slots).await;
                     read_now.push(at);
                 }
             }
         }
+        self.report_nodes(&nodes, &read_now);
+        Ok(())
+    }
+
+    /// Reports the nodes at `read_now` as last read.
+    fn report_nodes(&self, nodes: &[Node], read_now: &[usize]) {
         let watched = read_now
-            .into_iter()
-            .filter_map(|at| {
+            .iter()
+            .filter_map(|&at| {
                 let node = &nodes[at];
                 node.seen.as_ref().map(|seen| WatchedNode {
                     node: node.name.clone(),
@@ -376,24 +414,27 @@ impl Reader {
 
     /// Reads `node`'s marker, compares it and `info` with what was read before, and
     /// reports a loss on `slots` (ignored on a single server); `name` is where the node is
-    /// now. A node that does not answer is left as it was, to be read again next time.
+    /// now. A node that does not answer is left as it was, to be read again next time, and
+    /// its error returned; one that answers with an error (a command it refuses) cannot be
+    /// read better later.
     async fn check_node(
         &self,
         node: &mut Node,
         name: String,
         info: Result<String, CallError>,
         slots: &[u16],
-    ) {
+    ) -> Result<(), CallError> {
+        let unanswered = |e: CallError| if e.server_answered() { Ok(()) } else { Err(e) };
         let identity = match info {
             Ok(text) => Identity::parse(&text),
             Err(e) => {
-                tracing::debug!(node = %name, "lost-state check: INFO failed: {}", self.failed(e));
-                return;
+                tracing::debug!(node = %name, "lost-state check: INFO failed: {}", self.failed(e.clone()));
+                return unanswered(e);
             }
         };
         let Some(identity) = identity else {
             tracing::debug!(node = %name, "lost-state check: INFO lacks run_id or replication");
-            return;
+            return Ok(());
         };
         let marker = match &node.epoch {
             None => None,
@@ -402,8 +443,8 @@ impl Reader {
                 Ok(Some(value)) => Some(Marker::Other(value)),
                 Ok(None) => Some(Marker::Missing),
                 Err(e) => {
-                    tracing::debug!(node = %name, "lost-state check: GET failed: {}", self.failed(e));
-                    return;
+                    tracing::debug!(node = %name, "lost-state check: GET failed: {}", self.failed(e.clone()));
+                    return unanswered(e);
                 }
             },
         };
@@ -470,6 +511,7 @@ impl Reader {
         if let Some((reason, detail)) = loss {
             self.report(&node.name, reason, detail, slots);
         }
+        Ok(())
     }
 
     /// A new process at a node whose marker is there: a loss only if its replication

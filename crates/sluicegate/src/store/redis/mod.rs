@@ -244,7 +244,8 @@ impl RedisStore {
 
     /// What the store found of state Redis lost since it connected (see
     /// [`Store::lost_state_generation`]): checked at connect, then every
-    /// `lost_state_check_interval`.
+    /// `lost_state_check_interval`, and a single server also on each new connection
+    /// before a check is sent on it.
     pub fn lost_state(&self) -> LostState {
         self.lost_state.latest()
     }
