@@ -125,6 +125,11 @@ impl LocalFallback {
         keys
     }
 
+    /// Whether no key owes the store anything: then no check has a write-back to wait for.
+    pub(crate) fn owes_nothing(&self) -> bool {
+        self.owed.is_empty()
+    }
+
     /// Writes what `check`'s keys owe to `store` before the check itself may go there
     /// (sent at `now`, in lost-state `generation`). An error means some key still owes
     /// its units, and the check must not go to the store.
@@ -136,9 +141,6 @@ impl LocalFallback {
         now: u64,
         stats: &LimiterStats,
     ) -> Result<(), StoreError> {
-        if self.owed.is_empty() {
-            return Ok(());
-        }
         for limit in check.limits {
             self.write_back_key(store, limit, generation, now, stats)
                 .await?;

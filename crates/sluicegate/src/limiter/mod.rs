@@ -397,11 +397,22 @@ impl<S: Store> Limiter<S> {
                     .as_ref()
                     .filter(|_| check.charge.may_free_units())
                     .map(|negative| negative.freeing(check.limits));
-                let answer = match self
-                    .local
-                    .write_back(&self.store, check, generation, now, &self.stats)
+                // Boxed, the write-back's future (a store check of its own) is allocated
+                // only by the checks that have one to wait for, and does not grow every
+                // check's future.
+                let written_back = if self.local.owes_nothing() {
+                    Ok(())
+                } else {
+                    Box::pin(self.local.write_back(
+                        &self.store,
+                        check,
+                        generation,
+                        now,
+                        &self.stats,
+                    ))
                     .await
-                {
+                };
+                let answer = match written_back {
                     Ok(()) => self.store.check(check).await,
                     Err(e) => Err(e),
                 };
