@@ -77,6 +77,40 @@ impl RedisCluster {
             .collect()
     }
 
+    /// Sets `cluster-require-full-coverage` on every node: with `false`, the masters serve
+    /// the slots they hold while other slots have no master (during a failover), instead
+    /// of answering CLUSTERDOWN for every slot.
+    pub fn require_full_coverage(&self, full_coverage: bool) {
+        for node in &self.nodes {
+            node.query::<()>(
+                cmd("CONFIG")
+                    .arg("SET")
+                    .arg("cluster-require-full-coverage")
+                    .arg(if full_coverage { "yes" } else { "no" }),
+            )
+            .expect("CONFIG SET cluster-require-full-coverage");
+        }
+    }
+
+    /// Waits until every replica of `master` has every write `master` took so far (`WAIT`
+    /// for them all): a replica of a new cluster is synced in the background, its first
+    /// full copy seconds after the cluster is up, and a master shut down before that takes
+    /// its data with it. Panics past `timeout`.
+    pub fn await_replicas_of(&self, master: &RedisServer, timeout: Duration) {
+        let replicas = self.replicas_of(master).len();
+        let synced = poll_until(timeout, || {
+            // Each WAIT ends within its own timeout, well under the connection's.
+            master
+                .query::<usize>(cmd("WAIT").arg(replicas).arg(200))
+                .is_ok_and(|acknowledged| acknowledged == replicas)
+        });
+        assert!(
+            synced,
+            "the {replicas} replicas of {} did not acknowledge its writes within {timeout:?}",
+            master.port
+        );
+    }
+
     /// The master serving `slot` now, by `CLUSTER SLOTS` of a node that answers: ranges
     /// `[start, end, [host, port, …], …]`.
     pub fn master_of(&self, slot: u16) -> &RedisServer {

@@ -27,7 +27,10 @@
 //!   (FIN to that direction's receiver), while the other direction still flows;
 //! - **blackhole**: every open connection silently forwards nothing more, ever, its
 //!   sockets left open (a peer gone without a FIN or RST, a NAT that forgot the flow),
-//!   while new connections are proxied as before.
+//!   while new connections are proxied as before;
+//! - **refuse**: every open connection is aborted (RST to both ends) and every new one is
+//!   aborted as soon as it is accepted, never reaching the upstream, until
+//!   [`FaultProxy::accept_again`] (a server down, its port closed).
 //!
 //! The proxy runs on a thread of its own (a single-threaded tokio runtime) and stops,
 //! closing every connection, when dropped.
@@ -62,6 +65,7 @@ struct Faults {
     half_closes_to_server: u64,
     half_closes_to_client: u64,
     blackholes: u64,
+    refusing: bool,
     /// The proxy is being dropped.
     closing: bool,
 }
@@ -162,6 +166,20 @@ impl FaultProxy {
         self.faults.send_modify(|f| f.blackholes += 1);
     }
 
+    /// Aborts every open connection (RST to both ends) and every new one as soon as it is
+    /// accepted, until [`FaultProxy::accept_again`]: nothing reaches the upstream.
+    pub fn refuse(&self) {
+        self.faults.send_modify(|f| {
+            f.refusing = true;
+            f.resets += 1;
+        });
+    }
+
+    /// Ends [refusing](FaultProxy::refuse): new connections are proxied again.
+    pub fn accept_again(&self) {
+        self.faults.send_modify(|f| f.refusing = false);
+    }
+
     /// Connections open through the proxy now.
     pub fn connections(&self) -> usize {
         self.open.load(Ordering::SeqCst)
@@ -197,6 +215,11 @@ async fn accept(
         tokio::select! {
             connection = listener.accept() => {
                 if let Ok((client, _)) = connection {
+                    if faults.borrow().refusing {
+                        // Closed with a zero linger: an RST, as a closed port answers.
+                        let _ = client.set_zero_linger();
+                        continue;
+                    }
                     // Counted before anything is forwarded: a client that got an answer
                     // through a connection finds it counted.
                     accepted.fetch_add(1, Ordering::SeqCst);

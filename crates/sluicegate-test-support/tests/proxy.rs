@@ -146,3 +146,20 @@ fn a_blackhole_silences_open_connections_but_not_new_ones() {
     assert_eq!(proxy.connections(), 1, "still open");
     assert_eq!(ask(&mut client(&proxy), "PING").unwrap(), "+PONG");
 }
+
+#[test]
+fn refusing_aborts_open_and_new_connections_until_accepting_again() {
+    let redis = RedisServer::start(&[]);
+    let proxy = FaultProxy::start(redis.port);
+    let mut open = client(&proxy);
+    assert_eq!(ask(&mut open, "PING").unwrap(), "+PONG");
+    proxy.refuse();
+    let err = read_line(&mut open).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
+    // A new connection is accepted by the listener, then aborted before it reaches Redis.
+    let answer = ask(&mut client(&proxy), "SET refused yes");
+    assert!(answer.is_err(), "{answer:?}");
+    assert!(!exists(&redis, "refused"));
+    proxy.accept_again();
+    assert_eq!(ask(&mut client(&proxy), "PING").unwrap(), "+PONG");
+}

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::cmd;
 use sluicegate::store::redis::identity_slot;
 use sluicegate::{
     Algorithm, BreakerConfig, BreakerState, Check, DecidedBy, FailurePolicy, Limit, Limiter,
@@ -74,15 +73,7 @@ struct Setup {
 
 fn setup(full_coverage: bool) -> Setup {
     let cluster = support::RedisCluster::start(3, 1);
-    for node in &cluster.nodes {
-        node.query::<()>(
-            cmd("CONFIG")
-                .arg("SET")
-                .arg("cluster-require-full-coverage")
-                .arg(if full_coverage { "yes" } else { "no" }),
-        )
-        .expect("CONFIG SET cluster-require-full-coverage");
-    }
+    cluster.require_full_coverage(full_coverage);
     let masters: Vec<u16> = cluster.current_masters().iter().map(|m| m.port).collect();
     let victim = masters[0];
     let mut keys = Vec::new();

@@ -18,10 +18,20 @@ use sluicegate_test_support as support;
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 
+/// The store's timeout in tests that count every unit: long enough that no check of a
+/// reachable store times out on a loaded machine (its answer would be the fallback's, and
+/// the store might have counted it too); the outages they make are refused connections,
+/// answered at once.
+const COUNTING_TIMEOUT: Duration = Duration::from_secs(1);
+
 async fn store_on(server: &support::RedisServer, test: &str) -> RedisStore {
-    let mut config = RedisStoreConfig::new(&server.url());
+    store_at(&server.url(), test, TIMEOUT).await
+}
+
+async fn store_at(url: &str, test: &str, timeout: Duration) -> RedisStore {
+    let mut config = RedisStoreConfig::new(url);
     config.prefix = format!("resilience:{test}:{}:", std::process::id());
-    config.timeout = TIMEOUT;
+    config.timeout = timeout;
     RedisStore::connect(config).await.expect("connect")
 }
 
@@ -489,6 +499,115 @@ async fn counts_exactly(store: &RedisStore, rule: &Rule, key: &str) -> bool {
     full && peek().await
 }
 
+/// What one key was answered across an outage.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    admitted: u64,
+    by_fallback: u64,
+    refused_by_store: bool,
+}
+
+/// Checks every key once, in turn, tallying each answer in `tallies` (by key's index).
+async fn check_each(
+    limiter: &Limiter<RedisStore>,
+    rule: &Rule,
+    keys: &[String],
+    tallies: &mut [Tally],
+) {
+    for (key, tally) in keys.iter().zip(tallies.iter_mut()) {
+        let outcome = check(limiter, rule, key).await.0.expect("an answer");
+        tally.admitted += u64::from(outcome.decision.allowed);
+        match outcome.decided_by {
+            DecidedBy::Store => tally.refused_by_store |= !outcome.decision.allowed,
+            DecidedBy::Fallback(FailurePolicy::Local) => tally.by_fallback += 1,
+            other => panic!("{key}: decided by {other:?}"),
+        }
+    }
+}
+
+/// 150 units of each key admitted by the store.
+async fn fill_to_150(limiter: &Limiter<RedisStore>, rule: &Rule, keys: &[String]) -> Vec<Tally> {
+    let mut tallies = vec![Tally::default(); keys.len()];
+    for _ in 0..150 {
+        check_each(limiter, rule, keys, &mut tallies).await;
+    }
+    for (key, tally) in keys.iter().zip(&tallies) {
+        assert!(
+            tally.admitted == 150 && tally.by_fallback == 0,
+            "{key}: {tally:?}"
+        );
+    }
+    tallies
+}
+
+/// With the store away, 100 checks of each key at 150 / 200: the local fallback decides
+/// each, admits the 50 left, and owes them to the store.
+async fn fill_from_150_with_the_local_fallback(
+    limiter: &Limiter<RedisStore>,
+    rule: &Rule,
+    keys: &[String],
+    tallies: &mut [Tally],
+) {
+    for _ in 0..100 {
+        check_each(limiter, rule, keys, tallies).await;
+    }
+    for (key, tally) in keys.iter().zip(tallies.iter()) {
+        assert!(
+            tally.admitted == 200 && tally.by_fallback == 100,
+            "{key}: {tally:?}"
+        );
+    }
+    assert_eq!(limiter.owed(), (keys.len(), keys.len() as u64 * 50));
+}
+
+/// Checks every key in rounds until the store has refused each of them, for at most
+/// `within`; the store is coming back meanwhile (the breaker's cool-down, a promotion),
+/// waited for against real processes.
+async fn until_the_store_refuses_each(
+    limiter: &Limiter<RedisStore>,
+    rule: &Rule,
+    keys: &[String],
+    tallies: &mut [Tally],
+    within: Duration,
+) {
+    let started = Instant::now();
+    while !tallies.iter().all(|tally| tally.refused_by_store) {
+        assert!(
+            started.elapsed() < within,
+            "not every key refused by the store within {within:?}: {tallies:?}"
+        );
+        check_each(limiter, rule, keys, tallies).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The units of `key` stored in `server`: its log's entries.
+fn stored(
+    server: &support::RedisServer,
+    limiter: &Limiter<RedisStore>,
+    rule: &Rule,
+    key: &str,
+) -> u64 {
+    server
+        .query(support::cmd("ZCARD").arg(limiter.store().state_key(rule, key)))
+        .expect("ZCARD")
+}
+
+/// One instance whose store failures are answered by the local fallback, its breaker
+/// opening after three failures and resting 200 ms.
+fn one_instance_with_the_local_fallback() -> LimiterConfig {
+    LimiterConfig {
+        on_store_error: FailurePolicy::Local,
+        instances: 1,
+        breaker: BreakerConfig {
+            min_calls: 3,
+            cool_down: Duration::from_millis(200),
+            ..BreakerConfig::default()
+        },
+        ..LimiterConfig::default()
+    }
+}
+
 /// One instance, keys at 150 / 200 when a persistent Redis dies for a while: the local
 /// fallback admits 50 more of each, and Redis, back, counts them before it decides the
 /// key again — through the key's next check, or in the background for a key that sees
@@ -499,68 +618,34 @@ async fn one_instance_never_passes_l_across_a_redis_restart_with_the_local_fallb
     let server = support::RedisServer::start(&persistent);
     let port = server.port;
     let limiter = Limiter::with_config(
-        store_on(&server, "write-back").await,
-        LimiterConfig {
-            on_store_error: FailurePolicy::Local,
-            instances: 1,
-            breaker: BreakerConfig {
-                min_calls: 3,
-                cool_down: Duration::from_millis(200),
-                ..BreakerConfig::default()
-            },
-            ..LimiterConfig::default()
-        },
+        store_at(&server.url(), "write-back", COUNTING_TIMEOUT).await,
+        one_instance_with_the_local_fallback(),
     );
     let rule = rule(200);
-    // Checked again after the restart, and left to the background write-back.
-    let checked: Vec<String> = (0..8).map(|i| format!("checked:{i}")).collect();
-    let idle: Vec<String> = (0..4).map(|i| format!("idle:{i}")).collect();
-    let mut admitted = std::collections::HashMap::new();
-    for key in checked.iter().chain(&idle) {
-        for _ in 0..150 {
-            let outcome = check(&limiter, &rule, key).await.0.unwrap();
-            assert_eq!(outcome.decided_by, DecidedBy::Store);
-            *admitted.entry(key.clone()).or_insert(0) += u32::from(outcome.decision.allowed);
-        }
-    }
+    // Checked again after the restart (the first 8), and left to the background
+    // write-back.
+    let keys: Vec<String> = (0..8)
+        .map(|i| format!("checked:{i}"))
+        .chain((0..4).map(|i| format!("idle:{i}")))
+        .collect();
+    let mut tallies = fill_to_150(&limiter, &rule, &keys).await;
     server.shutdown();
-    for key in checked.iter().chain(&idle) {
-        for _ in 0..100 {
-            let outcome = check(&limiter, &rule, key).await.0.unwrap();
-            assert_eq!(
-                outcome.decided_by,
-                DecidedBy::Fallback(FailurePolicy::Local)
-            );
-            *admitted.entry(key.clone()).or_insert(0) += u32::from(outcome.decision.allowed);
-        }
-    }
-    assert_eq!(limiter.owed(), (12, 12 * 50));
+    fill_from_150_with_the_local_fallback(&limiter, &rule, &keys, &mut tallies).await;
     let restarted = support::RedisServer::start_at(port, &persistent);
-    let back = Instant::now();
-    for key in &checked {
-        for _ in 0..100 {
-            let outcome = loop {
-                let outcome = check(&limiter, &rule, key).await.0.unwrap();
-                if outcome.decided_by == DecidedBy::Store {
-                    break outcome;
-                }
-                assert!(outcome.decided_by == DecidedBy::Fallback(FailurePolicy::Local));
-                assert!(
-                    back.elapsed() < Duration::from_secs(5),
-                    "Redis not back in 5 s"
-                );
-                // Waiting out the breaker's cool-down against a real process.
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            };
-            *admitted.entry(key.clone()).or_insert(0) += u32::from(outcome.decision.allowed);
-        }
-    }
-    assert_eq!(limiter.owed(), (idle.len(), idle.len() as u64 * 50));
-    assert_eq!(limiter.write_back(100).await, idle.len());
+    until_the_store_refuses_each(
+        &limiter,
+        &rule,
+        &keys[..8],
+        &mut tallies[..8],
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(limiter.owed(), (4, 4 * 50));
+    assert_eq!(limiter.write_back(100).await, 4);
     assert_eq!(limiter.owed(), (0, 0));
     let direct = store_on(&restarted, "write-back").await;
-    for key in checked.iter().chain(&idle) {
-        assert_eq!(admitted[key], 200, "{key}: admitted past L");
+    for (key, tally) in keys.iter().zip(&tallies) {
+        assert_eq!(tally.admitted, 200, "{key}: admitted past L");
         assert!(
             counts_exactly(&direct, &rule, key).await,
             "{key}: Redis does not count every unit admitted"
@@ -664,4 +749,110 @@ async fn a_redis_restarted_without_its_data_is_seeded_before_it_decides_a_busy_k
             .all(|&(admitted, stored)| admitted <= 200 && stored >= admitted),
         "(admitted of 200, stored) by key: {counted:?}"
     );
+}
+
+/// One instance, keys at 150 / 200, its connections to a Redis that keeps its data cut
+/// by the fault proxy (open ones reset, new ones refused) for a while: the local fallback
+/// admits 50 more of each, and Redis, reachable again, counts them before it decides the
+/// key again — it would otherwise admit 50 more of its own. No key passes 200 in its
+/// window, and Redis stores every unit admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_never_passes_l_across_a_cut_connection_with_the_local_fallback() {
+    let server = support::RedisServer::start(&[]);
+    let proxy = support::FaultProxy::start(server.port);
+    let limiter = Limiter::with_config(
+        store_at(&proxy.url(), "cut", COUNTING_TIMEOUT).await,
+        one_instance_with_the_local_fallback(),
+    );
+    let rule = rule(200);
+    let keys: Vec<String> = (0..12).map(|i| format!("cut:{i}")).collect();
+    let mut tallies = fill_to_150(&limiter, &rule, &keys).await;
+
+    proxy.refuse();
+    fill_from_150_with_the_local_fallback(&limiter, &rule, &keys, &mut tallies).await;
+
+    proxy.accept_again();
+    until_the_store_refuses_each(&limiter, &rule, &keys, &mut tallies, Duration::from_secs(5))
+        .await;
+    // (admitted of 200, stored) by key.
+    let counted: Vec<(u64, u64)> = keys
+        .iter()
+        .zip(&tallies)
+        .map(|(key, tally)| (tally.admitted, stored(&server, &limiter, &rule, key)))
+        .collect();
+    assert!(
+        counted.iter().all(|&c| c == (200, 200)),
+        "(admitted of 200, stored) by key: {counted:?}"
+    );
+    assert_eq!(limiter.owed(), (0, 0));
+}
+
+/// One instance on a cluster of three masters with a replica each, keys at 150 / 200 on
+/// every master, one master shut down once its replica has every write: the local
+/// fallback answers that master's keys until its replica is promoted, and the new master
+/// counts what the fallback admitted before it decides them again. No key passes 200,
+/// the cluster stores every unit admitted, and the keys of the other masters are decided
+/// by the store throughout (the cluster serves the slots it still covers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_never_passes_l_across_a_cluster_failover_with_the_local_fallback() {
+    let cluster = support::RedisCluster::start(3, 1);
+    cluster.require_full_coverage(false);
+    let limiter = Limiter::with_config(
+        store_at(&cluster.url(), "failover", COUNTING_TIMEOUT).await,
+        one_instance_with_the_local_fallback(),
+    );
+    let rule = rule(200);
+    let masters: Vec<u16> = cluster.current_masters().iter().map(|m| m.port).collect();
+    // Keys on each master, the victim's first.
+    const PER_MASTER: usize = 4;
+    let keys: Vec<String> = masters
+        .iter()
+        .flat_map(|&master| {
+            (0..)
+                .map(move |i| format!("failover:{master}:{i}"))
+                .filter(|key| cluster.master_of(identity_slot(key)).port == master)
+                .take(PER_MASTER)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let mut tallies = fill_to_150(&limiter, &rule, &keys).await;
+
+    let victim = cluster.nodes.iter().find(|n| n.port == masters[0]).unwrap();
+    cluster.await_replicas_of(victim, Duration::from_secs(15));
+    victim.shutdown();
+    until_the_store_refuses_each(
+        &limiter,
+        &rule,
+        &keys,
+        &mut tallies,
+        Duration::from_secs(20),
+    )
+    .await;
+    // (admitted of 200, stored, decided by the fallback) by key.
+    let counted: Vec<(u64, u64, u64)> = keys
+        .iter()
+        .zip(&tallies)
+        .map(|(key, tally)| {
+            let master = cluster.master_of(identity_slot(key));
+            (
+                tally.admitted,
+                stored(master, &limiter, &rule, key),
+                tally.by_fallback,
+            )
+        })
+        .collect();
+    assert!(
+        counted
+            .iter()
+            .all(|&(admitted, stored, _)| (admitted, stored) == (200, 200)),
+        "(admitted of 200, stored, by the fallback) by key: {counted:?}"
+    );
+    assert!(
+        counted
+            .iter()
+            .enumerate()
+            .all(|(i, &(_, _, by_fallback))| (i < PER_MASTER) == (by_fallback > 0)),
+        "only the victim's keys are decided by the fallback: {counted:?}"
+    );
+    assert_eq!(limiter.owed(), (0, 0));
 }
