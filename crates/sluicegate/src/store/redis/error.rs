@@ -154,6 +154,18 @@ impl CallError {
                 ErrorKind::Server(ServerErrorKind::CrossSlot) => StoreError::InvalidCheck(format!(
                     "the limits of this check live in different Redis Cluster hash slots: {e}"
                 )),
+                // The cluster client follows redirections itself: one that reaches us is
+                // one it could not follow, to a node that does not answer (a master that
+                // failed, which the other nodes still name until it is marked failed).
+                // Nothing ran; the node is unreachable, and its breaker should know.
+                ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
+                    StoreError::Unavailable {
+                        server,
+                        message: format!(
+                            "the cluster redirects to a node that does not answer: {e}"
+                        ),
+                    }
+                }
                 ErrorKind::Server(_) | ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
                     StoreError::Script {
                         server,
@@ -226,6 +238,27 @@ mod tests {
         let script = CallError::Check("ERR user_script:1: bad argument".to_owned())
             .into_store_error(server, timeout, None);
         assert_eq!(script.kind(), "script");
+    }
+
+    /// A redirection the cluster client could not follow (it named a master that failed)
+    /// is that node being unreachable: its breaker counts it, where a script error would
+    /// leave every check of its slots waiting out its retries.
+    #[test]
+    fn a_redirection_that_reaches_the_store_is_reported_as_unavailable() {
+        let server = "redis-cluster://127.0.0.1:7000";
+        for kind in [ServerErrorKind::Moved, ServerErrorKind::Ask] {
+            let error = CallError::Redis(RedisError::from((
+                ErrorKind::Server(kind),
+                "An error was signalled by the server",
+                "3753 127.0.0.1:7002".to_owned(),
+            )))
+            .into_store_error(server, Duration::from_millis(100), None);
+            assert!(
+                matches!(&error, StoreError::Unavailable { server: s, message }
+                    if s == server && message.contains("does not answer")),
+                "{error:?}"
+            );
+        }
     }
 
     /// A check of several nodes' slots that escaped the slot-by-slot path is the store's
