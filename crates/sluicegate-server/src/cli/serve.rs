@@ -374,13 +374,7 @@ impl ServeArgs {
             limiter: LimiterConfig {
                 on_store_error: self.on_store_error,
                 instances: self.instances.max(1),
-                // The in-memory store never loses what it wrote: under `conservative`
-                // every check would remember its key's count for nothing.
-                on_store_reset: if remote {
-                    self.on_store_reset
-                } else {
-                    sluicegate::OnStoreReset::Admit
-                },
+                on_store_reset: self.on_store_reset,
                 breaker: BreakerConfig {
                     failure_rate: self.breaker_failure_rate,
                     window: self.breaker_window.duration(),

@@ -64,7 +64,8 @@ pub struct LimiterConfig {
     /// What a key whose state the store lost gets
     /// ([`Store::lost_state_generation`]): under [`OnStoreReset::Conservative`] (the
     /// default) the last count the store answered is remembered for every rule, not only
-    /// `local` ones, and written back to the store after a loss.
+    /// `local` ones, and written back to the store after a loss — on a store that may lose
+    /// state ([`Store::may_lose_state`]); the in-memory store never does.
     pub on_store_reset: OnStoreReset,
     /// The local pre-check's factor: each instance refuses on its own what it would send
     /// the store past factor × L / `instances` of a rule (at least 1; `None`, the default,
@@ -520,9 +521,11 @@ impl<S: Store> Limiter<S> {
 
     /// Whether each limit of `check` keeps a seed: `local` rules start their fallback
     /// from it, and every rule writes it back after a loss under
-    /// [`OnStoreReset::Conservative`].
+    /// [`OnStoreReset::Conservative`] on a store that may lose state
+    /// ([`Store::may_lose_state`]).
     fn seeded<'c>(&self, check: &'c Check<'_>) -> impl Iterator<Item = bool> + 'c {
-        let every = self.config.on_store_reset == OnStoreReset::Conservative;
+        let every = self.config.on_store_reset == OnStoreReset::Conservative
+            && self.store.may_lose_state();
         self.policies(check)
             .map(move |p| every || p == FailurePolicy::Local)
     }

@@ -44,6 +44,10 @@ impl Store for FlakyStore {
     fn lost_state_generation(&self, _check: &Check<'_>) -> u64 {
         self.generation.load(Ordering::SeqCst)
     }
+
+    fn may_lose_state(&self) -> bool {
+        true
+    }
 }
 
 /// A limiter and its store on one manual clock, at the start of a minute.

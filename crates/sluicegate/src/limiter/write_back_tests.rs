@@ -249,6 +249,30 @@ async fn a_key_the_store_lost_gets_its_last_count_back_under_conservative() {
     }
 }
 
+/// On a store that never loses what it wrote (the in-memory store), `conservative` keeps
+/// no count per key: there is nothing to write back, and every check would pay for one.
+#[tokio::test]
+async fn a_store_that_cannot_lose_state_keeps_no_counts() {
+    let memory = MemoryBudget::new(64 << 20, 1.0).unwrap();
+    let limiter = Limiter::with_config(
+        MemoryStore::default(),
+        LimiterConfig {
+            on_store_reset: OnStoreReset::Conservative,
+            memory: memory.clone(),
+            ..LimiterConfig::default()
+        },
+    );
+    let rule = rule(Algorithm::SlidingLog, 10, 10 * S);
+    for i in 0..100 {
+        let limits = [Limit {
+            rule: &rule,
+            key: &format!("client:{i}"),
+        }];
+        assert!(limiter.decide(&Check::new(&limits, 1)).await.unwrap().decision.allowed);
+    }
+    assert_eq!(memory.part(FALLBACK_PART).used(), 0);
+}
+
 #[tokio::test]
 async fn the_fallback_gives_its_memory_back_after_an_outage() {
     let memory = MemoryBudget::new(64 << 20, 1.0).unwrap();

@@ -172,6 +172,14 @@ impl Store for AnyStore {
         }
     }
 
+    fn may_lose_state(&self) -> bool {
+        match self {
+            AnyStore::Memory(store) => store.may_lose_state(),
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(store) => store.may_lose_state(),
+        }
+    }
+
     fn lost_state_generation(&self, check: &Check<'_>) -> u64 {
         match self {
             AnyStore::Memory(store) => store.lost_state_generation(check),

@@ -321,6 +321,13 @@ pub trait Store: Send + Sync {
     fn lost_state_generation(&self, _check: &Check<'_>) -> u64 {
         0
     }
+
+    /// Whether [`Store::lost_state_generation`] can ever change: only then is every key's
+    /// last count worth remembering, to write it back after a loss. The in-memory store
+    /// never loses what it wrote.
+    fn may_lose_state(&self) -> bool {
+        false
+    }
     /// The nodes `check` would go to now, by what the store last knew of where keys live:
     /// what the limiter keeps failure state by (a circuit breaker per node). Called on
     /// every check: cheap, no allocation for a check of one node. A store of one server

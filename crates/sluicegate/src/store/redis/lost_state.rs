@@ -209,7 +209,7 @@ pub(super) struct LostStateWatch {
     _task: Periodic,
     /// What reads a single server on each new connection before a check is sent on it;
     /// the connection holds it weakly.
-    _verifier: Option<Arc<dyn Verify>>,
+    verifier: Option<Arc<dyn Verify>>,
 }
 
 /// What a read needs.
@@ -272,8 +272,13 @@ impl LostStateWatch {
         LostStateWatch {
             shared,
             _task: task,
-            _verifier: verifier,
+            verifier,
         }
+    }
+
+    /// Whether the nodes are read at all: with a zero interval no loss is ever found.
+    pub(super) fn is_watching(&self) -> bool {
+        self.verifier.is_some()
     }
 
     /// What has been found so far.

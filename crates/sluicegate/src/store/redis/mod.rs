@@ -506,6 +506,11 @@ impl Store for RedisStore {
         self.lost_state.generation(&self.prefix, check)
     }
 
+    /// While its state is checked (a nonzero `lost_state_check_interval`).
+    fn may_lose_state(&self) -> bool {
+        self.lost_state.is_watching()
+    }
+
     /// One server (or Sentinel's master, wherever it is) is one node; on a cluster, the
     /// masters serving the check's slots by the slot map as last read.
     fn nodes(&self, check: &Check<'_>) -> Nodes {
