@@ -524,8 +524,8 @@ impl<S: Store> Limiter<S> {
     /// [`OnStoreReset::Conservative`] on a store that may lose state
     /// ([`Store::may_lose_state`]).
     fn seeded<'c>(&self, check: &'c Check<'_>) -> impl Iterator<Item = bool> + 'c {
-        let every = self.config.on_store_reset == OnStoreReset::Conservative
-            && self.store.may_lose_state();
+        let every =
+            self.config.on_store_reset == OnStoreReset::Conservative && self.store.may_lose_state();
         self.policies(check)
             .map(move |p| every || p == FailurePolicy::Local)
     }

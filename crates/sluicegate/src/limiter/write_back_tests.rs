@@ -268,7 +268,14 @@ async fn a_store_that_cannot_lose_state_keeps_no_counts() {
             rule: &rule,
             key: &format!("client:{i}"),
         }];
-        assert!(limiter.decide(&Check::new(&limits, 1)).await.unwrap().decision.allowed);
+        assert!(
+            limiter
+                .decide(&Check::new(&limits, 1))
+                .await
+                .unwrap()
+                .decision
+                .allowed
+        );
     }
     assert_eq!(memory.part(FALLBACK_PART).used(), 0);
 }
