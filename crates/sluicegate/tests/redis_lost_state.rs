@@ -222,6 +222,9 @@ async fn a_failover_that_lost_writes_is_a_loss_and_a_clean_one_is_not() {
     let (clean_key, lossy_key) = (key_on(&cluster, clean), key_on(&cluster, lossy));
     admit(&store, &rule, &clean_key, 3).await;
     admit(&store, &rule, &lossy_key, 3).await;
+    // A manual failover waits for the replica to reach the master's offset, and gives up
+    // silently after 5 s: a replica still loading its first copy would never be promoted.
+    cluster.await_replicas_of(clean, PATIENCE);
 
     let promoted = replica_of(&cluster, clean);
     let promoted_run_id = run_id(promoted);
