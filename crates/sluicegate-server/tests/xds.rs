@@ -715,6 +715,22 @@ impl Binary {
         }
     }
 
+    /// Waits until a line with each of `wanted` has come, in whatever order: lines that
+    /// two tasks log (the xDS client connecting, the server waiting for its first push)
+    /// come in no fixed order.
+    fn lines_with_each(&self, wanted: &[&str]) {
+        let mut missing: Vec<&str> = wanted.to_vec();
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while !missing.is_empty() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no line with {missing:?}"));
+            missing.retain(|wanted| !line.contains(wanted));
+        }
+    }
+
     /// SIGTERM, then its exit status.
     fn terminate(&mut self) -> std::process::ExitStatus {
         let killed = std::process::Command::new("kill")
@@ -748,8 +764,7 @@ fn sigterm_stops_a_service_waiting_for_its_first_push() {
     let management = ManagementServer::start("127.0.0.1:0".parse().unwrap(), None);
     let address = management.address.to_string();
     let mut service = Binary::start(&["--config-xds", &address]);
-    service.line_with("waiting for the first configuration");
-    service.line_with("xDS: connected");
+    service.lines_with_each(&["waiting for the first configuration", "xDS: connected"]);
     let status = service.terminate();
     assert!(status.success(), "{status:?}");
     management.stop();

@@ -19,6 +19,16 @@ fn local(instances: u32) -> LimiterConfig {
     }
 }
 
+/// How many of `n` checks of one unit of `limits` `limiter` admits.
+async fn admitted_of<S: Store>(limiter: &Limiter<S>, limits: &[Limit<'_>], n: u32) -> u32 {
+    let mut allowed = 0;
+    for _ in 0..n {
+        let outcome = limiter.decide(&Check::new(limits, 1)).await.unwrap();
+        allowed += u32::from(outcome.decision.allowed);
+    }
+    allowed
+}
+
 /// The store counts exactly L units for `key`: it refuses one more, and admits one once
 /// one unit is refunded.
 fn holds_exactly_the_limit(store: &FlakyStore, rule: &Rule, key: &str) -> bool {
@@ -111,28 +121,12 @@ async fn n_instances_pass_the_limit_only_by_what_they_admit_during_the_outage() 
     }];
     let mut allowed = 0;
     for limiter in [&a, &b].into_iter().cycle().take(150) {
-        allowed += u32::from(
-            limiter
-                .decide(&Check::new(&limits, 1))
-                .await
-                .unwrap()
-                .decision
-                .allowed,
-        );
+        allowed += admitted_of(limiter, &limits, 1).await;
     }
     // Each instance last saw the store at 149 or 150.
     store.down.store(true, Ordering::SeqCst);
     for limiter in [&a, &b] {
-        for _ in 0..100 {
-            allowed += u32::from(
-                limiter
-                    .decide(&Check::new(&limits, 1))
-                    .await
-                    .unwrap()
-                    .decision
-                    .allowed,
-            );
-        }
+        allowed += admitted_of(limiter, &limits, 100).await;
     }
     // The last answers: 149 to one (R = 51), 150 to the other; each admits min(100, R).
     assert_eq!(allowed, 150 + 51 + 50);
@@ -340,28 +334,9 @@ async fn a_check_of_a_key_being_written_back_waits_for_the_write() {
         rule: &rule,
         key: "k",
     }];
-    let mut allowed = 0;
-    for _ in 0..150 {
-        allowed += u32::from(
-            limiter
-                .decide(&Check::new(&limits, 1))
-                .await
-                .unwrap()
-                .decision
-                .allowed,
-        );
-    }
+    let mut allowed = admitted_of(&limiter, &limits, 150).await;
     flaky.down.store(true, Ordering::SeqCst);
-    for _ in 0..100 {
-        allowed += u32::from(
-            limiter
-                .decide(&Check::new(&limits, 1))
-                .await
-                .unwrap()
-                .decision
-                .allowed,
-        );
-    }
+    allowed += admitted_of(&limiter, &limits, 100).await;
     assert_eq!(allowed, L);
     flaky.down.store(false, Ordering::SeqCst);
     // The first check writes the debt back and is held there; the second must wait for
