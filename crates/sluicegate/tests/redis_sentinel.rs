@@ -419,7 +419,21 @@ async fn a_sentinel_down_with_the_master_is_not_blamed_on_the_master() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let err = match RedisStore::connect(deployment.config(&url, test)).await {
+    let (err, named) = refused_naming_the_master(&deployment, &url, test).await;
+    assert!(
+        err.contains(&named) && !err.contains("the connection to the master"),
+        "{err}"
+    );
+}
+
+/// The error of connecting to `deployment` at `url` while its master is down, and what it
+/// must say of that master: the sentinels name it, where, and that it refuses connections.
+async fn refused_naming_the_master(
+    deployment: &Deployment,
+    url: &str,
+    test: &str,
+) -> (String, String) {
+    let err = match RedisStore::connect(deployment.config(url, test)).await {
         Err(err @ StoreError::Unavailable { .. }) => err.to_string(),
         other => panic!("not refused as unavailable: {other:?}"),
     };
@@ -428,10 +442,7 @@ async fn a_sentinel_down_with_the_master_is_not_blamed_on_the_master() {
         RedisSentinel::MASTER_NAME,
         deployment.servers.master.port
     );
-    assert!(
-        err.contains(&named) && !err.contains("the connection to the master"),
-        "{err}"
-    );
+    (err, named)
 }
 
 /// Every sentinel up, the master's process killed and no replica to promote: the
@@ -444,14 +455,6 @@ async fn a_dead_master_the_sentinels_still_name_is_named_with_its_address() {
     let url = deployment.url(None, None);
     deployment.servers.replica.shutdown();
     deployment.servers.master.shutdown();
-    let err = match RedisStore::connect(deployment.config(&url, test)).await {
-        Err(err @ StoreError::Unavailable { .. }) => err.to_string(),
-        other => panic!("not refused as unavailable: {other:?}"),
-    };
-    let named = format!(
-        "the sentinels answer and name master {} at 127.0.0.1:{}, which refuses connections",
-        RedisSentinel::MASTER_NAME,
-        deployment.servers.master.port
-    );
+    let (err, named) = refused_naming_the_master(&deployment, &url, test).await;
     assert!(err.contains(&named), "{err}");
 }

@@ -152,6 +152,21 @@ impl Limiter<MemoryStore> {
     }
 }
 
+/// Whether the store was reached, for a breaker: only an unreachable, silent or
+/// unreplicated node counts against its breaker; a key of the wrong type says nothing about
+/// the next check. A node that says the cluster is down answered at once: calling it costs
+/// no wait, so its breaker has nothing to save, and it is the first to know when the
+/// cluster is ok again. Counted as a failure, the healthy masters' answers while a failover
+/// finishes would open their breakers and hold their keys for a cool-down after it.
+fn reached(error: &StoreError) -> bool {
+    !matches!(
+        error,
+        StoreError::Unavailable { .. }
+            | StoreError::Timeout { .. }
+            | StoreError::NotReplicated { .. }
+    )
+}
+
 impl<S: Store> Limiter<S> {
     /// A limiter deciding with `store`, with the default [`LimiterConfig`].
     pub fn new(store: S) -> Self {
@@ -266,11 +281,10 @@ impl<S: Store> Limiter<S> {
                 .local
                 .write_back_key(&self.store, &limits[0], generation, now, &self.stats)
                 .await;
-            let reached = !matches!(
-                result,
-                Err(StoreError::Unavailable { .. } | StoreError::Timeout { .. })
+            tickets.finish(
+                result.as_ref().err().is_none_or(reached),
+                self.clock.now_micros(),
             );
-            tickets.finish(reached, self.clock.now_micros());
             match result {
                 Ok(()) => written += 1,
                 Err(error) if !failed => {
@@ -452,29 +466,8 @@ impl<S: Store> Limiter<S> {
                     Err(e @ (StoreError::InvalidCheck(_) | StoreError::RequestIdConflict(_))) => {
                         return Err(e);
                     }
-                    // Only an unreachable, silent or unreplicated store counts against the
-                    // breaker: a key of the wrong type says nothing about the next check.
-                    Err(
-                        e @ (StoreError::Unavailable { .. }
-                        | StoreError::Timeout { .. }
-                        | StoreError::NotReplicated { .. }),
-                    ) => {
-                        tickets.finish(false, self.clock.now_micros());
-                        e
-                    }
-                    // A node that says the cluster is down answered at once: calling it
-                    // costs no wait, so its breaker has nothing to save, and it is the
-                    // first to know when the cluster is ok again. Counted as a failure,
-                    // the healthy masters' answers while a failover finishes would open
-                    // their breakers and hold their keys for a cool-down after it. The
-                    // policy answers this check; the next one asks the node again.
-                    Err(e @ StoreError::ClusterDown { .. }) => {
-                        tickets.finish(true, self.clock.now_micros());
-                        e
-                    }
-                    // The store answered, if only with an error: it is reachable.
                     Err(e) => {
-                        tickets.finish(true, self.clock.now_micros());
+                        tickets.finish(reached(&e), self.clock.now_micros());
                         e
                     }
                 }
