@@ -14,12 +14,13 @@ fn sluicegate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluicegate"))
 }
 
-/// Seed 003's trace in µs, with a comment, a blank line, a second key and a request id.
+/// docs/SPEC.md's classic sliding-log trace in µs, with a comment, a blank line, a second
+/// key and a request id.
 /// Key b's unit admitted at 0.9 s has left its window at 1.9 s, so the peek finds 2 left.
 #[test]
 fn replay_decides_a_file() {
     let input = "\
-# seed 003: W = 1000 ms, L = 3
+# the classic trace: W = 1000 ms, L = 3
 100000,a,1
 400000,a,1
 800000,a,1

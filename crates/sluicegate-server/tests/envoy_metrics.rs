@@ -142,8 +142,7 @@ fn lines_starting<'t>(text: &'t str, prefix: &str) -> Vec<&'t str> {
 
 /// 192,000 distinct values of a detailed_metric rule: 1,000 (the default cap) get a
 /// series of their own, the rest are counted in the rule's own series and in the overflow
-/// counter, and `/metrics` stays under 1 MB (about 730 KB here; it was 321 MB without the
-/// cap).
+/// counter, and `/metrics` stays under 1 MB (about 730 KB here; 321 MB without the cap).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn detailed_metric_series_are_capped_per_rule() {
     // envoy's counting takes a request of any number of descriptors: 1,000 values a call.

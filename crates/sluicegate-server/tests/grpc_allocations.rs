@@ -1,9 +1,9 @@
 //! What the service allocates per `ShouldRateLimit` call, counted by the allocator of
 //! this test process, where the service runs; the calls come from `sluicegate load`, a
 //! process of its own, so only the service's allocations are counted. A bound rather
-//! than a speed: allocations were a measurable share of a call's CPU (tonic's default
-//! 8 KiB buffer for the request and again for the answer, per call), and an allocation
-//! or a copy that creeps back onto the path of every call shows here first.
+//! than a speed: allocations are a measurable share of a call's CPU (tonic's default
+//! buffers alone would be 8 KiB for the request and again for the answer, per call), and
+//! an allocation or a copy that creeps back onto the path of every call shows here first.
 
 mod server;
 
@@ -21,7 +21,7 @@ const CALLS: u64 = 2_000;
 /// The most bytes the service may allocate per call. Measured: 15.0 KiB in 60 allocations,
 /// most of it the futures of a call (the boxed `ShouldRateLimit` future ~4 KiB, axum's
 /// route ~1.8 KiB, hyper's task for the stream ~1.4 KiB) and tonic's two 1 KiB buffers.
-/// It was 30 KiB with tonic's default buffers of 8 KiB, and 16 KiB with room for a
+/// It would be 30 KiB with tonic's default buffers of 8 KiB, and 16 KiB with room for a
 /// shadow check in every call's future.
 const MOST_BYTES_PER_CALL: u64 = 15 * 1024;
 

@@ -192,7 +192,7 @@ async fn distinct_request_ids_on_one_key_stay_within_the_budget() {
     )
     .await;
     // 50,000 reports of one token each on one key, each with a new id of 256 bytes (the
-    // longest allowed): 12.8 MB of ids alone, 17 MB as they were held unbounded.
+    // longest allowed): 12.8 MB of ids alone, 17 MB if they were held unbounded.
     let bodies = (0..50_000)
         .map(|i| report("m", &format!("{i:010}-{}", "r".repeat(245))))
         .collect();

@@ -1,7 +1,7 @@
 //! Every socket the service accepts has Nagle's algorithm off, on the HTTP and the gRPC
 //! listener: a small answer goes out at once rather than after the client's delayed ACK
-//! (~40 ms, what gave every run a p999 of ~45 ms). Read back from the kernel on the
-//! service's own side of each connection, the service running in this process.
+//! (~40 ms, which with Nagle on puts a load's p999 near 45 ms). Read back from the kernel
+//! on the service's own side of each connection, the service running in this process.
 
 #![cfg(target_os = "linux")]
 

@@ -51,7 +51,7 @@ impl Default for SystemClock {
 impl Clock for SystemClock {
     fn now_micros(&self) -> u64 {
         // Raw counts and their delta in ns, not `Instant`s and a `Duration`: the conversions
-        // through seconds and nanoseconds took a sixth of a lock-free refusal. The delta is
+        // through seconds and nanoseconds take a sixth of a lock-free refusal. The delta is
         // 0 for a count at or before the anchor, so the clock never reads before it.
         let elapsed = self.clock.delta_as_nanos(self.anchor, self.clock.raw());
         self.anchor_micros.saturating_add(elapsed / 1_000)

@@ -19,7 +19,7 @@ use sluicegate::{
 };
 use sluicegate_test_support as support;
 
-/// The old default store timeout: a pause longer than it makes checks time out.
+/// A store timeout well under the default: a pause longer than it makes checks time out.
 const TIMEOUT: Duration = Duration::from_millis(50);
 /// Checks in flight at once.
 const CONCURRENCY: usize = 32;

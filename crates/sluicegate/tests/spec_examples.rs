@@ -1,4 +1,4 @@
-//! The worked examples of the seeds and docs/SPEC.md, with every value derived by hand.
+//! The worked examples of docs/SPEC.md and others, with every value derived by hand.
 
 use std::sync::Arc;
 
@@ -27,7 +27,7 @@ fn check_at(store: &MemoryStore, rule: &Rule, key: &str, cost: u64, at: u64) -> 
     store.check_now(&check).unwrap().decision
 }
 
-/// Seed 003's trace: W = 1000 ms, L = 3.
+/// docs/SPEC.md's classic sliding-log trace: W = 1000 ms, L = 3.
 #[test]
 fn seed_003_sliding_log_trace() {
     let store = store();
@@ -113,7 +113,7 @@ fn fixed_window_boundary_burst() {
 }
 
 /// Rejected requests change no state: a cost that does not fit leaves room for a smaller one
-/// (unlike seed 004's script, which counted rejected requests).
+/// (unlike a counter incremented before it is compared, which counts rejected requests).
 #[test]
 fn rejected_large_request_burns_nothing() {
     for algorithm in Algorithm::ALL {

@@ -18,10 +18,9 @@ pub(crate) fn runtime() -> Result<Runtime> {
 /// queued theirs. Without the slot, woken tasks wait their turn: a connection writes the
 /// responses of all the requests answered together, and a script call carries the checks
 /// of all the requests that were ready. The load generator's requests share HTTP/2
-/// connections the same way. (docs/BENCHMARKS.md, "Serving without the LIFO slot": 1.05×
-/// to 1.23× the decisions per second on Redis, at less CPU per decision in the service and
-/// in Redis, the memory store's about even; and "The load generator without the slot, and
-/// run 12".)
+/// connections the same way. (docs/BENCHMARKS.md: 1.05× to 1.23× the decisions per second
+/// on Redis without the slot, at less CPU per decision in the service and in Redis, the
+/// memory store's about even.)
 ///
 /// The option is one of tokio's unstable ones (`--cfg tokio_unstable`, which
 /// .cargo/config.toml sets). A build without it runs with the slot, and says so at start.

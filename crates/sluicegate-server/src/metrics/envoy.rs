@@ -434,7 +434,8 @@ mod tests {
     }
 
     /// One of two descriptors on the same key, 3 hits each against a limit of 5: refused for
-    /// the sum, nothing over by its own hits (it used to overflow).
+    /// the sum, nothing over by its own hits (the count after them is short of the limit: no
+    /// overflow in working out what is over).
     #[test]
     fn a_refusal_short_of_the_limit_counts_nothing_over() {
         let c = EnvoyCounters::default();

@@ -1,4 +1,4 @@
-//! Fixed windows aligned to the epoch (seed 004): window `k = floor(t / W)` counts the
+//! Fixed windows aligned to the epoch: window `k = floor(t / W)` counts the
 //! units admitted in it.
 
 use super::retry::RetryNeed;

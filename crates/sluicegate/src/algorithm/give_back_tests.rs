@@ -1,6 +1,6 @@
 //! Settles give back their reservation's own units from where it put them; refunds that find
 //! nothing live change nothing; usage ids live W (docs/SPEC.md, "Refund", "Settle", request
-//! ids). The traces are the review's.
+//! ids).
 
 use super::super::{Charge, RuleState};
 use crate::decision::Decision;

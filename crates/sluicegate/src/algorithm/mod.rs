@@ -207,11 +207,11 @@ impl RuleState {
     /// The state [`RuleState::words`] gave of a state of `rule`, remembering no request id
     /// (so to be asked only by a check without one); `None` for a log or a counter.
     // Inlined (as are `evaluate` and `refuse`) into the memory store's refusal without a
-    // lock: returned through the stack, their results were read back wider than they were
-    // written, and each such read waited for the stores to land (perf: most of that path).
+    // lock: returned through the stack, their results are read back wider than they are
+    // written, and each such read waits for the stores to land (perf: most of that path).
     //
     // Never dropped: it holds no request id, so its drop frees nothing, and the drop's
-    // out-of-line calls were a tenth of that path.
+    // out-of-line calls would be a tenth of that path.
     #[inline(always)]
     pub(crate) fn from_words(
         rule: &Rule,
@@ -410,9 +410,9 @@ impl RuleState {
     /// and whether the state now holds anything a fresh one would not (what a store needs
     /// to know to keep a new entry).
     // Inlined with what it calls on an admission (`finish`, `admit`, `record` and the
-    // algorithms' own): called, the steps took 250 instructions to admit into a bucket, where
-    // governor's whole check takes 440 (callgrind), and the memory store's check of 100,000
-    // keys was slower than governor's.
+    // algorithms' own): called, the steps take 250 instructions to admit into a bucket, where
+    // governor's whole check takes 440 (callgrind), enough to make the memory store's check
+    // of 100,000 keys slower than governor's.
     #[inline(always)]
     pub(crate) fn decide_alone(
         &mut self,

@@ -1,4 +1,4 @@
-//! Sliding-window counter (seed 002; Cloudflare's estimate when N = 1): N buckets of width
+//! Sliding-window counter (Cloudflare's estimate when N = 1): N buckets of width
 //! `w = W / N`, the one that is sliding out weighted by how much of it is still inside the
 //! window. Everything is in integers, scaled by `w`, so every store agrees exactly:
 //! `E·w = w·(n_{b−N+1} + … + n_b) + n_{b−N}·(w − r)`.

@@ -1,4 +1,4 @@
-//! Exact sliding-window log (seeds 000, 001, 003): the timestamps of admitted units, kept
+//! Exact sliding-window log: the timestamps of admitted units, kept
 //! for one window. The window at `t` is `(t − W, t]`.
 
 use std::collections::VecDeque;

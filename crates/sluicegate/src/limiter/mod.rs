@@ -1,8 +1,8 @@
 //! The one entry point every front end uses: rules, key, cost and request id in, a
 //! decision out. Front ends never see which store decides.
 //!
-//! Around the store it keeps deciding when the store cannot (seed 001 §5.2, seed 002
-//! §4.6): a per-rule or server-wide [`FailurePolicy`] (`local` continuing each key from
+//! Around the store it keeps deciding when the store cannot:
+//! a per-rule or server-wide [`FailurePolicy`] (`local` continuing each key from
 //! the store's last count), a circuit breaker per node of the store that stops calling a
 //! node that fails too large a share of calls (checks of other nodes' keys go on), and a
 //! negative cache that answers repeated refusals without a

@@ -1,4 +1,4 @@
-//! The local pre-check (two-tier limiting, seed 003 §7.3): each instance counts what it
+//! The local pre-check (two-tier limiting): each instance counts what it
 //! sends to the store under every rule cut to factor × L / instances, and refuses at once,
 //! without a round trip, what goes past that share; the rest the store decides exactly.
 //!

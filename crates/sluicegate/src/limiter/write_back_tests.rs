@@ -8,7 +8,7 @@ use crate::budget::MemoryBudget;
 use crate::policy::OnStoreReset;
 use crate::store::Charge;
 
-/// 200 a minute, as the outage the bound was found broken in.
+/// The limit of the outage tests: 200 a minute.
 const L: u32 = 200;
 
 fn local(instances: u32) -> LimiterConfig {

@@ -24,9 +24,9 @@ pub const MAX_SPAN: u64 = (1 << 53) - (1 << 52);
 /// The most units a `zset` sliding-log may hold at once.
 pub const MAX_ZSET_LOG_LIMIT: u64 = 999_999_999;
 
-/// The most units a `compact` sliding-log may hold at once: the bound of its first layout
-/// (8 bytes a unit and a 24-byte header within Redis' 512 MiB string), kept: the entries of
-/// its second take at most 7 bytes.
+/// The most units a `compact` sliding-log may hold at once: 8 bytes a unit and a 24-byte
+/// header within Redis' 512 MiB string, a bound with room to spare, as an entry takes at
+/// most 7 bytes.
 pub const MAX_COMPACT_LOG_LIMIT: u64 = (512 * 1024 * 1024 - 24) / 8;
 
 /// The sliding-counter default number of sub-buckets (docs/SPEC.md).

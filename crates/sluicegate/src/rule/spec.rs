@@ -70,7 +70,7 @@ impl FromStr for Algorithm {
 /// in-memory store ignores it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum LogLayout {
-    /// The seeds' layout: a sorted set, score = time, one member per unit; inspectable with
+    /// The naive sorted-set script's layout: score = time, one member per unit; inspectable with
     /// `ZRANGE key 0 -1 WITHSCORES`.
     #[default]
     Zset,

@@ -218,7 +218,7 @@ mod tests {
     use super::*;
 
     /// Every Redis scheme the docs name gets past the URL to the connection (port 1 on
-    /// loopback refuses it); `rediss-cluster://` was once refused as an unknown store.
+    /// loopback refuses it), `rediss-cluster://` among them.
     #[cfg(feature = "redis")]
     #[tokio::test]
     async fn every_redis_scheme_reaches_a_connection() {

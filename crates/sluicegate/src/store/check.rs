@@ -19,8 +19,8 @@ pub const MAX_REQUEST_ID_BYTES: usize = 256;
 pub(crate) const DEFAULT_REDIS_PREFIX: &str = "sluicegate:";
 /// How long one Redis check may take unless configured. Measured on a loaded 2-core
 /// machine (`sluicegate bench`, 32 and 256 checks in flight, 12 runs of 10 s): the 99.9th
-/// percentile of round trips ranged from 6 ms to 226 ms; at the old 50 ms, CPU contention
-/// alone timed out checks, so 250 ms.
+/// percentile of round trips ranged from 6 ms to 226 ms; at 50 ms, CPU contention alone
+/// times out checks, so 250 ms.
 pub(crate) const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(250);
 /// How long beyond its window an envoy counter may live unless configured: envoy's
 /// `EXPIRATION_JITTER_MAX_SECONDS` default (envoyproxy/ratelimit@f2fb157

@@ -136,10 +136,10 @@ struct Shard {
 }
 
 /// One (rule, key) entry: one cache line, aligned to it, so a lookup that finds it reads one
-/// line, a short key included. Half the 128 bytes of an entry that held a sliding log's
+/// line, a short key included. Half the 128 bytes an entry would take with a sliding log's
 /// header inline: with 100,000 keys the table is what misses the cache, and at 64 bytes
-/// twice as much of it stays there (the log's header is one more read, its buffer was one
-/// already).
+/// twice as much of it stays there (the log's header is one more read, as its buffer is
+/// anyway).
 #[derive(Debug)]
 #[repr(align(64))]
 struct Slot {

@@ -59,8 +59,8 @@ pub(super) struct HintedRule {
 impl RefusalHint {
     /// The published state of `rule` for `key` (whose entry hashes to `hash`), if this hint
     /// holds it: read without a lock.
-    // Inlined: its words returned through the stack were read back wider than written, and
-    // the read waited for the stores to land (perf: a fifth of a refusal).
+    // Inlined: its words returned through the stack are read back wider than written, and
+    // the read waits for the stores to land (perf: a fifth of a refusal).
     #[inline(always)]
     pub(super) fn read(&self, hash: u64, rule: &Rule, key: &str) -> Option<StateWords> {
         let sequence = self.sequence.load(Ordering::Acquire);
@@ -142,7 +142,7 @@ impl RefusalHint {
     }
 }
 
-/// Both words of `pair`, each loaded by name: `[0, 1].map` was a call out of line on every
+/// Both words of `pair`, each loaded by name: `[0, 1].map` is a call out of line on every
 /// refusal.
 #[inline(always)]
 fn load_pair(pair: &[AtomicU64; 2]) -> [u64; 2] {

@@ -45,8 +45,7 @@ const MAX_BATCH: usize = 64;
 /// calls in flight only split the same checks into smaller calls, each paying the fixed
 /// costs again (a lone check of a hot key costs Redis as many instructions as five more
 /// checks of it in the same call). Under load, two carry a service's checks in about 0.6×
-/// the calls four did, at less Redis time per decision (docs/BENCHMARKS.md, "Two calls in
-/// flight").
+/// the calls four take, at less Redis time per decision (docs/BENCHMARKS.md).
 const BATCHES_IN_FLIGHT: usize = 2;
 /// Script calls in flight on a cluster at once: more than on one server, as checks of
 /// different keys cannot share a call there.

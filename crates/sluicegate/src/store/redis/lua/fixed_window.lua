@@ -21,7 +21,7 @@ local function fixed_window_steps()
 
   -- The window k, its count n and the latest time t; and with `ttl`, the TTL of a window
   -- that started (a new window's counter gets its TTL when it starts, never refreshed:
-  -- seed 004).
+  -- extended by every hit, it would no longer be a fixed window; docs/SPEC.md, TTLs).
   local function write_fields(key, k, n, t, ttl)
     if ttl then
       call('HSET', key, 'k', k, 'n', int(n), 't', int(t))
@@ -49,7 +49,7 @@ local function fixed_window_steps()
       return
     end
     -- The count was read when evaluating, and nothing runs between: one write sets it and
-    -- the latest time (an increment, then a set, was two commands per check).
+    -- the latest time (an increment, then a set, would be two commands per check).
     write_fields(key, r.index, r.count + cost, now, ttl)
   end
 

@@ -116,7 +116,7 @@ end
 
 -- Fails the check, before it writes anything, when rule `i` (`r`) remembers `member` from a
 -- use other than `asked` (use_of): a conflicting reuse of the request id. An id remembered
--- with no use (written by an earlier script) is a retry, as it was.
+-- with no use (written by a version of this script that kept no uses) is taken for a retry.
 local function refuse_conflict(r, i, member, asked)
   local used = call('HGET', r.releases, USED .. member)
   if used and used ~= asked then
