@@ -21,8 +21,8 @@ repository_file() {
 # one_rule_check ALGORITHM LIMIT WINDOW_US [LAYOUT]: the library's ARGV for plain checks of
 # one rule, a value per line (main.lua's header): the rule (ALGORITHM's code, LIMIT,
 # WINDOW_US, one bucket, capacity LIMIT, no emission interval, LAYOUT: 0 zset, the default,
-# or 1 compact), then one shape (Redis TIME, cost 1, no request id, mode check, rule 1). The
+# or 1 compact, no expiration jitter), then one shape (Redis TIME, cost 1, no request id, mode check, rule 1). The
 # number of checks comes next, from the caller.
 one_rule_check() {
-  printf '%s\n' 1 "$1" "$2" "$3" 1 "$2" 0 "${4:-0}" 1 "" 1 "" check 1 1
+  printf '%s\n' 1 "$1" "$2" "$3" 1 "$2" 0 "${4:-0}" 0 1 "" 1 "" check 1 1
 }
