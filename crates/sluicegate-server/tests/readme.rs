@@ -1,8 +1,9 @@
-//! The README's shell examples, run as printed: every `sh` block that an output block
-//! (`text` or `json`) follows directly is run by bash in a scratch directory, with the
-//! `sluicegate` this build made first on the `PATH`, and what it prints must be what the
-//! README shows. A block that talks to `localhost:8080` gets a `sluicegate serve` of its
-//! own (the example rules, on a free port) in its place.
+//! The shell examples of README.md and of every docs/*.md page, run as printed: every `sh`
+//! block that an output block (`text` or `json`) follows directly is run by bash in a
+//! scratch directory, with the `sluicegate` this build made first on the `PATH`, and what
+//! it prints must be what the page shows. A block that talks to `localhost:8080` gets a
+//! `sluicegate serve` of its own (the example rules, on a free port) in its place. And
+//! every link between those pages leads to a file, and to a heading, that exists.
 
 mod server;
 
@@ -13,7 +14,8 @@ use std::process::Command;
 
 /// A shell block and the output block right after it.
 struct Example {
-    /// The README line the shell block starts on, for the failure message.
+    /// The page and the line the shell block starts on, for the failure message.
+    page: String,
     line: usize,
     command: String,
     /// The output block's info string: `text` or `json`.
@@ -21,8 +23,34 @@ struct Example {
     output: String,
 }
 
-/// Every (shell block, output block) pair of a Markdown text.
-fn examples(markdown: &str) -> Vec<Example> {
+/// The workspace's root.
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// README.md and every docs/*.md page, as (path from the workspace's root, text).
+fn pages() -> Vec<(String, String)> {
+    let mut names = vec!["README.md".to_owned()];
+    let mut docs: Vec<String> = std::fs::read_dir(workspace().join("docs"))
+        .expect("the docs directory")
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/{name}"))
+        .collect();
+    docs.sort();
+    names.extend(docs);
+    names
+        .into_iter()
+        .map(|name| {
+            let text = std::fs::read_to_string(workspace().join(&name))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            (name, text)
+        })
+        .collect()
+}
+
+/// Every (shell block, output block) pair of a Markdown page.
+fn examples(page: &str, markdown: &str) -> Vec<Example> {
     struct Block {
         line: usize,
         info: String,
@@ -62,6 +90,7 @@ fn examples(markdown: &str) -> Vec<Example> {
                 && matches!(pair[1].info.as_str(), "text" | "json")
         })
         .map(|pair| Example {
+            page: page.to_owned(),
             line: pair[0].line,
             command: pair[0].body.clone(),
             kind: pair[1].info.clone(),
@@ -87,13 +116,18 @@ fn without_elapsed_time(text: &str) -> String {
         .join("\n")
 }
 
-fn scratch_dir(line: usize) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sluicegate-readme-{}-{line}", std::process::id()));
+fn scratch_dir(example: &Example) -> PathBuf {
+    let page = example.page.replace(['/', '.'], "-");
+    let dir = std::env::temp_dir().join(format!(
+        "sluicegate-readme-{}-{page}-{}",
+        std::process::id(),
+        example.line
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
-/// Runs `command` as the README reader would, and returns stdout followed by stderr.
+/// Runs `command` as the page's reader would, and returns stdout followed by stderr.
 fn run(command: &str, dir: &Path) -> String {
     let binary = Path::new(env!("CARGO_BIN_EXE_sluicegate"));
     let path = format!(
@@ -112,15 +146,19 @@ fn run(command: &str, dir: &Path) -> String {
 }
 
 #[test]
-fn every_shell_example_prints_what_the_readme_shows() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
-        .expect("the workspace README");
-    let examples = examples(&readme);
+fn every_shell_example_prints_what_its_page_shows() {
+    // BENCHMARKS.md's outputs are measurements of the machine they ran on, not answers
+    // that another run must repeat.
+    let examples: Vec<Example> = pages()
+        .iter()
+        .filter(|(page, _)| page != "docs/BENCHMARKS.md")
+        .flat_map(|(page, text)| examples(page, text))
+        .collect();
     // The check, the two configuration errors, replay and simulate at least: a parser
     // that found none would pass everything.
     assert!(examples.len() >= 5, "found {} examples", examples.len());
     for example in &examples {
-        let dir = scratch_dir(example.line);
+        let dir = scratch_dir(example);
         let server = example
             .command
             .contains("localhost:8080")
@@ -131,12 +169,12 @@ fn every_shell_example_prints_what_the_readme_shows() {
         };
         let printed = run(&command, &dir);
         let context = format!(
-            "README line {}:\n{}\nprinted:\n{printed}",
-            example.line, example.command
+            "{} line {}:\n{}\nprinted:\n{printed}",
+            example.page, example.line, example.command
         );
         if example.kind == "json" {
             let shown: serde_json::Value = serde_json::from_str(&example.output)
-                .unwrap_or_else(|e| panic!("the README's JSON: {e}\n{context}"));
+                .unwrap_or_else(|e| panic!("the page's JSON: {e}\n{context}"));
             let printed: serde_json::Value = serde_json::from_str(&printed)
                 .unwrap_or_else(|e| panic!("not JSON: {e}\n{context}"));
             assert_eq!(printed, shown, "{context}");
@@ -149,4 +187,100 @@ fn every_shell_example_prints_what_the_readme_shows() {
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
+}
+
+/// The lines of a Markdown text outside its fenced code blocks, numbered from 1.
+fn prose(markdown: &str) -> impl Iterator<Item = (usize, &str)> {
+    let mut in_code = false;
+    markdown
+        .lines()
+        .enumerate()
+        .filter_map(move |(number, line)| {
+            if line.starts_with("```") {
+                in_code = !in_code;
+                return None;
+            }
+            (!in_code).then_some((number + 1, line))
+        })
+}
+
+/// The anchors GitHub gives a page's headings: lower case, letters, digits, `-` and `_`
+/// kept, spaces made `-`, the rest dropped; a repeated one numbered `-1`, `-2`, ….
+fn anchors(markdown: &str) -> Vec<String> {
+    let mut anchors = Vec::new();
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (_, line) in prose(markdown) {
+        let Some(heading) = line.strip_prefix('#') else {
+            continue;
+        };
+        let slug: String = heading
+            .trim_start_matches('#')
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                _ => None,
+            })
+            .collect();
+        let repeats = seen.entry(slug.clone()).or_default();
+        anchors.push(if *repeats == 0 {
+            slug
+        } else {
+            format!("{slug}-{repeats}")
+        });
+        *repeats += 1;
+    }
+    anchors
+}
+
+/// Every inline link target of a line: what `](` opens, up to its `)`.
+fn link_targets(line: &str) -> Vec<&str> {
+    line.match_indices("](")
+        .filter_map(|(at, _)| {
+            let rest = &line[at + 2..];
+            rest.find(')').map(|end| &rest[..end])
+        })
+        .collect()
+}
+
+#[test]
+fn every_link_between_the_pages_resolves() {
+    let root = workspace();
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for (page, text) in pages() {
+        let dir = root.join(&page).parent().unwrap().to_path_buf();
+        for (line, content) in prose(&text) {
+            for target in link_targets(content) {
+                if target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                checked += 1;
+                let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
+                let file = if path.is_empty() {
+                    root.join(&page)
+                } else {
+                    dir.join(path)
+                };
+                if !file.exists() {
+                    broken.push(format!("{page}:{line}: {target}: no such file"));
+                    continue;
+                }
+                if anchor.is_empty() {
+                    continue;
+                }
+                let heads = std::fs::read_to_string(&file).map(|t| anchors(&t));
+                if !heads.is_ok_and(|heads| heads.iter().any(|h| h == anchor)) {
+                    broken.push(format!("{page}:{line}: {target}: no such heading"));
+                }
+            }
+        }
+    }
+    assert!(
+        checked >= 50,
+        "found {checked} links: the parser finds none"
+    );
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }

@@ -48,6 +48,12 @@ mod rate_limit;
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
+/// docs/usage.md's Rust block (the layer charging after the response), compiled as a
+/// doctest as the README's are.
+#[cfg(all(doctest, feature = "axum"))]
+#[doc = include_str!("../../../docs/usage.md")]
+pub struct UsageDoctests;
+
 pub use rate_limit::{
     DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_ATTEMPTS, Estimate, KeyExtractor, MissingKey, RateLimit,
     RateLimitLayer, ResponseCost, Usage, UsageStats,

@@ -6,6 +6,8 @@ mod bench;
 mod check;
 mod envoy_env;
 mod explain;
+#[cfg(test)]
+mod flags_doc;
 mod load;
 mod logging;
 mod plan;

@@ -341,18 +341,18 @@ fn tag<'t>(tags: &'t str, key: &str) -> Option<&'t str> {
     Some(&tags[start..start + length])
 }
 
-/// README.md's table is this one.
+/// docs/envoy.md's table is this one.
 #[test]
-fn the_readme_has_the_table() {
-    let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"));
+fn the_docs_have_the_table() {
+    let page = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/envoy.md"));
     for v in VARIABLES {
-        let row = readme_row(v);
-        assert!(readme.contains(&row), "README.md lacks the row\n{row}");
+        let row = docs_row(v);
+        assert!(page.contains(&row), "docs/envoy.md lacks the row\n{row}");
     }
 }
 
-/// The README's row of a variable.
-fn readme_row(v: &EnvoyVariable) -> String {
+/// docs/envoy.md's row of a variable.
+fn docs_row(v: &EnvoyVariable) -> String {
     let here = match v.here {
         Here::Flag(flag) | Here::FlagWhenSet(flag) => format!("`{flag}`"),
         Here::Ignored => "ignored".to_owned(),

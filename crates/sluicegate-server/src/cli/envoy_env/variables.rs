@@ -75,8 +75,8 @@ const fn variable(
 
 /// Every variable of envoyproxy/ratelimit@f2fb157 src/settings/settings.go, in its order
 /// (a test holds this table equal to that file, vendored in
-/// tests/fixtures/envoy/settings/settings.go; README.md, "Envoy drop-in: environment,
-/// probes, headers, metrics", has the same table, held equal by another).
+/// tests/fixtures/envoy/settings/settings.go; docs/envoy.md, "The drop-in: envoy's
+/// environment", has the same table, held equal by another).
 pub(super) const VARIABLES: &[EnvoyVariable] = &[
     variable(
         "HOST",
