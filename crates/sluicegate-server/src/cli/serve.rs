@@ -10,9 +10,9 @@ use anyhow::Context as _;
 use clap::Args;
 use std::str::FromStr as _;
 
-use sluicegate::MemoryStore;
 use sluicegate::{
-    Algorithm, BreakerConfig, LimiterConfig, MemoryBudget, MemoryStoreConfig, OnFull, StoreOptions,
+    Algorithm, BreakerConfig, LimiterConfig, MemoryBudget, MemoryStore, MemoryStoreConfig, OnFull,
+    StoreOptions,
 };
 
 mod memory;

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use sluicegate::internals::saturating_micros;
-use sluicegate::internals::signed_micros;
+use sluicegate::internals::{saturating_micros, signed_micros};
 use sluicegate::{Charge, Decision};
 
 use super::body::Body;

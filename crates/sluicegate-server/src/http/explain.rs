@@ -6,8 +6,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use serde_json::{Value, json};
-use sluicegate::internals::saturating_micros;
-use sluicegate::internals::signed_micros;
+use sluicegate::internals::{saturating_micros, signed_micros};
 use sluicegate::{Algorithm, Outcome, RetryAfter, Rule};
 
 use super::body::Body;

@@ -2,8 +2,7 @@
 //! of a report, settle or refund), and, for a refusal, the offenders' tracker and the
 //! sampled refusal log.
 
-use sluicegate::internals::saturating_micros;
-use sluicegate::internals::signed_micros;
+use sluicegate::internals::{saturating_micros, signed_micros};
 use sluicegate::{Charge, Decision};
 
 use super::{Live, Service, descriptor_text, detailed_key};

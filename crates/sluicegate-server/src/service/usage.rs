@@ -2,8 +2,7 @@
 //! on Envoy's protocol, what a descriptor reaching a `usage: true` rule says in its last
 //! entries (`request_id`, `usage`), which are then no part of its key.
 
-use sluicegate::Charge;
-use sluicegate::Check;
+use sluicegate::{Charge, Check};
 
 use super::answer::DecideError;
 use crate::config::{ConfiguredLimit, Entry};

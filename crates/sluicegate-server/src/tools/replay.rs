@@ -10,9 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use sluicegate::internals::MAX_TIME;
-use sluicegate::internals::saturating_micros;
-use sluicegate::internals::signed_micros;
+use sluicegate::internals::{MAX_TIME, saturating_micros, signed_micros};
 use sluicegate::{Charge, Check, Limit, ManualClock, MemoryStore, MemoryStoreConfig, Rule, Store};
 
 /// A memory store for decisions timed by a trace: time comes from the input and the clock

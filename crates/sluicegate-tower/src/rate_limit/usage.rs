@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, Response};
-use sluicegate::Charge;
-use sluicegate::Check;
+use sluicegate::{Charge, Check};
 
 use super::after::InFlight;
 

@@ -3,9 +3,8 @@
 //! where it put them, the standing answer and each mode's request ids — written from the
 //! SPEC, not from the store.
 
-use sluicegate::Check;
 use sluicegate::internals::saturating_micros;
-use sluicegate::{Algorithm, Charge, Decision, Rule};
+use sluicegate::{Algorithm, Charge, Check, Decision, Rule};
 
 use super::state::{Fit, GcraChange, ModelId, ModelKey, gcra_now, model_evaluate};
 
