@@ -15,6 +15,8 @@
 //! are counted under one metric label per domain, `<domain>.limit_override`, so that the
 //! values of requests (which name such an override) never become metric series.
 
+use std::time::Duration;
+
 use sluicegate::{Algorithm, Rule, RuleSpec};
 
 use crate::config::{ConfiguredLimit, Entry, place, with_envoy_counter};
@@ -82,10 +84,14 @@ impl LimitOverride {
             let spec = match base {
                 Some(rule) => RuleSpec {
                     limit: self.requests_per_unit,
-                    window: self.window,
+                    window: Duration::from_micros(self.window),
                     ..rule.spec()
                 },
-                None => RuleSpec::new(Algorithm::FixedWindow, self.requests_per_unit, self.window),
+                None => RuleSpec::new(
+                    Algorithm::FixedWindow,
+                    self.requests_per_unit,
+                    Duration::from_micros(self.window),
+                ),
             };
             // In the configured rule's place, so that the override counts with it.
             let rule = Rule::new(&name, &spec)

@@ -17,7 +17,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sluicegate::store::redis::hash_slot;
+use sluicegate::internals::hash_slot;
 use sluicegate_test_support::{self as support, RedisServer, cmd};
 
 mod server;

@@ -2,12 +2,11 @@
 //! deciding with Redis TIME. From Redis' own record and the processes' counts, no rule
 //! ever admits more than it may.
 
+use sluicegate::internals::{KeyKind, key_pattern};
 use sluicegate_test_support::{self as support, cmd};
 
 use std::process::{Command, Output};
 use std::time::Instant;
-
-use sluicegate::store::redis::{KeyKind, key_pattern};
 
 /// Runs two bench processes at once against one key; returns their admitted counts and
 /// the wall time both took.

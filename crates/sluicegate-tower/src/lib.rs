@@ -4,13 +4,14 @@
 //! ```no_run
 //! use std::net::SocketAddr;
 //! use std::sync::Arc;
+//! use std::time::Duration;
 //! use axum::{Router, routing::get};
 //! use sluicegate::{Algorithm, Limiter, Rule, RuleSpec};
 //! use sluicegate_tower::{KeyExtractor, RateLimitLayer};
 //!
 //! # #[cfg(feature = "axum")]
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let per_ip = Rule::new("per-ip", &RuleSpec::new(Algorithm::SlidingLog, 100, 60_000_000))?;
+//! let per_ip = Rule::new("per-ip", &RuleSpec::new(Algorithm::SlidingLog, 100, Duration::from_secs(60)))?;
 //! let layer = RateLimitLayer::new(Arc::new(Limiter::in_memory()))
 //!     .limit(per_ip, KeyExtractor::peer_ip());
 //! let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);

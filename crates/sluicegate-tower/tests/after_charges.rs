@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluicegate::{Charge, Check, EXACT_LIMIT, Limiter, MemoryStore, Outcome, Store, StoreError};
+use sluicegate::{Charge, Check, Limiter, MemoryStore, Outcome, Store, StoreError};
 use sluicegate_tower::{KeyExtractor, RateLimitLayer, Usage};
 
 mod common;
@@ -20,7 +20,7 @@ struct Late {
 
 impl Store for Late {
     async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
-        if matches!(check.charge, Charge::Reported | Charge::Settled) {
+        if matches!(check.charge, Charge::Report | Charge::Settle) {
             match self.delay {
                 Some(delay) => tokio::time::sleep(delay).await,
                 None => std::future::pending().await,
@@ -95,7 +95,7 @@ async fn an_attempt_that_takes_too_long_is_tried_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_charge_is_not_retried() {
     let limiter = Arc::new(Limiter::new(memory()));
-    let usage = Usage::from_header(TOKENS).when_missing(EXACT_LIMIT);
+    let usage = Usage::from_header(TOKENS).when_missing(Check::MAX_COST + 1);
     let layer = RateLimitLayer::new(limiter)
         .limit(tokens_rule(1_000), KeyExtractor::header(API_KEY))
         .charge_after(usage.clone());
@@ -120,7 +120,7 @@ struct LosesFirstAnswer {
 impl Store for LosesFirstAnswer {
     async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         let outcome = self.store.check(check).await;
-        if !matches!(check.charge, Charge::Reported | Charge::Settled) {
+        if !matches!(check.charge, Charge::Report | Charge::Settle) {
             return outcome;
         }
         if !self.lost.swap(true, std::sync::atomic::Ordering::Relaxed) {

@@ -22,7 +22,7 @@ const S: u64 = 1_000_000;
 
 fn limiter(config: MemoryStoreConfig) -> Arc<Limiter<MemoryStore>> {
     // At the start of a minute, so fixed windows have their whole length ahead.
-    let clock = ManualClock::new(999_960 * S);
+    let clock = ManualClock::new(Duration::from_micros(999_960 * S));
     Arc::new(Limiter::new(MemoryStore::new(config, Arc::new(clock))))
 }
 
@@ -59,7 +59,10 @@ fn header<'a>(response: &'a Response<Body>, name: &str) -> &'a str {
 
 #[tokio::test]
 async fn allowed_and_refused_responses_carry_their_headers() {
-    let per_ip = rule("per-ip", RuleSpec::new(Algorithm::SlidingLog, 2, 90 * S));
+    let per_ip = rule(
+        "per-ip",
+        RuleSpec::new(Algorithm::SlidingLog, 2, Duration::from_micros(90 * S)),
+    );
     let layer = RateLimitLayer::new(limiter(MemoryStoreConfig::default()))
         .limit(per_ip, KeyExtractor::peer_ip())
         .legacy_headers(true);
@@ -94,7 +97,10 @@ async fn allowed_and_refused_responses_carry_their_headers() {
 #[tokio::test]
 async fn retry_after_rounds_up_and_is_never_zero() {
     // One per 10 ms: a refusal's wait is under a second, and still says 1.
-    let fast = rule("fast", RuleSpec::new(Algorithm::TokenBucket, 100, S));
+    let fast = rule(
+        "fast",
+        RuleSpec::new(Algorithm::TokenBucket, 100, Duration::from_micros(S)),
+    );
     let layer = RateLimitLayer::new(limiter(MemoryStoreConfig::default()))
         .limit(fast, KeyExtractor::global());
     let app = app(layer);
@@ -112,7 +118,10 @@ async fn retry_after_rounds_up_and_is_never_zero() {
 
 #[tokio::test]
 async fn forwarding_headers_count_only_from_trusted_proxies() {
-    let per_ip = rule("per-ip", RuleSpec::new(Algorithm::FixedWindow, 1, 60 * S));
+    let per_ip = rule(
+        "per-ip",
+        RuleSpec::new(Algorithm::FixedWindow, 1, Duration::from_micros(60 * S)),
+    );
     let layer = RateLimitLayer::new(limiter(MemoryStoreConfig::default())).limit(
         per_ip,
         KeyExtractor::peer_ip().trust_proxies(["10.0.0.0/8".parse().unwrap()]),
@@ -159,7 +168,7 @@ async fn leaky_bucket_rules_shape_instead_of_refusing() {
         "shape",
         RuleSpec {
             queue: Some(2),
-            ..RuleSpec::new(Algorithm::LeakyBucket, 10, S)
+            ..RuleSpec::new(Algorithm::LeakyBucket, 10, Duration::from_micros(S))
         },
     );
     let layer = RateLimitLayer::new(limiter(MemoryStoreConfig::default()))
@@ -218,10 +227,13 @@ where
 
 #[tokio::test]
 async fn several_rules_per_route_and_missing_keys() {
-    let per_user = rule("per-user", RuleSpec::new(Algorithm::SlidingLog, 1, 60 * S));
+    let per_user = rule(
+        "per-user",
+        RuleSpec::new(Algorithm::SlidingLog, 1, Duration::from_micros(60 * S)),
+    );
     let per_route = rule(
         "per-route",
-        RuleSpec::new(Algorithm::SlidingLog, 100, 60 * S),
+        RuleSpec::new(Algorithm::SlidingLog, 100, Duration::from_micros(60 * S)),
     );
     let layer = RateLimitLayer::new(limiter(MemoryStoreConfig::default()))
         .limit(
@@ -270,7 +282,10 @@ async fn a_store_that_cannot_decide_answers_503() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let per_ip = rule("per-ip", RuleSpec::new(Algorithm::SlidingLog, 5, 60 * S));
+    let per_ip = rule(
+        "per-ip",
+        RuleSpec::new(Algorithm::SlidingLog, 5, Duration::from_micros(60 * S)),
+    );
     let layer =
         RateLimitLayer::new(Arc::new(Limiter::new(store))).limit(per_ip, KeyExtractor::peer_ip());
     let response = send(&app(layer), from("192.0.2.1:1")).await;
@@ -285,7 +300,10 @@ async fn a_full_store_answers_429() {
         max_keys: 0,
         ..MemoryStoreConfig::default()
     };
-    let per_ip = rule("per-ip", RuleSpec::new(Algorithm::SlidingLog, 5, 60 * S));
+    let per_ip = rule(
+        "per-ip",
+        RuleSpec::new(Algorithm::SlidingLog, 5, Duration::from_micros(60 * S)),
+    );
     let layer = RateLimitLayer::new(limiter(full)).limit(per_ip, KeyExtractor::peer_ip());
     let response = send(&app(layer), from("192.0.2.1:1")).await;
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -294,7 +312,10 @@ async fn a_full_store_answers_429() {
 
 #[tokio::test]
 async fn grpc_calls_get_resource_exhausted() {
-    let once = rule("once", RuleSpec::new(Algorithm::FixedWindow, 1, 60 * S));
+    let once = rule(
+        "once",
+        RuleSpec::new(Algorithm::FixedWindow, 1, Duration::from_micros(60 * S)),
+    );
     let layer = RateLimitLayer::new(limiter(MemoryStoreConfig::default()))
         .limit(once, KeyExtractor::global());
     let app = app(layer);
@@ -329,7 +350,10 @@ fn status_over_socket(address: SocketAddr, headers: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_server_limits_a_real_client() {
-    let per_ip = rule("per-ip", RuleSpec::new(Algorithm::SlidingLog, 2, 60 * S));
+    let per_ip = rule(
+        "per-ip",
+        RuleSpec::new(Algorithm::SlidingLog, 2, Duration::from_micros(60 * S)),
+    );
     let layer =
         RateLimitLayer::new(Arc::new(Limiter::in_memory())).limit(per_ip, KeyExtractor::peer_ip());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -351,7 +375,10 @@ async fn a_real_server_limits_a_real_client() {
 /// over real sockets: it is still one client, allowed its 3 and refused the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_behind_an_appending_proxy_cannot_pick_its_address() {
-    let per_ip = rule("per-ip", RuleSpec::new(Algorithm::FixedWindow, 3, 3600 * S));
+    let per_ip = rule(
+        "per-ip",
+        RuleSpec::new(Algorithm::FixedWindow, 3, Duration::from_micros(3600 * S)),
+    );
     // The test's own socket plays the proxy, on loopback.
     let extractor = KeyExtractor::peer_ip().trust_proxies(["127.0.0.1".parse().unwrap()]);
     let layer = RateLimitLayer::new(limiter(MemoryStoreConfig::default())).limit(per_ip, extractor);
@@ -392,7 +419,10 @@ async fn a_tonic_client_is_refused_with_resource_exhausted() {
     use tonic_health::pb::health_client::HealthClient;
 
     let (_reporter, health) = tonic_health::server::health_reporter();
-    let once = rule("once", RuleSpec::new(Algorithm::FixedWindow, 1, 3600 * S));
+    let once = rule(
+        "once",
+        RuleSpec::new(Algorithm::FixedWindow, 1, Duration::from_micros(3600 * S)),
+    );
     let layer = RateLimitLayer::new(limiter(MemoryStoreConfig::default()))
         .limit(once, KeyExtractor::peer_ip());
     let app = tonic::service::Routes::new(health)

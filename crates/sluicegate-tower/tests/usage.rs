@@ -70,7 +70,7 @@ struct LosesReplies<S> {
 impl<S: Store> Store for LosesReplies<S> {
     async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         let outcome = self.store.check(check).await?;
-        let after_charge = matches!(check.charge, Charge::Reported | Charge::Settled);
+        let after_charge = matches!(check.charge, Charge::Report | Charge::Settle);
         let lost = after_charge
             && self
                 .lose
@@ -228,7 +228,7 @@ async fn a_spent_key_is_refused<S: Store + 'static>(store: S) {
     let limiter = Arc::new(Limiter::new(store));
     let rule = Rule::new(
         "tokens",
-        &RuleSpec::new(Algorithm::FixedWindow, 100, 3600 * S),
+        &RuleSpec::new(Algorithm::FixedWindow, 100, Duration::from_micros(3600 * S)),
     )
     .unwrap();
     let usage = Usage::from_header(TOKENS);

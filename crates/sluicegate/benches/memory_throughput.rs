@@ -72,7 +72,7 @@ impl Contender for Governor {
 }
 
 fn sluicegate(algorithm: Algorithm, limit: u64) -> Sluicegate {
-    let mut spec = RuleSpec::new(algorithm, limit, WINDOW);
+    let mut spec = RuleSpec::new(algorithm, limit, Duration::from_micros(WINDOW));
     if algorithm == Algorithm::LeakyBucket {
         spec.queue = Some(limit - 1);
     }

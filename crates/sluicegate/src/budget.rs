@@ -14,10 +14,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-/// The share of the budget and of the key cap one rule may hold unless configured: half,
-/// so that a flood of new keys under one rule leaves the other half to every other rule.
-pub const DEFAULT_RULE_SHARE: f64 = 0.5;
-
 /// A byte budget shared by parts that each count what they hold against it.
 #[derive(Clone)]
 pub struct MemoryBudget {
@@ -107,6 +103,11 @@ impl std::str::FromStr for OnFull {
 }
 
 impl MemoryBudget {
+    /// The share of the budget and of the key cap one rule may hold unless configured:
+    /// half, so that a flood of new keys under one rule leaves the other half to every
+    /// other rule.
+    pub const DEFAULT_RULE_SHARE: f64 = 0.5;
+
     /// A budget of `limit` bytes, of which one rule may hold `rule_share` (above 0, at most 1).
     pub fn new(limit: usize, rule_share: f64) -> Result<Self, BudgetError> {
         if limit == 0 {

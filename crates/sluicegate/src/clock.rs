@@ -3,12 +3,31 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// A source of µs since the Unix epoch.
+use crate::micros::saturating_micros;
+
+/// A source of the time since the Unix epoch.
+///
+/// The library counts time in whole microseconds: a part of [`Clock::now`] below one
+/// microsecond is dropped, and a time past `u64::MAX` µs reads as that maximum; a store
+/// refuses to decide at a time past the last its state can hold (2^52 µs after the
+/// epoch, the year 2112), with a [`StoreError`](crate::StoreError).
 pub trait Clock: Send + Sync + std::fmt::Debug {
-    /// The current time in µs since the Unix epoch.
+    /// The current time since the Unix epoch.
+    fn now(&self) -> Duration;
+}
+
+/// The time of a [`Clock`] in whole µs, as the library keeps it.
+pub(crate) trait ClockMicros {
+    /// [`Clock::now`] in µs since the Unix epoch.
     fn now_micros(&self) -> u64;
+}
+
+impl<C: Clock + ?Sized> ClockMicros for C {
+    fn now_micros(&self) -> u64 {
+        saturating_micros(self.now())
+    }
 }
 
 /// The process clock: monotonic, anchored to the wall clock when it was created, so it
@@ -49,6 +68,13 @@ impl Default for SystemClock {
 }
 
 impl Clock for SystemClock {
+    fn now(&self) -> Duration {
+        Duration::from_micros(self.now_micros())
+    }
+}
+
+impl SystemClock {
+    /// µs since the Unix epoch, read without going through a [`Duration`].
     fn now_micros(&self) -> u64 {
         // Raw counts and their delta in ns, not `Instant`s and a `Duration`: the conversions
         // through seconds and nanoseconds take a sixth of a lock-free refusal. The delta is
@@ -59,33 +85,44 @@ impl Clock for SystemClock {
 }
 
 /// A clock that only moves when told to. Clones share the same time.
+///
+/// It keeps whole microseconds since the Unix epoch: a part below one microsecond of a
+/// time it is given is dropped, and it never moves past `u64::MAX` µs (about 584,000
+/// years): a time beyond stands at that maximum rather than wrapping.
 #[derive(Clone, Debug, Default)]
 pub struct ManualClock {
     micros: Arc<AtomicU64>,
 }
 
 impl ManualClock {
-    /// A clock standing at `micros`.
-    pub fn new(micros: u64) -> Self {
+    /// A clock standing at `since_epoch`.
+    pub fn new(since_epoch: Duration) -> Self {
         ManualClock {
-            micros: Arc::new(AtomicU64::new(micros)),
+            micros: Arc::new(AtomicU64::new(saturating_micros(since_epoch))),
         }
     }
 
-    /// Moves the clock to `micros` (backwards too: stores must cope).
-    pub fn set(&self, micros: u64) {
-        self.micros.store(micros, Ordering::SeqCst);
+    /// Moves the clock to `since_epoch` (backwards too: stores must cope).
+    pub fn set(&self, since_epoch: Duration) {
+        self.micros
+            .store(saturating_micros(since_epoch), Ordering::SeqCst);
     }
 
-    /// Moves the clock forward by `micros`.
-    pub fn advance(&self, micros: u64) {
-        self.micros.fetch_add(micros, Ordering::SeqCst);
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        let by = saturating_micros(by);
+        // Never fails: the closure always answers.
+        let _ = self
+            .micros
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
+                Some(now.saturating_add(by))
+            });
     }
 }
 
 impl Clock for ManualClock {
-    fn now_micros(&self) -> u64 {
-        self.micros.load(Ordering::SeqCst)
+    fn now(&self) -> Duration {
+        Duration::from_micros(self.micros.load(Ordering::SeqCst))
     }
 }
 
@@ -95,11 +132,11 @@ mod tests {
 
     #[test]
     fn manual_clock_clones_share_time() {
-        let clock = ManualClock::new(5);
+        let clock = ManualClock::new(Duration::from_micros(5));
         let other = clock.clone();
-        clock.advance(10);
+        clock.advance(Duration::from_micros(10));
         assert_eq!(other.now_micros(), 15);
-        other.set(3);
+        other.set(Duration::from_micros(3));
         assert_eq!(clock.now_micros(), 3);
     }
 

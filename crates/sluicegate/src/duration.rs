@@ -1,6 +1,9 @@
 //! Durations as configuration writes them (`500ms`, `1s`, `90s`, `1m`, `1h`, `1d`) and
 //! as integer microseconds, the unit of every time in docs/SPEC.md.
 
+// Reached from outside only through `internals`; the library itself formats rules with it.
+#![cfg_attr(not(feature = "internals"), allow(unreachable_pub, dead_code))]
+
 use std::fmt;
 
 const UNITS: [(&str, u64); 6] = [

@@ -2,12 +2,14 @@
 //! every front end that answers HTTP: `RateLimit-Policy` and `RateLimit`, Structured
 //! Fields syntax.
 
+use std::time::Duration;
+
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::Rule;
 
-/// Whole seconds, rounded up.
-pub fn seconds_up(micros: u64) -> u64 {
-    micros.div_ceil(1_000_000)
+/// Whole seconds, rounded up: what a header field that counts in seconds says of a time.
+pub fn seconds_up(time: Duration) -> u64 {
+    time.as_secs() + u64::from(time.subsec_nanos() > 0)
 }
 
 /// `Retry-After` of a refusal, in whole seconds rounded up and never 0 (a client told to
@@ -15,7 +17,7 @@ pub fn seconds_up(micros: u64) -> u64 {
 /// pass.
 pub fn retry_after_seconds(retry: RetryAfter) -> Option<u64> {
     match retry {
-        RetryAfter::Micros(us) => Some(seconds_up(us).max(1)),
+        RetryAfter::After(wait) => Some(seconds_up(wait).max(1)),
         RetryAfter::Never => None,
     }
 }
@@ -61,7 +63,7 @@ pub fn ratelimit(rule: &Rule, decision: &Decision) -> String {
         "{};r={};t={}",
         structured_string(rule.name()),
         decision.remaining,
-        seconds_up(decision.reset_after)
+        seconds_up(decision.reset_after())
     )
 }
 
@@ -87,7 +89,11 @@ mod tests {
         assert_eq!(structured_string("ключ"), "\"____\"");
         let rule = Rule::new(
             "per-ip",
-            &RuleSpec::new(Algorithm::SlidingLog, 100, 90_000_001),
+            &RuleSpec::new(
+                Algorithm::SlidingLog,
+                100,
+                Duration::from_micros(90_000_001),
+            ),
         )
         .unwrap();
         assert_eq!(ratelimit_policy([&rule]), "\"per-ip\";q=100;w=91");
@@ -95,11 +101,11 @@ mod tests {
             allowed: true,
             limit: 100,
             remaining: 7,
-            retry_after: RetryAfter::Micros(0),
+            retry_after: RetryAfter::micros(0),
             reset_after: 1,
             delay: 0,
         };
         assert_eq!(ratelimit(&rule, &d), "\"per-ip\";r=7;t=1");
-        assert_eq!(seconds_up(1_000_001), 2);
+        assert_eq!(seconds_up(Duration::from_micros(1_000_001)), 2);
     }
 }

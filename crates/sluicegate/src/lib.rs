@@ -6,29 +6,45 @@ pub(crate) mod algorithm;
 mod budget;
 mod clock;
 mod decision;
-pub mod duration;
+mod duration;
 pub mod headers;
+#[cfg(feature = "internals")]
+pub mod internals;
 mod limiter;
+mod micros;
 mod policy;
-mod rule;
-pub mod store;
+#[cfg(test)]
+mod public_api_tests;
 
-pub use budget::{BudgetError, BudgetPart, DEFAULT_RULE_SHARE, MemoryBudget, OnFull};
+/// docs/library.md's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+struct LibraryMd;
+mod rule;
+mod store;
+
+pub use budget::{BudgetError, BudgetPart, MemoryBudget, OnFull};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, RetryAfter};
 pub use limiter::{
-    BreakerConfig, BreakerState, BreakerTransitions, FALLBACK_PART, Limiter, LimiterConfig,
-    LimiterStats, NEGATIVE_CACHE_PART, NodeBreaker,
+    BreakerConfig, BreakerState, BreakerTransitions, Limiter, LimiterConfig, LimiterStats,
+    NodeBreaker,
 };
 pub use policy::{FailurePolicy, OnStoreReset};
-pub use rule::{
-    Algorithm, DEFAULT_BUCKETS, EXACT_LIMIT, LogLayout, MAX_COMPACT_LOG_LIMIT, MAX_SPAN, MAX_TIME,
-    MAX_ZSET_LOG_LIMIT, Rule, RuleError, RuleSpec,
-};
+pub use rule::{Algorithm, LogLayout, Rule, RuleError, RuleSpec};
 pub use store::{
-    AnyStore, Charge, Check, DecidedBy, Durability, FULL_RETRY_AFTER, Limit, MemoryStore,
-    MemoryStoreConfig, NodeId, Nodes, Outcome, RequestIdConflict, RequestUse, STORE_PART, Store,
-    StoreError, StoreOptions, StoreUrl, StoreUrlError, TlsClientIdentity,
+    AnyStore, Charge, Check, DecidedBy, Durability, Limit, MemoryStore, MemoryStoreConfig, NodeId,
+    Nodes, Outcome, RequestIdConflict, RequestUse, Store, StoreError, StoreOptions, StoreUrl,
+    StoreUrlError, TlsClientIdentity,
 };
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreConfig};
+
+/// What a [`RedisStore`] reports of its servers, and how it runs its script.
+#[cfg(feature = "redis")]
+pub mod redis {
+    pub use crate::store::redis::{
+        Eviction, LossReason, LostState, MinReplicas, NodePolicy, NodeReplication, Replication,
+        ScriptCalls, Scripting, StateLoss, WatchedNode,
+    };
+}

@@ -3,19 +3,24 @@
 //! others, eviction never touches a key at its limit, and held keys decide exactly.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use proptest::prelude::*;
-use sluicegate::store::MAX_STORED_KEY_BYTES;
+use sluicegate::internals::{FULL_RETRY_AFTER, MAX_STORED_KEY_BYTES};
 use sluicegate::{
-    Algorithm, Charge, Check, DecidedBy, FULL_RETRY_AFTER, Limit, ManualClock, MemoryBudget,
-    MemoryStore, MemoryStoreConfig, OnFull, Outcome, RetryAfter, Rule, RuleSpec, STORE_PART,
+    Algorithm, Charge, Check, DecidedBy, Limit, ManualClock, MemoryBudget, MemoryStore,
+    MemoryStoreConfig, OnFull, Outcome, RetryAfter, Rule, RuleSpec,
 };
 
 const S: u64 = 1_000_000;
 const HOUR: u64 = 3600 * S;
 
 fn rule(name: &str, algorithm: Algorithm, limit: u64, window: u64) -> Rule {
-    Rule::new(name, &RuleSpec::new(algorithm, limit, window)).unwrap()
+    Rule::new(
+        name,
+        &RuleSpec::new(algorithm, limit, Duration::from_micros(window)),
+    )
+    .unwrap()
 }
 
 fn store(
@@ -28,7 +33,7 @@ fn store(
         MemoryStoreConfig {
             max_keys,
             shards: 4,
-            budget: budget.part(STORE_PART),
+            budget: budget.part(MemoryStore::BUDGET_PART),
             on_full,
         },
         Arc::new(clock.clone()),
@@ -56,7 +61,7 @@ proptest! {
             1..300,
         )
     ) {
-        let clock = ManualClock::new(HOUR);
+        let clock = ManualClock::new(Duration::from_micros(HOUR));
         let budget = MemoryBudget::new(1 << 30, 1.0).unwrap();
         let store = store(&budget, 1_000_000, OnFull::EvictIdle, &clock);
         let rules = [
@@ -84,7 +89,7 @@ proptest! {
                 ..Check::new(&limits, cost)
             };
             store.check_now(&check).unwrap();
-            clock.advance(advance * S);
+            clock.advance(Duration::from_micros(advance * S));
             let held: usize = rules.iter().map(|r| store.rule_usage(r).0).sum();
             prop_assert_eq!(held, store.len());
         }
@@ -111,7 +116,7 @@ proptest! {
             Algorithm::TokenBucket,
         ]),
     ) {
-        let clock = ManualClock::new(HOUR);
+        let clock = ManualClock::new(Duration::from_micros(HOUR));
         let budget = MemoryBudget::new(1 << 30, 1.0).unwrap();
         let store = store(&budget, 20, OnFull::EvictIdle, &clock);
         let rule = rule("hourly", algorithm, 3, HOUR);
@@ -128,7 +133,7 @@ proptest! {
                 flood += 1;
                 check(&store, &rule, &format!("flood-{flood}"), 1);
             }
-            clock.advance(S);
+            clock.advance(Duration::from_micros(S));
         }
         for key in &at_limit {
             let again = check(&store, &rule, key, 1);
@@ -155,7 +160,7 @@ proptest! {
             Algorithm::LeakyBucket,
         ]),
     ) {
-        let clock = ManualClock::new(HOUR);
+        let clock = ManualClock::new(Duration::from_micros(HOUR));
         let budget = MemoryBudget::new(1 << 30, 0.5).unwrap();
         let bounded = store(&budget, 16, on_full, &clock);
         let unbounded = store(&MemoryBudget::unlimited(), 1_000_000, on_full, &clock);
@@ -176,7 +181,7 @@ proptest! {
                 prop_assert_eq!(got.decision, want.decision, "{}", held[k]);
                 prop_assert_eq!(got.decided_by, DecidedBy::Store);
             }
-            clock.advance(advance_ms * 1_000);
+            clock.advance(Duration::from_micros(advance_ms * 1_000));
         }
     }
 }
@@ -187,7 +192,7 @@ proptest! {
 #[test]
 fn a_flood_on_one_rule_leaves_the_other_rules_their_share() {
     for on_full in [OnFull::Refuse, OnFull::Allow, OnFull::EvictIdle] {
-        let clock = ManualClock::new(HOUR);
+        let clock = ManualClock::new(Duration::from_micros(HOUR));
         let budget = MemoryBudget::new(1 << 30, 0.5).unwrap();
         let store = store(&budget, 100, on_full, &clock);
         let flooded = rule("per-user-hourly", Algorithm::FixedWindow, 10, HOUR);
@@ -207,8 +212,8 @@ fn a_flood_on_one_rule_leaves_the_other_rules_their_share() {
                     _ => {
                         assert!(!outcome.decision.allowed);
                         assert_eq!(
-                            outcome.decision.retry_after,
-                            RetryAfter::Micros(FULL_RETRY_AFTER)
+                            outcome.decision.retry_after(),
+                            RetryAfter::After(Duration::from_micros(FULL_RETRY_AFTER))
                         );
                     }
                 }
@@ -244,7 +249,7 @@ fn a_flood_on_one_rule_leaves_the_other_rules_their_share() {
 /// that place's share only.
 #[test]
 fn shares_are_counted_per_place_not_per_state_identity() {
-    let clock = ManualClock::new(HOUR);
+    let clock = ManualClock::new(Duration::from_micros(HOUR));
     let budget = MemoryBudget::new(1 << 30, 0.5).unwrap();
     let store = store(&budget, 100, OnFull::Refuse, &clock);
     let minute = |name: &str, place: &str| {
@@ -273,13 +278,13 @@ fn shares_are_counted_per_place_not_per_state_identity() {
 /// keys at their limit left, it evicts nothing and refuses as full.
 #[test]
 fn evict_idle_evicts_idle_keys_and_refuses_when_none_may_go() {
-    let clock = ManualClock::new(HOUR);
+    let clock = ManualClock::new(Duration::from_micros(HOUR));
     let budget = MemoryBudget::new(1 << 30, 1.0).unwrap();
     let store = MemoryStore::new(
         MemoryStoreConfig {
             max_keys: 4,
             shards: 1,
-            budget: budget.part(STORE_PART),
+            budget: budget.part(MemoryStore::BUDGET_PART),
             on_full: OnFull::EvictIdle,
         },
         Arc::new(clock.clone()),
@@ -291,7 +296,7 @@ fn evict_idle_evicts_idle_keys_and_refuses_when_none_may_go() {
                 .decision
                 .allowed
         );
-        clock.advance(S);
+        clock.advance(Duration::from_micros(S));
     }
     let made_room = check(&store, &rule, "new", 2);
     assert!(made_room.decision.allowed);
@@ -317,7 +322,7 @@ fn evict_idle_evicts_idle_keys_and_refuses_when_none_may_go() {
 /// fill it long before the key cap, and a key's bytes count in its rule's share.
 #[test]
 fn long_keys_fill_the_byte_budget_before_the_key_cap() {
-    let clock = ManualClock::new(HOUR);
+    let clock = ManualClock::new(Duration::from_micros(HOUR));
     let budget = MemoryBudget::new(256 * 1024, 0.5).unwrap();
     let store = store(&budget, 1_000_000, OnFull::Refuse, &clock);
     let hourly = rule("hourly", Algorithm::FixedWindow, 10, HOUR);
@@ -351,7 +356,7 @@ fn long_keys_fill_the_byte_budget_before_the_key_cap() {
 /// A report is never refused: full, it is answered as if alone, not kept, and marked full.
 #[test]
 fn a_report_without_room_is_answered_and_not_kept() {
-    let clock = ManualClock::new(HOUR);
+    let clock = ManualClock::new(Duration::from_micros(HOUR));
     let budget = MemoryBudget::new(1 << 30, 1.0).unwrap();
     let store = store(&budget, 1, OnFull::Refuse, &clock);
     let rule = rule("hourly", Algorithm::TokenBucket, 10, HOUR);
@@ -361,7 +366,7 @@ fn a_report_without_room_is_answered_and_not_kept() {
         key: "b",
     }];
     let report = Check {
-        charge: Charge::Reported,
+        charge: Charge::Report,
         ..Check::new(&limits, 3)
     };
     let outcome = store.check_now(&report).unwrap();
@@ -375,7 +380,7 @@ fn a_report_without_room_is_answered_and_not_kept() {
 #[test]
 fn request_ids_on_a_held_key_stay_within_the_budget() {
     for on_full in [OnFull::Refuse, OnFull::Allow, OnFull::EvictIdle] {
-        let clock = ManualClock::new(HOUR);
+        let clock = ManualClock::new(Duration::from_micros(HOUR));
         let budget = MemoryBudget::new(64 * 1024, 1.0).unwrap();
         let store = store(&budget, 1_000, on_full, &clock);
         let tokens = rule("tokens", Algorithm::TokenBucket, 1_000_000, HOUR);
@@ -388,7 +393,7 @@ fn request_ids_on_a_held_key_stay_within_the_budget() {
         for i in 0..1_000 {
             let id = id_of(i);
             let report = Check {
-                charge: Charge::Reported,
+                charge: Charge::Report,
                 request_id: Some(&id),
                 ..Check::new(&limits, 1)
             };

@@ -4,6 +4,7 @@
 
 use std::alloc::System;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sluicegate::{
     Algorithm, Check, Limit, ManualClock, MemoryStore, MemoryStoreConfig, Rule, RuleSpec,
@@ -18,11 +19,11 @@ fn a_long_key_costs_the_store_a_digest_not_its_bytes() {
     const KEYS: usize = 1_000;
     let store = MemoryStore::new(
         MemoryStoreConfig::default(),
-        Arc::new(ManualClock::new(3_600_000_000)),
+        Arc::new(ManualClock::new(Duration::from_secs(3600))),
     );
     let rule = Rule::new(
         "long",
-        &RuleSpec::new(Algorithm::FixedWindow, 10, 3_600_000_000),
+        &RuleSpec::new(Algorithm::FixedWindow, 10, Duration::from_secs(3600)),
     )
     .unwrap();
     let region = Region::new(ALLOCATOR);

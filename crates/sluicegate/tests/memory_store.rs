@@ -3,19 +3,23 @@
 
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
-use sluicegate::store::stored_key;
+use sluicegate::internals::{FULL_RETRY_AFTER, stored_key};
 use sluicegate::{
-    Algorithm, Charge, Check, DecidedBy, FULL_RETRY_AFTER, Limit, ManualClock, MemoryStore,
-    MemoryStoreConfig, OnFull, Outcome, RequestIdConflict, RequestUse, RetryAfter, Rule, RuleSpec,
-    StoreError,
+    Algorithm, Charge, Check, DecidedBy, Limit, ManualClock, MemoryStore, MemoryStoreConfig,
+    OnFull, Outcome, RequestIdConflict, RequestUse, RetryAfter, Rule, RuleSpec, StoreError,
 };
 
 const S: u64 = 1_000_000;
 const HOUR: u64 = 3600 * S;
 
 fn rule(name: &str, algorithm: Algorithm, limit: u64, window: u64) -> Rule {
-    Rule::new(name, &RuleSpec::new(algorithm, limit, window)).unwrap()
+    Rule::new(
+        name,
+        &RuleSpec::new(algorithm, limit, Duration::from_micros(window)),
+    )
+    .unwrap()
 }
 
 fn check(store: &MemoryStore, rule: &Rule, key: &str, cost: u64) -> Result<bool, StoreError> {
@@ -27,7 +31,7 @@ fn check(store: &MemoryStore, rule: &Rule, key: &str, cost: u64) -> Result<bool,
 
 #[test]
 fn eight_threads_admit_exactly_the_limit() {
-    let clock = ManualClock::new(1_000 * HOUR);
+    let clock = ManualClock::new(Duration::from_micros(1_000 * HOUR));
     let store = Arc::new(MemoryStore::new(
         MemoryStoreConfig::default(),
         Arc::new(clock.clone()),
@@ -59,7 +63,7 @@ fn multi_rule_checks_across_shards_stay_exact() {
             shards: 4,
             ..MemoryStoreConfig::default()
         },
-        Arc::new(ManualClock::new(HOUR)),
+        Arc::new(ManualClock::new(Duration::from_micros(HOUR))),
     );
     let rule = rule("r", Algorithm::FixedWindow, 1_500, HOUR);
     let keys: Vec<String> = (0..16).map(|i| format!("key-{i}")).collect();
@@ -105,7 +109,7 @@ fn multi_rule_checks_across_shards_stay_exact() {
 
 #[test]
 fn idle_keys_expire_exactly_when_their_state_is_empty() {
-    let clock = ManualClock::new(500 * HOUR);
+    let clock = ManualClock::new(Duration::from_micros(500 * HOUR));
     let store = MemoryStore::new(MemoryStoreConfig::default(), Arc::new(clock.clone()));
     for algorithm in Algorithm::ALL {
         let rule = rule(algorithm.name(), algorithm, 4, 60 * S);
@@ -117,12 +121,12 @@ fn idle_keys_expire_exactly_when_their_state_is_empty() {
             .check_now(&Check::new(&limits, 1))
             .unwrap()
             .decision
-            .reset_after;
-        assert!(reset > 0, "{algorithm}");
-        clock.advance(reset - 1);
+            .reset_after();
+        assert!(reset > Duration::ZERO, "{algorithm}");
+        clock.advance(reset - Duration::from_micros(1));
         assert_eq!(store.sweep(), 0, "{algorithm}: state still matters");
         assert_eq!(store.len(), 1);
-        clock.advance(1);
+        clock.advance(Duration::from_micros(1));
         assert_eq!(store.sweep(), 1, "{algorithm}: back to empty");
         assert!(store.is_empty());
     }
@@ -130,7 +134,7 @@ fn idle_keys_expire_exactly_when_their_state_is_empty() {
 
 #[test]
 fn shards_sweep_themselves_as_checks_pass() {
-    let clock = ManualClock::new(HOUR);
+    let clock = ManualClock::new(Duration::from_micros(HOUR));
     let store = MemoryStore::new(
         MemoryStoreConfig {
             shards: 1,
@@ -143,7 +147,7 @@ fn shards_sweep_themselves_as_checks_pass() {
         assert!(check(&store, &rule, &format!("k{i}"), 1).unwrap());
     }
     assert_eq!(store.len(), 100);
-    clock.advance(2 * S);
+    clock.advance(Duration::from_micros(2 * S));
     assert!(check(&store, &rule, "fresh", 1).unwrap());
     assert_eq!(store.len(), 1, "the shard dropped the 100 expired keys");
 }
@@ -151,7 +155,7 @@ fn shards_sweep_themselves_as_checks_pass() {
 /// Under `refuse`, a full store refuses new keys as full, with a Retry-After of one sweep.
 #[test]
 fn key_cap_refuses_new_keys_without_evicting_any() {
-    let clock = ManualClock::new(HOUR);
+    let clock = ManualClock::new(Duration::from_micros(HOUR));
     let store = MemoryStore::new(
         MemoryStoreConfig {
             max_keys: 100,
@@ -181,8 +185,8 @@ fn key_cap_refuses_new_keys_without_evicting_any() {
             DecidedBy::Full(OnFull::Refuse) => {
                 assert!(!outcome.decision.allowed);
                 assert_eq!(
-                    outcome.decision.retry_after,
-                    RetryAfter::Micros(FULL_RETRY_AFTER)
+                    outcome.decision.retry_after(),
+                    RetryAfter::After(Duration::from_micros(FULL_RETRY_AFTER))
                 );
                 full += 1;
             }
@@ -197,7 +201,7 @@ fn key_cap_refuses_new_keys_without_evicting_any() {
     assert!(check(&store, &rule, "newcomer", 0).unwrap());
 
     // Once the window has passed the old keys are swept to make room.
-    clock.advance(60 * S);
+    clock.advance(Duration::from_micros(60 * S));
     assert!(check(&store, &rule, "newcomer", 1).unwrap());
     assert!(store.len() <= 100);
 }
@@ -222,7 +226,7 @@ fn usage(
 fn usage_modes_do_their_part_in_every_limit() {
     let store = MemoryStore::new(
         MemoryStoreConfig::default(),
-        Arc::new(ManualClock::new(HOUR)),
+        Arc::new(ManualClock::new(Duration::from_micros(HOUR))),
     );
     let small = rule("small", Algorithm::FixedWindow, 2, HOUR);
     let large = rule("large", Algorithm::SlidingLog, 100, HOUR);
@@ -237,7 +241,7 @@ fn usage_modes_do_their_part_in_every_limit() {
         },
     ];
     assert!(check(&store, &small, "k", 2).unwrap());
-    let reported = usage(&store, &limits, 5, Charge::Reported, None).unwrap();
+    let reported = usage(&store, &limits, 5, Charge::Report, None).unwrap();
     assert!(!reported.decision.allowed, "the small limit is in debt");
     assert_eq!(
         reported
@@ -248,7 +252,7 @@ fn usage_modes_do_their_part_in_every_limit() {
         [0, 95],
         "both recorded, though the small one was spent"
     );
-    let refunded = usage(&store, &limits, 6, Charge::Refunded, Some("r")).unwrap();
+    let refunded = usage(&store, &limits, 6, Charge::Refund, Some("r")).unwrap();
     assert_eq!(
         refunded
             .limits()
@@ -258,7 +262,7 @@ fn usage_modes_do_their_part_in_every_limit() {
         [1, 100]
     );
     // No reservation: the settle reports its cost, leaving the small limit exactly spent.
-    let settled = usage(&store, &limits, 1, Charge::Settled, Some("s")).unwrap();
+    let settled = usage(&store, &limits, 1, Charge::Settle, Some("s")).unwrap();
     assert!(!settled.decision.allowed);
     assert_eq!(
         settled
@@ -279,18 +283,18 @@ fn usage_modes_create_entries_within_the_key_cap_and_refunds_create_none() {
             on_full: OnFull::Refuse,
             ..MemoryStoreConfig::default()
         },
-        Arc::new(ManualClock::new(HOUR)),
+        Arc::new(ManualClock::new(Duration::from_micros(HOUR))),
     );
     let rule = rule("r", Algorithm::TokenBucket, 10, HOUR);
     let one = |key| [Limit { rule: &rule, key }];
-    let refunded = usage(&store, &one("a"), 3, Charge::Refunded, Some("id")).unwrap();
+    let refunded = usage(&store, &one("a"), 3, Charge::Refund, Some("id")).unwrap();
     assert!(refunded.decision.allowed);
     assert_eq!(store.len(), 0, "a refund never creates an entry");
-    usage(&store, &one("a"), 0, Charge::Reported, None).unwrap();
-    usage(&store, &one("a"), 0, Charge::Settled, Some("id")).unwrap();
+    usage(&store, &one("a"), 0, Charge::Report, None).unwrap();
+    usage(&store, &one("a"), 0, Charge::Settle, Some("id")).unwrap();
     assert_eq!(store.len(), 0, "nothing to record, nothing created");
-    usage(&store, &one("a"), 30, Charge::Reported, None).unwrap();
-    usage(&store, &one("b"), 1, Charge::Settled, Some("id")).unwrap();
+    usage(&store, &one("a"), 30, Charge::Report, None).unwrap();
+    usage(&store, &one("b"), 1, Charge::Settle, Some("id")).unwrap();
     assert_eq!(store.len(), 2);
     let both = [
         Limit {
@@ -304,16 +308,16 @@ fn usage_modes_create_entries_within_the_key_cap_and_refunds_create_none() {
     ];
     // A report is never refused: the held key records its unit, the new one finds no room
     // and is not kept, and the outcome says the store was full.
-    let reported = usage(&store, &both, 1, Charge::Reported, None).unwrap();
+    let reported = usage(&store, &both, 1, Charge::Report, None).unwrap();
     assert_eq!(reported.decided_by, DecidedBy::Full(OnFull::Refuse));
     assert_eq!(store.len(), 2);
     // 31 units in debt, 21 past the burst, so one unit fits again in 22 · T.
-    let standing = usage(&store, &one("a"), 0, Charge::Reported, None).unwrap();
+    let standing = usage(&store, &one("a"), 0, Charge::Report, None).unwrap();
     assert_eq!(
-        standing.decision.retry_after,
-        RetryAfter::Micros(22 * HOUR / 10)
+        standing.decision.retry_after(),
+        RetryAfter::After(Duration::from_micros(22 * HOUR / 10))
     );
-    assert!(usage(&store, &one("a"), 5, Charge::Refunded, None).is_ok());
+    assert!(usage(&store, &one("a"), 5, Charge::Refund, None).is_ok());
 }
 
 /// Long keys are held as their digests: two that differ in their last byte, and a short key
@@ -323,7 +327,7 @@ fn usage_modes_create_entries_within_the_key_cap_and_refunds_create_none() {
 fn long_keys_keep_limits_of_their_own() {
     let store = MemoryStore::new(
         MemoryStoreConfig::default(),
-        Arc::new(ManualClock::new(HOUR)),
+        Arc::new(ManualClock::new(Duration::from_micros(HOUR))),
     );
     let per_hour = rule("long", Algorithm::SlidingLog, 3, HOUR);
     let long_a = format!("{}a", "v".repeat(60 * 1024));
@@ -368,7 +372,7 @@ fn long_keys_keep_limits_of_their_own() {
 fn a_request_id_reused_for_another_request_is_a_conflict() {
     let store = MemoryStore::new(
         MemoryStoreConfig::default(),
-        Arc::new(ManualClock::new(HOUR)),
+        Arc::new(ManualClock::new(Duration::from_micros(HOUR))),
     );
     let per_hour = rule("tokens", Algorithm::TokenBucket, 10, HOUR);
     let other = rule("other", Algorithm::SlidingLog, 100, HOUR);
@@ -387,27 +391,29 @@ fn a_request_id_reused_for_another_request_is_a_conflict() {
         charge,
         ..Check::new(&limits[1..], cost)
     };
-    let first = store.check_now(&with_id(1, Charge::Admitted)).unwrap();
+    let first = store.check_now(&with_id(1, Charge::Check)).unwrap();
     assert_eq!(first.decision.remaining, 9);
     for (cost, charge) in [
-        (5, Charge::Admitted),
-        (1_000_000, Charge::Admitted),
-        (0, Charge::Admitted),
-        (1, Charge::Reserved),
+        (5, Charge::Check),
+        (1_000_000, Charge::Check),
+        (0, Charge::Check),
+        (1, Charge::Reserve),
     ] {
         assert_eq!(
             store.check_now(&with_id(cost, charge)),
             Err(StoreError::RequestIdConflict(RequestIdConflict {
                 request_id: "R1".into(),
                 rule: "tokens".into(),
-                remembered: RequestUse::new(Charge::Admitted, 1),
+                remembered: RequestUse::new(Charge::Check, 1),
                 asked: RequestUse::new(charge, cost),
             })),
             "{cost} {charge:?}"
         );
     }
     // Envoy's counting is a check: the same use.
-    let retried = store.check_now(&with_id(1, Charge::Attempted)).unwrap();
+    let retried = store
+        .check_now(&with_id(1, Charge::CheckChargingRefusals))
+        .unwrap();
     assert!(retried.decision.allowed);
     assert_eq!(retried.decision.remaining, 9, "a repeat takes nothing");
     // In a check of several rules the conflict in one refuses all: the other records nothing.
@@ -426,7 +432,7 @@ fn a_request_id_reused_for_another_request_is_a_conflict() {
     // A report's ids are its own: R1 reported at 3, then again at 4, conflicts there.
     let report = |cost| Check {
         request_id: Some("R1"),
-        charge: Charge::Reported,
+        charge: Charge::Report,
         ..Check::new(&limits[1..], cost)
     };
     store.check_now(&report(3)).unwrap();

@@ -19,8 +19,10 @@ mod state;
 mod usage;
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use proptest::prelude::*;
+use sluicegate::internals::saturating_micros;
 use sluicegate::{
     Algorithm, Charge, Check, Decision, Limit, LogLayout, ManualClock, MemoryStore,
     MemoryStoreConfig, Rule, RuleSpec, StoreError,
@@ -28,7 +30,7 @@ use sluicegate::{
 use std::sync::Arc;
 
 use reload::{Reload, reload_strategy, reloaded, shared_by};
-use state::{Fit, ModelId, ModelKey, model_combine, model_evaluate};
+use state::{Fit, ModelId, ModelKey, delayed, model_combine, model_evaluate};
 
 /// The model of a whole store: one history per (rule name, state it shares, key).
 #[derive(Default)]
@@ -109,19 +111,19 @@ impl Model {
                     .get_mut(&(i, shared_by(rule), key.to_owned()))
                     .unwrap();
                 match (all, e.fit) {
-                    (true, Fit::Repeat(release)) => Decision {
-                        allowed: true,
-                        delay: release.saturating_sub(e.now),
-                        ..e.refused
-                    },
+                    (true, Fit::Repeat(release)) => {
+                        let mut repeated = delayed(e.refused, release.saturating_sub(e.now));
+                        repeated.allowed = true;
+                        repeated
+                    }
                     (true, _) => {
                         if cost > 0 {
                             usage::record(rule, state, e.now, cost);
                             if let Some(id) = id {
                                 // A reservation is remembered at least a window, with its units,
                                 // its instant and the TAT it set.
-                                let reserve = charge == Charge::Reserved;
-                                let reset = e.admitted.reset_after;
+                                let reserve = charge == Charge::Reserve;
+                                let reset = saturating_micros(e.admitted.reset_after());
                                 usage::forget_expired_ids(state, e.now);
                                 state.ids.push(ModelId {
                                     namespace: "admission",
@@ -129,11 +131,11 @@ impl Model {
                                     used: (charge.name(), cost),
                                     expires: e.now
                                         + if reserve {
-                                            reset.max(rule.window())
+                                            reset.max(saturating_micros(rule.window()))
                                         } else {
                                             reset
                                         },
-                                    release: e.now + e.admitted.delay,
+                                    release: e.now + saturating_micros(e.admitted.delay()),
                                     reservation: reserve.then_some((cost, e.now, e.now + reset)),
                                 });
                             }
@@ -143,17 +145,18 @@ impl Model {
                     // docs/SPEC.md, "Charging refusals": a fixed window that refuses
                     // counts the units all the same, then answers as refused after them.
                     (false, Fit::Over | Fit::Never)
-                        if charge == Charge::Attempted
+                        if charge == Charge::CheckChargingRefusals
                             && cost > 0
                             && rule.algorithm() == Algorithm::FixedWindow =>
                     {
                         usage::record(rule, state, e.now, cost);
                         model_evaluate(rule, state, t, cost, id, charge).refused
                     }
-                    (false, fit) => Decision {
-                        allowed: matches!(fit, Fit::Fits | Fit::Repeat(_)),
-                        ..e.refused
-                    },
+                    (false, fit) => {
+                        let mut unsent = e.refused;
+                        unsent.allowed = matches!(fit, Fit::Fits | Fit::Repeat(_));
+                        unsent
+                    }
                 }
             })
             .collect()
@@ -174,7 +177,7 @@ fn rule_strategy() -> impl Strategy<Value = RuleSpec> {
         .prop_map(
             |(algo, limit, window, burst, queue, bucket_pick, compact)| {
                 let algorithm = Algorithm::ALL[algo];
-                let mut spec = RuleSpec::new(algorithm, limit, window);
+                let mut spec = RuleSpec::new(algorithm, limit, Duration::from_micros(window));
                 match algorithm {
                     // Both layouts decide alike; they differ in what a reload keeps.
                     Algorithm::SlidingLog if compact => spec.layout = Some(LogLayout::Compact),
@@ -217,23 +220,23 @@ struct Event {
 }
 
 /// Plain checks only.
-const CHECKS: &[Charge] = &[Charge::Admitted];
+const CHECKS: &[Charge] = &[Charge::Check];
 /// Checks with refusals charged only.
-const CHARGED: &[Charge] = &[Charge::Attempted];
+const CHARGED: &[Charge] = &[Charge::CheckChargingRefusals];
 /// Every mode: checks and reservations to take units, reports, settles and refunds to
 /// move them, in about equal parts.
 const MIXED: &[Charge] = &[
-    Charge::Admitted,
-    Charge::Admitted,
-    Charge::Attempted,
-    Charge::Reserved,
-    Charge::Reserved,
-    Charge::Reported,
-    Charge::Reported,
-    Charge::Settled,
-    Charge::Settled,
-    Charge::Refunded,
-    Charge::Refunded,
+    Charge::Check,
+    Charge::Check,
+    Charge::CheckChargingRefusals,
+    Charge::Reserve,
+    Charge::Reserve,
+    Charge::Report,
+    Charge::Report,
+    Charge::Settle,
+    Charge::Settle,
+    Charge::Refund,
+    Charge::Refund,
 ];
 
 fn event_strategy(modes: &'static [Charge]) -> impl Strategy<Value = Event> {
@@ -290,7 +293,7 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
             shards,
             ..MemoryStoreConfig::default()
         };
-        MemoryStore::new(config, Arc::new(ManualClock::new(0)))
+        MemoryStore::new(config, Arc::new(ManualClock::new(Duration::ZERO)))
     });
     let mut model = Model::default();
     let mut t: u64 = 1_000;
@@ -322,15 +325,15 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
         // or in a later window or bucket, and not only retries.
         let (id, key) = match (event.id, event.mode) {
             (Some(i), _) => (Some(format!("req-{i}")), event.key),
-            (None, Charge::Reserved) => (Some(format!("reserve-{n}")), event.key),
-            (None, Charge::Settled) => last_reserve
+            (None, Charge::Reserve) => (Some(format!("reserve-{n}")), event.key),
+            (None, Charge::Settle) => last_reserve
                 .clone()
                 .map_or((Some("req-0".into()), event.key), |(id, key)| {
                     (Some(id), key)
                 }),
             (None, _) => (None, event.key),
         };
-        if event.mode == Charge::Reserved {
+        if event.mode == Charge::Reserve {
             last_reserve = id.clone().map(|id| (id, key));
         }
         let key = KEYS[key];
@@ -346,7 +349,7 @@ fn run_trace(specs: &[RuleSpec], events: &[Event]) -> Result<(), TestCaseError> 
             cost: event.cost,
             costs: &own_costs,
             request_id: id.as_deref(),
-            at: Some(t),
+            at: Some(Duration::from_micros(t)),
             charge: event.mode,
         };
         let costs: Vec<u64> = (0..limits.len())
@@ -411,7 +414,7 @@ proptest! {
         run_trace(&specs, &events)?;
     }
 
-    /// Refusals charged (`Charge::Attempted`), one rule or several: fixed windows count
+    /// Refusals charged (`Charge::CheckChargingRefusals`), one rule or several: fixed windows count
     /// what they refuse, the rules that would have allowed record nothing, the other
     /// algorithms are as without the charge.
     #[test]
@@ -455,7 +458,7 @@ fn every_algorithm_matches_model() {
                     ..template
                 };
                 if let Some(n) = spec.buckets
-                    && spec.window % n != 0
+                    && !saturating_micros(spec.window).is_multiple_of(n)
                 {
                     spec.buckets = Some(1);
                 }

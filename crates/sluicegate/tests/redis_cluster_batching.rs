@@ -9,7 +9,8 @@ mod stores;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sluicegate::store::redis::{Scripting, identity_slot};
+use sluicegate::internals::identity_slot;
+use sluicegate::redis::Scripting;
 use sluicegate::{
     Algorithm, Charge, Check, Limit, Outcome, RedisStore, Rule, RuleSpec, Store, StoreError,
 };
@@ -35,7 +36,7 @@ async fn at_once(
     count: usize,
     request_ids: bool,
 ) -> (Vec<u64>, Vec<StoreError>) {
-    at_once_in(store, rule, keys, count, request_ids, Charge::Admitted).await
+    at_once_in(store, rule, keys, count, request_ids, Charge::Check).await
 }
 
 /// [`at_once`] in mode `charge`: for a report, which is never refused, each key's reports
@@ -102,7 +103,7 @@ async fn checks_of_one_slot_share_a_call() {
     let store = store_at(&support::cluster().url(), "one-slot", Scripting::Auto).await;
     let rule = Rule::new(
         "b",
-        &RuleSpec::new(Algorithm::SlidingLog, 50, 3_600_000_000),
+        &RuleSpec::new(Algorithm::SlidingLog, 50, Duration::from_secs(3600)),
     )
     .unwrap();
     let before = store.script_calls();
@@ -126,7 +127,7 @@ async fn checks_of_many_slots_are_each_decided_on_their_own() {
     let store = store_at(&support::cluster().url(), "many-slots", Scripting::Auto).await;
     let rule = Rule::new(
         "m",
-        &RuleSpec::new(Algorithm::TokenBucket, 7, 3_600_000_000),
+        &RuleSpec::new(Algorithm::TokenBucket, 7, Duration::from_secs(3600)),
     )
     .unwrap();
     let keys: Vec<String> = (0..40).map(|i| format!("user:{i}")).collect();
@@ -142,7 +143,7 @@ async fn checks_of_one_node_share_a_call_across_slots() {
     let store = store_at(&support::cluster().url(), "by-node", Scripting::Auto).await;
     let rule = Rule::new(
         "n",
-        &RuleSpec::new(Algorithm::FixedWindow, 1, 3_600_000_000),
+        &RuleSpec::new(Algorithm::FixedWindow, 1, Duration::from_secs(3600)),
     )
     .unwrap();
     let keys: Vec<String> = (0..300).map(|i| format!("visitor:{i}")).collect();
@@ -184,11 +185,11 @@ async fn a_slot_migrating_under_checks_loses_and_doubles_nothing() {
     let store = store_at(&support::cluster().url(), "migration", Scripting::Auto).await;
     let rule = Rule::new(
         "g",
-        &RuleSpec::new(Algorithm::SlidingLog, 1000, 3_600_000_000),
+        &RuleSpec::new(Algorithm::SlidingLog, 1000, Duration::from_secs(3600)),
     )
     .unwrap();
     let keys = keys_of_one_slot("migrant", 8);
-    let (admitted, errors) = migrate_under(&store, &rule, &keys, Charge::Admitted).await;
+    let (admitted, errors) = migrate_under(&store, &rule, &keys, Charge::Check).await;
     assert!(
         errors.is_empty(),
         "checks failed during the migration: {errors:?}"
@@ -217,11 +218,11 @@ async fn a_slot_migrating_under_reports_loses_and_doubles_nothing() {
     .await;
     let rule = Rule::new(
         "r",
-        &RuleSpec::new(Algorithm::TokenBucket, 1, 3_600_000_000),
+        &RuleSpec::new(Algorithm::TokenBucket, 1, Duration::from_secs(3600)),
     )
     .unwrap();
     let keys = keys_of_one_slot("reporter", 8);
-    let (reported, errors) = migrate_under(&store, &rule, &keys, Charge::Reported).await;
+    let (reported, errors) = migrate_under(&store, &rule, &keys, Charge::Report).await;
     assert!(
         errors.is_empty(),
         "reports failed during the migration: {errors:?}"
@@ -246,12 +247,12 @@ async fn reports_of_one_node_share_a_call_and_each_counts() {
     .await;
     let rule = Rule::new(
         "p",
-        &RuleSpec::new(Algorithm::TokenBucket, 2, 3_600_000_000),
+        &RuleSpec::new(Algorithm::TokenBucket, 2, Duration::from_secs(3600)),
     )
     .unwrap();
     let keys: Vec<String> = (0..100).map(|i| format!("spender:{i}")).collect();
     let before = store.script_calls();
-    let (reported, errors) = at_once_in(&store, &rule, &keys, 3, true, Charge::Reported).await;
+    let (reported, errors) = at_once_in(&store, &rule, &keys, 3, true, Charge::Report).await;
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(reported, vec![3; keys.len()]);
     let after = store.script_calls();
@@ -267,14 +268,16 @@ async fn reports_of_one_node_share_a_call_and_each_counts() {
 async fn units_held(store: &RedisStore, rule: &Rule, key: &str) -> u64 {
     let limits = [Limit { rule, key }];
     let check = Check {
-        charge: Charge::Reported,
+        charge: Charge::Report,
         ..Check::new(&limits, 0)
     };
     let standing = store.check(&check).await.expect("a report of nothing");
-    standing
+    let units = standing
         .decision
-        .reset_after
-        .div_ceil(rule.emission_interval())
+        .reset_after()
+        .as_micros()
+        .div_ceil(rule.emission_interval().as_micros());
+    u64::try_from(units).expect("a bucket holds fewer than 2^64 units")
 }
 
 /// Moves the slot of `keys` to another master while 30 rounds of 4 checks of one unit in

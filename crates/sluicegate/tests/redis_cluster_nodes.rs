@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluicegate::store::redis::identity_slot;
+use sluicegate::internals::identity_slot;
 use sluicegate::{
     Algorithm, BreakerConfig, BreakerState, Check, DecidedBy, FailurePolicy, Limit, Limiter,
     LimiterConfig, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store,
@@ -125,7 +125,13 @@ async fn limiter_on(
 }
 
 fn rule() -> Arc<Rule> {
-    Arc::new(Rule::new("r", &RuleSpec::new(Algorithm::SlidingLog, L, 3_600_000_000)).unwrap())
+    Arc::new(
+        Rule::new(
+            "r",
+            &RuleSpec::new(Algorithm::SlidingLog, L, Duration::from_secs(3600)),
+        )
+        .unwrap(),
+    )
 }
 
 /// The state of the breaker of the node at `port`, if it has had a check.

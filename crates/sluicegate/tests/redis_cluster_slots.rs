@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sluicegate::store::redis::{Scripting, identity_slot};
+use sluicegate::internals::identity_slot;
+use sluicegate::redis::Scripting;
 use sluicegate::{Algorithm, Check, Limit, Outcome, RedisStore, Rule, RuleSpec, Store, StoreError};
 use sluicegate_test_support::{self as support, RedisServer, cmd};
 use stores::store_at;
@@ -79,12 +80,12 @@ async fn until_routed(store: &RedisStore, limits: &[Limit<'_>]) {
 fn user_and_global() -> (Rule, Rule) {
     let per_user = Rule::new(
         "user",
-        &RuleSpec::new(Algorithm::SlidingLog, 5, 3_600_000_000),
+        &RuleSpec::new(Algorithm::SlidingLog, 5, Duration::from_secs(3600)),
     )
     .unwrap();
     let global = Rule::new(
         "global",
-        &RuleSpec::new(Algorithm::FixedWindow, 1, 3_600_000_000),
+        &RuleSpec::new(Algorithm::FixedWindow, 1, Duration::from_secs(3600)),
     )
     .unwrap();
     (per_user, global)
@@ -95,7 +96,7 @@ fn user_and_global() -> (Rule, Rule) {
 /// after.
 async fn admit_then_refuse(store: &RedisStore, limits: &[Limit<'_>; 2], t0: u64) {
     let at = |t| Check {
-        at: Some(t),
+        at: Some(Duration::from_micros(t)),
         ..Check::new(limits, 1)
     };
     assert!(store.check(&at(t0)).await.unwrap().decision.allowed);
@@ -108,7 +109,7 @@ async fn admit_then_refuse(store: &RedisStore, limits: &[Limit<'_>; 2], t0: u64)
     }
     let alone = [limits[0]];
     let peek = Check {
-        at: Some(t0 + 10),
+        at: Some(Duration::from_micros(t0 + 10)),
         ..Check::new(&alone, 0)
     };
     assert_eq!(store.check(&peek).await.unwrap().decision.remaining, 3);
@@ -219,12 +220,12 @@ async fn a_slot_migrating_under_checks_of_two_slots_loses_and_doubles_nothing() 
     let store = store_at(&support::cluster().url(), "migration", Scripting::Auto).await;
     let per_user = Rule::new(
         "user",
-        &RuleSpec::new(Algorithm::SlidingLog, 1000, 3_600_000_000),
+        &RuleSpec::new(Algorithm::SlidingLog, 1000, Duration::from_secs(3600)),
     )
     .unwrap();
     let global = Rule::new(
         "global",
-        &RuleSpec::new(Algorithm::SlidingLog, 100_000, 3_600_000_000),
+        &RuleSpec::new(Algorithm::SlidingLog, 100_000, Duration::from_secs(3600)),
     )
     .unwrap();
     let first = "traveller";

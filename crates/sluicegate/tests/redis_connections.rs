@@ -14,7 +14,11 @@ use sluicegate::{
 use sluicegate_test_support as support;
 
 fn rule() -> Rule {
-    Rule::new("conn", &RuleSpec::new(Algorithm::SlidingLog, 2, 60_000_000)).unwrap()
+    Rule::new(
+        "conn",
+        &RuleSpec::new(Algorithm::SlidingLog, 2, Duration::from_secs(60)),
+    )
+    .unwrap()
 }
 
 async fn decides(store: &RedisStore) {

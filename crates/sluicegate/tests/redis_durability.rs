@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use sluicegate::store::redis::identity_slot;
+use sluicegate::internals::identity_slot;
 use sluicegate::{
     Algorithm, Check, DecidedBy, Durability, FailurePolicy, Limit, Limiter, LimiterConfig,
     OnStoreReset, Outcome, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
@@ -28,7 +28,7 @@ const KEYS: usize = 4;
 fn rule() -> Rule {
     Rule::new(
         "durable",
-        &RuleSpec::new(Algorithm::SlidingLog, LIMIT, 60_000_000),
+        &RuleSpec::new(Algorithm::SlidingLog, LIMIT, Duration::from_secs(60)),
     )
     .unwrap()
 }

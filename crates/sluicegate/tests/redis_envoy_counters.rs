@@ -9,7 +9,8 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sluicegate::store::redis::{Scripting, envoy_counter_key, hash_slot};
+use sluicegate::internals::{envoy_counter_key, hash_slot};
+use sluicegate::redis::Scripting;
 use sluicegate::{
     Algorithm, Charge, Check, Limit, ManualClock, MemoryStore, MemoryStoreConfig, Outcome,
     RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
@@ -36,7 +37,7 @@ fn now_micros() -> u64 {
 fn per_minute(name: &str, limit: u64) -> Rule {
     Rule::new(
         name,
-        &RuleSpec::new(Algorithm::FixedWindow, limit, 60_000_000),
+        &RuleSpec::new(Algorithm::FixedWindow, limit, Duration::from_secs(60)),
     )
     .unwrap()
     .with_envoy_counter()
@@ -66,8 +67,8 @@ async fn charged(
     let limits = [Limit { rule, key }];
     store
         .check(&Check {
-            at: Some(at),
-            charge: Charge::Attempted,
+            at: Some(Duration::from_micros(at)),
+            charge: Charge::CheckChargingRefusals,
             ..Check::new(&limits, cost)
         })
         .await
@@ -132,7 +133,7 @@ async fn shares_envoys_counter(url: &str, servers: Servers<'_>, scripting: Scrip
         key: left,
     }];
     let plain = Check {
-        at: Some(at),
+        at: Some(Duration::from_micros(at)),
         ..Check::new(&limits, 1)
     };
     assert!(!store.check(&plain).await.unwrap().decision.allowed);
@@ -161,7 +162,7 @@ async fn shares_envoys_counter(url: &str, servers: Servers<'_>, scripting: Scrip
         key: fresh,
     }];
     let peek = Check {
-        at: Some(at),
+        at: Some(Duration::from_micros(at)),
         ..Check::new(&limits, 0)
     };
     assert!(!store.check(&peek).await.unwrap().decision.allowed);
@@ -263,7 +264,7 @@ async fn envoy_counters_in_several_slots_give_back_when_one_refuses() {
         },
     ];
     let check = Check {
-        at: Some(at),
+        at: Some(Duration::from_micros(at)),
         ..Check::new(&limits, 1)
     };
     assert!(store.check(&check).await.unwrap().decision.allowed);
@@ -297,9 +298,17 @@ async fn envoy_counters_take_no_request_ids_and_whole_seconds_only() {
         store.check(&with_id).await,
         Err(StoreError::InvalidCheck(message)) if message.contains("envoy's counter")
     ));
-    let half_second = Rule::new("h", &RuleSpec::new(Algorithm::FixedWindow, 5, 500_000)).unwrap();
+    let half_second = Rule::new(
+        "h",
+        &RuleSpec::new(Algorithm::FixedWindow, 5, Duration::from_millis(500)),
+    )
+    .unwrap();
     assert!(half_second.with_envoy_counter().is_err());
-    let log = Rule::new("l", &RuleSpec::new(Algorithm::SlidingLog, 5, 1_000_000)).unwrap();
+    let log = Rule::new(
+        "l",
+        &RuleSpec::new(Algorithm::SlidingLog, 5, Duration::from_secs(1)),
+    )
+    .unwrap();
     assert!(log.with_envoy_counter().is_err());
 }
 
@@ -311,14 +320,20 @@ async fn envoy_counters_agree_with_the_reference() {
     let url = support::standalone().url();
     for (scripting, name) in [(Scripting::Auto, "fn"), (Scripting::Eval, "eval")] {
         let rules = [
-            Rule::new("a", &RuleSpec::new(Algorithm::FixedWindow, 3, 1_000_000))
-                .unwrap()
-                .with_envoy_counter()
-                .unwrap(),
-            Rule::new("b", &RuleSpec::new(Algorithm::FixedWindow, 7, 2_000_000))
-                .unwrap()
-                .with_envoy_counter()
-                .unwrap(),
+            Rule::new(
+                "a",
+                &RuleSpec::new(Algorithm::FixedWindow, 3, Duration::from_secs(1)),
+            )
+            .unwrap()
+            .with_envoy_counter()
+            .unwrap(),
+            Rule::new(
+                "b",
+                &RuleSpec::new(Algorithm::FixedWindow, 7, Duration::from_secs(2)),
+            )
+            .unwrap()
+            .with_envoy_counter()
+            .unwrap(),
         ];
         // Each rule its own keys: a key counted under two windows shares envoy's counter
         // whenever their starts coincide (as envoy's does), which the memory store, keeping
@@ -328,8 +343,10 @@ async fn envoy_counters_agree_with_the_reference() {
             // Counters of their own: the traces' times overlap.
             let prefix = format!("envoy-diff-{name}-{seed}:{}:", std::process::id());
             let store = store(&url, &prefix, scripting).await;
-            let reference =
-                MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)));
+            let reference = MemoryStore::new(
+                MemoryStoreConfig::default(),
+                Arc::new(ManualClock::new(Duration::ZERO)),
+            );
             let mut random = Random(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             let mut at = now_micros();
             for line in 0..300 {
@@ -347,11 +364,11 @@ async fn envoy_counters_agree_with_the_reference() {
                     });
                 }
                 let check = Check {
-                    at: Some(at),
+                    at: Some(Duration::from_micros(at)),
                     charge: if random.below(2) == 0 {
-                        Charge::Admitted
+                        Charge::Check
                     } else {
-                        Charge::Attempted
+                        Charge::CheckChargingRefusals
                     },
                     ..Check::new(&limits, random.below(5))
                 };

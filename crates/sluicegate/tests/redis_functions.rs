@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use sluicegate::store::redis::Scripting;
+use sluicegate::redis::Scripting;
 use sluicegate::{
     Algorithm, Check, Limit, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
 };
@@ -16,7 +16,7 @@ use sluicegate_test_support::{self as support, RedisServer, cmd};
 fn rule() -> Rule {
     Rule::new(
         "fn",
-        &RuleSpec::new(Algorithm::SlidingLog, 5, 3_600_000_000),
+        &RuleSpec::new(Algorithm::SlidingLog, 5, Duration::from_secs(3600)),
     )
     .unwrap()
 }

@@ -6,8 +6,10 @@
 #![cfg(feature = "redis")]
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use sluicegate::store::redis::{KeyKind, Scripting, redis_key};
+use sluicegate::internals::{KeyKind, redis_key};
+use sluicegate::redis::Scripting;
 use sluicegate::{
     Algorithm, Charge, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, Rule,
     RuleSpec, Store,
@@ -33,12 +35,14 @@ async fn holds(test: &str, spec: RuleSpec, lines: &[Line], last: Printed) {
         key: "k",
     }];
     for store in every_store(test).await {
-        let reference =
-            MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)));
+        let reference = MemoryStore::new(
+            MemoryStoreConfig::default(),
+            Arc::new(ManualClock::new(Duration::ZERO)),
+        );
         let mut answers = Vec::new();
         for &(at, cost, request_id, charge) in lines {
             let check = Check {
-                at: Some(at),
+                at: Some(Duration::from_micros(at)),
                 request_id,
                 charge,
                 ..Check::new(&limits, cost)
@@ -61,14 +65,14 @@ async fn holds(test: &str, spec: RuleSpec, lines: &[Line], last: Printed) {
 fn log(limit: u64, layout: LogLayout) -> RuleSpec {
     RuleSpec {
         layout: Some(layout),
-        ..RuleSpec::new(Algorithm::SlidingLog, limit, S)
+        ..RuleSpec::new(Algorithm::SlidingLog, limit, Duration::from_micros(S))
     }
 }
 
 fn token_bucket() -> RuleSpec {
     RuleSpec {
         burst: Some(10),
-        ..RuleSpec::new(Algorithm::TokenBucket, 10, S)
+        ..RuleSpec::new(Algorithm::TokenBucket, 10, Duration::from_micros(S))
     }
 }
 
@@ -76,17 +80,17 @@ fn token_bucket() -> RuleSpec {
 /// log the entries at its instant, not the newest (a check's, which then counts on).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settle_gives_back_a_logs_entries_at_its_reservations_instant() {
-    use Charge::{Admitted, Reserved, Settled};
+    use Charge::{Check as C, Reserve, Settle};
     for (layout, name) in [
         (LogLayout::Zset, "settle-zset"),
         (LogLayout::Compact, "settle-ring"),
     ] {
         // Back at 10.6 s: both entries of 10.0 s; the check's of 10.5 s still counts at 11.2 s.
         let lines = [
-            (10 * S, 2, Some("R"), Reserved),
-            (10_500_000, 1, None, Admitted),
-            (10_600_000, 0, Some("R"), Settled),
-            (11_200_000, 1, None, Admitted),
+            (10 * S, 2, Some("R"), Reserve),
+            (10_500_000, 1, None, C),
+            (10_600_000, 0, Some("R"), Settle),
+            (11_200_000, 1, None, C),
         ];
         holds(name, log(3, layout), &lines, (true, 1, 0, S, 0)).await;
     }
@@ -97,17 +101,17 @@ async fn a_settle_gives_back_a_logs_entries_at_its_reservations_instant() {
 /// stamped 9.1 s still counts the entry of 9.0 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settle_that_finds_none_of_its_entries_changes_nothing() {
-    use Charge::{Admitted, Refunded, Reserved, Settled};
+    use Charge::{Check as C, Refund, Reserve, Settle};
     for (layout, name) in [
         (LogLayout::Zset, "settle-none-zset"),
         (LogLayout::Compact, "settle-none-ring"),
     ] {
         let lines = [
-            (9 * S, 1, None, Admitted),
-            (9_500_000, 2, Some("R"), Reserved),
-            (9_600_000, 2, None, Refunded),
-            (10_200_000, 0, Some("R"), Settled),
-            (9_100_000, 1, None, Admitted),
+            (9 * S, 1, None, C),
+            (9_500_000, 2, Some("R"), Reserve),
+            (9_600_000, 2, None, Refund),
+            (10_200_000, 0, Some("R"), Settle),
+            (9_100_000, 1, None, C),
         ];
         holds(name, log(3, layout), &lines, (true, 1, 0, S, 0)).await;
     }
@@ -119,17 +123,17 @@ async fn a_settle_that_finds_none_of_its_entries_changes_nothing() {
 /// 10.1 s). Whose 5 are left can no longer be told: the settle of 0 at 10.2 s keeps all 15.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settle_gives_back_nothing_after_a_trim_reached_its_entries() {
-    use Charge::{Admitted, Reported, Reserved, Settled};
+    use Charge::{Check as C, Report, Reserve, Settle};
     for (layout, name) in [
         (LogLayout::Zset, "settle-trimmed-zset"),
         (LogLayout::Compact, "settle-trimmed-ring"),
     ] {
         for admitted_at in [9_900_000, 10 * S] {
             let lines = [
-                (admitted_at, 5, None, Admitted),
-                (10 * S, 10, Some("R"), Reserved),
-                (10_100_000, 10, None, Reported),
-                (10_200_000, 0, Some("R"), Settled),
+                (admitted_at, 5, None, C),
+                (10 * S, 10, Some("R"), Reserve),
+                (10_100_000, 10, None, Report),
+                (10_200_000, 0, Some("R"), Settle),
             ];
             let last = (false, 0, 800_000, 900_000, 0);
             let name = format!("{name}-{admitted_at}");
@@ -144,25 +148,25 @@ async fn a_settle_gives_back_nothing_after_a_trim_reached_its_entries() {
 /// Then 3 count, and one more fits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settle_gives_back_from_a_ring_that_has_wrapped() {
-    use Charge::{Admitted, Reserved, Settled};
+    use Charge::{Check as C, Reserve, Settle};
     let read_wraps = [
-        (9 * S, 1, None, Admitted),
-        (9_100_000, 1, None, Admitted),
-        (9_200_000, 1, Some("R"), Reserved),
-        (9_300_000, 1, None, Admitted),
-        (10_050_000, 1, None, Admitted),
-        (10_080_000, 0, Some("R"), Settled),
-        (10_090_000, 1, None, Admitted),
+        (9 * S, 1, None, C),
+        (9_100_000, 1, None, C),
+        (9_200_000, 1, Some("R"), Reserve),
+        (9_300_000, 1, None, C),
+        (10_050_000, 1, None, C),
+        (10_080_000, 0, Some("R"), Settle),
+        (10_090_000, 1, None, C),
     ];
     let write_wraps = [
-        (9 * S, 1, None, Admitted),
-        (9_100_000, 1, None, Admitted),
-        (9_200_000, 1, None, Admitted),
-        (9_300_000, 1, Some("R"), Reserved),
-        (10_050_000, 1, None, Admitted),
-        (10_150_000, 1, None, Admitted),
-        (10_180_000, 0, Some("R"), Settled),
-        (10_190_000, 1, None, Admitted),
+        (9 * S, 1, None, C),
+        (9_100_000, 1, None, C),
+        (9_200_000, 1, None, C),
+        (9_300_000, 1, Some("R"), Reserve),
+        (10_050_000, 1, None, C),
+        (10_150_000, 1, None, C),
+        (10_180_000, 0, Some("R"), Settle),
+        (10_190_000, 1, None, C),
     ];
     let spec = log(4, LogLayout::Compact);
     let last = (true, 0, 0, S, 0);
@@ -174,16 +178,16 @@ async fn a_settle_gives_back_from_a_ring_that_has_wrapped() {
 /// (10.0 s), none of bucket 105's 2; at 11.05 s bucket 100 weighs half: 2 + 0.5 + 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settle_gives_back_from_its_reservations_bucket() {
-    use Charge::{Admitted, Reserved, Settled};
+    use Charge::{Check as C, Reserve, Settle};
     let spec = RuleSpec {
         buckets: Some(10),
-        ..RuleSpec::new(Algorithm::SlidingCounter, 10, S)
+        ..RuleSpec::new(Algorithm::SlidingCounter, 10, Duration::from_micros(S))
     };
     let lines = [
-        (10 * S, 4, Some("R"), Reserved),
-        (10_550_000, 2, None, Admitted),
-        (10_600_000, 1, Some("R"), Settled),
-        (11_050_000, 1, None, Admitted),
+        (10 * S, 4, Some("R"), Reserve),
+        (10_550_000, 2, None, C),
+        (10_600_000, 1, Some("R"), Settle),
+        (11_050_000, 1, None, C),
     ];
     holds("settle-counter", spec, &lines, (true, 6, 0, 1_050_000, 0)).await;
 }
@@ -192,14 +196,14 @@ async fn a_settle_gives_back_from_its_reservations_bucket() {
 /// window never counted its units, so a settle there gives back none of the new window's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settle_in_a_later_window_gives_back_nothing() {
-    use Charge::{Admitted, Reserved, Settled};
+    use Charge::{Check as C, Reserve, Settle};
     let lines = [
-        (59 * S, 30, Some("R"), Reserved),
-        (61 * S, 10, None, Admitted),
-        (62 * S, 0, Some("R"), Settled),
-        (63 * S, 1, None, Admitted),
+        (59 * S, 30, Some("R"), Reserve),
+        (61 * S, 10, None, C),
+        (62 * S, 0, Some("R"), Settle),
+        (63 * S, 1, None, C),
     ];
-    let spec = RuleSpec::new(Algorithm::FixedWindow, 100, 60 * S);
+    let spec = RuleSpec::new(Algorithm::FixedWindow, 100, Duration::from_micros(60 * S));
     holds("settle-window", spec, &lines, (true, 89, 0, 57 * S, 0)).await;
 }
 
@@ -207,11 +211,11 @@ async fn a_settle_in_a_later_window_gives_back_nothing() {
 /// is still pending: at 10.4 s, 0.1 s of it; the check's 0.3 s after it stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settle_gives_back_only_its_reservations_pending_tat() {
-    use Charge::{Admitted, Reserved, Settled};
+    use Charge::{Check as C, Reserve, Settle};
     let lines = [
-        (10 * S, 5, Some("R"), Reserved),
-        (10 * S, 3, None, Admitted),
-        (10_400_000, 0, Some("R"), Settled),
+        (10 * S, 5, Some("R"), Reserve),
+        (10 * S, 3, None, C),
+        (10_400_000, 0, Some("R"), Settle),
     ];
     holds(
         "settle-tat",
@@ -226,26 +230,29 @@ async fn a_settle_gives_back_only_its_reservations_pending_tat() {
 /// standing that a report of nothing answered just before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaky_bucket_gives_nothing_back() {
-    use Charge::{Admitted, Refunded, Reported, Reserved, Settled};
+    use Charge::{Check as C, Refund, Report, Reserve, Settle};
     let spec = RuleSpec {
         queue: Some(5),
-        ..RuleSpec::new(Algorithm::LeakyBucket, 10, S)
+        ..RuleSpec::new(Algorithm::LeakyBucket, 10, Duration::from_micros(S))
     };
     let lines = [
-        (10 * S, 2, None, Admitted),
-        (10 * S, 2, Some("R"), Reserved),
-        (10 * S, 0, None, Reported),
+        (10 * S, 2, None, C),
+        (10 * S, 2, Some("R"), Reserve),
+        (10 * S, 0, None, Report),
     ];
     let rule = Rule::new("leaky-standing", &spec).unwrap();
     let limits = [Limit {
         rule: &rule,
         key: "k",
     }];
-    let reference = MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)));
+    let reference = MemoryStore::new(
+        MemoryStoreConfig::default(),
+        Arc::new(ManualClock::new(Duration::ZERO)),
+    );
     let mut standing = None;
     for &(at, cost, request_id, charge) in &lines {
         let check = Check {
-            at: Some(at),
+            at: Some(Duration::from_micros(at)),
             request_id,
             charge,
             ..Check::new(&limits, cost)
@@ -253,9 +260,9 @@ async fn a_leaky_bucket_gives_nothing_back() {
         standing = Some(printed(&reference.check_now(&check).unwrap().decision));
     }
     let standing = standing.unwrap();
-    let refunded = [lines.as_slice(), &[(10 * S, 3, None, Refunded)]].concat();
+    let refunded = [lines.as_slice(), &[(10 * S, 3, None, Refund)]].concat();
     holds("leaky-refund", spec.clone(), &refunded, standing).await;
-    let settled = [lines.as_slice(), &[(10 * S, 0, Some("R"), Settled)]].concat();
+    let settled = [lines.as_slice(), &[(10 * S, 0, Some("R"), Settle)]].concat();
     holds("leaky-settle", spec, &settled, standing).await;
 }
 
@@ -263,13 +270,13 @@ async fn a_leaky_bucket_gives_nothing_back() {
 /// once units are recorded, gives back once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_that_finds_nothing_remembers_no_id() {
-    use Charge::{Refunded, Reported};
+    use Charge::{Refund, Report};
     let lines = [
-        (60 * S, 3, Some("R"), Refunded),
-        (60_100_000, 5, None, Reported),
-        (60_200_000, 3, Some("R"), Refunded),
+        (60 * S, 3, Some("R"), Refund),
+        (60_100_000, 5, None, Report),
+        (60_200_000, 3, Some("R"), Refund),
     ];
-    let spec = RuleSpec::new(Algorithm::FixedWindow, 10, 60 * S);
+    let spec = RuleSpec::new(Algorithm::FixedWindow, 10, Duration::from_micros(60 * S));
     holds("refund-nothing", spec, &lines, (true, 8, 0, 59_800_000, 0)).await;
 }
 
@@ -278,17 +285,17 @@ async fn a_refund_that_finds_nothing_remembers_no_id() {
 /// rather than overwrite the ones there (5 live at 10.5 s, then 1 more).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_keeps_the_newest_instants_units_apart() {
-    use Charge::{Admitted, Refunded};
+    use Charge::{Check as C, Refund};
     for (layout, name) in [
         (LogLayout::Zset, "renumber-zset"),
         (LogLayout::Compact, "renumber-ring"),
     ] {
         let lines = [
-            (10 * S, 2, None, Admitted),
-            (10_500_000, 3, None, Admitted),
-            (11_200_000, 1, None, Refunded),
-            (10_500_000, 3, None, Admitted),
-            (10_500_000, 1, None, Admitted),
+            (10 * S, 2, None, C),
+            (10_500_000, 3, None, C),
+            (11_200_000, 1, None, Refund),
+            (10_500_000, 3, None, C),
+            (10_500_000, 1, None, C),
         ];
         holds(name, log(10, layout), &lines, (true, 4, 0, S, 0)).await;
     }
@@ -298,10 +305,10 @@ async fn a_refund_keeps_the_newest_instants_units_apart() {
 /// later (W = 1 s, the debt lasts 1.5 s) is a new report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_usage_id_is_remembered_for_the_window() {
-    use Charge::Reported;
+    use Charge::Report;
     let lines = [
-        (10 * S, 15, Some("p1"), Reported),
-        (11_200_000, 1, Some("p1"), Reported),
+        (10 * S, 15, Some("p1"), Report),
+        (11_200_000, 1, Some("p1"), Report),
     ];
     holds(
         "usage-id-window",
@@ -316,17 +323,14 @@ async fn a_usage_id_is_remembered_for_the_window() {
 /// request id: the ids' key holds none after it, on every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_report_that_records_nothing_remembers_no_id() {
-    use Charge::Reported;
+    use Charge::Report;
     let spec = RuleSpec {
         buckets: Some(1),
-        ..RuleSpec::new(Algorithm::SlidingCounter, 10, S)
+        ..RuleSpec::new(Algorithm::SlidingCounter, 10, Duration::from_micros(S))
     };
     // The cap: w · (units held) below 2^53, w = 1 s.
     let cap = ((1u64 << 53) - 1) / S;
-    let lines = [
-        (10 * S, cap, None, Reported),
-        (10 * S, 1, Some("p"), Reported),
-    ];
+    let lines = [(10 * S, cap, None, Report), (10 * S, 1, Some("p"), Report)];
     holds(
         "report-nothing",
         spec.clone(),
@@ -380,7 +384,7 @@ async fn a_give_back_of_an_older_instant_keeps_the_newest_instants_units_apart()
         (LogLayout::Compact, "older-give-back-ring"),
     ] {
         let spec = RuleSpec {
-            window: 10 * S,
+            window: Duration::from_micros(10 * S),
             ..log(3, layout)
         };
         let rule = Rule::new(name, &spec).unwrap();
@@ -390,7 +394,7 @@ async fn a_give_back_of_an_older_instant_keeps_the_newest_instants_units_apart()
         }];
         let store = stores::store_at(&server.url(), name, Scripting::Auto).await;
         let check = |at| Check {
-            at: Some(at),
+            at: Some(Duration::from_micros(at)),
             ..Check::new(&limits, 1)
         };
         for at in [S, 2 * S] {

@@ -8,8 +8,9 @@
 #![cfg(feature = "redis")]
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use sluicegate::store::redis::Scripting;
+use sluicegate::redis::Scripting;
 use sluicegate::{
     Algorithm, Check, Decision, Limit, ManualClock, MemoryStore, MemoryStoreConfig, RedisStore,
     Rule, RuleSpec, Store, StoreError,
@@ -55,7 +56,7 @@ async fn together(
                 key: p.key,
             }];
             let check = Check {
-                at: Some(p.at),
+                at: Some(Duration::from_micros(p.at)),
                 ..Check::new(&limits, p.cost)
             };
             (i, store.check(&check).await.map(|outcome| outcome.decision))
@@ -75,7 +76,7 @@ async fn one_by_one(store: &MemoryStore, rule: &Rule, planned: &[Planned]) -> Ve
     for p in planned {
         let limits = [Limit { rule, key: p.key }];
         let check = Check {
-            at: Some(p.at),
+            at: Some(Duration::from_micros(p.at)),
             ..Check::new(&limits, p.cost)
         };
         decisions.push(store.check(&check).await.unwrap().decision);
@@ -128,9 +129,15 @@ async fn a_hot_keys_checks_in_one_call_decide_as_one_after_another() {
         ] {
             let name = format!("{algorithm}-{deployment}");
             let store = stores::store_at(&url, &name, *scripting).await;
-            let rule = Rule::new(&name, &RuleSpec::new(algorithm, 10, 100_000)).unwrap();
-            let reference =
-                MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)));
+            let rule = Rule::new(
+                &name,
+                &RuleSpec::new(algorithm, 10, Duration::from_millis(100)),
+            )
+            .unwrap();
+            let reference = MemoryStore::new(
+                MemoryStoreConfig::default(),
+                Arc::new(ManualClock::new(Duration::ZERO)),
+            );
 
             for server in servers {
                 server.query::<()>(cmd("CONFIG").arg("RESETSTAT")).unwrap();
@@ -191,7 +198,11 @@ async fn a_held_state_that_cannot_be_written_fails_the_whole_call() {
     for scripting in [Scripting::Auto, Scripting::Eval] {
         let name = format!("oom-{scripting:?}");
         let store = stores::store_at(&redis.url(), &name, scripting).await;
-        let rule = Rule::new(&name, &RuleSpec::new(Algorithm::FixedWindow, 10, 100_000)).unwrap();
+        let rule = Rule::new(
+            &name,
+            &RuleSpec::new(Algorithm::FixedWindow, 10, Duration::from_millis(100)),
+        )
+        .unwrap();
         // The script is loaded, and the keys exist, before memory runs out.
         let first = together(&store, &rule, &planned[..4]).await;
         assert!(first.iter().all(Result::is_ok), "{name}: {first:?}");

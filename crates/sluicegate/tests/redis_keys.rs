@@ -5,8 +5,12 @@
 
 #![cfg(feature = "redis")]
 
-use sluicegate::store::redis::{KeyKind, Scripting, hash_slot, key_pattern, redis_key};
-use sluicegate::store::{DIGESTED_KEY_BYTES, stored_key};
+use std::time::Duration;
+
+use sluicegate::internals::{
+    DIGESTED_KEY_BYTES, KeyKind, hash_slot, key_pattern, redis_key, saturating_micros, stored_key,
+};
+use sluicegate::redis::Scripting;
 use sluicegate::{
     Algorithm, Check, Limit, LogLayout, Outcome, RedisStore, RedisStoreConfig, Rule, RuleSpec,
     Store, StoreError,
@@ -38,7 +42,7 @@ async fn identities_spread_over_every_master() {
     // keys would vanish at the next minute boundary, perhaps before they are counted.
     let rule = Rule::new(
         "spread",
-        &RuleSpec::new(Algorithm::SlidingLog, 10, 3_600_000_000),
+        &RuleSpec::new(Algorithm::SlidingLog, 10, Duration::from_secs(3600)),
     )
     .unwrap();
     for i in 0..10_000 {
@@ -60,10 +64,14 @@ async fn identities_spread_over_every_master() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_rule_check_on_one_identity_is_atomic_on_the_cluster() {
     let store = store_at(&support::cluster().url(), "atomic", Scripting::Auto).await;
-    let per_second = Rule::new("s", &RuleSpec::new(Algorithm::SlidingLog, 1, 1_000_000)).unwrap();
+    let per_second = Rule::new(
+        "s",
+        &RuleSpec::new(Algorithm::SlidingLog, 1, Duration::from_secs(1)),
+    )
+    .unwrap();
     let per_hour = Rule::new(
         "h",
-        &RuleSpec::new(Algorithm::TokenBucket, 100, 3_600_000_000),
+        &RuleSpec::new(Algorithm::TokenBucket, 100, Duration::from_secs(3600)),
     )
     .unwrap();
     let limits = [
@@ -101,7 +109,7 @@ async fn keys_expire_once_their_window_has_passed() {
     let store = store_at(&support::standalone().url(), "expiry", Scripting::Auto).await;
     let server = support::standalone();
     for (algorithm, layout) in CASES {
-        let mut spec = RuleSpec::new(algorithm, 5, 200_000);
+        let mut spec = RuleSpec::new(algorithm, 5, Duration::from_millis(200));
         spec.layout = layout;
         let rule = Rule::new("expiry", &spec).unwrap();
         let limits = [Limit {
@@ -117,7 +125,7 @@ async fn keys_expire_once_their_window_has_passed() {
         let key = store.state_key(&rule, "idle");
         let ttl: u64 = server.query(cmd("PTTL").arg(&key)).unwrap();
         // No shorter than the state matters (reset_after, rounded up to a ms), no longer.
-        let reset_ms = admitted.reset_after.div_ceil(1000);
+        let reset_ms = saturating_micros(admitted.reset_after()).div_ceil(1000);
         assert!(
             ttl <= reset_ms && ttl + 50 >= reset_ms,
             "{algorithm}: PTTL {ttl} for reset_after {reset_ms} ms"
@@ -136,7 +144,11 @@ async fn keys_expire_once_their_window_has_passed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_of_the_wrong_type_is_a_typed_error() {
     let store = store_at(&support::standalone().url(), "wrongtype", Scripting::Auto).await;
-    let rule = Rule::new("w", &RuleSpec::new(Algorithm::TokenBucket, 5, 1_000_000)).unwrap();
+    let rule = Rule::new(
+        "w",
+        &RuleSpec::new(Algorithm::TokenBucket, 5, Duration::from_secs(1)),
+    )
+    .unwrap();
     let key = store.state_key(&rule, "mallory");
     support::standalone()
         .query::<()>(cmd("SET").arg(&key).arg("oops"))
@@ -190,7 +202,7 @@ async fn admit_at(store: &RedisStore, rule: &Rule, key: &str, times: impl Iterat
     let limits = [Limit { rule, key }];
     for at in times {
         let check = Check {
-            at: Some(at),
+            at: Some(Duration::from_micros(at)),
             ..Check::new(&limits, 1)
         };
         let outcome = store.check(&check).await.unwrap();
@@ -202,7 +214,7 @@ async fn admit_at(store: &RedisStore, rule: &Rule, key: &str, times: impl Iterat
 fn log_rule(layout: LogLayout, window: u64) -> Rule {
     let spec = RuleSpec {
         layout: Some(layout),
-        ..RuleSpec::new(Algorithm::SlidingLog, 1000, window)
+        ..RuleSpec::new(Algorithm::SlidingLog, 1000, Duration::from_micros(window))
     };
     Rule::new(&format!("memory-{window}"), &spec).unwrap()
 }
@@ -278,18 +290,18 @@ async fn a_check_across_slots_gives_back_when_a_later_slot_refuses() {
     let store = store_at(&support::cluster().url(), "give-back", Scripting::Auto).await;
     let per_user = Rule::new(
         "user",
-        &RuleSpec::new(Algorithm::SlidingLog, 5, 3_600_000_000),
+        &RuleSpec::new(Algorithm::SlidingLog, 5, Duration::from_secs(3600)),
     )
     .unwrap();
     let global = Rule::new(
         "global",
-        &RuleSpec::new(Algorithm::FixedWindow, 1, 3_600_000_000),
+        &RuleSpec::new(Algorithm::FixedWindow, 1, Duration::from_secs(3600)),
     )
     .unwrap();
     let (user, everyone) = ("alice", "everyone");
     assert_ne!(
-        sluicegate::store::redis::identity_slot(user),
-        sluicegate::store::redis::identity_slot(everyone)
+        sluicegate::internals::identity_slot(user),
+        sluicegate::internals::identity_slot(everyone)
     );
     let limits = [
         Limit {
@@ -302,7 +314,7 @@ async fn a_check_across_slots_gives_back_when_a_later_slot_refuses() {
         },
     ];
     let at = |t| Check {
-        at: Some(t),
+        at: Some(Duration::from_micros(t)),
         ..Check::new(&limits, 1)
     };
     let t0 = 1_700_000_000_000_000;
@@ -320,7 +332,7 @@ async fn a_check_across_slots_gives_back_when_a_later_slot_refuses() {
         key: user,
     }];
     let alone_at = |t, cost| Check {
-        at: Some(t),
+        at: Some(Duration::from_micros(t)),
         ..Check::new(&alone, cost)
     };
     assert_eq!(
@@ -379,7 +391,7 @@ async fn long_keys_are_stored_as_digests_and_stay_apart() {
     let server = support::standalone();
     let rule = Rule::new(
         "long",
-        &RuleSpec::new(Algorithm::FixedWindow, 3, 3_600_000_000),
+        &RuleSpec::new(Algorithm::FixedWindow, 3, Duration::from_secs(3600)),
     )
     .unwrap();
     let long_a = format!("{}a", "v".repeat(60 * 1024));

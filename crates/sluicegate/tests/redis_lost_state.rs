@@ -9,7 +9,8 @@
 use std::process::Command;
 use std::time::Duration;
 
-use sluicegate::store::redis::{LossReason, LostState, identity_slot};
+use sluicegate::internals::identity_slot;
+use sluicegate::redis::{LossReason, LostState};
 use sluicegate::{Algorithm, Check, Limit, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store};
 use sluicegate_test_support::{RedisCluster, RedisServer, cmd};
 use tokio::time::Instant;
@@ -32,7 +33,7 @@ fn config(url: &str) -> RedisStoreConfig {
 fn rule() -> Rule {
     Rule::new(
         "per-user",
-        &RuleSpec::new(Algorithm::SlidingLog, 1_000, 60_000_000),
+        &RuleSpec::new(Algorithm::SlidingLog, 1_000, Duration::from_secs(60)),
     )
     .unwrap()
 }

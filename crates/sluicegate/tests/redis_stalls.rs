@@ -140,7 +140,7 @@ async fn stall(test: &str, stall: Duration, after: Duration) -> Run {
     let limiter = Arc::new(Limiter::with_config(store, LimiterConfig::default()));
     let rule = Rule::new(
         "r",
-        &RuleSpec::new(Algorithm::SlidingLog, 1_000_000, 3_600_000_000),
+        &RuleSpec::new(Algorithm::SlidingLog, 1_000_000, Duration::from_secs(3600)),
     )
     .unwrap();
     let load = Load::start(&limiter, &rule);
@@ -241,7 +241,11 @@ async fn the_default_timeout_waits_out_a_100ms_round_trip() {
     let mut config = RedisStoreConfig::new(&server.url());
     config.prefix = format!("stalls:default:{}:", std::process::id());
     let limiter = Limiter::new(RedisStore::connect(config).await.expect("connect"));
-    let rule = Rule::new("r", &RuleSpec::new(Algorithm::SlidingLog, 10, 60_000_000)).unwrap();
+    let rule = Rule::new(
+        "r",
+        &RuleSpec::new(Algorithm::SlidingLog, 10, Duration::from_secs(60)),
+    )
+    .unwrap();
     let limits = [Limit {
         rule: &rule,
         key: "k",

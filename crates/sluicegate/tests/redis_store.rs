@@ -5,8 +5,10 @@
 #![cfg(feature = "redis")]
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use sluicegate::store::redis::Scripting;
+use sluicegate::internals::saturating_micros;
+use sluicegate::redis::Scripting;
 use sluicegate::{
     Algorithm, Check, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig, RedisStore,
     RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
@@ -40,7 +42,10 @@ async fn differential(
 }
 
 fn reference() -> MemoryStore {
-    MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)))
+    MemoryStore::new(
+        MemoryStoreConfig::default(),
+        Arc::new(ManualClock::new(Duration::ZERO)),
+    )
 }
 
 /// Decides `line` on the reference and on `store`, and holds the decisions equal.
@@ -171,7 +176,7 @@ async fn a_compact_log_reads_its_entries_far_beyond_their_span() {
     let store = store_at(&support::standalone().url(), "span", Scripting::Auto).await;
     let Scripted { rules, lines } = compact::spanning("span");
     let key = store.state_key(&rules[0], "user:1");
-    let window = rules[0].window();
+    let window = saturating_micros(rules[0].window());
     let reference = reference();
     let mut checked_at = Vec::new();
     let mut latests = Vec::new();
@@ -280,7 +285,11 @@ async fn a_wrong_type_key_fails_only_its_own_check_in_a_shared_call() {
         Scripting::Auto,
     )
     .await;
-    let rule = Rule::new("w", &RuleSpec::new(Algorithm::SlidingLog, 5, 60_000_000)).unwrap();
+    let rule = Rule::new(
+        "w",
+        &RuleSpec::new(Algorithm::SlidingLog, 5, Duration::from_secs(60)),
+    )
+    .unwrap();
     let culprit = store.state_key(&rule, "mallory");
     support::standalone()
         .query::<()>(cmd("SET").arg(&culprit).arg("oops"))
@@ -354,7 +363,11 @@ async fn a_check_whose_caller_gave_up_is_never_sent() {
     config.prefix = prefix("gave-up");
     config.timeout = std::time::Duration::from_millis(100);
     let store = RedisStore::connect(config).await.unwrap();
-    let rule = Rule::new("g", &RuleSpec::new(Algorithm::SlidingLog, 100, 60_000_000)).unwrap();
+    let rule = Rule::new(
+        "g",
+        &RuleSpec::new(Algorithm::SlidingLog, 100, Duration::from_secs(60)),
+    )
+    .unwrap();
     let check = |store: RedisStore, rule: Rule| async move {
         store
             .check(&Check::new(
@@ -443,7 +456,7 @@ async fn a_charged_peek_is_refused_only_past_the_limit_on_both_stores() {
     for (algorithm, layout) in CASES {
         let spec = RuleSpec {
             layout,
-            ..RuleSpec::new(algorithm, 3, 60_000_000)
+            ..RuleSpec::new(algorithm, 3, Duration::from_secs(60))
         };
         let rule = Rule::new(&format!("peek-{algorithm}-{layout:?}"), &spec).unwrap();
         let limits = [Limit {
@@ -455,7 +468,7 @@ async fn a_charged_peek_is_refused_only_past_the_limit_on_both_stores() {
             let (store, reference, limits) = (&store, &reference, &limits);
             async move {
                 let check = Check {
-                    at: Some(T + step),
+                    at: Some(Duration::from_micros(T + step)),
                     charge,
                     ..Check::new(limits, cost)
                 };
@@ -469,7 +482,7 @@ async fn a_charged_peek_is_refused_only_past_the_limit_on_both_stores() {
         // Fresh: allowed, every unit left, and nothing written.
         let capacity = rule.capacity();
         let entries = reference.len();
-        let fresh = both(0, Charge::Attempted, 0).await;
+        let fresh = both(0, Charge::CheckChargingRefusals, 0).await;
         let all = if is_log { capacity - 1 } else { capacity };
         assert_eq!(fresh, (true, all), "{algorithm}");
         assert_eq!(
@@ -478,21 +491,24 @@ async fn a_charged_peek_is_refused_only_past_the_limit_on_both_stores() {
             "{algorithm}: a peek made no entry"
         );
         // The limit taken.
-        assert_eq!(both(capacity, Charge::Attempted, 1).await, (true, 0));
-        let at_limit = both(0, Charge::Attempted, 2).await;
+        assert_eq!(
+            both(capacity, Charge::CheckChargingRefusals, 1).await,
+            (true, 0)
+        );
+        let at_limit = both(0, Charge::CheckChargingRefusals, 2).await;
         assert_eq!(at_limit, (!is_log, 0), "{algorithm} at the limit");
         assert_eq!(
-            both(0, Charge::Admitted, 3).await,
+            both(0, Charge::Check, 3).await,
             (false, 0),
             "{algorithm}: a plain peek at the limit"
         );
         // Past it: a fixed window counts a refused hit; the others take a report's debt.
         if algorithm == Algorithm::FixedWindow {
-            assert_eq!(both(1, Charge::Attempted, 4).await, (false, 0));
+            assert_eq!(both(1, Charge::CheckChargingRefusals, 4).await, (false, 0));
         } else {
-            both(1, Charge::Reported, 4).await;
+            both(1, Charge::Report, 4).await;
         }
-        let past = both(0, Charge::Attempted, 5).await;
+        let past = both(0, Charge::CheckChargingRefusals, 5).await;
         assert_eq!(past, (false, 0), "{algorithm} past the limit");
     }
 }

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use sluicegate::store::redis::{KeyKind, Scripting, identity_slot, redis_key};
+use sluicegate::internals::{KeyKind, identity_slot, redis_key, saturating_micros};
+use sluicegate::redis::Scripting;
 use sluicegate::{
     Algorithm, Charge, Check, Decision, Limit, LogLayout, RedisStore, RequestIdConflict,
     RequestUse, Rule, RuleSpec, Store, StoreError,
@@ -38,7 +39,7 @@ async fn replay(store: &RedisStore, rule: &Rule, lines: &[Line], expected: &[Pri
     let limits = [Limit { rule, key: "k" }];
     for (&(at, cost, request_id, charge), want) in lines.iter().zip(expected) {
         let check = Check {
-            at: Some(at),
+            at: Some(Duration::from_micros(at)),
             request_id,
             charge,
             ..Check::new(&limits, cost)
@@ -55,15 +56,20 @@ async fn replay(store: &RedisStore, rule: &Rule, lines: &[Line], expected: &[Pri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_usage_examples_of_the_spec_hold_on_redis() {
-    use Charge::{Admitted as C, Refunded, Reported, Reserved, Settled};
+    use Charge::{Check as C, Refund, Report, Reserve, Settle};
     for store in every_store("examples").await {
-        let log = |name| rule(name, RuleSpec::new(Algorithm::SlidingLog, 3, S));
+        let log = |name| {
+            rule(
+                name,
+                RuleSpec::new(Algorithm::SlidingLog, 3, Duration::from_micros(S)),
+            )
+        };
         replay(
             &store,
             &log("report-into-debt"),
             &[
                 (10 * S, 2, None, C),
-                (10_200_000, 4, None, Reported),
+                (10_200_000, 4, None, Report),
                 (10_500_000, 1, None, C),
                 (11_200_000, 1, None, C),
             ],
@@ -77,13 +83,13 @@ async fn the_usage_examples_of_the_spec_hold_on_redis() {
         .await;
         let bucket = RuleSpec {
             burst: Some(10),
-            ..RuleSpec::new(Algorithm::TokenBucket, 10, S)
+            ..RuleSpec::new(Algorithm::TokenBucket, 10, Duration::from_micros(S))
         };
         replay(
             &store,
             &rule("bucket-in-debt", bucket),
             &[
-                (10 * S, 15, None, Reported),
+                (10 * S, 15, None, Report),
                 (10_599_999, 1, None, C),
                 (10_600_000, 1, None, C),
             ],
@@ -98,15 +104,15 @@ async fn the_usage_examples_of_the_spec_hold_on_redis() {
             &store,
             &rule(
                 "reserve-settle",
-                RuleSpec::new(Algorithm::FixedWindow, 100, 60 * S),
+                RuleSpec::new(Algorithm::FixedWindow, 100, Duration::from_micros(60 * S)),
             ),
             &[
-                (60 * S, 30, Some("r1"), Reserved),
-                (60_500_000, 45, Some("r1"), Settled),
-                (60_600_000, 45, Some("r1"), Settled),
-                (61 * S, 40, Some("r2"), Reserved),
-                (62 * S, 10, Some("r2"), Settled),
-                (63 * S, 5, Some("r3"), Settled),
+                (60 * S, 30, Some("r1"), Reserve),
+                (60_500_000, 45, Some("r1"), Settle),
+                (60_600_000, 45, Some("r1"), Settle),
+                (61 * S, 40, Some("r2"), Reserve),
+                (62 * S, 10, Some("r2"), Settle),
+                (63 * S, 5, Some("r3"), Settle),
             ],
             &[
                 (true, 70, 0, 60 * S, 0),
@@ -123,7 +129,7 @@ async fn the_usage_examples_of_the_spec_hold_on_redis() {
             &log("refund"),
             &[
                 (10 * S, 3, None, C),
-                (10_100_000, 2, None, Refunded),
+                (10_100_000, 2, None, Refund),
                 (10_200_000, 2, None, C),
             ],
             &[
@@ -143,8 +149,14 @@ async fn the_usage_examples_of_the_spec_hold_on_redis() {
 async fn each_limit_does_its_part_of_a_report_across_slots() {
     let (user, everyone) = ("alice", "everyone");
     assert_ne!(identity_slot(user), identity_slot(everyone));
-    let per_user = rule("user", RuleSpec::new(Algorithm::SlidingLog, 5, 3600 * S));
-    let global = rule("global", RuleSpec::new(Algorithm::FixedWindow, 2, 3600 * S));
+    let per_user = rule(
+        "user",
+        RuleSpec::new(Algorithm::SlidingLog, 5, Duration::from_micros(3600 * S)),
+    );
+    let global = rule(
+        "global",
+        RuleSpec::new(Algorithm::FixedWindow, 2, Duration::from_micros(3600 * S)),
+    );
     let limits = [
         Limit {
             rule: &per_user,
@@ -158,28 +170,25 @@ async fn each_limit_does_its_part_of_a_report_across_slots() {
     let t0 = 1_700_000_000 * S;
     for store in every_store("parts").await {
         let usage = |at, cost, charge| Check {
-            at: Some(at),
+            at: Some(Duration::from_micros(at)),
             charge,
             ..Check::new(&limits, cost)
         };
         // 3 units: the user's limit holds them, the global one goes into debt.
-        let reported = store.check(&usage(t0, 3, Charge::Reported)).await.unwrap();
+        let reported = store.check(&usage(t0, 3, Charge::Report)).await.unwrap();
         assert_eq!(reported.limits()[0].remaining, 2, "{store:?}");
         assert!(reported.limits()[0].allowed);
         assert!(!reported.limits()[1].allowed);
         assert!(!reported.decision.allowed);
         // A refund of 2 frees the user's two and leaves the global count at 1.
         let refunded = store
-            .check(&usage(t0 + 1, 2, Charge::Refunded))
+            .check(&usage(t0 + 1, 2, Charge::Refund))
             .await
             .unwrap();
         assert_eq!(refunded.limits()[0].remaining, 4, "{store:?}");
         assert_eq!(refunded.limits()[1].remaining, 1, "{store:?}");
         assert!(refunded.decision.allowed);
-        let checked = store
-            .check(&usage(t0 + 2, 1, Charge::Admitted))
-            .await
-            .unwrap();
+        let checked = store.check(&usage(t0 + 2, 1, Charge::Check)).await.unwrap();
         assert!(checked.decision.allowed);
         assert_eq!(checked.limits()[1].remaining, 0);
     }
@@ -213,7 +222,7 @@ async fn a_key_in_debt_expires_when_empty_and_not_before() {
         for (algorithm, layout) in CASES {
             let spec = RuleSpec {
                 layout,
-                ..RuleSpec::new(algorithm, 2, 300_000)
+                ..RuleSpec::new(algorithm, 2, Duration::from_millis(300))
             };
             let rule = rule("debt", spec);
             let limits = [Limit {
@@ -226,12 +235,12 @@ async fn a_key_in_debt_expires_when_empty_and_not_before() {
                 ..Check::new(&limits, cost)
             };
             let reported = store
-                .check(&usage(5, "p1", Charge::Reported))
+                .check(&usage(5, "p1", Charge::Report))
                 .await
                 .unwrap()
                 .decision;
             assert!(!reported.allowed, "{algorithm}: in debt");
-            let reset_ms = reported.reset_after.div_ceil(1000) as i64;
+            let reset_ms = saturating_micros(reported.reset_after()).div_ceil(1000) as i64;
             let state_ttl = pttl(&store, KeyKind::State, &rule, "spender", false);
             assert!(
                 state_ttl <= reset_ms && state_ttl + 50 >= reset_ms,
@@ -244,15 +253,15 @@ async fn a_key_in_debt_expires_when_empty_and_not_before() {
                 "{algorithm}: request ids PTTL {ids_ttl}, remembered {remembered_ms} ms"
             );
             let refunded = store
-                .check(&usage(4, "f1", Charge::Refunded))
+                .check(&usage(4, "f1", Charge::Refund))
                 .await
                 .unwrap()
                 .decision;
             let state_ttl = pttl(&store, KeyKind::State, &rule, "spender", false);
             assert!(
-                state_ttl + 50 >= refunded.reset_after.div_ceil(1000) as i64,
-                "{algorithm}: PTTL {state_ttl} after the refund, reset_after {}",
-                refunded.reset_after
+                state_ttl + 50 >= saturating_micros(refunded.reset_after()).div_ceil(1000) as i64,
+                "{algorithm}: PTTL {state_ttl} after the refund, reset_after {:?}",
+                refunded.reset_after()
             );
             let after_refund = pttl(&store, KeyKind::RequestIds, &rule, "spender", false);
             assert!(
@@ -291,7 +300,7 @@ async fn the_two_log_layouts_decide_alike_under_reports_and_refunds() {
         let layouts = [LogLayout::Zset, LogLayout::Compact].map(|layout| {
             let spec = RuleSpec {
                 layout: Some(layout),
-                ..RuleSpec::new(Algorithm::SlidingLog, limit, window)
+                ..RuleSpec::new(Algorithm::SlidingLog, limit, Duration::from_micros(window))
             };
             rule(&format!("layouts-{seed}"), spec)
         });
@@ -340,7 +349,7 @@ async fn decisions_under(
     for rule in rules {
         let limits = [Limit { rule, key: "k" }];
         let check = Check {
-            at: Some(at),
+            at: Some(Duration::from_micros(at)),
             request_id: request_id.as_deref(),
             charge,
             ..Check::new(&limits, cost)
@@ -368,7 +377,7 @@ async fn a_reservation_the_previous_script_recorded_is_settled_without_a_give_ba
             "old",
             RuleSpec {
                 layout,
-                ..RuleSpec::new(algorithm, 10, 100 * S)
+                ..RuleSpec::new(algorithm, 10, Duration::from_micros(100 * S))
             },
         );
         let limits = [Limit {
@@ -378,12 +387,12 @@ async fn a_reservation_the_previous_script_recorded_is_settled_without_a_give_ba
         let releases = redis_key(store.prefix(), KeyKind::ReleaseTimes, &rule, "k");
         for (id, settled, left) in [("R1", 2, 4), ("R2", 8, 2)] {
             let usage = |cost, charge| Check {
-                at: Some(10 * S),
+                at: Some(Duration::from_micros(10 * S)),
                 request_id: Some(id),
                 charge,
                 ..Check::new(&limits, cost)
             };
-            store.check(&usage(6, Charge::Reserved)).await.unwrap();
+            store.check(&usage(6, Charge::Reserve)).await.unwrap();
             let field = [b"\xffu".as_slice(), id.as_bytes()].concat();
             let record: String = server
                 .query(cmd("HGET").arg(&releases).arg(&field))
@@ -396,7 +405,7 @@ async fn a_reservation_the_previous_script_recorded_is_settled_without_a_give_ba
                 .query(cmd("HSET").arg(&releases).arg(&field).arg("6"))
                 .unwrap();
             let settle = store
-                .check(&usage(settled, Charge::Settled))
+                .check(&usage(settled, Charge::Settle))
                 .await
                 .unwrap()
                 .decision;
@@ -405,7 +414,7 @@ async fn a_reservation_the_previous_script_recorded_is_settled_without_a_give_ba
                 "{algorithm} {layout:?}: settle {settled} of 6"
             );
             // The next reservation starts from an empty key.
-            store.check(&usage(10, Charge::Refunded)).await.unwrap();
+            store.check(&usage(10, Charge::Refund)).await.unwrap();
         }
     }
 }
@@ -418,12 +427,12 @@ async fn a_reservation_the_previous_script_recorded_is_settled_without_a_give_ba
 async fn a_request_id_reused_for_another_request_is_a_conflict() {
     let tokens = Rule::new(
         "tokens",
-        &RuleSpec::new(Algorithm::TokenBucket, 10, 3_600_000_000),
+        &RuleSpec::new(Algorithm::TokenBucket, 10, Duration::from_secs(3600)),
     )
     .unwrap();
     let other = Rule::new(
         "other",
-        &RuleSpec::new(Algorithm::FixedWindow, 100, 3_600_000_000),
+        &RuleSpec::new(Algorithm::FixedWindow, 100, Duration::from_secs(3600)),
     )
     .unwrap();
     // Two keys in two hash slots: on the cluster, a check of both runs slot by slot.
@@ -443,7 +452,7 @@ async fn a_request_id_reused_for_another_request_is_a_conflict() {
     let with_id = |limits, cost, charge| Check {
         request_id: Some("R1"),
         charge,
-        at: Some(at),
+        at: Some(Duration::from_micros(at)),
         ..Check::new(limits, cost)
     };
     let conflict = |remembered, asked| {
@@ -456,56 +465,56 @@ async fn a_request_id_reused_for_another_request_is_a_conflict() {
     };
     for store in every_store("conflicts").await {
         let first = store
-            .check(&with_id(&limits[1..], 1, Charge::Admitted))
+            .check(&with_id(&limits[1..], 1, Charge::Check))
             .await
             .unwrap();
         assert_eq!(first.decision.remaining, 9);
-        for (cost, charge) in [(5, Charge::Admitted), (1_000_000, Charge::Admitted)] {
+        for (cost, charge) in [(5, Charge::Check), (1_000_000, Charge::Check)] {
             assert_eq!(
                 store.check(&with_id(&limits[1..], cost, charge)).await,
                 conflict(
-                    RequestUse::new(Charge::Admitted, 1),
+                    RequestUse::new(Charge::Check, 1),
                     RequestUse::new(charge, cost)
                 )
             );
         }
         assert_eq!(
             store
-                .check(&with_id(&limits[1..], 1, Charge::Reserved))
+                .check(&with_id(&limits[1..], 1, Charge::Reserve))
                 .await,
             conflict(
-                RequestUse::new(Charge::Admitted, 1),
-                RequestUse::new(Charge::Reserved, 1)
+                RequestUse::new(Charge::Check, 1),
+                RequestUse::new(Charge::Reserve, 1)
             )
         );
         let retried = store
-            .check(&with_id(&limits[1..], 1, Charge::Attempted))
+            .check(&with_id(&limits[1..], 1, Charge::CheckChargingRefusals))
             .await
             .unwrap();
         assert!(retried.decision.allowed);
         assert_eq!(retried.decision.remaining, 9, "a repeat takes nothing");
         assert!(
             store
-                .check(&with_id(&limits, 2, Charge::Admitted))
+                .check(&with_id(&limits, 2, Charge::Check))
                 .await
                 .is_err()
         );
         // A report of R1 at 3 in `tokens` alone; then one of both slots at 4 conflicts
         // there, and records nothing in `other` either.
         store
-            .check(&with_id(&limits[1..], 3, Charge::Reported))
+            .check(&with_id(&limits[1..], 3, Charge::Report))
             .await
             .unwrap();
         assert_eq!(
-            store.check(&with_id(&limits, 4, Charge::Reported)).await,
+            store.check(&with_id(&limits, 4, Charge::Report)).await,
             conflict(
-                RequestUse::new(Charge::Reported, 3),
-                RequestUse::new(Charge::Reported, 4)
+                RequestUse::new(Charge::Report, 3),
+                RequestUse::new(Charge::Report, 4)
             )
         );
         let peek = store
             .check(&Check {
-                at: Some(at),
+                at: Some(Duration::from_micros(at)),
                 ..Check::new(&limits, 0)
             })
             .await

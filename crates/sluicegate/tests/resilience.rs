@@ -5,10 +5,10 @@
 #![cfg(feature = "redis")]
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use sluicegate::store::redis::{LossReason, identity_slot};
+use sluicegate::internals::identity_slot;
+use sluicegate::redis::LossReason;
 use sluicegate::{
     Algorithm, BreakerConfig, BreakerState, Check, DecidedBy, FailurePolicy, Limit, Limiter,
     LimiterConfig, ManualClock, OnStoreReset, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store,
@@ -38,7 +38,7 @@ async fn store_at(url: &str, test: &str, timeout: Duration) -> RedisStore {
 fn rule(limit: u64) -> Rule {
     Rule::new(
         "r",
-        &RuleSpec::new(Algorithm::SlidingLog, limit, 3_600_000_000),
+        &RuleSpec::new(Algorithm::SlidingLog, limit, Duration::from_secs(3600)),
     )
     .unwrap()
 }
@@ -71,7 +71,7 @@ async fn every_policy_answers_when_redis_dies_and_redis_decides_again_after_a_re
     };
     // The limiters' own timers (the breaker's cool-down) move only when this test says so;
     // Redis keeps its own time.
-    let clock = ManualClock::new(1_700_000_000_000_000);
+    let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
     let policies = [
         FailurePolicy::Error,
         FailurePolicy::Allow,
@@ -128,7 +128,7 @@ async fn every_policy_answers_when_redis_dies_and_redis_decides_again_after_a_re
         }
         // Three failures opened the breaker: the store is not called any more.
         assert_eq!(limiter.breaker_state(), BreakerState::Open, "{policy}");
-        assert!(limiter.stats().store_errors.load(Ordering::Relaxed) >= 6);
+        assert!(limiter.stats().store_errors >= 6);
     }
 
     let restarted = support::RedisServer::start_at(port, &[]);
@@ -136,7 +136,9 @@ async fn every_policy_answers_when_redis_dies_and_redis_decides_again_after_a_re
     for (limiter, policy) in limiters.iter().zip(policies) {
         loop {
             // Past the cool-down, the breaker lets a probe through.
-            clock.advance(u64::try_from(cool_down.as_micros()).unwrap());
+            clock.advance(Duration::from_micros(
+                u64::try_from(cool_down.as_micros()).unwrap(),
+            ));
             let (outcome, _) = check(limiter, &rule, "k").await;
             if matches!(outcome, Ok(ref o) if o.decided_by == DecidedBy::Store) {
                 break;
@@ -215,7 +217,11 @@ async fn the_negative_cache_refuses_only_what_redis_refuses() {
         );
         let direct = store_on(&server, "negative").await;
         // 20 per 200 ms; the client sends several times that.
-        let rule = Rule::new(algorithm.name(), &RuleSpec::new(algorithm, 20, 200_000)).unwrap();
+        let rule = Rule::new(
+            algorithm.name(),
+            &RuleSpec::new(algorithm, 20, Duration::from_millis(200)),
+        )
+        .unwrap();
         let limits = [Limit {
             rule: &rule,
             key: "abuser",
@@ -231,7 +237,7 @@ async fn the_negative_cache_refuses_only_what_redis_refuses() {
                 // Redis, asked right away without recording, refuses too — if the answer
                 // comes back while the cached refusal still stands (on a loaded machine the
                 // peek may land after it, and then proves nothing).
-                let stands = Duration::from_micros(outcome.decision.retry_after.micros().unwrap());
+                let stands = outcome.decision.retry_after().duration().unwrap();
                 let asked = Instant::now();
                 let peek = direct.check(&Check::new(&limits, 0)).await.unwrap();
                 if asked.elapsed() < stands {
@@ -257,10 +263,7 @@ async fn the_negative_cache_refuses_only_what_redis_refuses() {
             hits * 2 >= refusals,
             "{algorithm}: {hits} of {refusals} refusals answered by the cache"
         );
-        assert_eq!(
-            cached.stats().negative_cache_hits.load(Ordering::Relaxed),
-            hits
-        );
+        assert_eq!(cached.stats().negative_cache_hits, hits);
     }
 }
 
@@ -284,7 +287,7 @@ async fn a_rules_own_policy_beats_the_limiters() {
     // With a deny rule beside it, the strictest wins.
     let closed = Rule::new(
         "other",
-        &RuleSpec::new(Algorithm::FixedWindow, 3, 1_000_000),
+        &RuleSpec::new(Algorithm::FixedWindow, 3, Duration::from_secs(1)),
     )
     .unwrap();
     let limits = [
@@ -491,7 +494,7 @@ async fn counts_exactly(store: &RedisStore, rule: &Rule, key: &str) -> bool {
     let full = !peek().await;
     store
         .check(&Check {
-            charge: sluicegate::Charge::Refunded,
+            charge: sluicegate::Charge::Refund,
             ..Check::new(&limits, 1)
         })
         .await
@@ -652,7 +655,7 @@ async fn one_instance_never_passes_l_across_a_redis_restart_with_the_local_fallb
         );
     }
     let stats = limiter.stats();
-    assert_eq!(stats.write_backs_written.load(Ordering::Relaxed), 12);
+    assert_eq!(stats.write_backs_written, 12);
 }
 
 /// One instance, keys at 150 / 200, a Redis restarted without persistence on the same

@@ -3,6 +3,7 @@
 //! a counter, on the in-memory store, a real redis-server and a real Redis Cluster.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sluicegate::{
     Algorithm, Check, Decision, Limit, LogLayout, ManualClock, MemoryStore, MemoryStoreConfig,
@@ -16,7 +17,7 @@ const S: u64 = 1_000_000;
 async fn decide<S: Store>(store: &S, rule: &Rule, key: &str, cost: u64, at: u64) -> Decision {
     let limits = [Limit { rule, key }];
     let check = Check {
-        at: Some(at),
+        at: Some(Duration::from_micros(at)),
         ..Check::new(&limits, cost)
     };
     store.check(&check).await.unwrap().decision
@@ -37,12 +38,12 @@ fn kept_specs() -> Vec<RuleSpec> {
     let w = 10 * S;
     let compact = RuleSpec {
         layout: Some(LogLayout::Compact),
-        ..RuleSpec::new(Algorithm::SlidingLog, 2, w)
+        ..RuleSpec::new(Algorithm::SlidingLog, 2, Duration::from_micros(w))
     };
     Algorithm::ALL
         .into_iter()
         .map(|algorithm| {
-            let spec = RuleSpec::new(algorithm, 2, w);
+            let spec = RuleSpec::new(algorithm, 2, Duration::from_micros(w));
             match algorithm {
                 Algorithm::TokenBucket => RuleSpec {
                     burst: Some(2),
@@ -83,13 +84,13 @@ async fn a_raised_limit_keeps_usage<S: Store>(store: &S, test: &str) {
     }
     // What the state cannot be read without restarts it: a window.
     let name = format!("{test}-window");
-    let fixed = RuleSpec::new(Algorithm::FixedWindow, 2, 10 * S);
+    let fixed = RuleSpec::new(Algorithm::FixedWindow, 2, Duration::from_micros(10 * S));
     let before = Rule::new(&name, &fixed).unwrap();
     assert!(decide(store, &before, "k", 2, T0).await.allowed);
     let after = Rule::new(
         &name,
         &RuleSpec {
-            window: 20 * S,
+            window: Duration::from_micros(20 * S),
             ..fixed
         },
     )
@@ -112,7 +113,10 @@ async fn scopes_count_apart<S: Store>(store: &S, test: &str) {
 }
 
 fn memory() -> MemoryStore {
-    MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)))
+    MemoryStore::new(
+        MemoryStoreConfig::default(),
+        Arc::new(ManualClock::new(Duration::ZERO)),
+    )
 }
 
 #[tokio::test]

@@ -1,7 +1,9 @@
 //! The worked examples of docs/SPEC.md and others, with every value derived by hand.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use sluicegate::internals::{saturating_micros, signed_micros};
 use sluicegate::{
     Algorithm, Charge, Check, Decision, Limit, ManualClock, MemoryStore, MemoryStoreConfig,
     RetryAfter, Rule, RuleSpec, StoreError,
@@ -11,17 +13,24 @@ const MS: u64 = 1_000;
 const S: u64 = 1_000_000;
 
 fn store() -> MemoryStore {
-    MemoryStore::new(MemoryStoreConfig::default(), Arc::new(ManualClock::new(0)))
+    MemoryStore::new(
+        MemoryStoreConfig::default(),
+        Arc::new(ManualClock::new(Duration::ZERO)),
+    )
 }
 
 fn rule(name: &str, algorithm: Algorithm, limit: u64, window: u64) -> Rule {
-    Rule::new(name, &RuleSpec::new(algorithm, limit, window)).unwrap()
+    Rule::new(
+        name,
+        &RuleSpec::new(algorithm, limit, Duration::from_micros(window)),
+    )
+    .unwrap()
 }
 
 fn check_at(store: &MemoryStore, rule: &Rule, key: &str, cost: u64, at: u64) -> Decision {
     let limits = [Limit { rule, key }];
     let check = Check {
-        at: Some(at),
+        at: Some(Duration::from_micros(at)),
         ..Check::new(&limits, cost)
     };
     store.check_now(&check).unwrap().decision
@@ -49,14 +58,14 @@ fn seed_003_sliding_log_trace() {
         let d = check_at(&store, &rule, "seed", 1, at * MS);
         assert_eq!(
             d,
-            Decision {
+            Decision::new(
                 allowed,
-                limit: 3,
+                3,
                 remaining,
-                retry_after: RetryAfter::Micros(retry * MS),
-                reset_after: reset * MS,
-                delay: 0,
-            },
+                RetryAfter::After(Duration::from_millis(retry)),
+                Duration::from_millis(reset),
+                Duration::ZERO,
+            ),
             "request at {at} ms"
         );
     }
@@ -68,7 +77,11 @@ fn seed_003_sliding_log_trace() {
 fn cloudflare_estimate_for_one_bucket() {
     let spec = |limit| RuleSpec {
         buckets: Some(1),
-        ..RuleSpec::new(Algorithm::SlidingCounter, limit, 60 * S)
+        ..RuleSpec::new(
+            Algorithm::SlidingCounter,
+            limit,
+            Duration::from_micros(60 * S),
+        )
     };
     for (limit, peek_allowed, remaining) in [(50, false, 0), (51, true, 0), (100, true, 49)] {
         let store = store();
@@ -87,9 +100,12 @@ fn cloudflare_estimate_for_one_bucket() {
         );
         if limit == 50 {
             // Fits once 42·(60 s − r) ≤ 31·60 s: r ≥ 60 s − ⌊1860 s/42⌋ = 15.714286 s.
-            assert_eq!(d.retry_after, RetryAfter::Micros(714_286));
+            assert_eq!(
+                d.retry_after(),
+                RetryAfter::After(Duration::from_micros(714_286))
+            );
             // The current bucket (index 1001) stops weighing at (1001 + 2)·60 s.
-            assert_eq!(d.reset_after, 105 * S);
+            assert_eq!(d.reset_after(), Duration::from_micros(105 * S));
         }
     }
 }
@@ -146,8 +162,8 @@ fn cost_that_can_never_fit() {
         let rule = rule("r", algorithm, 5, S);
         let d = check_at(&store, &rule, "k", rule.capacity() + 1, S);
         assert!(!d.allowed);
-        assert_eq!(d.retry_after, RetryAfter::Never, "{algorithm}");
-        assert_eq!(d.retry_after.as_signed_micros(), -1);
+        assert_eq!(d.retry_after(), RetryAfter::Never, "{algorithm}");
+        assert_eq!(signed_micros(d.retry_after()), -1);
     }
 }
 
@@ -159,19 +175,22 @@ fn leaky_bucket_shapes_with_delay() {
         "shape",
         &RuleSpec {
             queue: Some(2),
-            ..RuleSpec::new(Algorithm::LeakyBucket, 10, S)
+            ..RuleSpec::new(Algorithm::LeakyBucket, 10, Duration::from_micros(S))
         },
     )
     .unwrap();
     let delays: Vec<Option<u64>> = (0..4)
         .map(|_| {
             let d = check_at(&store, &rule, "k", 1, 100 * S);
-            d.allowed.then_some(d.delay)
+            d.allowed.then_some(saturating_micros(d.delay()))
         })
         .collect();
     assert_eq!(delays, [Some(0), Some(100 * MS), Some(200 * MS), None]);
     let refused = check_at(&store, &rule, "k", 1, 100 * S);
-    assert_eq!(refused.retry_after, RetryAfter::Micros(100 * MS));
+    assert_eq!(
+        refused.retry_after(),
+        RetryAfter::After(Duration::from_micros(100 * MS))
+    );
     assert_eq!(refused.limit, 3);
 }
 
@@ -182,7 +201,7 @@ fn token_bucket_burst_then_rate() {
         "api",
         &RuleSpec {
             burst: Some(5),
-            ..RuleSpec::new(Algorithm::TokenBucket, 10, S)
+            ..RuleSpec::new(Algorithm::TokenBucket, 10, Duration::from_micros(S))
         },
     )
     .unwrap();
@@ -192,7 +211,10 @@ fn token_bucket_burst_then_rate() {
     assert_eq!(burst, 5);
     // One token back every 100 ms.
     let d = check_at(&store, &rule, "k", 1, 50 * S + 99 * MS);
-    assert_eq!(d.retry_after, RetryAfter::Micros(MS));
+    assert_eq!(
+        d.retry_after(),
+        RetryAfter::After(Duration::from_micros(MS))
+    );
     assert!(check_at(&store, &rule, "k", 1, 50 * S + 100 * MS).allowed);
 }
 
@@ -206,7 +228,7 @@ fn request_id_retry_is_not_counted_twice() {
     }];
     let with_id = |id, at| Check {
         request_id: Some(id),
-        at: Some(at),
+        at: Some(Duration::from_micros(at)),
         ..Check::new(&limits, 1)
     };
     let first = store.check_now(&with_id("a", 10 * S)).unwrap().decision;
@@ -251,7 +273,7 @@ fn several_rules_are_all_or_nothing() {
         },
     ];
     let at = |t| Check {
-        at: Some(t),
+        at: Some(Duration::from_micros(t)),
         ..Check::new(&limits, 1)
     };
     assert!(store.check_now(&at(60 * S)).unwrap().decision.allowed);
@@ -262,7 +284,10 @@ fn several_rules_are_all_or_nothing() {
     assert!(!refused.limits()[0].allowed);
     assert!(refused.limits()[1].allowed);
     assert_eq!(refused.limits()[1].remaining, 1);
-    assert_eq!(refused.decision.retry_after, RetryAfter::Micros(S));
+    assert_eq!(
+        refused.decision.retry_after(),
+        RetryAfter::After(Duration::from_micros(S))
+    );
     // One second later the per-second rule has room again and the minute still has one.
     let later = store.check_now(&at(61 * S)).unwrap();
     assert!(later.decision.allowed);
@@ -328,14 +353,14 @@ fn invalid_checks_are_errors_not_decisions() {
         ),
         (
             Check {
-                at: Some(1 << 52),
+                at: Some(Duration::from_micros(1 << 52)),
                 ..Check::new(&one, 1)
             },
             "time 4503599627370496 µs is not below 2^52 µs (the year 2112)",
         ),
         (
             Check {
-                charge: Charge::Reserved,
+                charge: Charge::Reserve,
                 ..Check::new(&one, 1)
             },
             "a reserve needs a request id",
@@ -372,7 +397,10 @@ fn time_never_runs_backwards_per_key() {
     // A check stamped earlier is decided at the key's latest time: still inside the window.
     let d = check_at(&store, &rule, "k", 1, 50 * S);
     assert!(!d.allowed);
-    assert_eq!(d.retry_after, RetryAfter::Micros(10 * S));
+    assert_eq!(
+        d.retry_after(),
+        RetryAfter::After(Duration::from_micros(10 * S))
+    );
 }
 
 /// Decides a trace of docs/SPEC.md's replay format (`time_us,key,cost[,request_id[,mode]]`)
@@ -387,14 +415,14 @@ fn assert_trace(rule: &Rule, input: &str, expected: &str) {
         let request_id = fields.get(3).filter(|id| !id.is_empty()).copied();
         let charge = fields
             .get(4)
-            .map_or(Charge::Admitted, |mode| Charge::from_name(mode).unwrap());
+            .map_or(Charge::Check, |mode| Charge::from_name(mode).unwrap());
         let limits = [Limit {
             rule,
             key: fields[1],
         }];
         let d = store
             .check_now(&Check {
-                at: Some(at),
+                at: Some(Duration::from_micros(at)),
                 request_id,
                 charge,
                 ..Check::new(&limits, cost)
@@ -406,9 +434,9 @@ fn assert_trace(rule: &Rule, input: &str, expected: &str) {
             fields[1],
             u8::from(d.allowed),
             d.remaining,
-            d.retry_after.as_signed_micros(),
-            d.reset_after,
-            d.delay
+            signed_micros(d.retry_after()),
+            saturating_micros(d.reset_after()),
+            saturating_micros(d.delay())
         );
         assert_eq!(got, want, "the answer to {line}");
     }
@@ -435,7 +463,7 @@ fn usage_a_token_bucket_in_debt() {
         "bucket",
         &RuleSpec {
             burst: Some(10),
-            ..RuleSpec::new(Algorithm::TokenBucket, 10, S)
+            ..RuleSpec::new(Algorithm::TokenBucket, 10, Duration::from_micros(S))
         },
     )
     .unwrap();

@@ -14,16 +14,15 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::HeaderName;
 use axum::routing::get;
-use sluicegate::duration::parse_duration;
 use sluicegate::{Algorithm, AnyStore, Limiter, Rule, RuleSpec, StoreOptions};
 use sluicegate_tower::{KeyExtractor, RateLimitLayer};
 
-fn rule(name: &str, algorithm: Algorithm, limit: u64, window: &str) -> Result<Rule, String> {
-    let window = parse_duration(window).map_err(|e| e.to_string())?;
+fn rule(name: &str, algorithm: Algorithm, limit: u64, window: Duration) -> Result<Rule, String> {
     let mut spec = RuleSpec::new(algorithm, limit, window);
     if algorithm == Algorithm::LeakyBucket {
         spec.queue = Some(5);
@@ -41,16 +40,26 @@ async fn main() -> Result<(), String> {
 
     let per_client = RateLimitLayer::new(Arc::clone(&limiter))
         .limit(
-            rule("per-client", Algorithm::SlidingLog, 5, "10s")?,
+            rule(
+                "per-client",
+                Algorithm::SlidingLog,
+                5,
+                Duration::from_secs(10),
+            )?,
             KeyExtractor::peer_ip(),
         )
         .legacy_headers(true);
     let per_key = RateLimitLayer::new(Arc::clone(&limiter)).limit(
-        rule("per-api-key", Algorithm::SlidingCounter, 100, "1m")?,
+        rule(
+            "per-api-key",
+            Algorithm::SlidingCounter,
+            100,
+            Duration::from_secs(60),
+        )?,
         KeyExtractor::header(HeaderName::from_static("x-api-key")),
     );
     let shaped = RateLimitLayer::new(limiter).limit(
-        rule("shaped", Algorithm::LeakyBucket, 2, "1s")?,
+        rule("shaped", Algorithm::LeakyBucket, 2, Duration::from_secs(1))?,
         KeyExtractor::global(),
     );
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Args;
-use sluicegate::duration::{DurationError, parse_duration};
+use sluicegate::internals::{DurationError, parse_duration};
 use sluicegate::{
     Algorithm, Durability, LogLayout, Rule, RuleSpec, StoreOptions, StoreUrl, StoreUrlError,
     TlsClientIdentity,
@@ -209,7 +209,11 @@ impl RuleShape {
             buckets: self.buckets,
             burst: self.burst,
             queue: self.queue,
-            ..RuleSpec::new(algorithm, self.limit, self.window.micros())
+            ..RuleSpec::new(
+                algorithm,
+                self.limit,
+                Duration::from_micros(self.window.micros()),
+            )
         }
     }
 }

@@ -13,7 +13,7 @@ use anyhow::{Context as _, bail};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory as _};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
-use sluicegate::duration::format_duration;
+use sluicegate::internals::format_duration;
 
 use self::go::{parse_bool, parse_duration, parse_float, parse_int, parse_map};
 use self::variables::{EnvoyVariable, Here, Kind, LOOKALIKES, VARIABLES};

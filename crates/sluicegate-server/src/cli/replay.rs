@@ -28,7 +28,9 @@ pub(super) fn run(args: &ReplayArgs) -> Result<()> {
             let unique = format!(
                 "sluicegate:replay:{}-{}:",
                 std::process::id(),
-                sluicegate::Clock::now_micros(&sluicegate::SystemClock::new())
+                sluicegate::internals::saturating_micros(sluicegate::Clock::now(
+                    &sluicegate::SystemClock::new()
+                ))
             );
             AnyStore::open(args.store.options(&unique)?).await?
         };

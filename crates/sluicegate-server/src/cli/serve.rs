@@ -11,8 +11,8 @@ use clap::Args;
 use std::str::FromStr as _;
 
 use sluicegate::{
-    Algorithm, BreakerConfig, DEFAULT_RULE_SHARE, LimiterConfig, MemoryBudget, MemoryStoreConfig,
-    OnFull, STORE_PART, StoreOptions,
+    Algorithm, BreakerConfig, LimiterConfig, MemoryBudget, MemoryStore, MemoryStoreConfig, OnFull,
+    StoreOptions,
 };
 
 mod memory;
@@ -248,7 +248,7 @@ pub struct ServeArgs {
     on_full: OnFull,
     /// The share of the memory budget and of --max-keys one rule may hold (above 0, at
     /// most 1): a flood of new keys under one rule leaves the rest to the others.
-    #[arg(long, env = "SLUICEGATE_MAX_RULE_SHARE", default_value_t = DEFAULT_RULE_SHARE, value_parser = parse_rule_share)]
+    #[arg(long, env = "SLUICEGATE_MAX_RULE_SHARE", default_value_t = MemoryBudget::DEFAULT_RULE_SHARE, value_parser = parse_rule_share)]
     max_rule_share: f64,
     /// Connections open at once over every listener; beyond it new ones are closed at
     /// once (lowered to what the descriptor limit allows).
@@ -364,7 +364,7 @@ impl ServeArgs {
             store: StoreOptions {
                 memory: MemoryStoreConfig {
                     max_keys: self.max_keys,
-                    budget: memory.part(STORE_PART),
+                    budget: memory.part(MemoryStore::BUDGET_PART),
                     on_full: self.on_full,
                     ..MemoryStoreConfig::default()
                 },

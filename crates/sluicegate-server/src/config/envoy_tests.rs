@@ -50,7 +50,7 @@ fn limit(config: &Config, pairs: Pairs<'_>) -> String {
         return "none".into();
     };
     let rate = match (&limit.rule, limit.block_window) {
-        (Some(rule), _) => format!("{}/{}s", rule.limit(), rule.window() / 1_000_000),
+        (Some(rule), _) => format!("{}/{}s", rule.limit(), rule.window().as_secs()),
         (None, Some(window)) => format!("block/{}s", window / 1_000_000),
         (None, None) => "unlimited".into(),
     };

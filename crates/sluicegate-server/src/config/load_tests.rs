@@ -61,7 +61,7 @@ descriptors:
         let c = parse(text, algorithm).unwrap();
         let window = |pairs: &[(&str, &str)]| {
             let rule = find(&c, pairs).unwrap().rule.as_ref().unwrap();
-            (rule.limit(), rule.window() / 1_000_000)
+            (rule.limit(), rule.window().as_secs())
         };
         assert_eq!(window(&[("files", "files/a")]), (7, 7 * 86_400));
         assert_eq!(window(&[("monthly", "x")]), (30, 30 * 86_400));

@@ -5,10 +5,12 @@
 //! what it loads loads here, what it refuses is refused, plus sluicegate's algorithm
 //! fields on `rate_limit`.
 
+use std::time::Duration;
+
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_saphyr::Spanned;
-use sluicegate::duration::parse_duration;
+use sluicegate::internals::parse_duration;
 use sluicegate::{Algorithm, FailurePolicy, LogLayout, Rule, RuleSpec};
 
 /// The algorithm of a `rate_limit` that names none, unless the server is told another
@@ -200,7 +202,7 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
             burst: f.burst,
             queue: f.queue,
             layout,
-            ..RuleSpec::new(algorithm, limit, window)
+            ..RuleSpec::new(algorithm, limit, Duration::from_micros(window))
         };
         // Built once here for its errors, which then carry this mapping's line; the tree
         // builds the named rule again. A rule without an algorithm is checked there, under

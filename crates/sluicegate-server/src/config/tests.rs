@@ -1,6 +1,7 @@
 //! The configuration as files: matching, errors naming file, line and field, directories.
 
 use super::*;
+use sluicegate::internals::saturating_micros;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(
@@ -73,7 +74,11 @@ descriptors:
         .clone()
         .unwrap();
     assert_eq!(
-        (rule.algorithm(), rule.window(), rule.capacity()),
+        (
+            rule.algorithm(),
+            saturating_micros(rule.window()),
+            rule.capacity()
+        ),
         (Algorithm::TokenBucket, 90_000_000, 2)
     );
 }

@@ -11,6 +11,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use sluicegate::internals::saturating_micros;
 use sluicegate::{Decision, Rule, headers};
 
 use crate::compat::Compat;
@@ -210,7 +211,10 @@ fn status(descriptor: &DescriptorOutcome, compat: Compat) -> DescriptorStatus {
     };
     let (requests_per_unit, window) = match &descriptor.rule {
         // The rate, L per W: a token bucket's burst (the decision's `limit`) is not it.
-        Some(rule) => (clamp_u32(rule.limit()), Some(rule.window())),
+        Some(rule) => (
+            clamp_u32(rule.limit()),
+            Some(saturating_micros(rule.window())),
+        ),
         // A block: a limit of 0, in the unit it names.
         None => (0, descriptor.block_window),
     };
@@ -226,8 +230,8 @@ fn status(descriptor: &DescriptorOutcome, compat: Compat) -> DescriptorStatus {
         limit_remaining: if d.allowed { clamp_u32(d.remaining) } else { 0 },
         duration_until_reset: Some(match compat {
             // envoyproxy/ratelimit counts whole seconds (utils.CalculateReset).
-            Compat::Envoy => proto_duration(headers::seconds_up(d.reset_after) * 1_000_000),
-            Compat::None => proto_duration(d.reset_after),
+            Compat::Envoy => proto_duration(headers::seconds_up(d.reset_after()) * 1_000_000),
+            Compat::None => proto_duration(saturating_micros(d.reset_after())),
         }),
         ..DescriptorStatus::default()
     }
@@ -296,7 +300,7 @@ fn ietf_headers(decided: &Decided) -> Vec<HeaderValue> {
         ),
         header("RateLimit", headers::ratelimit(binding, &decision)),
     ];
-    if let Some(seconds) = headers::retry_after_seconds(decision.retry_after)
+    if let Some(seconds) = headers::retry_after_seconds(decision.retry_after())
         && decided.refused()
     {
         out.push(header("Retry-After", seconds.to_string()));

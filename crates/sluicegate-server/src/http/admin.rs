@@ -7,6 +7,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use sluicegate::Rule;
+use sluicegate::internals::saturating_micros;
 
 use super::body::Body;
 use super::check::CheckRequest;
@@ -94,7 +95,11 @@ pub(super) async fn rules(State(service): State<Arc<Service>>) -> Response {
                 .map(Rule::limit)
                 .or(l.blocked().then_some(0)),
             capacity: l.rule.as_ref().map(Rule::capacity),
-            window_us: l.rule.as_ref().map(Rule::window).or(l.block_window),
+            window_us: l
+                .rule
+                .as_ref()
+                .map(|rule| saturating_micros(rule.window()))
+                .or(l.block_window),
         })
         .collect::<Vec<RuleBody>>();
     (headers, axum::Json(rules)).into_response()

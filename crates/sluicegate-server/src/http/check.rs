@@ -5,6 +5,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
+use sluicegate::internals::{saturating_micros, signed_micros};
 use sluicegate::{Charge, Decision};
 
 use super::body::Body;
@@ -35,7 +36,7 @@ impl CheckRequest {
     /// input that names the field.
     fn modes(&self) -> Result<Modes<'_>, ApiError> {
         let charge = match self.mode.as_deref() {
-            None => Charge::Admitted,
+            None => Charge::Check,
             Some(name) => Charge::from_name(name).ok_or_else(|| {
                 ApiError::bad_request(format!(
                     "mode: unknown mode {name:?}; expected {}",
@@ -77,9 +78,9 @@ impl From<Decision> for DecisionBody {
             allowed: d.allowed,
             limit: d.limit,
             remaining: d.remaining,
-            retry_after_us: d.retry_after.as_signed_micros(),
-            reset_after_us: d.reset_after,
-            delay_us: d.delay,
+            retry_after_us: signed_micros(d.retry_after()),
+            reset_after_us: saturating_micros(d.reset_after()),
+            delay_us: saturating_micros(d.delay()),
         }
     }
 }

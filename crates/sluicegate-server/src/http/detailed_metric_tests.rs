@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sluicegate::{
     AnyStore, Clock, Limiter, LimiterConfig, ManualClock, MemoryStore, MemoryStoreConfig,
@@ -86,7 +87,7 @@ fn value(text: &str, name: &str) -> Option<u64> {
 
 #[tokio::test]
 async fn values_past_the_cap_overflow_and_idle_series_are_dropped() {
-    let clock = ManualClock::new(1_000_000_000);
+    let clock = ManualClock::new(Duration::from_secs(1000));
     let (service, address) = serve(&clock, 2).await;
     check(&address, "client", &["a", "b", "c", "a"]).await;
     // Longer than the 256 bytes a value's stat key may have.
@@ -117,9 +118,9 @@ async fn values_past_the_cap_overflow_and_idle_series_are_dropped() {
     );
     // a is counted in again four minutes on; b is not. Five minutes after b's last
     // count (longer than the rule's minute), b goes, and its slot takes c.
-    clock.advance(240_000_000);
+    clock.advance(Duration::from_secs(240));
     check(&address, "client", &["a"]).await;
-    clock.advance(60_000_000);
+    clock.advance(Duration::from_secs(60));
     service.expire_detailed_series();
     let text = call(&address, "GET", "/metrics", "").await;
     assert_eq!(value(&text, &hits("d.client_a")), Some(3));
@@ -132,7 +133,7 @@ async fn values_past_the_cap_overflow_and_idle_series_are_dropped() {
     let text = call(&address, "GET", "/metrics", "").await;
     assert_eq!(value(&text, &hits("d.client_c")), Some(1));
     // Long after, every value's series is gone.
-    clock.advance(3_600_000_000);
+    clock.advance(Duration::from_secs(3600));
     service.expire_detailed_series();
     let text = call(&address, "GET", "/metrics", "").await;
     assert!(!text.contains("client_"), "{text}");

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use serde_json::{Value, json};
+use sluicegate::internals::{saturating_micros, signed_micros};
 use sluicegate::{Algorithm, Outcome, RetryAfter, Rule};
 
 use super::body::Body;
@@ -128,9 +129,12 @@ fn state_body(rule: &Rule, state: &Outcome, units: u64, would_refuse: bool) -> V
     let d = state.decision;
     let available = available(state);
     let in_use = d.limit.saturating_sub(available);
-    let next_free = match d.retry_after {
+    let next_free = match d.retry_after() {
         _ if d.allowed => "a unit is free now".to_owned(),
-        RetryAfter::Micros(us) => format!("the next unit frees in {}", duration(us)),
+        RetryAfter::After(wait) => format!(
+            "the next unit frees in {}",
+            duration(saturating_micros(wait))
+        ),
         RetryAfter::Never => "no unit will ever free".to_owned(),
     };
     let verdict = if would_refuse {
@@ -142,10 +146,13 @@ fn state_body(rule: &Rule, state: &Outcome, units: u64, would_refuse: bool) -> V
     let reset = if d.allowed {
         format!(
             "with one more unit, empty again in {}",
-            duration(d.reset_after)
+            duration(saturating_micros(d.reset_after()))
         )
     } else {
-        format!("empty again in {}", duration(d.reset_after))
+        format!(
+            "empty again in {}",
+            duration(saturating_micros(d.reset_after()))
+        )
     };
     let words = format!(
         "{in_use} of {} in use, {available} available; {next_free}; {reset}; {verdict}",
@@ -155,8 +162,8 @@ fn state_body(rule: &Rule, state: &Outcome, units: u64, would_refuse: bool) -> V
         "capacity": d.limit,
         "in_use": in_use,
         "available": available,
-        "retry_after_us": if d.allowed { 0 } else { d.retry_after.as_signed_micros() },
-        "reset_after_us": d.reset_after,
+        "retry_after_us": if d.allowed { 0 } else { signed_micros(d.retry_after()) },
+        "reset_after_us": d.reset_after(),
         "decided_by": state.decided_by.name(),
         "words": words,
     });

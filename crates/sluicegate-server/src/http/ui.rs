@@ -5,12 +5,14 @@
 //! page stays light at thousands of rules.
 
 use std::sync::Arc;
+use std::time::UNIX_EPOCH;
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
+use sluicegate::internals::saturating_micros;
 use sluicegate::{AnyStore, Rule};
 
 use super::error::ApiError;
@@ -177,7 +179,7 @@ pub(super) async fn overview(
             algorithm: l.rule.as_ref().map(|r| r.algorithm().to_string()),
             limit: l.rule.as_ref().map(Rule::limit),
             capacity: l.rule.as_ref().map(Rule::capacity),
-            window_us: l.rule.as_ref().map(Rule::window),
+            window_us: l.rule.as_ref().map(|rule| saturating_micros(rule.window())),
             unlimited: l.rule.is_none() && !l.blocked(),
             blocked: l.blocked(),
             shadow: l.shadow_mode,
@@ -232,7 +234,10 @@ pub(super) async fn overview(
                         reason: loss.reason.label(),
                         count: loss.count,
                         detail: loss.detail,
-                        at_us: loss.at_us,
+                        at_us: loss
+                            .at
+                            .duration_since(UNIX_EPOCH)
+                            .map_or(0, saturating_micros),
                     })
                     .collect(),
             },

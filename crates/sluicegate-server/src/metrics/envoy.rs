@@ -397,14 +397,14 @@ mod tests {
     use sluicegate::RetryAfter;
 
     fn decision(allowed: bool, limit: u64, remaining: u64) -> Decision {
-        Decision {
+        Decision::new(
             allowed,
             limit,
             remaining,
-            retry_after: RetryAfter::Micros(0),
-            reset_after: 0,
-            delay: 0,
-        }
+            RetryAfter::After(Duration::ZERO),
+            Duration::ZERO,
+            Duration::ZERO,
+        )
     }
 
     fn counts(counters: &EnvoyCounters) -> [u64; 5] {

@@ -600,7 +600,6 @@ impl Metrics {
 
 /// The limiter's counters as they are now, as a registry of constants.
 fn limiter_registry(limiter: &Limiter<AnyStore>) -> Registry {
-    use std::sync::atomic::Ordering;
     let mut registry = Registry::default();
     let stats = limiter.stats();
     let mut counter = |name: &str, help: &str, value: u64| {
@@ -609,17 +608,17 @@ fn limiter_registry(limiter: &Limiter<AnyStore>) -> Registry {
     counter(
         "sluicegate_store_errors",
         "Checks the store failed (errors, timeouts, open breaker)",
-        stats.store_errors.load(Ordering::Relaxed),
+        stats.store_errors,
     );
     counter(
         "sluicegate_negative_cache_hits",
         "Refusals answered by the negative cache",
-        stats.negative_cache_hits.load(Ordering::Relaxed),
+        stats.negative_cache_hits,
     );
     counter(
         "sluicegate_fallback_decisions",
         "Checks decided by a store-failure policy",
-        stats.fallback_decisions.load(Ordering::Relaxed),
+        stats.fallback_decisions,
     );
     if let AnyStore::Redis(redis) = limiter.store() {
         let sent = redis.script_calls();
@@ -780,18 +779,17 @@ struct WriteBackLabels {
 /// What the limiter owes the store (units the `local` fallback admitted, counts a store
 /// lost) and what became of its write-backs.
 fn register_write_backs(registry: &mut Registry, limiter: &Limiter<AnyStore>) {
-    use std::sync::atomic::Ordering;
     let stats = limiter.stats();
     let write_backs = Family::<WriteBackLabels, Counter>::default();
     for (outcome, count) in [
-        ("written", &stats.write_backs_written),
-        ("failed", &stats.write_backs_failed),
-        ("expired", &stats.write_backs_expired),
-        ("dropped", &stats.write_backs_dropped),
+        ("written", stats.write_backs_written),
+        ("failed", stats.write_backs_failed),
+        ("expired", stats.write_backs_expired),
+        ("dropped", stats.write_backs_dropped),
     ] {
         write_backs
             .get_or_create(&WriteBackLabels { outcome })
-            .inc_by(count.load(Ordering::Relaxed));
+            .inc_by(count);
     }
     registry.register(
         "sluicegate_fallback_write_backs",
@@ -813,13 +811,13 @@ fn register_write_backs(registry: &mut Registry, limiter: &Limiter<AnyStore>) {
     registry.register(
         "sluicegate_fallback_unowed_units",
         "Units the local fallback admitted with no room left to owe them: never written back",
-        ConstCounter::new(stats.unowed_units.load(Ordering::Relaxed)),
+        ConstCounter::new(stats.unowed_units),
     );
     registry.register(
         "sluicegate_store_reset_keys",
         "Keys found in a store that lost their state, whose last count was owed to it again \
          (--on-store-reset conservative)",
-        ConstCounter::new(stats.store_reset_keys.load(Ordering::Relaxed)),
+        ConstCounter::new(stats.store_reset_keys),
     );
 }
 
@@ -829,14 +827,14 @@ mod tests {
     use sluicegate::RetryAfter;
 
     fn decision(allowed: bool, remaining: u64) -> Decision {
-        Decision {
+        Decision::new(
             allowed,
-            limit: 10,
+            10,
             remaining,
-            retry_after: RetryAfter::Micros(0),
-            reset_after: 0,
-            delay: 0,
-        }
+            RetryAfter::After(Duration::ZERO),
+            Duration::ZERO,
+            Duration::ZERO,
+        )
     }
 
     #[test]
@@ -891,7 +889,11 @@ mod tests {
         let limiter = Limiter::new(AnyStore::Memory(Default::default()));
         let rule = sluicegate::Rule::new(
             "r",
-            &sluicegate::RuleSpec::new(sluicegate::Algorithm::FixedWindow, 10, 1_000_000),
+            &sluicegate::RuleSpec::new(
+                sluicegate::Algorithm::FixedWindow,
+                10,
+                Duration::from_secs(1),
+            ),
         )
         .unwrap();
         limiter.check(&rule, "k", 1).await.unwrap();

@@ -55,7 +55,7 @@ impl Decided {
             decision: None,
             unlimited: false,
             shadow: false,
-            charge: Charge::Admitted,
+            charge: Charge::Check,
         };
         Decided {
             descriptors: (0..count).map(|_| nothing()).collect(),
@@ -78,17 +78,6 @@ impl Decided {
         !self.allowed() && (self.blocked || self.refusable)
     }
 }
-
-/// A block's decision: over the limit, and it will never pass. Its reset is the end of
-/// its unit's window, when it names a unit ([`Service::block`]).
-pub(super) const BLOCKED: Decision = Decision {
-    allowed: false,
-    limit: 0,
-    remaining: 0,
-    retry_after: sluicegate::RetryAfter::Never,
-    reset_after: 0,
-    delay: 0,
-};
 
 /// Why a request could not be decided.
 pub(crate) enum DecideError {

@@ -1,10 +1,13 @@
 //! Counting a request's matched limits: sluicegate's one all-or-nothing check (and envoy's
 //! stop-increment, the same check charging refusals), or envoy's check per descriptor.
 
-use sluicegate::{Charge, Check, DecidedBy, Decision, Limit, Outcome};
+use std::time::Duration;
+
+use sluicegate::internals::saturating_micros;
+use sluicegate::{Charge, Check, DecidedBy, Decision, Limit, Outcome, RetryAfter};
 
 use super::Service;
-use super::answer::{BLOCKED, DecideError};
+use super::answer::DecideError;
 use super::usage::Mode;
 use crate::compat::Counting;
 use crate::config::ConfiguredLimit;
@@ -20,14 +23,20 @@ struct Group<'a> {
 }
 
 impl Service {
-    /// A block's decision now: it resets when its unit's window, aligned to the epoch as a
-    /// fixed window's, ends (as envoyproxy/ratelimit reports it).
+    /// A block's decision now: over the limit, and it will never pass. It resets when its
+    /// unit's window, aligned to the epoch as a fixed window's, ends (as
+    /// envoyproxy/ratelimit reports it), when it names a unit.
     pub(super) fn block(&self, limit: &ConfiguredLimit) -> Decision {
-        let now = self.limiter.clock().now_micros();
-        Decision {
-            reset_after: limit.block_window.map_or(0, |window| window - now % window),
-            ..BLOCKED
-        }
+        let now = saturating_micros(self.limiter.clock().now());
+        let reset = limit.block_window.map_or(0, |window| window - now % window);
+        Decision::new(
+            false,
+            0,
+            0,
+            RetryAfter::Never,
+            Duration::from_micros(reset),
+            Duration::ZERO,
+        )
     }
 
     /// sluicegate's counting (and envoy's with `--stop-increment-when-over-limit`) of a
@@ -133,11 +142,12 @@ impl Service {
                     .position(|(x, _)| x.key == key && x.rule.same_identity(rule))
                 {
                     Some(i) => {
-                        list[i].1 = if charge == Charge::Attempted || !charge.may_refuse() {
-                            list[i].1.saturating_add(cost)
-                        } else {
-                            list[i].1.max(cost)
-                        };
+                        list[i].1 =
+                            if charge == Charge::CheckChargingRefusals || !charge.may_refuse() {
+                                list[i].1.saturating_add(cost)
+                            } else {
+                                list[i].1.max(cost)
+                            };
                         i
                     }
                     None => {
@@ -211,7 +221,7 @@ impl Service {
         let check = |i: usize| async move {
             let rule = rule_of(i).expect("a lane holds limited descriptors only");
             let charge = match modes[i].charge {
-                Charge::Admitted => Charge::Attempted,
+                Charge::Check => Charge::CheckChargingRefusals,
                 other => other,
             };
             let limits = [Limit {
@@ -313,9 +323,9 @@ impl Service {
 /// may refuse, then one per other mode and request id, in request order.
 fn groups<'a>(modes: &[Mode<'a>], counting: Counting) -> Result<Vec<Group<'a>>, DecideError> {
     let check = if counting == Counting::StopIncrementWhenOverLimit {
-        Charge::Attempted
+        Charge::CheckChargingRefusals
     } else {
-        Charge::Admitted
+        Charge::Check
     };
     let mut refusable = Group {
         mode: Mode {
@@ -338,8 +348,8 @@ fn groups<'a>(modes: &[Mode<'a>], counting: Counting) -> Result<Vec<Group<'a>>, 
             }
             continue;
         }
-        if mode.charge == Charge::Reserved {
-            refusable.mode.charge = Charge::Reserved;
+        if mode.charge == Charge::Reserve {
+            refusable.mode.charge = Charge::Reserve;
         }
         if let Some(id) = mode.request_id {
             match first_id {

@@ -177,7 +177,7 @@ impl Service {
     async fn peek_charged(&self, rule: &Rule, key: &str) -> Result<Outcome, DecideError> {
         let limits = [Limit { rule, key }];
         let check = Check {
-            charge: Charge::Attempted,
+            charge: Charge::CheckChargingRefusals,
             ..Check::new(&limits, 0)
         };
         Ok(self.limiter.decide(&check).await?)

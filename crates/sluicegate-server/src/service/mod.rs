@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
+use sluicegate::internals::saturating_micros;
 use sluicegate::{AnyStore, Limiter, Rule};
 
 pub(crate) mod explain;
@@ -153,7 +154,7 @@ fn counter_key(domain: &str, limit: &ConfiguredLimit, entries: &[Entry]) -> Stri
 }
 
 /// envoyproxy/ratelimit's cache key of a descriptor, but for the prefix and the window
-/// start (the store adds both: `sluicegate::store::redis::envoy_counter_key`):
+/// start (the store adds both: `sluicegate::internals::envoy_counter_key`):
 /// `domain_key_value_key2_value2`, an empty value written as nothing
 /// (envoyproxy/ratelimit@f2fb157 src/limiter/cache_key.go:62-81).
 fn envoy_cache_key(domain: &str, entries: &[Entry]) -> String {
@@ -278,7 +279,7 @@ impl Service {
             DEFAULT_TOP_PERIOD,
             memory.part(TOP_OFFENDERS_PART),
         );
-        let now = limiter.clock().now_micros();
+        let now = saturating_micros(limiter.clock().now());
         let live = ArcSwap::from_pointee(Live::new(config, &metrics, &offenders, 1, now));
         Service {
             live,
@@ -364,7 +365,7 @@ impl Service {
 
     /// Now, on the limiter's clock: what every part of the service reads the time from.
     pub(crate) fn now_micros(&self) -> u64 {
-        self.limiter.clock().now_micros()
+        saturating_micros(self.limiter.clock().now())
     }
 
     pub(crate) fn options(&self) -> &ServiceOptions {

@@ -2,6 +2,7 @@
 //! of a report, settle or refund), and, for a refusal, the offenders' tracker and the
 //! sampled refusal log.
 
+use sluicegate::internals::{saturating_micros, signed_micros};
 use sluicegate::{Charge, Decision};
 
 use super::{Live, Service, descriptor_text, detailed_key};
@@ -32,7 +33,10 @@ impl Service {
         } else if let (Some(l), Some(decision)) = (limit, decision) {
             if l.detailed_metric {
                 // Labelled by the request's values: looked up per decision.
-                let window_us = l.rule.as_ref().map_or(0, sluicegate::Rule::window);
+                let window_us = l
+                    .rule
+                    .as_ref()
+                    .map_or(0, |rule| saturating_micros(rule.window()));
                 self.metrics
                     .detailed_rule_metrics(
                         &l.path,
@@ -63,7 +67,7 @@ impl Service {
                         descriptor = %descriptor,
                         cost,
                         limit = decision.limit,
-                        retry_after_us = decision.retry_after.as_signed_micros(),
+                        retry_after_us = signed_micros(decision.retry_after()),
                         "refused"
                     );
                 }

@@ -2,8 +2,7 @@
 //! on Envoy's protocol, what a descriptor reaching a `usage: true` rule says in its last
 //! entries (`request_id`, `usage`), which are then no part of its key.
 
-use sluicegate::store::MAX_REQUEST_ID_BYTES;
-use sluicegate::{Charge, EXACT_LIMIT};
+use sluicegate::{Charge, Check};
 
 use super::answer::DecideError;
 use crate::config::{ConfiguredLimit, Entry};
@@ -31,7 +30,7 @@ impl Modes<'static> {
     /// Every descriptor a plain check, without a request id.
     #[cfg(test)]
     pub(crate) const CHECK: Modes<'static> = Modes::Given {
-        charge: Charge::Admitted,
+        charge: Charge::Check,
         request_id: None,
     };
 }
@@ -160,8 +159,8 @@ pub(crate) fn resolve<'d, 'c>(
                     })?,
                     // Envoy's stream-done call carries the tokens in the descriptor's own
                     // hits; a request-time call sets 0 or leaves them to the request's.
-                    None if reports[i] && matched[i].is_some_and(|l| l.usage) => Charge::Reported,
-                    None => Charge::Admitted,
+                    None if reports[i] && matched[i].is_some_and(|l| l.usage) => Charge::Report,
+                    None => Charge::Check,
                 };
                 (used, Mode { charge, request_id })
             }
@@ -206,7 +205,7 @@ pub(crate) fn validate(
         Modes::EnvoyEntries { .. } => format!("descriptors[{i}]: "),
     };
     for (i, _, mode) in reaching() {
-        if costs[i] >= EXACT_LIMIT {
+        if costs[i] > Check::MAX_COST {
             return Err(DecideError::Invalid(format!(
                 "{}cost {} is not below 2^53",
                 whose(i),
@@ -214,11 +213,12 @@ pub(crate) fn validate(
             )));
         }
         if let Some(id) = mode.request_id
-            && (id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES)
+            && (id.is_empty() || id.len() > Check::MAX_REQUEST_ID_BYTES)
         {
             return Err(DecideError::Invalid(format!(
-                "{}request id must be 1 to {MAX_REQUEST_ID_BYTES} bytes, got {}",
+                "{}request id must be 1 to {} bytes, got {}",
                 whose(i),
+                Check::MAX_REQUEST_ID_BYTES,
                 id.len()
             )));
         }
@@ -227,7 +227,9 @@ pub(crate) fn validate(
     // costs where decide_together adds them up: the sum too must be below 2^53, or the
     // store refuses it after the request's other checks were charged.
     let summed: Vec<_> = reaching()
-        .filter(|(_, _, mode)| mode.charge == Charge::Attempted || !mode.charge.may_refuse())
+        .filter(|(_, _, mode)| {
+            mode.charge == Charge::CheckChargingRefusals || !mode.charge.may_refuse()
+        })
         .map(|(i, rule, mode)| (i, rule, mode, limited[i].is_some_and(|l| l.shadow_mode)))
         .collect();
     for (n, &(i, rule, mode, shadow)) in summed.iter().enumerate() {
@@ -244,7 +246,7 @@ pub(crate) fn validate(
         let sum = same
             .iter()
             .fold(0u64, |sum, &j| sum.saturating_add(costs[j]));
-        if sum >= EXACT_LIMIT {
+        if sum > Check::MAX_COST {
             let named: Vec<String> = same.iter().map(|j| format!("descriptors[{j}]")).collect();
             return Err(DecideError::Invalid(format!(
                 "{} count on one key: their costs add up to {sum}, not below 2^53",
@@ -253,7 +255,7 @@ pub(crate) fn validate(
         }
     }
     let settles: Vec<_> = reaching()
-        .filter(|(_, _, mode)| mode.charge == Charge::Settled)
+        .filter(|(_, _, mode)| mode.charge == Charge::Settle)
         .collect();
     for (n, &(i, rule, mode)) in settles.iter().enumerate() {
         if let Some(&(first, ..)) = settles[..n].iter().find(|&&(j, other, other_mode)| {

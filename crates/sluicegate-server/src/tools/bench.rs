@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use serde::Serialize;
-use sluicegate::store::redis::{ScriptCalls, ScriptTime};
+use sluicegate::internals::ScriptTime;
+use sluicegate::redis::ScriptCalls;
 use sluicegate::{Algorithm, AnyStore, Check, Limit, Limiter, LimiterConfig, RedisStore, Rule};
 
 /// What one run measured.
@@ -334,7 +335,7 @@ pub(crate) async fn run(store: AnyStore, rule: Rule, plan: BenchPlan) -> BenchRe
         Some(readings) => readings.cost().await,
         None => None,
     };
-    let store_calls = limiter.stats().store_decisions.load(Ordering::Relaxed);
+    let store_calls = limiter.stats().store_decisions;
     // A sliding log's layout decides what Redis does, so the report names it.
     let workload = match rule.algorithm() {
         Algorithm::SlidingLog => format!("{} ({})", rule.algorithm(), rule.layout().name()),

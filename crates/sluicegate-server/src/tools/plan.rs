@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
+use sluicegate::internals::saturating_micros;
 use sluicegate::{
     Algorithm, Check, Limit, LogLayout, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store,
 };
@@ -50,7 +51,7 @@ impl Workload {
                 &[LogLayout::Zset]
             };
             for &layout in layouts {
-                let mut spec = RuleSpec::new(algorithm, limit, self.window);
+                let mut spec = RuleSpec::new(algorithm, limit, Duration::from_micros(self.window));
                 match algorithm {
                     Algorithm::SlidingLog => spec.layout = Some(layout),
                     Algorithm::SlidingCounter => spec.buckets = Some(self.buckets),
@@ -106,12 +107,12 @@ async fn measure(store: &RedisStore, row: &PlanRow) -> Result<u64> {
     };
     let step = match row.rule.algorithm() {
         // One admission in every bucket the estimate reads.
-        Algorithm::SlidingCounter => row.rule.window() / row.rule.buckets(),
+        Algorithm::SlidingCounter => saturating_micros(row.rule.window()) / row.rule.buckets(),
         _ => 1,
     };
     for i in 0..admissions {
         let check = Check {
-            at: Some(start + i * step),
+            at: Some(Duration::from_micros(start + i * step)),
             ..Check::new(&limits, 1)
         };
         store.check(&check).await?;
@@ -129,7 +130,7 @@ pub(crate) fn table(workload: &Workload, rows: &[PlanRow], measured: Option<&[u6
         "{} keys, {} requests/s, window {}: {} live entries per key",
         workload.keys,
         workload.qps,
-        sluicegate::duration::format_duration(workload.window),
+        sluicegate::internals::format_duration(workload.window),
         workload.entries_per_key()
     );
     let _ = writeln!(

@@ -1,6 +1,7 @@
 //! How much Redis memory an algorithm's state takes, from constants measured with
 //! `MEMORY USAGE`: what `simulate` and `plan` estimate with.
 
+use sluicegate::internals::saturating_micros;
 use sluicegate::{Algorithm, LogLayout, Rule};
 
 /// Redis bytes for one key's state, from `MEMORY USAGE` on Redis 7.0 with sluicegate's key
@@ -15,7 +16,7 @@ pub(crate) fn redis_bytes(rule: &Rule, layout: LogLayout, entries: u64) -> u64 {
             LogLayout::Zset if entries <= 128 => 140 + 36 * entries,
             LogLayout::Zset => 200 + 116 * entries,
             LogLayout::Compact => {
-                let width = compact_entry_width(rule.window());
+                let width = compact_entry_width(saturating_micros(rule.window()));
                 140 + (20 + width * entries) * 9 / 8
             }
         },
@@ -44,6 +45,8 @@ pub(crate) fn human_bytes(bytes: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use sluicegate::RuleSpec;
 
@@ -51,12 +54,20 @@ mod tests {
 
     #[test]
     fn memory_estimates_follow_the_measured_constants() {
-        let rule = Rule::new("r", &RuleSpec::new(Algorithm::SlidingLog, 1000, S)).unwrap();
+        let rule = Rule::new(
+            "r",
+            &RuleSpec::new(Algorithm::SlidingLog, 1000, Duration::from_micros(S)),
+        )
+        .unwrap();
         assert_eq!(redis_bytes(&rule, LogLayout::Zset, 1000), 116_200);
         // 3 bytes an entry under 1 s, 5 under an hour.
         assert_eq!(redis_bytes(&rule, LogLayout::Compact, 1000), 3_537);
         assert_eq!(redis_bytes(&rule, LogLayout::Compact, 100), 500);
-        let hour = Rule::new("r", &RuleSpec::new(Algorithm::SlidingLog, 1000, 3600 * S)).unwrap();
+        let hour = Rule::new(
+            "r",
+            &RuleSpec::new(Algorithm::SlidingLog, 1000, Duration::from_micros(3600 * S)),
+        )
+        .unwrap();
         assert_eq!(redis_bytes(&hour, LogLayout::Compact, 1000), 5_787);
     }
 }

@@ -7,13 +7,11 @@
 
 use std::io::{BufRead, Write};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use sluicegate::store::MAX_REQUEST_ID_BYTES;
-use sluicegate::{
-    Charge, Check, EXACT_LIMIT, Limit, MAX_TIME, ManualClock, MemoryStore, MemoryStoreConfig, Rule,
-    Store,
-};
+use sluicegate::internals::{MAX_TIME, saturating_micros, signed_micros};
+use sluicegate::{Charge, Check, Limit, ManualClock, MemoryStore, MemoryStoreConfig, Rule, Store};
 
 /// A memory store for decisions timed by a trace: time comes from the input and the clock
 /// is never read; every key of the trace may be live at once, so the cap is the trace's
@@ -24,7 +22,7 @@ pub(crate) fn trace_store() -> MemoryStore {
             max_keys: usize::MAX,
             ..MemoryStoreConfig::default()
         },
-        Arc::new(ManualClock::new(0)),
+        Arc::new(ManualClock::new(Duration::ZERO)),
     )
 }
 
@@ -44,7 +42,7 @@ impl ReplayLine<'_> {
     pub(crate) fn check<'a>(&'a self, limits: &'a [Limit<'a>]) -> Check<'a> {
         Check {
             request_id: self.request_id,
-            at: Some(self.time),
+            at: Some(Duration::from_micros(self.time)),
             charge: self.charge,
             ..Check::new(limits, self.cost)
         }
@@ -80,7 +78,7 @@ pub(crate) fn parse_line(text: &str) -> Result<ReplayLine<'_>> {
         .ok()
         .with_context(|| format!("cost {cost:?} is not a whole number"))?;
     // What no store decides: a malformed line here, not a failed run later.
-    if cost >= EXACT_LIMIT {
+    if cost > Check::MAX_COST {
         bail!("cost {cost} is not below 2^53");
     }
     let request_id = match (request_id, mode) {
@@ -89,16 +87,17 @@ pub(crate) fn parse_line(text: &str) -> Result<ReplayLine<'_>> {
         (id, _) => id,
     };
     let charge = match mode {
-        None => Charge::Admitted,
+        None => Charge::Check,
         Some(mode) => Charge::from_name(mode.trim())
             .with_context(|| format!("mode {mode:?} is not one of {}", Charge::NAMES))?,
     };
     if let Some(id) = request_id
-        && id.len() > MAX_REQUEST_ID_BYTES
+        && id.len() > Check::MAX_REQUEST_ID_BYTES
     {
         bail!(
-            "request_id is {} bytes, over {MAX_REQUEST_ID_BYTES}",
-            id.len()
+            "request_id is {} bytes, over {}",
+            id.len(),
+            Check::MAX_REQUEST_ID_BYTES
         );
     }
     if charge.needs_request_id() && request_id.is_none() {
@@ -154,9 +153,9 @@ pub(crate) async fn replay<S: Store>(
             parsed.cost,
             u8::from(d.allowed),
             d.remaining,
-            d.retry_after.as_signed_micros(),
-            d.reset_after,
-            d.delay
+            signed_micros(d.retry_after()),
+            saturating_micros(d.reset_after()),
+            saturating_micros(d.delay())
         )?;
     }
     output.flush()?;
@@ -176,20 +175,17 @@ mod tests {
                 key: "user:1",
                 cost: 2,
                 request_id: Some("req-9"),
-                charge: Charge::Admitted,
+                charge: Charge::Check,
             }
         );
         let settle = parse_line("100,k,2,r1,settle").unwrap();
         assert_eq!(
             (settle.request_id, settle.charge),
-            (Some("r1"), Charge::Settled)
+            (Some("r1"), Charge::Settle)
         );
         let report = parse_line("100,k,4,,report").unwrap();
-        assert_eq!((report.request_id, report.charge), (None, Charge::Reported));
-        assert_eq!(
-            parse_line("1,k,1,r, check ").unwrap().charge,
-            Charge::Admitted
-        );
+        assert_eq!((report.request_id, report.charge), (None, Charge::Report));
+        assert_eq!(parse_line("1,k,1,r, check ").unwrap().charge, Charge::Check);
         assert_eq!(parse_line("5,,0").unwrap().key, "");
         let long_id = format!("1,k,1,{}", "r".repeat(257));
         for (bad, says) in [

@@ -213,8 +213,8 @@ mod tests {
         for pair in lines.chunks(2) {
             let peek = crate::tools::replay::parse_line(pair[0]).unwrap();
             let report = crate::tools::replay::parse_line(pair[1]).unwrap();
-            assert_eq!((peek.cost, peek.charge), (0, sluicegate::Charge::Admitted));
-            assert_eq!(report.charge, sluicegate::Charge::Reported);
+            assert_eq!((peek.cost, peek.charge), (0, sluicegate::Charge::Check));
+            assert_eq!(report.charge, sluicegate::Charge::Report);
             assert_eq!((report.time, report.key), (peek.time, peek.key));
             assert_eq!(report.request_id, peek.request_id);
             assert!(report.cost >= 1);

@@ -118,7 +118,7 @@ impl TraceFile {
                         key: &key,
                         cost: 1,
                         request_id: None,
-                        charge: Charge::Admitted,
+                        charge: Charge::Check,
                     })
                 }),
             };

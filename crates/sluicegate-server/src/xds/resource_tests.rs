@@ -5,6 +5,7 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
 use prost::Message as _;
 use serde::Deserialize;
 use sluicegate::Algorithm;
+use sluicegate::internals::saturating_micros;
 
 use super::*;
 
@@ -369,7 +370,7 @@ fn dump(config: &Config) -> Vec<String> {
         .iter()
         .map(|l| {
             let numbers = match &l.rule {
-                Some(rule) => format!("{} per {}", rule.limit(), rule.window()),
+                Some(rule) => format!("{} per {}", rule.limit(), saturating_micros(rule.window())),
                 None if l.blocked() => "blocked".to_owned(),
                 None => "unlimited".to_owned(),
             };

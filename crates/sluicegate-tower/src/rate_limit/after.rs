@@ -18,8 +18,8 @@ pub(crate) struct Pending {
     /// The limits' keys, in the rules' order.
     pub(crate) keys: Vec<String>,
     pub(crate) request_id: String,
-    /// What the response's cost is charged as: `Settled` against the estimate the request
-    /// reserved, or `Reported` after a peek.
+    /// What the response's cost is charged as: `Settle` against the estimate the request
+    /// reserved, or `Report` after a peek.
     pub(crate) charge: Charge,
 }
 
@@ -73,7 +73,7 @@ pub(crate) fn charge<S: Store + 'static>(
     pending: Pending,
     cost: u64,
 ) {
-    if pending.charge == Charge::Reported && cost == 0 {
+    if pending.charge == Charge::Report && cost == 0 {
         usage.stats.count_nothing_to_charge();
         return;
     }

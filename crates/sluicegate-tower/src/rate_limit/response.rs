@@ -23,7 +23,7 @@ pub(crate) fn add_headers(
 ) {
     let decision = outcome.decision;
     let rule = &rules[headers::binding_index(&decision, outcome.limits())];
-    let reset = headers::seconds_up(decision.reset_after);
+    let reset = headers::seconds_up(decision.reset_after());
     if let Ok(value) = HeaderValue::from_str(&headers::ratelimit(rule, &decision)) {
         map.insert("ratelimit", value);
     }
@@ -54,7 +54,7 @@ pub(crate) fn rejection(rules: &[Rule], outcome: &Outcome, grpc: bool) -> Respon
         .filter(|(_, d)| !d.allowed)
         .map(|(rule, _)| rule.name())
         .collect();
-    let retry_seconds = headers::retry_after_seconds(outcome.decision.retry_after);
+    let retry_seconds = headers::retry_after_seconds(outcome.decision.retry_after());
     let detail = match retry_seconds {
         Some(s) => format!(
             "rate limit {} exceeded; retry in {s} s",

@@ -81,11 +81,11 @@ where
             let request_id = settings.usage.as_ref().map(Usage::next_request_id);
             let (charge, cost) = match &settings.usage {
                 Some(usage) => usage.request_charge(&parts),
-                None => (Charge::Admitted, 1),
+                None => (Charge::Check, 1),
             };
             let check = Check {
                 charge,
-                request_id: request_id.as_deref().filter(|_| charge == Charge::Reserved),
+                request_id: request_id.as_deref().filter(|_| charge == Charge::Reserve),
                 ..Check::new(&limits, cost)
             };
             let outcome = match settings.limiter.decide(&check).await {
@@ -100,9 +100,9 @@ where
                 }
             };
             let mut response = if outcome.decision.allowed {
-                if outcome.decision.delay > 0 {
+                if outcome.decision.delay() > Duration::ZERO {
                     // Leaky-bucket shaping: wait on the timer, holding no thread.
-                    tokio::time::sleep(Duration::from_micros(outcome.decision.delay)).await;
+                    tokio::time::sleep(outcome.decision.delay()).await;
                 }
                 let mut response = inner.call(Request::from_parts(parts, body)).await?;
                 if let (Some(usage), Some(request_id)) = (&settings.usage, request_id) {
@@ -111,10 +111,10 @@ where
                     let pending = Pending {
                         keys,
                         request_id,
-                        charge: if charge == Charge::Reserved {
-                            Charge::Settled
+                        charge: if charge == Charge::Reserve {
+                            Charge::Settle
                         } else {
-                            Charge::Reported
+                            Charge::Report
                         },
                     };
                     after::charge(Arc::clone(&settings), usage.clone(), pending, used);

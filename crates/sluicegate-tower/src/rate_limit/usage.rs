@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, Response};
-use sluicegate::{Charge, EXACT_LIMIT};
+use sluicegate::{Charge, Check};
 
 use super::after::InFlight;
 
@@ -167,10 +167,10 @@ impl Usage {
     /// The request-time check's mode and cost: a peek, or the reservation of the estimate.
     pub(crate) fn request_charge(&self, parts: &Parts) -> (Charge, u64) {
         match &self.estimate {
-            None => (Charge::Admitted, 0),
-            Some(Estimate::Fixed(units)) => (Charge::Reserved, *units),
+            None => (Charge::Check, 0),
+            Some(Estimate::Fixed(units)) => (Charge::Reserve, *units),
             Some(Estimate::Header { name, default }) => (
-                Charge::Reserved,
+                Charge::Reserve,
                 units_of(&parts.headers, name).unwrap_or(*default),
             ),
         }
@@ -191,7 +191,7 @@ impl Usage {
                 .extensions()
                 .get::<ResponseCost>()
                 .map(|cost| cost.0)
-                .filter(|&units| units < EXACT_LIMIT),
+                .filter(|&units| units <= Check::MAX_COST),
         };
         found.unwrap_or_else(|| {
             let charged = self.when_missing.unwrap_or(estimate);
@@ -222,7 +222,7 @@ fn units_of(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
         .trim()
         .parse::<u64>()
         .ok()
-        .filter(|&units| units < EXACT_LIMIT)
+        .filter(|&units| units <= Check::MAX_COST)
 }
 
 /// What the after-charges did, for a metric or a test. Every count only grows.
@@ -348,9 +348,6 @@ mod tests {
         ];
         assert_ne!(ids[0], ids[1]);
         assert_ne!(ids[0][..32], ids[2][..32]);
-        assert!(
-            ids.iter()
-                .all(|id| id.len() <= sluicegate::store::MAX_REQUEST_ID_BYTES)
-        );
+        assert!(ids.iter().all(|id| id.len() <= Check::MAX_REQUEST_ID_BYTES));
     }
 }

@@ -29,7 +29,11 @@ pub(crate) const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 pub(crate) fn tokens_rule(limit: u64) -> Rule {
     Rule::new(
         "tokens",
-        &RuleSpec::new(Algorithm::SlidingLog, limit, 3600 * S),
+        &RuleSpec::new(
+            Algorithm::SlidingLog,
+            limit,
+            Duration::from_micros(3600 * S),
+        ),
     )
     .unwrap()
 }
@@ -37,7 +41,7 @@ pub(crate) fn tokens_rule(limit: u64) -> Rule {
 pub(crate) fn memory() -> MemoryStore {
     MemoryStore::new(
         MemoryStoreConfig::default(),
-        Arc::new(ManualClock::new(1_000 * S)),
+        Arc::new(ManualClock::new(Duration::from_micros(1_000 * S))),
     )
 }
 

@@ -7,62 +7,62 @@
 pub enum Charge {
     /// The mode `check`: only an admission records units; a refusal changes no state.
     #[default]
-    Admitted,
+    Check,
     /// A refused check records its units too, in each fixed-window limit that refused it,
     /// as envoyproxy/ratelimit counts (it increments, then compares). Limits that would
     /// have allowed record nothing when another refused, and the other algorithms record
     /// nothing on a refusal (docs/SPEC.md, "Charging refusals").
-    Attempted,
-    /// The mode `reserve`: a check (`Admitted`) whose admission also remembers its units
-    /// under the request id, for a later `Settled`. Needs a request id.
-    Reserved,
+    CheckChargingRefusals,
+    /// The mode `reserve`: a check (`Check`) whose admission also remembers its units
+    /// under the request id, for a later `Settle`. Needs a request id.
+    Reserve,
     /// The mode `report`: records the cost whatever the limit says (the key may go into
     /// debt); never refused; answers the standing.
-    Reported,
+    Report,
     /// The mode `settle`: the cost is what the request really cost; records the difference
     /// from its reservation (by request id: a report of the excess or a refund of the
     /// unused part), or, without a live reservation, reports the whole cost. Needs a
     /// request id.
-    Settled,
+    Settle,
     /// The mode `refund`: gives back up to the cost of what the key holds, newest first;
     /// never refused; answers the standing.
-    Refunded,
+    Refund,
 }
 
 impl Charge {
     /// Every mode, in the order docs/SPEC.md lists them.
     pub const ALL: [Charge; 6] = [
-        Charge::Admitted,
-        Charge::Attempted,
-        Charge::Reserved,
-        Charge::Reported,
-        Charge::Settled,
-        Charge::Refunded,
+        Charge::Check,
+        Charge::CheckChargingRefusals,
+        Charge::Reserve,
+        Charge::Report,
+        Charge::Settle,
+        Charge::Refund,
     ];
 
     /// The mode's name in the HTTP API and the replay format: `check`, `check` (envoy's
     /// counting has no name of its own there), `reserve`, `report`, `settle`, `refund`.
     pub fn name(self) -> &'static str {
         match self {
-            Charge::Admitted | Charge::Attempted => "check",
-            Charge::Reserved => "reserve",
-            Charge::Reported => "report",
-            Charge::Settled => "settle",
-            Charge::Refunded => "refund",
+            Charge::Check | Charge::CheckChargingRefusals => "check",
+            Charge::Reserve => "reserve",
+            Charge::Report => "report",
+            Charge::Settle => "settle",
+            Charge::Refund => "refund",
         }
     }
 
     /// The names [`Charge::from_name`] takes, as an error lists what it expected.
     pub const NAMES: &'static str = "check, reserve, report, settle or refund";
 
-    /// The mode named `name` (`check` is [`Charge::Admitted`]).
+    /// The mode named `name` (`check` is [`Charge::Check`]).
     pub fn from_name(name: &str) -> Option<Charge> {
         Some(match name {
-            "check" => Charge::Admitted,
-            "reserve" => Charge::Reserved,
-            "report" => Charge::Reported,
-            "settle" => Charge::Settled,
-            "refund" => Charge::Refunded,
+            "check" => Charge::Check,
+            "reserve" => Charge::Reserve,
+            "report" => Charge::Report,
+            "settle" => Charge::Settle,
+            "refund" => Charge::Refund,
             _ => return None,
         })
     }
@@ -72,19 +72,19 @@ impl Charge {
     pub fn may_refuse(self) -> bool {
         matches!(
             self,
-            Charge::Admitted | Charge::Attempted | Charge::Reserved
+            Charge::Check | Charge::CheckChargingRefusals | Charge::Reserve
         )
     }
 
     /// Whether the mode needs a request id (`reserve` and `settle`).
     pub fn needs_request_id(self) -> bool {
-        matches!(self, Charge::Reserved | Charge::Settled)
+        matches!(self, Charge::Reserve | Charge::Settle)
     }
 
     /// Whether the mode can give units back (`settle`, `refund`), so that a refusal cached
     /// before it may no longer hold.
     pub(crate) fn may_free_units(self) -> bool {
-        matches!(self, Charge::Settled | Charge::Refunded)
+        matches!(self, Charge::Settle | Charge::Refund)
     }
 }
 

@@ -33,7 +33,7 @@ impl FixedWindowState {
 
     #[inline] // on the memory store's refusal without a lock (RuleState::from_words)
     pub(crate) fn plan(&self, rule: &Rule, now: u64) -> FixedPlan {
-        let window_index = now / rule.window();
+        let window_index = now / rule.window_micros();
         let count = if window_index == self.window_index {
             self.count
         } else {
@@ -56,7 +56,7 @@ impl FixedWindowState {
             allowed: true,
             limit: rule.limit(),
             remaining: rule.limit() - plan.count - units,
-            retry_after: RetryAfter::Micros(0),
+            retry_after: RetryAfter::micros(0),
             reset_after: window_end(rule, plan) - now,
             delay: 0,
         }
@@ -99,8 +99,8 @@ impl FixedWindowState {
             remaining: rule.limit().saturating_sub(plan.count),
             retry_after: match retry {
                 RetryNeed::Never => RetryAfter::Never,
-                RetryNeed::None => RetryAfter::Micros(0),
-                RetryNeed::Units(_) => RetryAfter::Micros(reset_after),
+                RetryNeed::None => RetryAfter::micros(0),
+                RetryNeed::Units(_) => RetryAfter::micros(reset_after),
             },
             reset_after,
             delay: 0,
@@ -112,7 +112,7 @@ impl FixedWindowState {
     pub(crate) fn refusal_after(admitted: Decision) -> Decision {
         Decision {
             allowed: false,
-            retry_after: RetryAfter::Micros(admitted.reset_after),
+            retry_after: RetryAfter::micros(admitted.reset_after),
             delay: 0,
             ..admitted
         }
@@ -122,11 +122,11 @@ impl FixedWindowState {
         if self.count == 0 {
             0
         } else {
-            (self.window_index + 1) * rule.window()
+            (self.window_index + 1) * rule.window_micros()
         }
     }
 }
 
 fn window_end(rule: &Rule, plan: FixedPlan) -> u64 {
-    (plan.window_index + 1) * rule.window()
+    (plan.window_index + 1) * rule.window_micros()
 }

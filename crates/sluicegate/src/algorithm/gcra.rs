@@ -26,7 +26,7 @@ pub(crate) struct GcraPlan {
 
 /// τ = T·B.
 fn tolerance(rule: &Rule) -> u64 {
-    rule.emission_interval() * rule.capacity()
+    rule.emission_interval_micros() * rule.capacity()
 }
 
 impl GcraState {
@@ -46,7 +46,7 @@ impl GcraState {
     #[inline(always)] // on the memory store's checks (RuleState::plan)
     pub(crate) fn plan(&self, rule: &Rule, now: u64) -> GcraPlan {
         let backlog = self.tat.saturating_sub(now);
-        let interval = rule.emission_interval();
+        let interval = rule.emission_interval_micros();
         let backlog = if backlog == 0 || self.interval == interval {
             backlog
         } else {
@@ -58,18 +58,18 @@ impl GcraState {
     /// `new − t ≤ τ` with `new = tat + c·T`.
     #[inline(always)] // on the memory store's checks (RuleState::plan)
     pub(crate) fn fits(plan: GcraPlan, rule: &Rule, now: u64, units: u64) -> bool {
-        plan.tat + units * rule.emission_interval() - now <= tolerance(rule)
+        plan.tat + units * rule.emission_interval_micros() - now <= tolerance(rule)
     }
 
     /// The answer to a check of `units` that is allowed at `now`.
     #[inline(always)] // on the memory store's checks (RuleState::admit)
     pub(crate) fn allowed(rule: &Rule, plan: GcraPlan, now: u64, units: u64) -> Decision {
-        let new = plan.tat + units * rule.emission_interval();
+        let new = plan.tat + units * rule.emission_interval_micros();
         Decision {
             allowed: true,
             limit: rule.capacity(),
-            remaining: (tolerance(rule) - (new - now)) / rule.emission_interval(),
-            retry_after: RetryAfter::Micros(0),
+            remaining: (tolerance(rule) - (new - now)) / rule.emission_interval_micros(),
+            retry_after: RetryAfter::micros(0),
             reset_after: new - now,
             delay: if rule.algorithm() == Algorithm::LeakyBucket {
                 plan.tat - now
@@ -83,7 +83,7 @@ impl GcraState {
     /// most [`MAX_BACKLOG`] (an admission never comes near it: it stays within τ).
     #[inline(always)] // on the memory store's checks (RuleState::record)
     pub(crate) fn record(&mut self, rule: &Rule, plan: GcraPlan, now: u64, cost: u64) {
-        let interval = rule.emission_interval();
+        let interval = rule.emission_interval_micros();
         self.tat = plan
             .tat
             .saturating_add(cost.saturating_mul(interval))
@@ -106,7 +106,7 @@ impl GcraState {
         reserved_tat: Option<u64>,
         units: u64,
     ) -> bool {
-        let interval = rule.emission_interval();
+        let interval = rule.emission_interval_micros();
         let pending = reserved_tat.map_or(u64::MAX, |e| e.saturating_sub(now));
         if rule.algorithm() == Algorithm::LeakyBucket || plan.tat == now || pending == 0 {
             return false;
@@ -121,7 +121,7 @@ impl GcraState {
 
     #[inline] // on the memory store's refusal without a lock (RuleState::from_words)
     pub(crate) fn refuse(rule: &Rule, plan: GcraPlan, now: u64, retry: RetryNeed) -> Decision {
-        let interval = rule.emission_interval();
+        let interval = rule.emission_interval_micros();
         let tolerance = tolerance(rule);
         Decision {
             allowed: false,
@@ -129,9 +129,9 @@ impl GcraState {
             remaining: tolerance.saturating_sub(plan.tat - now) / interval,
             retry_after: match retry {
                 RetryNeed::Never => RetryAfter::Never,
-                RetryNeed::None => RetryAfter::Micros(0),
+                RetryNeed::None => RetryAfter::micros(0),
                 RetryNeed::Units(units) => {
-                    RetryAfter::Micros(plan.tat + units * interval - tolerance - now)
+                    RetryAfter::micros(plan.tat + units * interval - tolerance - now)
                 }
             },
             // The state as read: with the numbers it was written under, max(0, TAT − t).
@@ -144,13 +144,13 @@ impl GcraState {
     /// traffic: with TAT − t = `reset_after`, `units` fit again once TAT + units·T − t' ≤ τ,
     /// that is `reset_after + units·T − τ` away.
     pub(crate) fn refusal_after(rule: &Rule, admitted: Decision, units: u64) -> Decision {
-        let interval = rule.emission_interval();
+        let interval = rule.emission_interval_micros();
         let tolerance = tolerance(rule);
         let opens = (admitted.reset_after + units * interval).saturating_sub(tolerance);
         Decision {
             allowed: false,
             remaining: tolerance.saturating_sub(admitted.reset_after) / interval,
-            retry_after: RetryAfter::Micros(opens),
+            retry_after: RetryAfter::micros(opens),
             delay: 0,
             ..admitted
         }

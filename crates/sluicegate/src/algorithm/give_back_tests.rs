@@ -5,6 +5,7 @@
 use super::super::{Charge, RuleState};
 use crate::decision::Decision;
 use crate::rule::{Algorithm, Rule, RuleSpec};
+use std::time::Duration;
 
 const S: u64 = 1_000_000;
 const MS: u64 = 1_000;
@@ -22,7 +23,7 @@ fn run(
     charge: Charge,
 ) -> Decision {
     if charge.may_refuse() {
-        let eval = state.evaluate(rule, t, cost, id, Charge::Admitted);
+        let eval = state.evaluate(rule, t, cost, id, Charge::Check);
         state.finish(rule, &eval, id, charge)
     } else {
         state.record_usage(rule, t, cost, id, charge)
@@ -31,20 +32,28 @@ fn run(
 
 #[test]
 fn a_settle_in_a_later_fixed_window_gives_nothing_back() {
-    let rule = rule(RuleSpec::new(Algorithm::FixedWindow, 100, 60 * S));
+    let rule = rule(RuleSpec::new(
+        Algorithm::FixedWindow,
+        100,
+        Duration::from_micros(60 * S),
+    ));
     let mut state = RuleState::new(&rule);
-    assert!(run(&mut state, &rule, 59 * S, 30, Some("R"), Charge::Reserved).allowed);
-    assert!(run(&mut state, &rule, 61 * S, 100, None, Charge::Admitted).allowed);
-    run(&mut state, &rule, 62 * S, 0, Some("R"), Charge::Settled);
-    let late = run(&mut state, &rule, 63 * S, 30, None, Charge::Admitted);
+    assert!(run(&mut state, &rule, 59 * S, 30, Some("R"), Charge::Reserve).allowed);
+    assert!(run(&mut state, &rule, 61 * S, 100, None, Charge::Check).allowed);
+    run(&mut state, &rule, 62 * S, 0, Some("R"), Charge::Settle);
+    let late = run(&mut state, &rule, 63 * S, 30, None, Charge::Check);
     assert!(!late.allowed, "130 admitted in one window of 100: {late:?}");
 }
 
 #[test]
 fn a_settle_after_its_token_bucket_reservation_drained_gives_nothing_back() {
-    let rule = rule(RuleSpec::new(Algorithm::TokenBucket, 10, S));
+    let rule = rule(RuleSpec::new(
+        Algorithm::TokenBucket,
+        10,
+        Duration::from_micros(S),
+    ));
     let mut state = RuleState::new(&rule);
-    assert!(run(&mut state, &rule, 10 * S, 5, Some("R"), Charge::Reserved).allowed);
+    assert!(run(&mut state, &rule, 10 * S, 5, Some("R"), Charge::Reserve).allowed);
     assert!(
         run(
             &mut state,
@@ -52,7 +61,7 @@ fn a_settle_after_its_token_bucket_reservation_drained_gives_nothing_back() {
             10 * S + 800 * MS,
             10,
             None,
-            Charge::Admitted
+            Charge::Check
         )
         .allowed
     );
@@ -62,16 +71,9 @@ fn a_settle_after_its_token_bucket_reservation_drained_gives_nothing_back() {
         10 * S + 800 * MS,
         0,
         Some("R"),
-        Charge::Settled,
+        Charge::Settle,
     );
-    let late = run(
-        &mut state,
-        &rule,
-        10 * S + 800 * MS,
-        5,
-        None,
-        Charge::Admitted,
-    );
+    let late = run(&mut state, &rule, 10 * S + 800 * MS, 5, None, Charge::Check);
     assert!(
         !late.allowed,
         "15 admitted at one instant with B = 10: {late:?}"
@@ -80,17 +82,21 @@ fn a_settle_after_its_token_bucket_reservation_drained_gives_nothing_back() {
 
 #[test]
 fn a_token_bucket_settle_gives_back_only_what_is_still_pending() {
-    let rule = rule(RuleSpec::new(Algorithm::TokenBucket, 10, S));
+    let rule = rule(RuleSpec::new(
+        Algorithm::TokenBucket,
+        10,
+        Duration::from_micros(S),
+    ));
     let mut state = RuleState::new(&rule);
     // TAT 10.5 s; at 10.3 s 2 of the 5 units are still pending: those come back, not 5.
-    run(&mut state, &rule, 10 * S, 5, Some("R"), Charge::Reserved);
+    run(&mut state, &rule, 10 * S, 5, Some("R"), Charge::Reserve);
     let standing = run(
         &mut state,
         &rule,
         10 * S + 300 * MS,
         0,
         Some("R"),
-        Charge::Settled,
+        Charge::Settle,
     );
     assert_eq!(standing.remaining, 10);
     assert_eq!(standing.reset_after, 0);
@@ -101,32 +107,22 @@ fn a_token_bucket_settle_gives_back_only_what_is_still_pending() {
             10 * S + 300 * MS,
             10,
             None,
-            Charge::Admitted
+            Charge::Check
         )
         .allowed
     );
-    assert!(
-        !run(
-            &mut state,
-            &rule,
-            10 * S + 300 * MS,
-            1,
-            None,
-            Charge::Admitted
-        )
-        .allowed
-    );
+    assert!(!run(&mut state, &rule, 10 * S + 300 * MS, 1, None, Charge::Check).allowed);
 }
 
 #[test]
 fn a_leaky_bucket_settle_hands_out_no_slot_twice() {
     let rule = rule(RuleSpec {
         queue: Some(3),
-        ..RuleSpec::new(Algorithm::LeakyBucket, 10, S)
+        ..RuleSpec::new(Algorithm::LeakyBucket, 10, Duration::from_micros(S))
     });
     let mut state = RuleState::new(&rule);
-    assert!(run(&mut state, &rule, 10 * S, 3, Some("R"), Charge::Reserved).allowed);
-    let s = run(&mut state, &rule, 10 * S, 1, Some("S"), Charge::Admitted);
+    assert!(run(&mut state, &rule, 10 * S, 3, Some("R"), Charge::Reserve).allowed);
+    let s = run(&mut state, &rule, 10 * S, 1, Some("S"), Charge::Check);
     assert_eq!(s.delay, 300 * MS);
     run(
         &mut state,
@@ -134,12 +130,12 @@ fn a_leaky_bucket_settle_hands_out_no_slot_twice() {
         10 * S + 50 * MS,
         0,
         Some("R"),
-        Charge::Settled,
+        Charge::Settle,
     );
     let mut passes = vec![10 * S + s.delay];
     for _ in 0..3 {
         let t = 10 * S + 70 * MS;
-        let d = run(&mut state, &rule, t, 1, None, Charge::Admitted);
+        let d = run(&mut state, &rule, t, 1, None, Charge::Check);
         if d.allowed {
             passes.push(t + d.delay);
         }
@@ -147,53 +143,36 @@ fn a_leaky_bucket_settle_hands_out_no_slot_twice() {
     passes.sort_unstable();
     for pair in passes.windows(2) {
         assert!(
-            pair[1] - pair[0] >= rule.emission_interval(),
+            pair[1] - pair[0] >= rule.emission_interval_micros(),
             "two pass in one T: {passes:?}"
         );
     }
     // A refund gives nothing back either.
-    let standing = run(
-        &mut state,
-        &rule,
-        10 * S + 70 * MS,
-        3,
-        None,
-        Charge::Refunded,
-    );
+    let standing = run(&mut state, &rule, 10 * S + 70 * MS, 3, None, Charge::Refund);
     assert_eq!(standing.remaining, 0);
 }
 
 #[test]
 fn a_sliding_log_settle_gives_back_the_reservations_entries_not_the_newest() {
-    let rule = rule(RuleSpec::new(Algorithm::SlidingLog, 10, S));
+    let rule = rule(RuleSpec::new(
+        Algorithm::SlidingLog,
+        10,
+        Duration::from_micros(S),
+    ));
     let mut state = RuleState::new(&rule);
-    run(&mut state, &rule, 10 * S, 5, Some("R"), Charge::Reserved);
-    run(
-        &mut state,
-        &rule,
-        10 * S + 500 * MS,
-        3,
-        None,
-        Charge::Admitted,
-    );
+    run(&mut state, &rule, 10 * S, 5, Some("R"), Charge::Reserve);
+    run(&mut state, &rule, 10 * S + 500 * MS, 3, None, Charge::Check);
     let settled = run(
         &mut state,
         &rule,
         10 * S + 600 * MS,
         0,
         Some("R"),
-        Charge::Settled,
+        Charge::Settle,
     );
     assert_eq!(settled.remaining, 7);
     // The 3 units of 10.5 s still count at 11.2 s: the settle took the 5 of 10.0 s.
-    let later = run(
-        &mut state,
-        &rule,
-        11 * S + 200 * MS,
-        0,
-        None,
-        Charge::Admitted,
-    );
+    let later = run(&mut state, &rule, 11 * S + 200 * MS, 0, None, Charge::Check);
     // (a peek answers as a check of one unit)
     assert_eq!(later.remaining, 6, "{later:?}");
 }
@@ -202,52 +181,35 @@ fn a_sliding_log_settle_gives_back_the_reservations_entries_not_the_newest() {
 fn a_sliding_counter_settle_gives_back_from_the_reservations_bucket() {
     let rule = rule(RuleSpec {
         buckets: Some(10),
-        ..RuleSpec::new(Algorithm::SlidingCounter, 10, S)
+        ..RuleSpec::new(Algorithm::SlidingCounter, 10, Duration::from_micros(S))
     });
     let mut state = RuleState::new(&rule);
-    run(&mut state, &rule, 10 * S, 5, Some("R"), Charge::Reserved);
-    run(
-        &mut state,
-        &rule,
-        10 * S + 500 * MS,
-        3,
-        None,
-        Charge::Admitted,
-    );
+    run(&mut state, &rule, 10 * S, 5, Some("R"), Charge::Reserve);
+    run(&mut state, &rule, 10 * S + 500 * MS, 3, None, Charge::Check);
     run(
         &mut state,
         &rule,
         10 * S + 600 * MS,
         1,
         Some("R"),
-        Charge::Settled,
+        Charge::Settle,
     );
     // Bucket 10.0 s slides out by 11.1 s; the 3 units of bucket 10.5 s still weigh fully.
-    let later = run(
-        &mut state,
-        &rule,
-        11 * S + 100 * MS,
-        0,
-        None,
-        Charge::Admitted,
-    );
+    let later = run(&mut state, &rule, 11 * S + 100 * MS, 0, None, Charge::Check);
     assert_eq!(later.remaining, 6, "{later:?}");
 }
 
 #[test]
 fn a_refund_that_finds_nothing_live_changes_nothing() {
-    let rule = rule(RuleSpec::new(Algorithm::SlidingLog, 3, S));
+    let rule = rule(RuleSpec::new(
+        Algorithm::SlidingLog,
+        3,
+        Duration::from_micros(S),
+    ));
     let mut state = RuleState::new(&rule);
-    run(&mut state, &rule, 10 * S, 1, None, Charge::Admitted);
-    run(&mut state, &rule, 12 * S, 1, None, Charge::Refunded);
-    let d = run(
-        &mut state,
-        &rule,
-        10 * S + 500 * MS,
-        2,
-        None,
-        Charge::Admitted,
-    );
+    run(&mut state, &rule, 10 * S, 1, None, Charge::Check);
+    run(&mut state, &rule, 12 * S, 1, None, Charge::Refund);
+    let d = run(&mut state, &rule, 10 * S + 500 * MS, 2, None, Charge::Check);
     assert!(d.allowed);
     assert_eq!(d.remaining, 0, "as if the refund never happened: {d:?}");
 }
@@ -260,20 +222,24 @@ fn a_refund_that_gave_nothing_back_remembers_no_id() {
         Algorithm::FixedWindow,
         Algorithm::TokenBucket,
     ] {
-        let rule = rule(RuleSpec::new(algorithm, 10, S));
+        let rule = rule(RuleSpec::new(algorithm, 10, Duration::from_micros(S)));
         let mut state = RuleState::new(&rule);
-        run(&mut state, &rule, 10 * S, 1, Some("F"), Charge::Refunded);
-        run(&mut state, &rule, 10 * S, 4, None, Charge::Reported);
-        let retried = run(&mut state, &rule, 10 * S, 4, Some("F"), Charge::Refunded);
+        run(&mut state, &rule, 10 * S, 1, Some("F"), Charge::Refund);
+        run(&mut state, &rule, 10 * S, 4, None, Charge::Report);
+        let retried = run(&mut state, &rule, 10 * S, 4, Some("F"), Charge::Refund);
         assert_eq!(retried.remaining, 10, "{algorithm:?}: the retry gives back");
     }
 }
 
 #[test]
 fn a_reports_id_lives_one_window_not_its_debts_reset_after() {
-    let rule = rule(RuleSpec::new(Algorithm::TokenBucket, 10, S));
+    let rule = rule(RuleSpec::new(
+        Algorithm::TokenBucket,
+        10,
+        Duration::from_micros(S),
+    ));
     let mut state = RuleState::new(&rule);
-    let first = run(&mut state, &rule, 10 * S, 25, Some("P"), Charge::Reported);
+    let first = run(&mut state, &rule, 10 * S, 25, Some("P"), Charge::Report);
     assert!(first.reset_after > 2 * S);
     let again = run(
         &mut state,
@@ -281,7 +247,7 @@ fn a_reports_id_lives_one_window_not_its_debts_reset_after() {
         11 * S + 100 * MS,
         5,
         Some("P"),
-        Charge::Reported,
+        Charge::Report,
     );
     assert!(
         again.reset_after > first.reset_after - S - 100 * MS,
@@ -296,22 +262,15 @@ fn many_ids_in_one_state_are_found_without_a_walk() {
     let rule = rule(RuleSpec::new(
         Algorithm::FixedWindow,
         u64::from(u32::MAX),
-        86_400 * S,
+        Duration::from_micros(86_400 * S),
     ));
     let mut state = RuleState::new(&rule);
     let started = std::time::Instant::now();
     for i in 0..200_000u64 {
         let id = i.to_string();
-        run(
-            &mut state,
-            &rule,
-            10 * S + i,
-            1,
-            Some(&id),
-            Charge::Reported,
-        );
+        run(&mut state, &rule, 10 * S + i, 1, Some(&id), Charge::Report);
     }
-    let repeat = run(&mut state, &rule, 20 * S, 1, Some("7"), Charge::Reported);
+    let repeat = run(&mut state, &rule, 20 * S, 1, Some("7"), Charge::Report);
     assert_eq!(
         repeat.remaining,
         rule.limit() - 200_000,
@@ -331,11 +290,11 @@ fn a_settle_that_records_nothing_is_remembered_so_its_retry_reports_nothing() {
         Algorithm::FixedWindow,
         Algorithm::TokenBucket,
     ] {
-        let rule = rule(RuleSpec::new(algorithm, 10, S));
+        let rule = rule(RuleSpec::new(algorithm, 10, Duration::from_micros(S)));
         let mut state = RuleState::new(&rule);
-        run(&mut state, &rule, 10 * S, 3, Some("R"), Charge::Reserved);
-        let settled = run(&mut state, &rule, 10 * S, 3, Some("R"), Charge::Settled);
-        let retried = run(&mut state, &rule, 10 * S, 3, Some("R"), Charge::Settled);
+        run(&mut state, &rule, 10 * S, 3, Some("R"), Charge::Reserve);
+        let settled = run(&mut state, &rule, 10 * S, 3, Some("R"), Charge::Settle);
+        let retried = run(&mut state, &rule, 10 * S, 3, Some("R"), Charge::Settle);
         assert_eq!(retried.remaining, settled.remaining, "{algorithm:?}");
     }
 }

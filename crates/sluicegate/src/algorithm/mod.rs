@@ -106,7 +106,8 @@ pub(crate) enum Verdict {
 /// cannot tell a full log from one past its limit.
 #[inline(always)]
 pub(crate) fn units_of(rule: &Rule, cost: u64, charge: Charge) -> u64 {
-    let counted_after = charge == Charge::Attempted && rule.algorithm() != Algorithm::SlidingLog;
+    let counted_after =
+        charge == Charge::CheckChargingRefusals && rule.algorithm() != Algorithm::SlidingLog;
     if cost == 0 && !counted_after { 1 } else { cost }
 }
 
@@ -153,7 +154,7 @@ impl Evaluation {
 
     /// Whether this rule's own refusal records its units under `charge`.
     pub(crate) fn charged(&self, charge: Charge) -> bool {
-        charge == Charge::Attempted
+        charge == Charge::CheckChargingRefusals
             && self.cost > 0
             && matches!(self.verdict, Verdict::OverLimit | Verdict::Never)
             && matches!(self.plan, Plan::Fixed(_))
@@ -343,13 +344,16 @@ impl RuleState {
             if let Some(id) = request_id {
                 // A reservation outlives its units' window, for a request that streams longer,
                 // and remembers where its units went, for its settle to give them back.
-                let (reservation, remembered_for) = if charge == Charge::Reserved {
+                let (reservation, remembered_for) = if charge == Charge::Reserve {
                     let reservation = Reservation {
                         units: cost,
                         at: now,
                         tat: now + decision.reset_after,
                     };
-                    (Some(reservation), decision.reset_after.max(rule.window()))
+                    (
+                        Some(reservation),
+                        decision.reset_after.max(rule.window_micros()),
+                    )
                 } else {
                     (None, decision.reset_after)
                 };

@@ -51,10 +51,10 @@ pub(super) enum Namespace {
 impl Namespace {
     pub(super) fn of(charge: Charge) -> Self {
         match charge {
-            Charge::Admitted | Charge::Attempted | Charge::Reserved => Namespace::Admission,
-            Charge::Reported => Namespace::Report,
-            Charge::Settled => Namespace::Settle,
-            Charge::Refunded => Namespace::Refund,
+            Charge::Check | Charge::CheckChargingRefusals | Charge::Reserve => Namespace::Admission,
+            Charge::Report => Namespace::Report,
+            Charge::Settle => Namespace::Settle,
+            Charge::Refund => Namespace::Refund,
         }
     }
 }
@@ -64,7 +64,7 @@ impl Namespace {
 /// else it is a conflicting reuse, refused as an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RequestUse {
-    /// The mode: `Attempted` is held as `Admitted`, both a `check`.
+    /// The mode: `CheckChargingRefusals` is held as `Check`, both a `check`.
     pub mode: Charge,
     /// The cost the check asked (its limit's own, when each has one).
     pub cost: u64,
@@ -74,7 +74,7 @@ impl RequestUse {
     /// A use of `cost` in mode `charge`.
     pub fn new(charge: Charge, cost: u64) -> Self {
         let mode = match charge {
-            Charge::Attempted => Charge::Admitted,
+            Charge::CheckChargingRefusals => Charge::Check,
             mode => mode,
         };
         RequestUse { mode, cost }
@@ -268,7 +268,7 @@ mod heap_tests {
         Remembered {
             request_id: name.into(),
             namespace: Namespace::Admission,
-            used: RequestUse::new(Charge::Admitted, 1),
+            used: RequestUse::new(Charge::Check, 1),
             reservation: None,
             expires_at,
             release_at: 0,

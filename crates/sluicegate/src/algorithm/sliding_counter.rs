@@ -25,7 +25,7 @@ pub(crate) struct CounterPlan {
 }
 
 fn width(rule: &Rule) -> u64 {
-    rule.window() / rule.buckets()
+    rule.window_micros() / rule.buckets()
 }
 
 impl SlidingCounterState {
@@ -72,7 +72,7 @@ impl SlidingCounterState {
             allowed: true,
             limit: rule.limit(),
             remaining: (rule.limit() * w - estimate_w) / w,
-            retry_after: RetryAfter::Micros(0),
+            retry_after: RetryAfter::micros(0),
             reset_after: (plan.bucket + rule.buckets() + 1) * w - now,
             delay: 0,
         }
@@ -161,8 +161,8 @@ impl SlidingCounterState {
             remaining: (rule.limit() * w).saturating_sub(plan.estimate_w) / w,
             retry_after: match retry {
                 RetryNeed::Never => RetryAfter::Never,
-                RetryNeed::None => RetryAfter::Micros(0),
-                RetryNeed::Units(units) => RetryAfter::Micros(self.retry_after(rule, now, units)),
+                RetryNeed::None => RetryAfter::micros(0),
+                RetryNeed::Units(units) => RetryAfter::micros(self.retry_after(rule, now, units)),
             },
             reset_after: self.expires_at(rule).saturating_sub(now),
             delay: 0,

@@ -39,7 +39,7 @@ impl SlidingLogState {
     /// expired runs are dropped when the next admission writes, so a refused check changes
     /// nothing, even for a later check that carries an earlier time.
     pub(crate) fn plan(&self, rule: &Rule, now: u64) -> LogPlan {
-        let window = rule.window();
+        let window = rule.window_micros();
         // Usually nothing has expired since the last admission dropped what had: one look at
         // the oldest run settles it without a binary search across the buffer.
         let expired_runs = match self.runs.front() {
@@ -65,8 +65,8 @@ impl SlidingLogState {
             allowed: true,
             limit: rule.limit(),
             remaining: rule.limit() - plan.live - units,
-            retry_after: RetryAfter::Micros(0),
-            reset_after: rule.window(),
+            retry_after: RetryAfter::micros(0),
+            reset_after: rule.window_micros(),
             delay: 0,
         }
     }
@@ -134,7 +134,7 @@ impl SlidingLogState {
     ) -> bool {
         let Some(held) = self
             .run_at(at)
-            .filter(|&i| self.runs[i].units >= reserved && at + rule.window() > now)
+            .filter(|&i| self.runs[i].units >= reserved && at + rule.window_micros() > now)
         else {
             return false;
         };
@@ -175,10 +175,10 @@ impl SlidingLogState {
         now: u64,
         retry: RetryNeed,
     ) -> Decision {
-        let window = rule.window();
+        let window = rule.window_micros();
         let retry_after = match retry {
             RetryNeed::Never => RetryAfter::Never,
-            RetryNeed::None => RetryAfter::Micros(0),
+            RetryNeed::None => RetryAfter::micros(0),
             RetryNeed::Units(units) => {
                 let k = plan.live + units - rule.limit();
                 let mut seen = 0;
@@ -190,7 +190,7 @@ impl SlidingLogState {
                         seen >= k
                     })
                     .map_or(now, |run| run.at);
-                RetryAfter::Micros(kth + window - now)
+                RetryAfter::micros(kth + window - now)
             }
         };
         Decision {
@@ -209,6 +209,8 @@ impl SlidingLogState {
 
     /// When every live entry has expired.
     pub(crate) fn expires_at(&self, rule: &Rule) -> u64 {
-        self.runs.back().map_or(0, |run| run.at + rule.window())
+        self.runs
+            .back()
+            .map_or(0, |run| run.at + rule.window_micros())
     }
 }

@@ -22,7 +22,7 @@ enum Change {
 /// report or a settle (which, without a state, has no reservation: a report) of at least
 /// one unit. A refund never creates one.
 pub(crate) fn creates_entry(charge: Charge, cost: u64) -> bool {
-    matches!(charge, Charge::Reported | Charge::Settled) && cost > 0
+    matches!(charge, Charge::Report | Charge::Settle) && cost > 0
 }
 
 impl RuleState {
@@ -43,8 +43,8 @@ impl RuleState {
         let repeat = request_id.is_some_and(|id| self.request_ids.holds(namespace, id, now));
         let recorded = !repeat && {
             let change = match charge {
-                Charge::Refunded => Change::Refund(cost),
-                Charge::Settled => {
+                Charge::Refund => Change::Refund(cost),
+                Charge::Settle => {
                     match request_id.and_then(|id| self.request_ids.take_reservation(id, now)) {
                         Some(r) if cost < r.units => Change::GiveBack(r.units - cost, r),
                         Some(r) => Change::Report(cost - r.units),
@@ -55,7 +55,7 @@ impl RuleState {
             };
             // A settle remembers its id even when it records nothing: its reservation is
             // used up, and a retry must not report the whole cost.
-            self.change(rule, now, change) || charge == Charge::Settled
+            self.change(rule, now, change) || charge == Charge::Settle
         };
         let standing = self.standing(rule, now);
         if let Some(id) = request_id.filter(|_| recorded && cost > 0) {
@@ -66,7 +66,7 @@ impl RuleState {
                     namespace,
                     used: RequestUse::new(charge, cost),
                     reservation: None,
-                    expires_at: now + rule.window(),
+                    expires_at: now + rule.window_micros(),
                     release_at: now,
                 },
             );
@@ -77,7 +77,7 @@ impl RuleState {
     /// What one unit would be answered at `now`, recording nothing: `allowed` when it fits,
     /// else the refusal of one unit.
     fn standing(&self, rule: &Rule, now: u64) -> Decision {
-        self.unrecorded(rule, &self.evaluate(rule, now, 1, None, Charge::Admitted))
+        self.unrecorded(rule, &self.evaluate(rule, now, 1, None, Charge::Check))
     }
 
     /// Applies `change` at `now`; whether it changed anything. A refund or give-back that
@@ -109,7 +109,7 @@ impl RuleState {
                     s.give_back(rule, p, now, reservation.at, units, reservation.units)
                 }
                 (StateKind::Fixed(s), Plan::Fixed(p)) => {
-                    s.refund(p, Some(reservation.at / rule.window()), units)
+                    s.refund(p, Some(reservation.at / rule.window_micros()), units)
                 }
                 (StateKind::Counter(s), Plan::Counter(p)) => {
                     s.refund(rule, p, Some(reservation.at), units)

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use super::*;
 use crate::clock::ManualClock;
@@ -38,13 +39,17 @@ async fn abuse(
     rounds: usize,
     step: u64,
 ) -> (Vec<bool>, u64) {
-    let clock = ManualClock::new(1_700_000_040 * 1_000_000);
+    let clock = ManualClock::new(Duration::from_micros(1_700_000_040 * 1_000_000));
     let store = DistantStore {
         inner: MemoryStore::new(MemoryStoreConfig::default(), Arc::new(clock.clone())),
         calls: AtomicU64::new(0),
     };
     let limiter = Arc::new(Limiter::with_clock(store, config, Arc::new(clock.clone())));
-    let rule = Rule::new(algorithm.name(), &RuleSpec::new(algorithm, 100, 1_000 * MS)).unwrap();
+    let rule = Rule::new(
+        algorithm.name(),
+        &RuleSpec::new(algorithm, 100, Duration::from_micros(1_000 * MS)),
+    )
+    .unwrap();
     let mut decisions = Vec::new();
     for _ in 0..rounds {
         let sent: Vec<_> = (0..8)
@@ -56,7 +61,7 @@ async fn abuse(
         for check in sent {
             decisions.push(check.await.unwrap().allowed);
         }
-        clock.advance(step);
+        clock.advance(Duration::from_micros(step));
     }
     let calls = limiter.store().calls.load(Ordering::Relaxed);
     (decisions, calls)

@@ -29,7 +29,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::LimiterStats;
+use super::Counters;
 use super::in_flight::{InFlight, Joined};
 use super::owed::{Owed, Owing};
 use super::seeds::Seeds;
@@ -43,7 +43,7 @@ use crate::store::{Charge, Check, Limit, MemoryStore, MemoryStoreConfig, Store, 
 
 /// The name of the local fallback's part of a memory budget: its store, its seeds and
 /// the units it owes the store.
-pub const FALLBACK_PART: &str = "fallback";
+pub(crate) const FALLBACK_PART: &str = "fallback";
 
 #[derive(Debug)]
 pub(crate) struct LocalFallback {
@@ -139,7 +139,7 @@ impl LocalFallback {
         check: &Check<'_>,
         generation: u64,
         now: u64,
-        stats: &LimiterStats,
+        stats: &Counters,
     ) -> Result<(), StoreError> {
         for limit in check.limits {
             self.write_back_key(store, limit, generation, now, stats)
@@ -157,7 +157,7 @@ impl LocalFallback {
         limit: &Limit<'_>,
         generation: u64,
         now: u64,
-        stats: &LimiterStats,
+        stats: &Counters,
     ) -> Result<(), StoreError> {
         let (rule, key) = (limit.rule, limit.key);
         let hash = self.owed.hash(rule, key);
@@ -188,9 +188,9 @@ impl LocalFallback {
                     // An envoy counter takes only checks; one that counts its refusals
                     // adds the units whatever it answers, as a report does.
                     charge: if rule.envoy_counter() {
-                        Charge::Attempted
+                        Charge::CheckChargingRefusals
                     } else {
-                        Charge::Reported
+                        Charge::Report
                     },
                     ..Check::new(&limits, units)
                 })
@@ -234,7 +234,7 @@ impl LocalFallback {
     }
 
     /// Up to `max` keys owing units at `now`, expired debts dropped (counted in `stats`).
-    pub(crate) fn due(&self, max: usize, now: u64, stats: &LimiterStats) -> Vec<(Rule, Box<str>)> {
+    pub(crate) fn due(&self, max: usize, now: u64, stats: &Counters) -> Vec<(Rule, Box<str>)> {
         let (due, expired) = self.owed.due(max, now);
         if expired > 0 {
             stats
@@ -263,7 +263,7 @@ impl LocalFallback {
         check: &Check<'_>,
         policies: &[FailurePolicy],
         now: u64,
-        stats: &LimiterStats,
+        stats: &Counters,
     ) -> Result<Vec<Decision>, StoreError> {
         let local_rules: Vec<Option<Rule>> = check
             .limits
@@ -315,7 +315,7 @@ impl LocalFallback {
                     allowed: true,
                     limit: l.rule.capacity(),
                     remaining: l.rule.capacity().saturating_sub(check.cost_of(i).max(1)),
-                    retry_after: RetryAfter::Micros(0),
+                    retry_after: RetryAfter::micros(0),
                     reset_after: 0,
                     delay: 0,
                 },
@@ -332,7 +332,7 @@ impl LocalFallback {
         local_rules: &[Option<Rule>],
         decided: &[Decision],
         now: u64,
-        stats: &LimiterStats,
+        stats: &Counters,
     ) {
         let local = (0..check.limits.len()).filter(|&i| local_rules[i].is_some());
         for (i, decision) in local.zip(decided) {

@@ -21,8 +21,9 @@ mod seeds;
 mod share;
 
 pub use breaker::{BreakerConfig, BreakerState, BreakerTransitions};
-pub use local::FALLBACK_PART;
-pub use negative_cache::NEGATIVE_CACHE_PART;
+#[cfg(test)]
+use local::FALLBACK_PART;
+use negative_cache::NEGATIVE_CACHE_PART;
 pub use nodes::NodeBreaker;
 
 use std::sync::Arc;
@@ -36,7 +37,7 @@ use nodes::NodeBreakers;
 use precheck::Precheck;
 
 use crate::budget::MemoryBudget;
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, ClockMicros, SystemClock};
 use crate::decision::{Decision, RetryAfter};
 use crate::policy::{FailurePolicy, OnStoreReset};
 use crate::rule::Rule;
@@ -72,7 +73,7 @@ pub struct LimiterConfig {
     /// turns it off). See docs/SPEC.md for what it may refuse that the store would admit.
     pub local_precheck: Option<f64>,
     /// Where the negative cache and the local fallback count their bytes
-    /// ([`NEGATIVE_CACHE_PART`], [`FALLBACK_PART`]); past it they keep no more.
+    /// (parts `negative-cache` and `fallback`); past it they keep no more.
     pub memory: MemoryBudget,
 }
 
@@ -91,35 +92,60 @@ impl Default for LimiterConfig {
     }
 }
 
-/// Counters of what the limiter did, for metrics.
-#[derive(Debug, Default)]
-pub struct LimiterStats {
+/// Declares [`LimiterStats`], a snapshot of plain counts, and the atomics the limiter
+/// counts in ([`Counters`]), from one list of counters.
+macro_rules! limiter_counters {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// What the limiter has done so far, for metrics: a snapshot ([`Limiter::stats`]).
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        #[non_exhaustive]
+        pub struct LimiterStats {
+            $($(#[$doc])* pub $name: u64,)*
+        }
+
+        /// The limiter's counters, bumped as it decides.
+        #[derive(Debug, Default)]
+        pub(crate) struct Counters {
+            $(pub(crate) $name: AtomicU64,)*
+        }
+
+        impl Counters {
+            fn snapshot(&self) -> LimiterStats {
+                LimiterStats {
+                    $($name: self.$name.load(Ordering::Relaxed),)*
+                }
+            }
+        }
+    };
+}
+
+limiter_counters! {
     /// Checks the store decided.
-    pub store_decisions: AtomicU64,
+    store_decisions,
     /// Checks the store failed (errors, timeouts, and checks refused by an open breaker).
-    pub store_errors: AtomicU64,
+    store_errors,
     /// Checks refused by the negative cache without a round trip.
-    pub negative_cache_hits: AtomicU64,
+    negative_cache_hits,
     /// Checks refused by the local pre-check without a round trip.
-    pub local_precheck_refusals: AtomicU64,
+    local_precheck_refusals,
     /// Checks a fallback policy decided.
-    pub fallback_decisions: AtomicU64,
+    fallback_decisions,
     /// Keys whose owed units (admitted by the `local` fallback, or lost by the store) were
     /// written to the store.
-    pub write_backs_written: AtomicU64,
+    write_backs_written,
     /// Write-backs of owed units the store failed; the units stay owed.
-    pub write_backs_failed: AtomicU64,
+    write_backs_failed,
     /// Keys whose owed units expired before they could be written back: they no longer
     /// count.
-    pub write_backs_expired: AtomicU64,
+    write_backs_expired,
     /// Keys whose owed units the store refused as invalid: dropped, logged at error.
-    pub write_backs_dropped: AtomicU64,
+    write_backs_dropped,
     /// Units the `local` fallback admitted with no room left to owe them (its memory
     /// budget or key cap full): never written back.
-    pub unowed_units: AtomicU64,
+    unowed_units,
     /// Keys found in a store that lost their state, whose last count was owed to the
     /// store again (`--on-store-reset conservative`).
-    pub store_reset_keys: AtomicU64,
+    store_reset_keys,
 }
 
 /// Decides checks against a store.
@@ -134,7 +160,7 @@ pub struct Limiter<S = MemoryStore> {
     in_flight: InFlight,
     precheck: Option<Precheck>,
     local: LocalFallback,
-    stats: LimiterStats,
+    stats: Counters,
     /// Times the breaker, the negative cache and the local fallback.
     clock: Arc<dyn Clock>,
 }
@@ -205,7 +231,7 @@ impl<S: Store> Limiter<S> {
                 &config.memory,
             ),
             config,
-            stats: LimiterStats::default(),
+            stats: Counters::default(),
             clock,
         }
     }
@@ -226,8 +252,8 @@ impl<S: Store> Limiter<S> {
     }
 
     /// What the limiter has done so far.
-    pub fn stats(&self) -> &LimiterStats {
-        &self.stats
+    pub fn stats(&self) -> LimiterStats {
+        self.stats.snapshot()
     }
 
     /// The whole store's circuit breaker state now, over the nodes it sends checks to:
@@ -566,7 +592,7 @@ impl<S: Store> Limiter<S> {
                         allowed: *p != FailurePolicy::Deny,
                         limit: l.rule.capacity(),
                         remaining: 0,
-                        retry_after: RetryAfter::Micros(if *p == FailurePolicy::Deny {
+                        retry_after: RetryAfter::micros(if *p == FailurePolicy::Deny {
                             wait
                         } else {
                             0

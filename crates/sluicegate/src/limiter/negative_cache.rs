@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::room::{Expiring, ExpiringTable};
 use crate::algorithm;
 use crate::budget::BudgetPart;
-use crate::clock::Clock;
+use crate::clock::{Clock, ClockMicros};
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::Rule;
 use crate::store::{Charge, Check, Limit, Outcome};
@@ -54,7 +54,7 @@ const MAX_LIMITS: usize = 4;
 const FREEING_SLOTS: usize = 1024;
 
 /// The name of the negative cache's part of a memory budget.
-pub const NEGATIVE_CACHE_PART: &str = "negative-cache";
+pub(crate) const NEGATIVE_CACHE_PART: &str = "negative-cache";
 
 #[derive(Debug)]
 pub(crate) struct NegativeCache {
@@ -158,10 +158,10 @@ impl NegativeCache {
     /// Whether the cache answers checks of this shape at all.
     pub(crate) fn applies(check: &Check<'_>) -> bool {
         check.request_id.is_none()
-            && check.at.is_none()
+            && check.at_micros().is_none()
             && check.limits.len() <= MAX_LIMITS
             // A refusal that is charged must reach the store to be counted.
-            && check.charge == Charge::Admitted
+            && check.charge == Charge::Check
             // Its entries hold one cost for every limit.
             && check.costs.is_empty()
     }
@@ -223,9 +223,9 @@ impl NegativeCache {
         let left = entry.until - now;
         let elapsed = now.saturating_sub(entry.since);
         let shorten = |d: Decision| Decision {
-            retry_after: match d.retry_after {
-                RetryAfter::Micros(us) if us > 0 => RetryAfter::Micros(us.min(left).max(1)),
-                other => other,
+            retry_after: match d.retry_after.as_micros() {
+                Some(us) if us > 0 => RetryAfter::micros(us.min(left).max(1)),
+                _ => d.retry_after,
             },
             reset_after: d.reset_after.saturating_sub(elapsed),
             ..d
@@ -245,7 +245,7 @@ impl NegativeCache {
         combined: Decision,
         limits: &[Decision],
     ) {
-        let RetryAfter::Micros(wait) = combined.retry_after else {
+        let Some(wait) = combined.retry_after.as_micros() else {
             return;
         };
         if combined.allowed || wait == 0 {
@@ -272,7 +272,7 @@ impl NegativeCache {
         let Some(refused) = algorithm::refusal_after_admission(limit.rule, decision, units) else {
             return;
         };
-        if let RetryAfter::Micros(wait) = refused.retry_after
+        if let Some(wait) = refused.retry_after.as_micros()
             && wait > 0
         {
             self.insert(check, hash, sent, wait, &[refused]);

@@ -101,7 +101,7 @@ impl Store for NodeStore {
 /// A limiter (failures answered `deny`, a breaker opening after 4 calls) and its store on
 /// one manual clock.
 fn limiter() -> (Limiter<NodeStore>, ManualClock) {
-    let clock = ManualClock::new(1_700_000_040 * S);
+    let clock = ManualClock::new(Duration::from_micros(1_700_000_040 * S));
     let store = NodeStore {
         inner: MemoryStore::new(MemoryStoreConfig::default(), Arc::new(clock.clone())),
         a_node: AtomicU16::new(1),
@@ -125,7 +125,11 @@ fn limiter() -> (Limiter<NodeStore>, ManualClock) {
 }
 
 fn rule() -> Rule {
-    Rule::new("r", &RuleSpec::new(Algorithm::SlidingLog, 1_000, 60 * S)).unwrap()
+    Rule::new(
+        "r",
+        &RuleSpec::new(Algorithm::SlidingLog, 1_000, Duration::from_micros(60 * S)),
+    )
+    .unwrap()
 }
 
 async fn decide(limiter: &Limiter<NodeStore>, rule: &Rule, keys: &[&str]) -> DecidedBy {
@@ -173,7 +177,7 @@ async fn a_failing_node_opens_its_own_breaker_only() {
 
     let calls = limiter.store().calls.load(Ordering::SeqCst);
     let refused = limiter.store().refused.load(Ordering::SeqCst);
-    clock.advance(S / 2);
+    clock.advance(Duration::from_micros(S / 2));
     assert_eq!(decide(&limiter, &rule, &["a2"]).await, DENIED);
     assert_eq!(decide(&limiter, &rule, &["a2", "b1"]).await, DENIED);
     assert_eq!(
@@ -190,7 +194,7 @@ async fn a_failing_node_opens_its_own_breaker_only() {
 
     // Back after the cool-down: one probe closes it.
     limiter.store().set(1, Health::Up);
-    clock.advance(S / 2);
+    clock.advance(Duration::from_micros(S / 2));
     assert_eq!(decide(&limiter, &rule, &["a1"]).await, DecidedBy::Store);
     assert_eq!(state_of(&limiter, 1), Some(BreakerState::Closed));
     assert_eq!(limiter.breaker_state(), BreakerState::Closed);

@@ -40,7 +40,7 @@ impl Precheck {
     /// id (the store may recognise a retry) or their own time are not pre-checked, nor
     /// reports, settles and refunds, which are never refused and always reach the store.
     pub(crate) fn refusal(&self, check: &Check<'_>) -> Option<Outcome> {
-        if check.request_id.is_some() || check.at.is_some() || !check.charge.may_refuse() {
+        if check.request_id.is_some() || check.at_micros().is_some() || !check.charge.may_refuse() {
             return None;
         }
         let shares: Vec<_> = check

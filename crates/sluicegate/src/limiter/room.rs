@@ -12,7 +12,7 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 use crate::budget::BudgetPart;
-use crate::clock::Clock;
+use crate::clock::{Clock, ClockMicros};
 
 /// Independently locked parts of a table: enough that concurrent checks rarely meet on
 /// one lock, few enough that empty shards cost little (a few cache lines each).

@@ -82,11 +82,12 @@ impl Shares {
 mod tests {
     use super::*;
     use crate::rule::{Algorithm, RuleSpec};
+    use std::time::Duration;
 
     fn rule(limit: u64) -> Rule {
         Rule::new(
             "api",
-            &RuleSpec::new(Algorithm::FixedWindow, limit, 1_000_000),
+            &RuleSpec::new(Algorithm::FixedWindow, limit, Duration::from_secs(1)),
         )
         .unwrap()
         .in_scope("shop")

@@ -52,7 +52,7 @@ impl Store for FlakyStore {
 
 /// A limiter and its store on one manual clock, at the start of a minute.
 fn limiter(config: LimiterConfig) -> (Limiter<FlakyStore>, ManualClock) {
-    let clock = ManualClock::new(1_700_000_040 * S);
+    let clock = ManualClock::new(Duration::from_micros(1_700_000_040 * S));
     let store = FlakyStore {
         inner: MemoryStore::new(MemoryStoreConfig::default(), Arc::new(clock.clone())),
         down: AtomicBool::new(false),
@@ -65,7 +65,11 @@ fn limiter(config: LimiterConfig) -> (Limiter<FlakyStore>, ManualClock) {
 }
 
 fn rule(algorithm: Algorithm, limit: u64, window: u64) -> Rule {
-    Rule::new(algorithm.name(), &RuleSpec::new(algorithm, limit, window)).unwrap()
+    Rule::new(
+        algorithm.name(),
+        &RuleSpec::new(algorithm, limit, Duration::from_micros(window)),
+    )
+    .unwrap()
 }
 
 async fn decide(limiter: &Limiter<FlakyStore>, rule: &Rule, key: &str) -> Outcome {
@@ -92,10 +96,10 @@ async fn the_breaker_probes_once_the_clock_passes_its_cool_down() {
     }
     assert_eq!(limiter.breaker_state(), BreakerState::Open);
     // Refused without calling the store, told to come back when the breaker probes.
-    clock.advance(400_000);
+    clock.advance(Duration::from_millis(400));
     let refused = decide(&limiter, &rule, "k").await;
-    assert_eq!(refused.decision.retry_after, RetryAfter::Micros(600_000));
-    assert_eq!(limiter.stats().store_errors.load(Ordering::Relaxed), 3);
+    assert_eq!(refused.decision.retry_after, RetryAfter::micros(600_000));
+    assert_eq!(limiter.stats().store_errors, 3);
 
     limiter.store().down.store(false, Ordering::SeqCst);
     assert_eq!(
@@ -103,7 +107,7 @@ async fn the_breaker_probes_once_the_clock_passes_its_cool_down() {
         DecidedBy::Fallback(FailurePolicy::Deny),
         "the store is back, but the cool-down has not passed"
     );
-    clock.advance(600_000);
+    clock.advance(Duration::from_millis(600));
     assert_eq!(limiter.breaker_state(), BreakerState::HalfOpen);
     assert_eq!(
         decide(&limiter, &rule, "k").await.decided_by,
@@ -121,18 +125,18 @@ async fn a_refusal_is_answered_locally_until_its_retry_after_passes() {
     let rule = rule(Algorithm::SlidingLog, 2, 10 * S);
     for _ in 0..2 {
         assert!(decide(&limiter, &rule, "k").await.decision.allowed);
-        clock.advance(S);
+        clock.advance(Duration::from_micros(S));
     }
     let refused = decide(&limiter, &rule, "k").await;
     assert_eq!(refused.decided_by, DecidedBy::Store);
-    assert_eq!(refused.decision.retry_after, RetryAfter::Micros(8 * S));
+    assert_eq!(refused.decision.retry_after, RetryAfter::micros(8 * S));
 
-    clock.advance(3 * S);
+    clock.advance(Duration::from_micros(3 * S));
     let cached = decide(&limiter, &rule, "k").await;
     assert_eq!(cached.decided_by, DecidedBy::NegativeCache);
     assert!(!cached.decision.allowed);
     // The waits shrink with the time since the store answered.
-    assert_eq!(cached.decision.retry_after, RetryAfter::Micros(5 * S));
+    assert_eq!(cached.decision.retry_after, RetryAfter::micros(5 * S));
     assert_eq!(
         cached.decision.reset_after,
         refused.decision.reset_after - 3 * S
@@ -149,14 +153,11 @@ async fn a_refusal_is_answered_locally_until_its_retry_after_passes() {
     let costly = limiter.decide(&Check::new(&limits, 2)).await.unwrap();
     assert_eq!(costly.decided_by, DecidedBy::Store);
 
-    clock.advance(5 * S);
+    clock.advance(Duration::from_micros(5 * S));
     let again = decide(&limiter, &rule, "k").await;
     assert_eq!(again.decided_by, DecidedBy::Store);
     assert!(again.decision.allowed);
-    assert_eq!(
-        limiter.stats().negative_cache_hits.load(Ordering::Relaxed),
-        1
-    );
+    assert_eq!(limiter.stats().negative_cache_hits, 1);
 }
 
 #[tokio::test]
@@ -166,15 +167,15 @@ async fn an_admission_that_empties_a_fixed_window_predicts_its_refusals() {
         ..LimiterConfig::default()
     });
     let rule = rule(Algorithm::FixedWindow, 2, 60 * S);
-    clock.advance(20 * S);
+    clock.advance(Duration::from_micros(20 * S));
     assert!(decide(&limiter, &rule, "k").await.decision.allowed);
     let last = decide(&limiter, &rule, "k").await;
     assert_eq!((last.decision.allowed, last.decision.remaining), (true, 0));
 
-    clock.advance(10 * S);
+    clock.advance(Duration::from_micros(10 * S));
     let predicted = decide(&limiter, &rule, "k").await;
     assert_eq!(predicted.decided_by, DecidedBy::NegativeCache);
-    assert_eq!(predicted.decision.retry_after, RetryAfter::Micros(30 * S));
+    assert_eq!(predicted.decision.retry_after, RetryAfter::micros(30 * S));
     let limits = [Limit {
         rule: &rule,
         key: "k",
@@ -186,7 +187,7 @@ async fn an_admission_that_empties_a_fixed_window_predicts_its_refusals() {
         .unwrap();
     assert_eq!(peek.decision, predicted.decision);
 
-    clock.advance(30 * S);
+    clock.advance(Duration::from_micros(30 * S));
     let next_window = decide(&limiter, &rule, "k").await;
     assert_eq!(next_window.decided_by, DecidedBy::Store);
     assert!(next_window.decision.allowed);
@@ -221,7 +222,7 @@ async fn a_full_cache_drops_what_has_expired_and_otherwise_caches_nothing_new() 
         DecidedBy::NegativeCache
     );
     // Once the long refusal has expired, it makes room.
-    clock.advance(60 * S);
+    clock.advance(Duration::from_micros(60 * S));
     for rule in [&short, &long] {
         assert!(decide(&limiter, rule, "k").await.decision.allowed);
     }
@@ -257,7 +258,7 @@ async fn a_check_of_several_limits_is_cached_whole_and_only_in_its_order() {
     assert!(limiter.decide(&check).await.unwrap().decision.allowed);
     let refused = limiter.decide(&check).await.unwrap();
     assert_eq!(refused.decided_by, DecidedBy::Store);
-    clock.advance(S);
+    clock.advance(Duration::from_micros(S));
     let cached = limiter.decide(&check).await.unwrap();
     assert_eq!(cached.decided_by, DecidedBy::NegativeCache);
     assert_eq!(cached.limits().len(), 2);
@@ -289,7 +290,7 @@ async fn the_local_fallback_starts_each_key_from_what_the_store_last_said() {
         assert_eq!(admitted(&limiter, &rule, "k", 40).await, 40);
         // A key the store never saw starts empty, at L / instances.
         limiter.store().down.store(true, Ordering::SeqCst);
-        clock.advance(S);
+        clock.advance(Duration::from_micros(S));
         assert_eq!(
             admitted(&limiter, &rule, "k", 60).await,
             after_the_store,
@@ -312,7 +313,7 @@ async fn what_the_store_said_stops_counting_once_the_key_is_back_to_empty() {
     let rule = rule(Algorithm::FixedWindow, 50, 60 * S);
     assert_eq!(admitted(&limiter, &rule, "k", 50).await, 50);
     // The fixed window the store counted in is over: the whole limit again.
-    clock.advance(60 * S);
+    clock.advance(Duration::from_micros(60 * S));
     limiter.store().down.store(true, Ordering::SeqCst);
     assert_eq!(admitted(&limiter, &rule, "k", 60).await, 50);
 }

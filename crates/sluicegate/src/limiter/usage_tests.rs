@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use super::*;
 use crate::algorithm::Charge;
@@ -35,7 +36,7 @@ impl Store for CountingStore {
 }
 
 fn limiter(config: LimiterConfig) -> Limiter<CountingStore> {
-    let clock = ManualClock::new(1_700_000_040 * S);
+    let clock = ManualClock::new(Duration::from_micros(1_700_000_040 * S));
     let store = CountingStore {
         inner: MemoryStore::new(MemoryStoreConfig::default(), Arc::new(clock.clone())),
         down: AtomicBool::new(false),
@@ -45,7 +46,11 @@ fn limiter(config: LimiterConfig) -> Limiter<CountingStore> {
 }
 
 fn rule(name: &str, limit: u64) -> Rule {
-    Rule::new(name, &RuleSpec::new(Algorithm::FixedWindow, limit, 60 * S)).unwrap()
+    Rule::new(
+        name,
+        &RuleSpec::new(Algorithm::FixedWindow, limit, Duration::from_micros(60 * S)),
+    )
+    .unwrap()
 }
 
 async fn decide(
@@ -78,24 +83,24 @@ async fn a_refund_makes_the_negative_cache_forget_the_refusals_it_freed() {
     let one = [Limit { rule: &a, key: "k" }];
     let both = [Limit { rule: &a, key: "k" }, Limit { rule: &b, key: "k" }];
     let check = async |limits, charge| decide(&limiter, limits, 1, charge, None).await.unwrap();
-    assert!(check(&one, Charge::Admitted).await.decision.allowed);
-    assert!(check(&one, Charge::Admitted).await.decision.allowed);
+    assert!(check(&one, Charge::Check).await.decision.allowed);
+    assert!(check(&one, Charge::Check).await.decision.allowed);
     // The window is spent: both refusals are cached (the second predicted from the
     // admission that spent it).
     for limits in [&one[..], &both[..]] {
-        assert!(!check(limits, Charge::Admitted).await.decision.allowed);
+        assert!(!check(limits, Charge::Check).await.decision.allowed);
         assert_eq!(
-            check(limits, Charge::Admitted).await.decided_by,
+            check(limits, Charge::Check).await.decided_by,
             DecidedBy::NegativeCache
         );
     }
-    let reported = check(&one, Charge::Reported).await;
+    let reported = check(&one, Charge::Report).await;
     assert_eq!(
         reported.decided_by,
         DecidedBy::Store,
         "a report always reaches the store"
     );
-    let refunded = decide(&limiter, &one, 3, Charge::Refunded, None)
+    let refunded = decide(&limiter, &one, 3, Charge::Refund, None)
         .await
         .unwrap();
     assert_eq!(refunded.decided_by, DecidedBy::Store);
@@ -103,7 +108,7 @@ async fn a_refund_makes_the_negative_cache_forget_the_refusals_it_freed() {
     // What the store now admits, the cache no longer refuses: neither the limit alone nor
     // the check of both.
     for limits in [&both[..], &one[..]] {
-        let admitted = check(limits, Charge::Admitted).await;
+        let admitted = check(limits, Charge::Check).await;
         assert_eq!(admitted.decided_by, DecidedBy::Store);
         assert!(admitted.decision.allowed);
     }
@@ -114,12 +119,12 @@ async fn a_settle_that_refunds_makes_the_negative_cache_forget_too() {
     let limiter = limiter(with_negative_cache());
     let a = rule("a", 5);
     let one = [Limit { rule: &a, key: "k" }];
-    let reserved = decide(&limiter, &one, 5, Charge::Reserved, Some("r"))
+    let reserved = decide(&limiter, &one, 5, Charge::Reserve, Some("r"))
         .await
         .unwrap();
     assert!(reserved.decision.allowed);
     for decided_by in [DecidedBy::Store, DecidedBy::NegativeCache] {
-        let refused = decide(&limiter, &one, 1, Charge::Admitted, None)
+        let refused = decide(&limiter, &one, 1, Charge::Check, None)
             .await
             .unwrap();
         assert_eq!(
@@ -127,11 +132,11 @@ async fn a_settle_that_refunds_makes_the_negative_cache_forget_too() {
             (false, decided_by)
         );
     }
-    let settled = decide(&limiter, &one, 1, Charge::Settled, Some("r"))
+    let settled = decide(&limiter, &one, 1, Charge::Settle, Some("r"))
         .await
         .unwrap();
     assert_eq!(settled.decision.remaining, 4);
-    let admitted = decide(&limiter, &one, 1, Charge::Admitted, None)
+    let admitted = decide(&limiter, &one, 1, Charge::Check, None)
         .await
         .unwrap();
     assert_eq!(
@@ -150,18 +155,18 @@ async fn usage_modes_are_not_counted_or_refused_by_the_local_precheck() {
     let a = rule("a", 10);
     let one = [Limit { rule: &a, key: "k" }];
     // The instance's share is 5: a report of 8 goes past it, and must reach the store.
-    let reported = decide(&limiter, &one, 8, Charge::Reported, None)
+    let reported = decide(&limiter, &one, 8, Charge::Report, None)
         .await
         .unwrap();
     assert_eq!(reported.decided_by, DecidedBy::Store);
     assert_eq!(reported.decision.remaining, 2);
-    let refunded = decide(&limiter, &one, 8, Charge::Refunded, None)
+    let refunded = decide(&limiter, &one, 8, Charge::Refund, None)
         .await
         .unwrap();
     assert_eq!(refunded.decided_by, DecidedBy::Store);
     // Nothing of them was counted against the share: five checks pass it.
     for _ in 0..5 {
-        let admitted = decide(&limiter, &one, 1, Charge::Admitted, None)
+        let admitted = decide(&limiter, &one, 1, Charge::Check, None)
             .await
             .unwrap();
         assert_eq!(admitted.decided_by, DecidedBy::Store);
@@ -184,9 +189,9 @@ async fn usage_modes_fail_when_the_store_fails_whatever_the_policy() {
         let one = [Limit { rule: &a, key: "k" }];
         limiter.store().down.store(true, Ordering::SeqCst);
         for (charge, id) in [
-            (Charge::Reported, None),
-            (Charge::Settled, Some("s")),
-            (Charge::Refunded, None),
+            (Charge::Report, None),
+            (Charge::Settle, Some("s")),
+            (Charge::Refund, None),
         ] {
             let failed = decide(&limiter, &one, 3, charge, id).await;
             assert!(
@@ -195,7 +200,7 @@ async fn usage_modes_fail_when_the_store_fails_whatever_the_policy() {
             );
         }
         // Checks still fall back as the policy says.
-        let checked = decide(&limiter, &one, 1, Charge::Admitted, None).await;
+        let checked = decide(&limiter, &one, 1, Charge::Check, None).await;
         assert_eq!(
             checked.is_err(),
             policy == FailurePolicy::Error,
@@ -212,14 +217,14 @@ async fn a_refund_under_an_override_forgets_the_refusals_of_the_rule_it_shares_s
     assert!(a.same_identity(&overridden) && !a.same_rule(&overridden));
     let one = [Limit { rule: &a, key: "k" }];
     assert!(
-        decide(&limiter, &one, 2, Charge::Admitted, None)
+        decide(&limiter, &one, 2, Charge::Check, None)
             .await
             .unwrap()
             .decision
             .allowed
     );
     for decided_by in [DecidedBy::Store, DecidedBy::NegativeCache] {
-        let refused = decide(&limiter, &one, 1, Charge::Admitted, None)
+        let refused = decide(&limiter, &one, 1, Charge::Check, None)
             .await
             .unwrap();
         assert_eq!(
@@ -231,10 +236,10 @@ async fn a_refund_under_an_override_forgets_the_refusals_of_the_rule_it_shares_s
         rule: &overridden,
         key: "k",
     }];
-    decide(&limiter, &other, 2, Charge::Refunded, None)
+    decide(&limiter, &other, 2, Charge::Refund, None)
         .await
         .unwrap();
-    let admitted = decide(&limiter, &one, 1, Charge::Admitted, None)
+    let admitted = decide(&limiter, &one, 1, Charge::Check, None)
         .await
         .unwrap();
     assert_eq!(
@@ -266,7 +271,7 @@ impl Store for HoldingStore {
 
 #[tokio::test]
 async fn a_refusal_decided_before_a_refund_but_answered_after_it_is_not_cached() {
-    let clock = ManualClock::new(1_700_000_040 * S);
+    let clock = ManualClock::new(Duration::from_micros(1_700_000_040 * S));
     let store = HoldingStore {
         inner: MemoryStore::new(MemoryStoreConfig::default(), Arc::new(clock.clone())),
         ..HoldingStore::default()
@@ -286,31 +291,31 @@ async fn a_refusal_decided_before_a_refund_but_answered_after_it_is_not_cached()
                 .unwrap()
         }
     };
-    assert!(check(2, Charge::Admitted).await.decision.allowed);
-    clock.advance(1_000);
+    assert!(check(2, Charge::Check).await.decision.allowed);
+    clock.advance(Duration::from_millis(1));
     // A check of 1 is refused at the store; its answer is held there while a refund of
     // the whole window is sent, applied and answered.
     limiter.store().hold.store(true, Ordering::SeqCst);
-    let (refused, refunded) = tokio::join!(check(1, Charge::Admitted), async {
+    let (refused, refunded) = tokio::join!(check(1, Charge::Check), async {
         limiter.store().decided.notified().await;
-        clock.advance(1_000);
-        let refunded = check(2, Charge::Refunded).await;
+        clock.advance(Duration::from_millis(1));
+        let refunded = check(2, Charge::Refund).await;
         limiter.store().release.notify_one();
         refunded
     });
     assert!(!refused.decision.allowed);
     assert_eq!(refunded.decision.remaining, 2);
-    clock.advance(1_000);
+    clock.advance(Duration::from_millis(1));
     // The refusal came back stale: the cache must not answer with it.
-    let admitted = check(1, Charge::Admitted).await;
+    let admitted = check(1, Charge::Check).await;
     assert_eq!(
         (admitted.decision.allowed, admitted.decided_by),
         (true, DecidedBy::Store)
     );
     // Refusals sent after the refund was answered are cached again.
-    check(1, Charge::Admitted).await;
+    check(1, Charge::Check).await;
     assert_eq!(
-        check(1, Charge::Admitted).await.decided_by,
+        check(1, Charge::Check).await.decided_by,
         DecidedBy::NegativeCache
     );
 }

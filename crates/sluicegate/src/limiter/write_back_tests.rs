@@ -7,6 +7,7 @@ use super::*;
 use crate::budget::MemoryBudget;
 use crate::policy::OnStoreReset;
 use crate::store::Charge;
+use std::time::Duration;
 
 /// The limit of the outage tests: 200 a minute.
 const L: u32 = 200;
@@ -45,7 +46,7 @@ fn holds_exactly_the_limit(store: &FlakyStore, rule: &Rule, key: &str) -> bool {
     store
         .inner
         .check_now(&Check {
-            charge: Charge::Refunded,
+            charge: Charge::Refund,
             ..Check::new(&limits, 1)
         })
         .unwrap();
@@ -89,7 +90,7 @@ async fn one_instance_never_passes_its_limit_across_an_outage() {
             "{algorithm}: the store does not count every unit admitted"
         );
         let stats = limiter.stats();
-        assert_eq!(stats.write_backs_written.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.write_backs_written, 1);
         // A second outage in the window starts from the count written back: nothing more.
         limiter.store().down.store(true, Ordering::SeqCst);
         assert_eq!(admitted(&limiter, &rule, "k", 10).await, 0, "{algorithm}");
@@ -100,7 +101,7 @@ async fn one_instance_never_passes_its_limit_across_an_outage() {
 async fn n_instances_pass_the_limit_only_by_what_they_admit_during_the_outage() {
     // Two instances on one store, each at 150 / 200 when it fails: each admits its share
     // min(100, 50) alone, and the store, back, counts both and admits nothing more.
-    let clock = ManualClock::new(1_700_000_040 * S);
+    let clock = ManualClock::new(Duration::from_micros(1_700_000_040 * S));
     let store = Arc::new(FlakyStore {
         inner: MemoryStore::new(MemoryStoreConfig::default(), Arc::new(clock.clone())),
         down: AtomicBool::new(false),
@@ -131,7 +132,7 @@ async fn n_instances_pass_the_limit_only_by_what_they_admit_during_the_outage() 
     // The last answers: 149 to one (R = 51), 150 to the other; each admits min(100, R).
     assert_eq!(allowed, 150 + 51 + 50);
     store.down.store(false, Ordering::SeqCst);
-    clock.advance(S);
+    clock.advance(Duration::from_micros(S));
     assert_eq!(a.write_back(10).await + b.write_back(10).await, 2);
     for limiter in [&a, &b] {
         let outcome = limiter.decide(&Check::new(&limits, 1)).await.unwrap();
@@ -163,13 +164,13 @@ async fn keys_no_check_reaches_are_written_back_in_the_background() {
     limiter.store().down.store(true, Ordering::SeqCst);
     assert_eq!(admitted(&limiter, &rule, "k", 100).await, 50);
     // Still down: the write fails, the units stay owed.
-    let failed = || limiter.stats().write_backs_failed.load(Ordering::Relaxed);
+    let failed = || limiter.stats().write_backs_failed;
     let before = failed();
     assert_eq!(limiter.write_back(10).await, 0);
     assert_eq!(limiter.owed(), (1, 50));
     assert_eq!(failed(), before + 1);
     limiter.store().down.store(false, Ordering::SeqCst);
-    clock.advance(S);
+    clock.advance(Duration::from_micros(S));
     assert_eq!(limiter.write_back(10).await, 1);
     assert_eq!(limiter.owed(), (0, 0));
     assert!(holds_exactly_the_limit(limiter.store(), &rule, "k"));
@@ -185,7 +186,7 @@ async fn the_background_write_back_does_a_bounded_share_each_time() {
     }
     limiter.store().down.store(false, Ordering::SeqCst);
     // Past the breaker's cool-down.
-    clock.advance(S);
+    clock.advance(Duration::from_micros(S));
     for (written, owing) in [(10, 15), (10, 5), (5, 0)] {
         assert_eq!(limiter.write_back(10).await, written);
         assert_eq!(limiter.owed().0, owing);
@@ -200,15 +201,11 @@ async fn owed_units_are_not_written_back_once_their_window_is_over() {
         limiter.store().down.store(true, Ordering::SeqCst);
         assert_eq!(admitted(&limiter, &rule, "k", 10).await, 10, "{algorithm}");
         // A sliding counter weighs the previous window too: two windows free everything.
-        clock.advance(121 * S);
+        clock.advance(Duration::from_micros(121 * S));
         limiter.store().down.store(false, Ordering::SeqCst);
         assert_eq!(limiter.write_back(10).await, 0, "{algorithm}");
         assert_eq!(limiter.owed(), (0, 0), "{algorithm}");
-        assert_eq!(
-            limiter.stats().write_backs_expired.load(Ordering::Relaxed),
-            1,
-            "{algorithm}"
-        );
+        assert_eq!(limiter.stats().write_backs_expired, 1, "{algorithm}");
         assert_eq!(admitted(&limiter, &rule, "k", L).await, L, "{algorithm}");
     }
 }
@@ -226,7 +223,7 @@ async fn a_key_the_store_lost_gets_its_last_count_back_under_conservative() {
         assert_eq!(admitted(&limiter, &rule, "other", 10).await, 10);
         limiter.store().lose(&rule, "k");
         assert_eq!(admitted(&limiter, &rule, "k", 100).await, after, "{policy}");
-        let reseeded = limiter.stats().store_reset_keys.load(Ordering::Relaxed);
+        let reseeded = limiter.stats().store_reset_keys;
         assert_eq!(reseeded, u64::from(policy == OnStoreReset::Conservative));
         if policy == OnStoreReset::Conservative {
             assert!(holds_exactly_the_limit(limiter.store(), &rule, "k"));
@@ -293,10 +290,10 @@ async fn the_fallback_gives_its_memory_back_after_an_outage() {
     let during = memory.part(FALLBACK_PART).used();
     assert!(during > 20_000 * 64, "{during} bytes during the outage");
     limiter.store().down.store(false, Ordering::SeqCst);
-    clock.advance(S);
+    clock.advance(Duration::from_micros(S));
     while limiter.write_back(1000).await > 0 {}
     assert_eq!(limiter.owed(), (0, 0));
-    clock.advance(11 * S);
+    clock.advance(Duration::from_micros(11 * S));
     limiter.write_back(1000).await;
     assert_eq!(memory.part(FALLBACK_PART).used(), 0);
 }
@@ -309,7 +306,7 @@ struct GatedReports {
 
 impl Store for GatedReports {
     async fn check(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
-        if check.charge == Charge::Reported && !self.store.down.load(Ordering::SeqCst) {
+        if check.charge == Charge::Report && !self.store.down.load(Ordering::SeqCst) {
             self.gate.acquire().await.unwrap().forget();
         }
         self.store.check(check).await
@@ -318,7 +315,7 @@ impl Store for GatedReports {
 
 #[tokio::test]
 async fn a_check_of_a_key_being_written_back_waits_for_the_write() {
-    let clock = ManualClock::new(1_700_000_040 * S);
+    let clock = ManualClock::new(Duration::from_micros(1_700_000_040 * S));
     let flaky = Arc::new(FlakyStore {
         inner: MemoryStore::new(MemoryStoreConfig::default(), Arc::new(clock.clone())),
         down: AtomicBool::new(false),

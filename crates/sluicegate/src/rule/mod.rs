@@ -7,30 +7,33 @@ pub use spec::{Algorithm, LogLayout, RuleError, RuleSpec};
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::duration::format_duration;
+use crate::micros::whole_micros;
 use crate::policy::FailurePolicy;
 
 /// Every number a Redis script computes must stay below this (Lua numbers are doubles).
-pub const EXACT_LIMIT: u64 = 1 << 53;
+pub(crate) const EXACT_LIMIT: u64 = 1 << 53;
 
 /// The largest timestamp (µs since the epoch) a check may carry: the year 2112. Together
 /// with [`MAX_SPAN`] it keeps `t + span` below [`EXACT_LIMIT`].
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub const MAX_TIME: u64 = 1 << 52;
 
 /// The largest span of time (µs) a rule may add to a timestamp: about 142 years.
-pub const MAX_SPAN: u64 = (1 << 53) - (1 << 52);
+pub(crate) const MAX_SPAN: u64 = (1 << 53) - (1 << 52);
 
 /// The most units a `zset` sliding-log may hold at once.
-pub const MAX_ZSET_LOG_LIMIT: u64 = 999_999_999;
+pub(crate) const MAX_ZSET_LOG_LIMIT: u64 = 999_999_999;
 
 /// The most units a `compact` sliding-log may hold at once: 8 bytes a unit and a 24-byte
 /// header within Redis' 512 MiB string, a bound with room to spare, as an entry takes at
 /// most 7 bytes.
-pub const MAX_COMPACT_LOG_LIMIT: u64 = (512 * 1024 * 1024 - 24) / 8;
+pub(crate) const MAX_COMPACT_LOG_LIMIT: u64 = (512 * 1024 * 1024 - 24) / 8;
 
 /// The sliding-counter default number of sub-buckets (docs/SPEC.md).
-pub const DEFAULT_BUCKETS: u64 = 10;
+pub(crate) const DEFAULT_BUCKETS: u64 = 10;
 
 /// A validated rule. Cheap to clone.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +70,11 @@ struct RuleInner {
 impl Rule {
     /// Validates `spec` against every bound of docs/SPEC.md. `name` tells rules apart: two rules
     /// with different names never share state, even with the same parameters.
+    ///
+    /// The window is counted in whole microseconds: a part below one microsecond is
+    /// dropped (1.9 µs is 1 µs). A window under 1 µs, or longer than the longest span the
+    /// stores count exactly (2^53 - 2^52 µs, about 142 years), is a [`RuleError`] on
+    /// `window`.
     pub fn new(name: &str, spec: &RuleSpec) -> Result<Rule, RuleError> {
         let RuleSpec {
             algorithm,
@@ -123,6 +131,12 @@ impl Rule {
                 format!("limit {limit} is not below 2^53"),
             ));
         }
+        let Some(window) = whole_micros(window) else {
+            return Err(RuleError::new(
+                "window",
+                format!("window {window:?} exceeds the longest supported span of 2^53 - 2^52 µs"),
+            ));
+        };
         if window == 0 {
             return Err(RuleError::new("window", "window must be longer than 0"));
         }
@@ -311,8 +325,13 @@ impl Rule {
         self.inner.limit
     }
 
+    /// W, the window.
+    pub fn window(&self) -> Duration {
+        Duration::from_micros(self.inner.window)
+    }
+
     /// W in µs.
-    pub fn window(&self) -> u64 {
+    pub(crate) fn window_micros(&self) -> u64 {
         self.inner.window
     }
 
@@ -327,8 +346,14 @@ impl Rule {
         self.inner.capacity
     }
 
-    /// The GCRA emission interval T = floor(W / L) in µs; 0 for the window algorithms.
-    pub fn emission_interval(&self) -> u64 {
+    /// The GCRA emission interval T = floor(W / L), in whole µs; zero for the window
+    /// algorithms.
+    pub fn emission_interval(&self) -> Duration {
+        Duration::from_micros(self.inner.emission_interval)
+    }
+
+    /// T in µs.
+    pub(crate) fn emission_interval_micros(&self) -> u64 {
         self.inner.emission_interval
     }
 
@@ -407,7 +432,7 @@ impl Rule {
     /// The parameters this rule was built from.
     pub fn spec(&self) -> RuleSpec {
         let r = &self.inner;
-        let mut spec = RuleSpec::new(r.algorithm, r.limit, r.window);
+        let mut spec = RuleSpec::new(r.algorithm, r.limit, Duration::from_micros(r.window));
         match r.algorithm {
             Algorithm::SlidingCounter => spec.buckets = Some(r.buckets),
             Algorithm::TokenBucket => spec.burst = Some(r.capacity),

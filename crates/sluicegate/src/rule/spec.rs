@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 /// The five algorithms of docs/SPEC.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -115,8 +116,10 @@ pub struct RuleSpec {
     pub algorithm: Algorithm,
     /// L: units per window.
     pub limit: u64,
-    /// W in µs.
-    pub window: u64,
+    /// W, the window: counted in whole µs ([`Rule::new`] says what it does with the rest).
+    ///
+    /// [`Rule::new`]: crate::Rule::new
+    pub window: Duration,
     /// N, sliding-counter only (default 10).
     pub buckets: Option<u64>,
     /// B, token-bucket only (default L).
@@ -129,7 +132,7 @@ pub struct RuleSpec {
 
 impl RuleSpec {
     /// A spec with only the three common parameters set.
-    pub const fn new(algorithm: Algorithm, limit: u64, window: u64) -> Self {
+    pub const fn new(algorithm: Algorithm, limit: u64, window: Duration) -> Self {
         RuleSpec {
             algorithm,
             limit,

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::duration::parse_duration;
+use std::time::Duration;
 
 fn build(spec: RuleSpec) -> Result<Rule, RuleError> {
     Rule::new("r", &spec)
@@ -12,7 +13,7 @@ fn sliding_counter_product_bound_names_window_and_limit() {
     let spec = RuleSpec::new(
         Algorithm::SlidingCounter,
         200_000_000,
-        parse_duration("1d").unwrap(),
+        Duration::from_micros(parse_duration("1d").unwrap()),
     );
     let err = build(spec).unwrap_err();
     assert_eq!(err.field(), "window");
@@ -27,78 +28,98 @@ fn sliding_counter_product_bound_names_window_and_limit() {
 fn bounds_are_checked_per_field() {
     let w = 1_000_000;
     let cases = [
-        (RuleSpec::new(Algorithm::SlidingLog, 0, w), "limit"),
-        (RuleSpec::new(Algorithm::SlidingLog, 1 << 53, w), "limit"),
         (
-            RuleSpec::new(Algorithm::SlidingLog, 1_000_000_000, w),
+            RuleSpec::new(Algorithm::SlidingLog, 0, Duration::from_micros(w)),
+            "limit",
+        ),
+        (
+            RuleSpec::new(Algorithm::SlidingLog, 1 << 53, Duration::from_micros(w)),
+            "limit",
+        ),
+        (
+            RuleSpec::new(
+                Algorithm::SlidingLog,
+                1_000_000_000,
+                Duration::from_micros(w),
+            ),
             "limit",
         ),
         (
             RuleSpec {
                 layout: Some(LogLayout::Compact),
-                ..RuleSpec::new(Algorithm::SlidingLog, 100_000_000, w)
+                ..RuleSpec::new(Algorithm::SlidingLog, 100_000_000, Duration::from_micros(w))
             },
             "limit",
         ),
         (
             RuleSpec {
                 layout: Some(LogLayout::Compact),
-                ..RuleSpec::new(Algorithm::FixedWindow, 10, w)
+                ..RuleSpec::new(Algorithm::FixedWindow, 10, Duration::from_micros(w))
             },
             "layout",
         ),
-        (RuleSpec::new(Algorithm::FixedWindow, 1, 0), "window"),
         (
-            RuleSpec::new(Algorithm::FixedWindow, 1, MAX_SPAN + 1),
+            RuleSpec::new(Algorithm::FixedWindow, 1, Duration::ZERO),
+            "window",
+        ),
+        (
+            RuleSpec::new(
+                Algorithm::FixedWindow,
+                1,
+                Duration::from_micros(MAX_SPAN + 1),
+            ),
             "window",
         ),
         (
             RuleSpec {
                 buckets: Some(7),
-                ..RuleSpec::new(Algorithm::SlidingCounter, 5, w)
+                ..RuleSpec::new(Algorithm::SlidingCounter, 5, Duration::from_micros(w))
             },
             "buckets",
         ),
         (
             RuleSpec {
                 buckets: Some(0),
-                ..RuleSpec::new(Algorithm::SlidingCounter, 5, w)
+                ..RuleSpec::new(Algorithm::SlidingCounter, 5, Duration::from_micros(w))
             },
             "buckets",
         ),
         (
             RuleSpec {
                 buckets: Some(10),
-                ..RuleSpec::new(Algorithm::SlidingLog, 5, w)
+                ..RuleSpec::new(Algorithm::SlidingLog, 5, Duration::from_micros(w))
             },
             "buckets",
         ),
-        (RuleSpec::new(Algorithm::TokenBucket, 2_000_000, w), "limit"),
+        (
+            RuleSpec::new(Algorithm::TokenBucket, 2_000_000, Duration::from_micros(w)),
+            "limit",
+        ),
         (
             RuleSpec {
                 burst: Some(0),
-                ..RuleSpec::new(Algorithm::TokenBucket, 5, w)
+                ..RuleSpec::new(Algorithm::TokenBucket, 5, Duration::from_micros(w))
             },
             "burst",
         ),
         (
             RuleSpec {
                 burst: Some(1 << 40),
-                ..RuleSpec::new(Algorithm::TokenBucket, 1, 1 << 20)
+                ..RuleSpec::new(Algorithm::TokenBucket, 1, Duration::from_micros(1 << 20))
             },
             "burst",
         ),
         (
             RuleSpec {
                 queue: Some(1 << 40),
-                ..RuleSpec::new(Algorithm::LeakyBucket, 1, 1 << 20)
+                ..RuleSpec::new(Algorithm::LeakyBucket, 1, Duration::from_micros(1 << 20))
             },
             "queue",
         ),
         (
             RuleSpec {
                 queue: Some(3),
-                ..RuleSpec::new(Algorithm::TokenBucket, 1, w)
+                ..RuleSpec::new(Algorithm::TokenBucket, 1, Duration::from_micros(w))
             },
             "queue",
         ),
@@ -112,11 +133,29 @@ fn bounds_are_checked_per_field() {
 #[test]
 fn defaults_and_capacity() {
     let w = 1_000_000;
-    let counter = build(RuleSpec::new(Algorithm::SlidingCounter, 5, w)).unwrap();
+    let counter = build(RuleSpec::new(
+        Algorithm::SlidingCounter,
+        5,
+        Duration::from_micros(w),
+    ))
+    .unwrap();
     assert_eq!(counter.buckets(), 10);
-    let token = build(RuleSpec::new(Algorithm::TokenBucket, 5, w)).unwrap();
-    assert_eq!((token.capacity(), token.emission_interval()), (5, 200_000));
-    let leaky = build(RuleSpec::new(Algorithm::LeakyBucket, 5, w)).unwrap();
+    let token = build(RuleSpec::new(
+        Algorithm::TokenBucket,
+        5,
+        Duration::from_micros(w),
+    ))
+    .unwrap();
+    assert_eq!(
+        (token.capacity(), token.emission_interval_micros()),
+        (5, 200_000)
+    );
+    let leaky = build(RuleSpec::new(
+        Algorithm::LeakyBucket,
+        5,
+        Duration::from_micros(w),
+    ))
+    .unwrap();
     assert_eq!(leaky.capacity(), 1);
     assert_eq!(leaky.spec().queue, Some(0));
 }
@@ -124,7 +163,7 @@ fn defaults_and_capacity() {
 #[test]
 fn identity_is_the_place_and_what_the_state_cannot_be_read_without() {
     let w = 1_000_000;
-    let spec = RuleSpec::new(Algorithm::SlidingLog, 5, w);
+    let spec = RuleSpec::new(Algorithm::SlidingLog, 5, Duration::from_micros(w));
     let a = Rule::new("a|b", &spec).unwrap();
     let b = Rule::new("a", &spec).unwrap();
     assert!(!a.same_identity(&b));
@@ -134,7 +173,8 @@ fn identity_is_the_place_and_what_the_state_cannot_be_read_without() {
         assert_eq!(x.same_rule(&y), x.spec() == y.spec());
         x.same_identity(&y)
     };
-    let with = |algorithm, limit, window| RuleSpec::new(algorithm, limit, window);
+    let with =
+        |algorithm, limit, window| RuleSpec::new(algorithm, limit, Duration::from_micros(window));
     for algorithm in Algorithm::ALL {
         // A new limit keeps the state of every algorithm and log layout.
         assert!(
@@ -179,7 +219,7 @@ fn identity_is_the_place_and_what_the_state_cannot_be_read_without() {
 
 #[test]
 fn scopes_separate_rules_of_one_name_and_keep_the_name() {
-    let spec = RuleSpec::new(Algorithm::SlidingLog, 5, 1_000_000);
+    let spec = RuleSpec::new(Algorithm::SlidingLog, 5, Duration::from_secs(1));
     let plain = Rule::new("per_user", &spec).unwrap();
     let team_a = plain.in_scope("team_a");
     let team_b = plain.in_scope("team_b");

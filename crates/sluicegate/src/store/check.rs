@@ -8,12 +8,13 @@ use super::error::{RequestIdConflict, StoreError};
 pub use crate::algorithm::{Charge, RequestUse};
 use crate::budget::OnFull;
 use crate::decision::Decision;
+use crate::micros::saturating_micros;
 use crate::policy::FailurePolicy;
 use crate::rule::{EXACT_LIMIT, MAX_TIME, Rule};
 
 /// The longest request id a check may carry, in bytes. Ids are kept for as long as their
 /// admission counts, so their size is bounded like everything else a key holds.
-pub const MAX_REQUEST_ID_BYTES: usize = 256;
+pub(crate) const MAX_REQUEST_ID_BYTES: usize = 256;
 
 /// Prepended to every Redis key unless a prefix is configured.
 pub(crate) const DEFAULT_REDIS_PREFIX: &str = "sluicegate:";
@@ -53,14 +54,29 @@ pub struct Check<'a> {
     pub costs: &'a [u64],
     /// A retried request with the same id is not counted twice while its admission counts.
     pub request_id: Option<&'a str>,
-    /// The caller's clock (µs since the epoch), for replay, simulation and tests; `None`
-    /// uses the store's own clock.
-    pub at: Option<u64>,
+    /// The caller's clock (the time since the Unix epoch), for replay, simulation and
+    /// tests; `None` uses the store's own clock. Kept in whole microseconds (a part below
+    /// one is dropped); a time at or past 2^52 µs after the epoch (the year 2112) makes
+    /// the check invalid ([`StoreError::InvalidCheck`]).
+    pub at: Option<Duration>,
     /// The mode: by default a check, whose refusal records nothing (docs/SPEC.md, "Usage").
     pub charge: Charge,
 }
 
 impl<'a> Check<'a> {
+    /// The largest cost a check may have (2^53 - 1): every count stays exact in the
+    /// Redis script's doubles.
+    pub const MAX_COST: u64 = EXACT_LIMIT - 1;
+
+    /// The longest request id, in bytes.
+    pub const MAX_REQUEST_ID_BYTES: usize = MAX_REQUEST_ID_BYTES;
+
+    /// [`Check::at`] in µs; a time past `u64::MAX` µs is `u64::MAX`, which
+    /// [`Check::validate`] refuses.
+    pub(crate) fn at_micros(&self) -> Option<u64> {
+        self.at.map(saturating_micros)
+    }
+
     /// A check of `cost` under `limits`, on the store's clock, without a request id.
     pub fn new(limits: &'a [Limit<'a>], cost: u64) -> Self {
         Check {
@@ -69,7 +85,7 @@ impl<'a> Check<'a> {
             costs: &[],
             request_id: None,
             at: None,
-            charge: Charge::Admitted,
+            charge: Charge::Check,
         }
     }
 
@@ -122,7 +138,7 @@ impl<'a> Check<'a> {
         {
             return invalid(|| format!("cost {cost} is not below 2^53"));
         }
-        if let Some(at) = self.at
+        if let Some(at) = self.at_micros()
             && at >= MAX_TIME
         {
             return invalid(|| format!("time {at} µs is not below 2^52 µs (the year 2112)"));
@@ -143,7 +159,7 @@ impl<'a> Check<'a> {
         }
         if let Some(limit) = self.limits.iter().find(|l| l.rule.envoy_counter())
             && (self.request_id.is_some()
-                || !matches!(self.charge, Charge::Admitted | Charge::Attempted))
+                || !matches!(self.charge, Charge::Check | Charge::CheckChargingRefusals))
         {
             return invalid(|| {
                 format!(

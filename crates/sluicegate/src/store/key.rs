@@ -18,12 +18,14 @@ use super::check::{Check, Limit};
 /// ids, IPv4 and IPv6 addresses, UUIDs, API key ids, a few descriptor entries joined — fits
 /// and stays readable in `redis-cli` and in the store's errors; and a digest
 /// ([`DIGESTED_KEY_BYTES`]) is not much shorter, so a lower bound would save little.
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub const MAX_STORED_KEY_BYTES: usize = 128;
 
 /// What every digested key starts with, and only they.
-pub const DIGEST_MARKER: &str = "~sha256:";
+pub(crate) const DIGEST_MARKER: &str = "~sha256:";
 
 /// The length of a digested key: the marker and 64 hex digits.
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub const DIGESTED_KEY_BYTES: usize = DIGEST_MARKER.len() + 64;
 
 /// Whether `key` is stored as it is.
@@ -35,6 +37,7 @@ pub(crate) fn key_kept(key: &str) -> bool {
 /// The key stored for `key`: `key` itself, or, when it is longer than
 /// [`MAX_STORED_KEY_BYTES`] or starts with [`DIGEST_MARKER`], the marker followed by the
 /// SHA-256 of its bytes in lowercase hex.
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 #[inline]
 pub fn stored_key(key: &str) -> Cow<'_, str> {
     if key_kept(key) {

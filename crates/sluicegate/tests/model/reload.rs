@@ -1,7 +1,10 @@
 //! Reloads in the model's traces (docs/SPEC.md, "Changing a rule's numbers"): new numbers
 //! for a rule, and which state a rule shares by the SPEC.
 
+use std::time::Duration;
+
 use proptest::prelude::*;
+use sluicegate::internals::saturating_micros;
 use sluicegate::{Algorithm, LogLayout, Rule, RuleSpec};
 
 /// What docs/SPEC.md says a rule's state is shared by, besides its name: the algorithm and
@@ -10,11 +13,11 @@ pub(crate) fn shared_by(rule: &Rule) -> String {
     let spec = rule.spec();
     match spec.algorithm {
         Algorithm::SlidingLog if spec.layout == Some(LogLayout::Compact) => {
-            format!("log compact {}", spec.window)
+            format!("log compact {:?}", spec.window)
         }
-        Algorithm::SlidingLog => format!("log zset {}", spec.window),
-        Algorithm::SlidingCounter => format!("counter {} {}", spec.window, rule.buckets()),
-        Algorithm::FixedWindow => format!("fixed {}", spec.window),
+        Algorithm::SlidingLog => format!("log zset {:?}", spec.window),
+        Algorithm::SlidingCounter => format!("counter {:?} {}", spec.window, rule.buckets()),
+        Algorithm::FixedWindow => format!("fixed {:?}", spec.window),
         Algorithm::TokenBucket => "token".into(),
         Algorithm::LeakyBucket => "leaky".into(),
     }
@@ -32,14 +35,21 @@ pub(crate) struct Reload {
 
 /// `spec` with the numbers of `reload`, within every bound.
 pub(crate) fn reloaded(spec: &RuleSpec, reload: &Reload) -> RuleSpec {
-    let window = reload.window.unwrap_or(spec.window);
+    let window = reload
+        .window
+        .map(Duration::from_micros)
+        .unwrap_or(spec.window);
     let mut new = RuleSpec {
         limit: reload.limit,
         window,
         ..spec.clone()
     };
     match spec.algorithm {
-        Algorithm::SlidingCounter if spec.buckets.is_some_and(|n| !window.is_multiple_of(n)) => {
+        Algorithm::SlidingCounter
+            if spec
+                .buckets
+                .is_some_and(|n| !saturating_micros(window).is_multiple_of(n)) =>
+        {
             new.buckets = Some(1);
         }
         Algorithm::TokenBucket => new.burst = Some(reload.size.max(1)),

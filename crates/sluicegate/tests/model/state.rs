@@ -3,6 +3,9 @@
 //! found by trying every µs, GCRA's TAT is refolded from the history of what was recorded
 //! and given back.
 
+use std::time::Duration;
+
+use sluicegate::internals::saturating_micros;
 use sluicegate::{Algorithm, Charge, Decision, RetryAfter, Rule};
 
 /// The most backlog a GCRA report may leave: 2^51 µs.
@@ -105,14 +108,14 @@ pub(crate) fn gcra_now(rule: &Rule, key: &ModelKey, now: u64) -> u64 {
         stored,
         written,
         now,
-        rule.emission_interval(),
+        saturating_micros(rule.emission_interval()),
         rule.capacity(),
     )
 }
 
 fn counter_estimate_w(rule: &Rule, key: &ModelKey, at: u64) -> u64 {
     let n = rule.buckets();
-    let w = rule.window() / n;
+    let w = saturating_micros(rule.window()) / n;
     let b = at / w;
     let r = at - b * w;
     key.entries
@@ -131,14 +134,38 @@ fn counter_estimate_w(rule: &Rule, key: &ModelKey, at: u64) -> u64 {
 }
 
 fn decision(allowed: bool, limit: u64, remaining: u64, retry: RetryAfter, reset: u64) -> Decision {
-    Decision {
+    Decision::new(
         allowed,
         limit,
         remaining,
-        retry_after: retry,
-        reset_after: reset,
-        delay: 0,
-    }
+        retry,
+        Duration::from_micros(reset),
+        Duration::ZERO,
+    )
+}
+
+/// `d` with a wait of `delay` µs.
+pub(crate) fn delayed(d: Decision, delay: u64) -> Decision {
+    Decision::new(
+        d.allowed,
+        d.limit,
+        d.remaining,
+        d.retry_after(),
+        d.reset_after(),
+        Duration::from_micros(delay),
+    )
+}
+
+/// `d` with `retry_after`.
+fn retrying(d: Decision, retry_after: RetryAfter) -> Decision {
+    Decision::new(
+        d.allowed,
+        d.limit,
+        d.remaining,
+        retry_after,
+        d.reset_after(),
+        d.delay(),
+    )
 }
 
 pub(crate) fn model_evaluate(
@@ -152,10 +179,11 @@ pub(crate) fn model_evaluate(
     let now = t.max(key.latest);
     // docs/SPEC.md, "A check and its cost": a peek answers for one unit; under charged
     // refusals for none (envoy adds, then compares), but in a sliding log.
-    let counted_after = charge == Charge::Attempted && rule.algorithm() != Algorithm::SlidingLog;
+    let counted_after =
+        charge == Charge::CheckChargingRefusals && rule.algorithm() != Algorithm::SlidingLog;
     let units = if cost == 0 && !counted_after { 1 } else { cost };
     let l = rule.limit();
-    let w_full = rule.window();
+    let w_full = saturating_micros(rule.window());
     let (fits, admitted, mut refused, retry_units);
     match rule.algorithm() {
         Algorithm::SlidingLog => {
@@ -172,15 +200,15 @@ pub(crate) fn model_evaluate(
                 true,
                 l,
                 l.saturating_sub(n + units),
-                RetryAfter::Micros(0),
+                RetryAfter::After(Duration::ZERO),
                 w_full,
             );
             let reset = live.last().map_or(0, |s| s + w_full - now);
             retry_units = if units <= l && !fits {
                 let k = (n + units - l) as usize;
-                RetryAfter::Micros(live[k - 1] + w_full - now)
+                RetryAfter::After(Duration::from_micros(live[k - 1] + w_full - now))
             } else {
-                RetryAfter::Micros(0)
+                RetryAfter::After(Duration::ZERO)
             };
             refused = decision(false, l, l.saturating_sub(n), retry_units, reset);
         }
@@ -198,7 +226,7 @@ pub(crate) fn model_evaluate(
                 true,
                 l,
                 l.saturating_sub(n + units),
-                RetryAfter::Micros(0),
+                RetryAfter::After(Duration::ZERO),
                 end,
             );
             let reset = if n > 0 { end } else { 0 };
@@ -206,7 +234,7 @@ pub(crate) fn model_evaluate(
                 false,
                 l,
                 l.saturating_sub(n),
-                RetryAfter::Micros(reset),
+                RetryAfter::After(Duration::from_micros(reset)),
                 reset,
             );
         }
@@ -220,7 +248,7 @@ pub(crate) fn model_evaluate(
                 true,
                 l,
                 (l * w).saturating_sub(e + units * w) / w,
-                RetryAfter::Micros(0),
+                RetryAfter::After(Duration::ZERO),
                 (b + n + 1) * w - now,
             );
             let reset = key
@@ -235,9 +263,9 @@ pub(crate) fn model_evaluate(
                 let d = (0..=w_full + w)
                     .find(|d| counter_estimate_w(rule, key, now + d) + units * w <= l * w)
                     .expect("every bucket has left the window by then");
-                RetryAfter::Micros(d)
+                RetryAfter::After(Duration::from_micros(d))
             } else {
-                RetryAfter::Micros(0)
+                RetryAfter::After(Duration::ZERO)
             };
             refused = decision(false, l, (l * w).saturating_sub(e) / w, retry, reset);
         }
@@ -248,24 +276,24 @@ pub(crate) fn model_evaluate(
             let tat = gcra_now(rule, key, now);
             let new = tat + units * interval;
             fits = units <= cap && new - now <= tau;
-            admitted = Decision {
-                delay: if rule.algorithm() == Algorithm::LeakyBucket {
+            admitted = delayed(
+                decision(
+                    true,
+                    cap,
+                    tau.saturating_sub(new - now) / interval,
+                    RetryAfter::After(Duration::ZERO),
+                    new - now,
+                ),
+                if rule.algorithm() == Algorithm::LeakyBucket {
                     tat - now
                 } else {
                     0
                 },
-                ..decision(
-                    true,
-                    cap,
-                    tau.saturating_sub(new - now) / interval,
-                    RetryAfter::Micros(0),
-                    new - now,
-                )
-            };
+            );
             let retry = if units <= cap && !fits {
-                RetryAfter::Micros(new - tau - now)
+                RetryAfter::After(Duration::from_micros(new - tau - now))
             } else {
-                RetryAfter::Micros(0)
+                RetryAfter::After(Duration::ZERO)
             };
             refused = decision(
                 false,
@@ -289,8 +317,10 @@ pub(crate) fn model_evaluate(
         None => Fit::Over,
     };
     match fit {
-        Fit::Never => refused.retry_after = RetryAfter::Never,
-        Fit::Fits | Fit::Repeat(_) => refused.retry_after = RetryAfter::Micros(0),
+        Fit::Never => refused = retrying(refused, RetryAfter::Never),
+        Fit::Fits | Fit::Repeat(_) => {
+            refused = retrying(refused, RetryAfter::After(Duration::ZERO))
+        }
         Fit::Over => {}
     }
     ModelEval {
@@ -308,20 +338,23 @@ pub(crate) fn model_combine(ds: &[Decision]) -> Decision {
         .min_by_key(|d| (d.remaining, d.limit))
         .expect("at least one rule");
     let retry_after = if allowed {
-        RetryAfter::Micros(0)
+        RetryAfter::After(Duration::ZERO)
     } else {
         ds.iter()
             .filter(|d| !d.allowed)
-            .map(|d| d.retry_after)
+            .map(|d| d.retry_after())
             .max()
             .expect("a refusing rule")
     };
-    Decision {
+    Decision::new(
         allowed,
-        limit: tightest.limit,
-        remaining: tightest.remaining,
+        tightest.limit,
+        tightest.remaining,
         retry_after,
-        reset_after: ds.iter().map(|d| d.reset_after).max().unwrap_or(0),
-        delay: ds.iter().map(|d| d.delay).max().unwrap_or(0),
-    }
+        ds.iter()
+            .map(Decision::reset_after)
+            .max()
+            .unwrap_or_default(),
+        ds.iter().map(Decision::delay).max().unwrap_or_default(),
+    )
 }

@@ -3,7 +3,8 @@
 //! where it put them, the standing answer and each mode's request ids — written from the
 //! SPEC, not from the store.
 
-use sluicegate::{Algorithm, Charge, Decision, EXACT_LIMIT, Rule};
+use sluicegate::internals::saturating_micros;
+use sluicegate::{Algorithm, Charge, Check, Decision, Rule};
 
 use super::state::{Fit, GcraChange, ModelId, ModelKey, gcra_now, model_evaluate};
 
@@ -19,7 +20,7 @@ pub(crate) fn record(rule: &Rule, key: &mut ModelKey, now: u64, units: u64) {
         now,
         units,
         GcraChange::Record,
-        rule.emission_interval(),
+        saturating_micros(rule.emission_interval()),
         rule.capacity(),
     ));
     key.latest = now;
@@ -33,7 +34,7 @@ pub(crate) fn forget_expired_ids(key: &mut ModelKey, now: u64) {
 /// Whether an entry at `s` still holds units that count at `now`: live in the log, in a
 /// bucket that still weighs, in the current window.
 fn holds(rule: &Rule, s: u64, now: u64) -> bool {
-    let window = rule.window();
+    let window = saturating_micros(rule.window());
     match rule.algorithm() {
         Algorithm::SlidingLog => s + window > now,
         Algorithm::SlidingCounter => {
@@ -58,10 +59,10 @@ fn held(rule: &Rule, key: &ModelKey, now: u64) -> u64 {
 fn report(rule: &Rule, key: &mut ModelKey, now: u64, units: u64) -> bool {
     let units = match rule.algorithm() {
         Algorithm::SlidingCounter => {
-            let w = rule.window() / rule.buckets();
-            units.min(((EXACT_LIMIT - 1) / w).saturating_sub(held(rule, key, now)))
+            let w = saturating_micros(rule.window()) / rule.buckets();
+            units.min(((Check::MAX_COST) / w).saturating_sub(held(rule, key, now)))
         }
-        Algorithm::FixedWindow => units.min(EXACT_LIMIT - 1 - held(rule, key, now)),
+        Algorithm::FixedWindow => units.min(Check::MAX_COST - held(rule, key, now)),
         // The GCRA cap is in the refold; the log's below.
         _ => units,
     };
@@ -72,7 +73,11 @@ fn report(rule: &Rule, key: &mut ModelKey, now: u64, units: u64) -> bool {
     if rule.algorithm() == Algorithm::SlidingLog {
         // Only the newest L live units are kept.
         let mut excess = held(rule, key, now).saturating_sub(rule.limit());
-        for entry in key.entries.iter_mut().filter(|e| e.0 + rule.window() > now) {
+        for entry in key
+            .entries
+            .iter_mut()
+            .filter(|e| e.0 + saturating_micros(rule.window()) > now)
+        {
             let dropped = entry.1.min(excess);
             entry.1 -= dropped;
             excess -= dropped;
@@ -107,7 +112,7 @@ fn refund(
                 now,
                 units,
                 change,
-                rule.emission_interval(),
+                saturating_micros(rule.emission_interval()),
                 rule.capacity(),
             ));
             return true;
@@ -116,13 +121,13 @@ fn refund(
     }
     // Which entries the units may come from: any that still counts, or those of the
     // reservation's instant (log), bucket (counter) or window (fixed, if it is current).
-    let w = rule.window() / rule.buckets();
+    let w = saturating_micros(rule.window()) / rule.buckets();
     let from = |s: u64| match reservation {
         None => true,
         Some((_, at, _)) => match rule.algorithm() {
             Algorithm::SlidingLog => s == at,
             Algorithm::SlidingCounter => s / w == at / w,
-            _ => at / rule.window() == now / rule.window(),
+            _ => at / saturating_micros(rule.window()) == now / saturating_micros(rule.window()),
         },
     };
     let available: u64 = key
@@ -158,11 +163,10 @@ fn refund(
 
 /// One unit's answer at `now`, recording nothing.
 fn standing(rule: &Rule, key: &ModelKey, now: u64) -> Decision {
-    let e = model_evaluate(rule, key, now, 1, None, Charge::Admitted);
-    Decision {
-        allowed: e.fit == Fit::Fits,
-        ..e.refused
-    }
+    let e = model_evaluate(rule, key, now, 1, None, Charge::Check);
+    let mut standing = e.refused;
+    standing.allowed = e.fit == Fit::Fits;
+    standing
 }
 
 /// A report, settle or refund of `cost` in one state, at `t`: its standing after.
@@ -184,8 +188,8 @@ pub(crate) fn usage(
     let repeat = id.is_some_and(|id| remembered(key, namespace, id).is_some());
     let recorded = !repeat
         && match charge {
-            Charge::Reported => report(rule, key, now, cost),
-            Charge::Refunded => refund(rule, key, now, cost, None),
+            Charge::Report => report(rule, key, now, cost),
+            Charge::Refund => refund(rule, key, now, cost, None),
             _ => {
                 let reservation = id
                     .and_then(|id| {
@@ -220,7 +224,7 @@ pub(crate) fn usage(
             namespace,
             id: id.to_owned(),
             used: (charge.name(), cost),
-            expires: now + rule.window(),
+            expires: now + saturating_micros(rule.window()),
             release: now,
             reservation: None,
         });
@@ -231,9 +235,9 @@ pub(crate) fn usage(
 /// The ids a mode's request id is compared with: `check` and `reserve` share "admission".
 pub(crate) fn namespace_of(charge: Charge) -> &'static str {
     match charge {
-        Charge::Reported => "report",
-        Charge::Settled => "settle",
-        Charge::Refunded => "refund",
+        Charge::Report => "report",
+        Charge::Settle => "settle",
+        Charge::Refund => "refund",
         _ => "admission",
     }
 }

@@ -3,6 +3,8 @@
 //! fills to its limit, quiets down and fills again (its string grows and shrinks), also
 //! under a lowered limit.
 
+use std::time::Duration;
+
 use sluicegate::{Algorithm, Charge, LogLayout, Rule, RuleSpec};
 
 use super::Line;
@@ -21,7 +23,7 @@ const SECOND: u64 = 1_000_000;
 fn compact(name: &str, limit: u64, window: u64) -> Rule {
     let spec = RuleSpec {
         layout: Some(LogLayout::Compact),
-        ..RuleSpec::new(Algorithm::SlidingLog, limit, window)
+        ..RuleSpec::new(Algorithm::SlidingLog, limit, Duration::from_micros(window))
     };
     Rule::new(name, &spec).unwrap()
 }
@@ -49,18 +51,18 @@ impl Writer {
             let random = &mut self.random;
             self.t += random.below(step_below);
             let charge = match random.below(12) {
-                0..=6 => Charge::Admitted,
-                7 => Charge::Attempted,
-                8 => Charge::Reported,
-                9 => Charge::Refunded,
-                10 => Charge::Reserved,
-                _ => Charge::Settled,
+                0..=6 => Charge::Check,
+                7 => Charge::CheckChargingRefusals,
+                8 => Charge::Report,
+                9 => Charge::Refund,
+                10 => Charge::Reserve,
+                _ => Charge::Settle,
             };
             let request_id = (charge.needs_request_id() || random.below(4) == 0)
                 .then(|| format!("req-{}", random.below(4)));
             // Reports now and then far beyond the limit, into debt.
             let cost = match charge {
-                Charge::Reported if random.below(3) == 0 => random.below(4 * most_cost),
+                Charge::Report if random.below(3) == 0 => random.below(4 * most_cost),
                 _ => random.below(most_cost + 1),
             };
             self.lines.push(Line {

@@ -6,8 +6,11 @@ mod cases;
 pub(crate) mod compact;
 mod random;
 
+use std::time::Duration;
+
 pub(crate) use cases::CASES;
 use random::Random;
+use sluicegate::internals::saturating_micros;
 use sluicegate::{Algorithm, Charge, Check, Limit, LogLayout, Rule, RuleSpec};
 
 /// Two rules named after the seed, so no trace meets state another trace left behind.
@@ -33,7 +36,7 @@ fn rule_for(
     random: &mut Random,
 ) -> Rule {
     let limit = 1 + random.below(6);
-    let mut spec = RuleSpec::new(algorithm, limit, window);
+    let mut spec = RuleSpec::new(algorithm, limit, Duration::from_micros(window));
     match algorithm {
         Algorithm::SlidingCounter => {
             let fitting: Vec<u64> = [1, 4, 10]
@@ -100,7 +103,7 @@ impl Trace {
             return;
         }
         let i = self.random.below(2);
-        let mut window = self.rules[i as usize].window();
+        let mut window = saturating_micros(self.rules[i as usize].window());
         if self.random.below(4) == 0 {
             window = WINDOWS[self.random.below(WINDOWS.len() as u64) as usize] * (i + 1);
         }
@@ -117,7 +120,7 @@ impl Trace {
     pub(crate) fn next(&mut self) -> Line {
         self.maybe_reload();
         let random = &mut self.random;
-        let window = self.rules[0].window();
+        let window = saturating_micros(self.rules[0].window());
         self.t = match random.below(10) {
             0..=2 => self.t,
             3..=7 => self.t + random.below(window / 2 + 1),
@@ -138,12 +141,12 @@ impl Trace {
         // modes (docs/SPEC.md, "Usage"), whose request ids come from the same few as the
         // checks', so that each mode meets retries of its own and of the others.
         let charge = match random.below(10) {
-            0..=3 => Charge::Admitted,
-            4 => Charge::Attempted,
-            5 | 6 => Charge::Reserved,
-            7 => Charge::Reported,
-            8 => Charge::Settled,
-            _ => Charge::Refunded,
+            0..=3 => Charge::Check,
+            4 => Charge::CheckChargingRefusals,
+            5 | 6 => Charge::Reserve,
+            7 => Charge::Report,
+            8 => Charge::Settle,
+            _ => Charge::Refund,
         };
         let request_id = (charge.needs_request_id() || random.below(4) == 0)
             .then(|| format!("req-{}", random.below(5)));
@@ -183,7 +186,7 @@ pub(crate) fn check_of<'a>(limits: &'a [Limit<'a>], line: &'a Line) -> Check<'a>
         cost: line.cost,
         costs: &line.costs,
         request_id: line.request_id.as_deref(),
-        at: Some(line.at),
+        at: Some(Duration::from_micros(line.at)),
         charge: line.charge,
     }
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use sluicegate::store::redis::Scripting;
+use sluicegate::redis::Scripting;
 use sluicegate::{RedisStore, RedisStoreConfig};
 
 /// The key prefix of test `test`.

@@ -2,7 +2,8 @@
 //! EVALSHA, a cluster), and the lines of worked examples with the answers docs/SPEC.md
 //! prints for them.
 
-use sluicegate::store::redis::Scripting;
+use sluicegate::internals::saturating_micros;
+use sluicegate::redis::Scripting;
 use sluicegate::{Charge, Decision, RedisStore, RetryAfter};
 use sluicegate_test_support as support;
 
@@ -27,14 +28,14 @@ pub(crate) type Line = (u64, u64, Option<&'static str>, Charge);
 pub(crate) type Printed = (bool, u64, u64, u64, u64);
 
 pub(crate) fn printed(decision: &Decision) -> Printed {
-    let RetryAfter::Micros(retry) = decision.retry_after else {
+    let RetryAfter::After(retry) = decision.retry_after() else {
         panic!("no usage example waits forever: {decision:?}");
     };
     (
         decision.allowed,
         decision.remaining,
-        retry,
-        decision.reset_after,
-        decision.delay,
+        saturating_micros(retry),
+        saturating_micros(decision.reset_after()),
+        saturating_micros(decision.delay()),
     )
 }

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use proptest::prelude::*;
 use sluicegate::{
@@ -113,12 +114,12 @@ proptest! {
             Just(Counting::StopIncrementWhenOverLimit),
         ],
     ) {
-        let (clock, twin_clock) = (ManualClock::new(1_000_000_000), ManualClock::new(1_000_000_000));
+        let (clock, twin_clock) = (ManualClock::new(Duration::from_secs(1000)), ManualClock::new(Duration::from_secs(1000)));
         let (explaining, twin) = (service(counting, &clock), service(counting, &twin_clock));
         runtime().block_on(async {
             for step in &steps {
-                clock.advance(step.advance_ms * 1_000);
-                twin_clock.advance(step.advance_ms * 1_000);
+                clock.advance(Duration::from_millis(step.advance_ms));
+                twin_clock.advance(Duration::from_millis(step.advance_ms));
                 let descriptors: Vec<Vec<Entry>> = step
                     .descriptors
                     .iter()
@@ -149,7 +150,7 @@ proptest! {
 /// Why nothing matched, an unlimited rule, a block and a replaced match, each said.
 #[test]
 fn explain_names_what_matched_and_why_not() {
-    let clock = ManualClock::new(1_000_000_000);
+    let clock = ManualClock::new(Duration::from_secs(1000));
     let service = service(Counting::AllOrNothing, &clock);
     let descriptors = [
         entry("nobody", "x"),

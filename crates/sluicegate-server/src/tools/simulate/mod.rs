@@ -13,6 +13,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, anyhow};
+use sluicegate::internals::saturating_micros;
 use sluicegate::{Algorithm, Charge, LogLayout, Rule, RuleSpec};
 
 use self::run::{AlgorithmReport, Run};
@@ -33,7 +34,7 @@ pub(crate) fn run(
     chart: Option<&Path>,
 ) -> Result<()> {
     // Without a readable span, ten windows give the chart a sensible scale.
-    let span = trace.span().unwrap_or(spec.window * 10);
+    let span = trace.span().unwrap_or(saturating_micros(spec.window) * 10);
     let mut sim = Simulation::new(spec, span)?;
     let started = Instant::now();
     let skipped = trace.read(|line| sim.request(line))?;
@@ -102,7 +103,7 @@ impl Simulation {
         Ok(Simulation {
             runs,
             keys: HashMap::default(),
-            window: base.window,
+            window: saturating_micros(base.window),
             bucket_width: (span / CHART_POINTS).max(1),
             start: None,
             offered: Vec::new(),
@@ -144,8 +145,8 @@ impl Simulation {
         }
         // The units offered: a peek offers one request, a refund gives back.
         let offered = match line.charge {
-            Charge::Reserved | Charge::Reported | Charge::Settled => line.cost,
-            Charge::Refunded => 0,
+            Charge::Reserve | Charge::Report | Charge::Settle => line.cost,
+            Charge::Refund => 0,
             _ => line.cost.max(1),
         };
         bump(&mut self.offered, bucket, offered);
@@ -305,6 +306,8 @@ fn table(sim: &Simulation, limit: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::tools::replay::parse_line;
 
@@ -320,7 +323,7 @@ mod tests {
 
     /// Feeds replay-format `lines` to a simulation.
     fn simulate_lines(lines: &[impl AsRef<str>], limit: u64, window: u64) -> Simulation {
-        let spec = RuleSpec::new(Algorithm::SlidingLog, limit, window);
+        let spec = RuleSpec::new(Algorithm::SlidingLog, limit, Duration::from_micros(window));
         let mut sim = Simulation::new(&spec, 10 * window).unwrap();
         for line in lines {
             sim.request(&parse_line(line.as_ref()).unwrap()).unwrap();

@@ -5,6 +5,7 @@
 use std::collections::{HashSet, VecDeque};
 
 use anyhow::Result;
+use sluicegate::internals::saturating_micros;
 use sluicegate::{Charge, Decision, Limit, MemoryStore, Rule};
 
 use super::HashMap;
@@ -33,7 +34,7 @@ pub(super) struct AlgorithmReport {
 /// (docs/SPEC.md, "Usage"), a report, settle and refund each keep their own.
 fn id_space(charge: Charge) -> &'static str {
     if charge.may_refuse() {
-        Charge::Admitted.name()
+        Charge::Check.name()
     } else {
         charge.name()
     }
@@ -84,7 +85,7 @@ impl Run {
     /// Whether `line` (of key id `key`) is the report or settle of a request this run
     /// refused: not sent, not counted.
     pub(super) fn never_ran(&mut self, line: &ReplayLine<'_>, key: u32) -> bool {
-        matches!(line.charge, Charge::Reported | Charge::Settled)
+        matches!(line.charge, Charge::Report | Charge::Settle)
             && line
                 .request_id
                 .is_some_and(|id| self.refused_ids.remove(&(key, id.to_owned())))
@@ -121,12 +122,12 @@ impl Run {
             return self.held(key);
         }
         let recorded = match line.charge {
-            Charge::Reported => {
+            Charge::Report => {
                 self.record(line.time, key, line.cost);
                 self.note_standing(key, decision);
                 line.cost > 0
             }
-            Charge::Settled => {
+            Charge::Settle => {
                 let id = line.request_id.unwrap_or_default();
                 let reserved = self.reservations.remove(&(key, id.to_owned())).unwrap_or(0);
                 if line.cost >= reserved {
@@ -137,7 +138,7 @@ impl Run {
                 self.note_standing(key, decision);
                 true
             }
-            Charge::Refunded => {
+            Charge::Refund => {
                 self.give_back(key, line.cost);
                 self.note_standing(key, decision);
                 line.cost > 0
@@ -146,7 +147,7 @@ impl Run {
             _ => {
                 if decision.allowed {
                     self.spent.remove(&key);
-                    if line.charge == Charge::Reserved
+                    if line.charge == Charge::Reserve
                         && let Some(id) = line.request_id
                     {
                         self.reservations.insert((key, id.to_owned()), line.cost);
@@ -178,7 +179,10 @@ impl Run {
         } else {
             self.spent.insert(key);
             // A standing answer's wait is never `never` (docs/SPEC.md, "Usage").
-            let wait = standing.retry_after.micros().unwrap_or(0);
+            let wait = standing
+                .retry_after()
+                .duration()
+                .map_or(0, saturating_micros);
             self.report.longest_debt = self.report.longest_debt.max(wait);
         }
     }

@@ -2,7 +2,8 @@
 //! closes it, and no stale result moves it.
 
 use super::*;
-use crate::clock::{Clock, ManualClock};
+use crate::clock::{ClockMicros, ManualClock};
+use std::time::Duration;
 
 const MS: u64 = 1_000;
 
@@ -16,7 +17,10 @@ fn breaker(failure_rate: f64, min_calls: u32) -> (Breaker, ManualClock) {
         },
         "127.0.0.1:6379".to_owned(),
     );
-    (breaker, ManualClock::new(1_700_000_000_000_000))
+    (
+        breaker,
+        ManualClock::new(Duration::from_secs(1_700_000_000)),
+    )
 }
 
 fn call(breaker: &Breaker, now: u64) -> Ticket<'_> {
@@ -42,7 +46,7 @@ fn a_burst_of_failures_among_many_successes_does_not_open_it() {
     let (breaker, clock) = breaker(0.5, 20);
     calls(&breaker, clock.now_micros(), 1_000, 0);
     // Every check in flight times out at once: what a 70 ms stall does under load.
-    clock.advance(100 * MS);
+    clock.advance(Duration::from_micros(100 * MS));
     calls(&breaker, clock.now_micros(), 300, 300);
     assert_eq!(breaker.state(clock.now_micros()), BreakerState::Closed);
     assert_eq!(breaker.transitions().to(BreakerState::Open), 0);
@@ -64,7 +68,7 @@ fn it_opens_once_the_rate_over_the_window_is_reached_with_enough_calls() {
 fn calls_older_than_the_window_no_longer_count() {
     let (breaker, clock) = breaker(0.5, 20);
     calls(&breaker, clock.now_micros(), 100, 0);
-    clock.advance(1_100 * MS);
+    clock.advance(Duration::from_micros(1_100 * MS));
     // The 100 successes have left the window: 20 failures alone are the whole of it.
     calls(&breaker, clock.now_micros(), 20, 20);
     assert_eq!(breaker.state(clock.now_micros()), BreakerState::Open);
@@ -81,7 +85,7 @@ fn a_late_result_of_a_call_sent_before_it_opened_changes_nothing() {
     stale_success.finish(true, clock.now_micros());
     assert_eq!(breaker.state(clock.now_micros()), BreakerState::Open);
 
-    clock.advance(1_000 * MS);
+    clock.advance(Duration::from_micros(1_000 * MS));
     let probe = call(&breaker, clock.now_micros());
     assert!(probe.is_probe());
     assert!(refused(&breaker, clock.now_micros()), "one probe at a time");
@@ -106,16 +110,16 @@ fn a_late_result_of_a_call_sent_before_it_opened_changes_nothing() {
 fn a_failed_probe_opens_it_for_another_cool_down() {
     let (breaker, clock) = breaker(0.5, 20);
     calls(&breaker, clock.now_micros(), 20, 20);
-    clock.advance(999 * MS);
+    clock.advance(Duration::from_micros(999 * MS));
     assert!(refused(&breaker, clock.now_micros()));
     assert_eq!(breaker.wait(clock.now_micros()), Duration::from_millis(1));
-    clock.advance(MS);
+    clock.advance(Duration::from_micros(MS));
     let probe = call(&breaker, clock.now_micros());
-    clock.advance(50 * MS);
+    clock.advance(Duration::from_micros(50 * MS));
     probe.finish(false, clock.now_micros());
     assert_eq!(breaker.state(clock.now_micros()), BreakerState::Open);
     assert_eq!(breaker.wait(clock.now_micros()), Duration::from_secs(1));
-    clock.advance(1_000 * MS);
+    clock.advance(Duration::from_micros(1_000 * MS));
     call(&breaker, clock.now_micros()).finish(true, clock.now_micros());
     assert_eq!(breaker.state(clock.now_micros()), BreakerState::Closed);
 }
@@ -124,7 +128,7 @@ fn a_failed_probe_opens_it_for_another_cool_down() {
 fn closing_starts_the_count_afresh() {
     let (breaker, clock) = breaker(0.5, 20);
     calls(&breaker, clock.now_micros(), 20, 20);
-    clock.advance(1_000 * MS);
+    clock.advance(Duration::from_micros(1_000 * MS));
     call(&breaker, clock.now_micros()).finish(true, clock.now_micros());
     // The failures that opened it are still within the window, but do not count again.
     calls(&breaker, clock.now_micros(), 19, 19);
@@ -135,7 +139,7 @@ fn closing_starts_the_count_afresh() {
 fn an_abandoned_probe_lets_the_next_check_probe() {
     let (breaker, clock) = breaker(0.5, 20);
     calls(&breaker, clock.now_micros(), 20, 20);
-    clock.advance(1_000 * MS);
+    clock.advance(Duration::from_micros(1_000 * MS));
     drop(call(&breaker, clock.now_micros()));
     let probe = call(&breaker, clock.now_micros());
     assert!(probe.is_probe());
@@ -176,9 +180,9 @@ fn every_change_is_logged_at_warn_with_its_node_and_reason() {
     tracing::subscriber::with_default(subscriber, || {
         let (breaker, clock) = breaker(0.5, 20);
         calls(&breaker, clock.now_micros(), 20, 20);
-        clock.advance(1_000 * MS);
+        clock.advance(Duration::from_micros(1_000 * MS));
         call(&breaker, clock.now_micros()).finish(false, clock.now_micros());
-        clock.advance(1_000 * MS);
+        clock.advance(Duration::from_micros(1_000 * MS));
         call(&breaker, clock.now_micros()).finish(true, clock.now_micros());
     });
     let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();

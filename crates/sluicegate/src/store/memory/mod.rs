@@ -46,18 +46,19 @@ use super::error::StoreError;
 use super::key::{key_kept, keys_kept, stored_key, with_stored_keys};
 use crate::algorithm::{self, RuleState, StateWords};
 use crate::budget::{BudgetPart, MemoryBudget, OnFull};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, ClockMicros, SystemClock};
 use crate::decision::{Decision, RetryAfter};
 use crate::rule::Rule;
 
 /// How often (µs of store time) a shard drops expired entries when checks touch it.
-pub const SWEEP_INTERVAL: u64 = 1_000_000;
+pub(crate) const SWEEP_INTERVAL: u64 = 1_000_000;
 
 /// The Retry-After of a refusal for want of room: one sweep interval. Room comes back when
 /// held keys expire, which the store takes note of once per interval per shard, and an
 /// eviction may make room at the next check; the store cannot know sooner, and a longer
 /// wait (say, the rule's window) would keep the new users a full store refuses out for
 /// as long as the flood that filled it.
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub const FULL_RETRY_AFTER: u64 = SWEEP_INTERVAL;
 
 /// Entries of a shard an eviction looks at, at most, for a victim: the least recently
@@ -98,7 +99,7 @@ impl Default for MemoryStoreConfig {
 }
 
 /// The name of the store's part of a memory budget.
-pub const STORE_PART: &str = "store";
+pub(crate) const STORE_PART: &str = "store";
 
 /// The in-memory store. See the module documentation for memory bounds.
 #[derive(Debug)]
@@ -172,7 +173,7 @@ impl Slot {
             || (!self.state.holds_request_ids(now)
                 && self
                     .state
-                    .refusal(&self.rule, now, 1, None, Charge::Admitted)
+                    .refusal(&self.rule, now, 1, None, Charge::Check)
                     .is_none())
     }
 }
@@ -244,6 +245,10 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
+    /// The name of the store's part of a memory budget: what
+    /// [`MemoryStoreConfig::budget`] is named when the store shares a budget with others.
+    pub const BUDGET_PART: &str = STORE_PART;
+
     /// A store reading time from `clock` (checks that carry their own time use theirs).
     pub fn new(config: MemoryStoreConfig, clock: Arc<dyn Clock>) -> Self {
         let shard_count = config.shards.clamp(1, 1 << 16).next_power_of_two();
@@ -314,7 +319,7 @@ impl MemoryStore {
     /// lock held for the length of one decision.
     pub fn check_now(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         check.validate()?;
-        let t = check.at.unwrap_or_else(|| self.clock.now_micros());
+        let t = check.at_micros().unwrap_or_else(|| self.clock.now_micros());
         match check.limits {
             [limit] if key_kept(limit.key) => self.check_one(limit.rule, limit.key, t, check),
             _ if keys_kept(check) => self.check_many(t, check),
@@ -933,7 +938,7 @@ fn full_refusal(rule: &Rule) -> Decision {
         allowed: false,
         limit: rule.capacity(),
         remaining: 0,
-        retry_after: RetryAfter::Micros(FULL_RETRY_AFTER),
+        retry_after: RetryAfter::micros(FULL_RETRY_AFTER),
         reset_after: 0,
         delay: 0,
     }
@@ -961,21 +966,22 @@ mod tests {
     use crate::decision::Decision;
     use crate::rule::{Algorithm, RuleSpec};
     use crate::store::check::Limit;
+    use std::time::Duration;
 
     const SECOND: u64 = 1_000_000;
 
     /// A token bucket of one a second, and a store on a clock at 10 s.
     fn bucket_store() -> (MemoryStore, Rule, Arc<ManualClock>) {
-        let clock = Arc::new(ManualClock::new(10 * SECOND));
+        let clock = Arc::new(ManualClock::new(Duration::from_micros(10 * SECOND)));
         let store = MemoryStore::new(MemoryStoreConfig::default(), clock.clone());
-        let spec = RuleSpec::new(Algorithm::TokenBucket, 1, SECOND);
+        let spec = RuleSpec::new(Algorithm::TokenBucket, 1, Duration::from_micros(SECOND));
         (store, Rule::new("hinted", &spec).unwrap(), clock)
     }
 
     fn decide(store: &MemoryStore, rule: &Rule, at: Option<u64>, charge: Charge) -> Decision {
         let limits = [Limit { rule, key: "k" }];
         let check = Check {
-            at,
+            at: at.map(Duration::from_micros),
             charge,
             ..Check::new(&limits, 1)
         };
@@ -984,8 +990,8 @@ mod tests {
 
     /// Admits the key's one unit, then refuses it under the lock, which publishes the hint.
     fn refused_once(store: &MemoryStore, rule: &Rule) -> Decision {
-        assert!(decide(store, rule, None, Charge::Admitted).allowed);
-        let refused = decide(store, rule, None, Charge::Admitted);
+        assert!(decide(store, rule, None, Charge::Check).allowed);
+        let refused = decide(store, rule, None, Charge::Check);
         assert!(!refused.allowed);
         refused
     }
@@ -999,7 +1005,7 @@ mod tests {
         std::thread::scope(|scope| {
             let held = store.shards[index].write();
             scope.spawn(|| {
-                sent.send(decide(&store, &rule, None, Charge::Admitted))
+                sent.send(decide(&store, &rule, None, Charge::Check))
                     .unwrap()
             });
             // Without the hint the check waits for the lock, which is held until it answers
@@ -1012,7 +1018,11 @@ mod tests {
 
     #[test]
     fn a_refund_clears_the_hint_of_its_key_alone_or_with_another_rule() {
-        let other = Rule::new("other", &RuleSpec::new(Algorithm::FixedWindow, 5, SECOND)).unwrap();
+        let other = Rule::new(
+            "other",
+            &RuleSpec::new(Algorithm::FixedWindow, 5, Duration::from_micros(SECOND)),
+        )
+        .unwrap();
         for with_other in [false, true] {
             let (store, rule, _clock) = bucket_store();
             refused_once(&store, &rule);
@@ -1028,12 +1038,12 @@ mod tests {
                 });
             }
             let refund = Check {
-                charge: Charge::Refunded,
+                charge: Charge::Refund,
                 request_id: Some("refund-1"),
                 ..Check::new(&limits, 1)
             };
             store.check_now(&refund).unwrap();
-            let after = decide(&store, &rule, None, Charge::Admitted);
+            let after = decide(&store, &rule, None, Charge::Check);
             assert!(after.allowed, "with another rule: {with_other}");
         }
     }
@@ -1042,11 +1052,11 @@ mod tests {
     fn a_swept_key_is_no_longer_hinted() {
         let (store, rule, clock) = bucket_store();
         refused_once(&store, &rule);
-        clock.advance(SECOND);
+        clock.advance(Duration::from_micros(SECOND));
         assert_eq!(store.sweep(), 1);
         // Stamped before the sweep, a check finds no state at all, as the sweep left it.
         let earlier = 10 * SECOND;
-        assert!(decide(&store, &rule, Some(earlier), Charge::Admitted).allowed);
+        assert!(decide(&store, &rule, Some(earlier), Charge::Check).allowed);
     }
 
     #[test]
@@ -1054,7 +1064,7 @@ mod tests {
         for trigger in ["a check", "a check of several rules", "the key cap"] {
             // One shard, so that other keys' checks sweep the hinted key's shard, and a
             // bucket that is empty again 100 ms after its one unit.
-            let clock = Arc::new(ManualClock::new(10 * SECOND));
+            let clock = Arc::new(ManualClock::new(Duration::from_micros(10 * SECOND)));
             let config = MemoryStoreConfig {
                 max_keys: 2,
                 shards: 1,
@@ -1062,14 +1072,21 @@ mod tests {
                 ..MemoryStoreConfig::default()
             };
             let store = MemoryStore::new(config, clock.clone());
-            let spec = RuleSpec::new(Algorithm::TokenBucket, 1, SECOND / 10);
+            let spec = RuleSpec::new(
+                Algorithm::TokenBucket,
+                1,
+                Duration::from_micros(SECOND / 10),
+            );
             let rule = Rule::new("hinted", &spec).unwrap();
             refused_once(&store, &rule);
-            let other =
-                Rule::new("other", &RuleSpec::new(Algorithm::FixedWindow, 5, SECOND)).unwrap();
+            let other = Rule::new(
+                "other",
+                &RuleSpec::new(Algorithm::FixedWindow, 5, Duration::from_micros(SECOND)),
+            )
+            .unwrap();
             let at = |micros: u64, limits: &[Limit]| {
                 let check = Check {
-                    at: Some(micros),
+                    at: Some(Duration::from_micros(micros)),
                     ..Check::new(limits, 1)
                 };
                 store.check_now(&check)
@@ -1120,7 +1137,7 @@ mod tests {
         let (store, rule, _clock) = bucket_store();
         refused_once(&store, &rule);
         store.forget(&rule, "k");
-        assert!(decide(&store, &rule, None, Charge::Admitted).allowed);
+        assert!(decide(&store, &rule, None, Charge::Check).allowed);
     }
 
     #[test]
@@ -1134,7 +1151,7 @@ mod tests {
         };
         let reloaded = Rule::new("hinted", &spec).unwrap();
         assert!(reloaded.same_identity(&rule));
-        assert!(decide(&store, &reloaded, None, Charge::Admitted).allowed);
+        assert!(decide(&store, &reloaded, None, Charge::Check).allowed);
     }
 
     #[test]

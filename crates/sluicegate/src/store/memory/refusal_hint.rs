@@ -192,6 +192,7 @@ fn little_endian(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn a_hint_has_a_pair_of_cache_lines_to_itself() {
@@ -201,7 +202,11 @@ mod tests {
     fn bucket(burst: u64) -> Rule {
         let spec = crate::rule::RuleSpec {
             burst: Some(burst),
-            ..crate::rule::RuleSpec::new(crate::rule::Algorithm::TokenBucket, 1, 1_000)
+            ..crate::rule::RuleSpec::new(
+                crate::rule::Algorithm::TokenBucket,
+                1,
+                Duration::from_millis(1),
+            )
         };
         Rule::new("hinted", &spec).unwrap()
     }

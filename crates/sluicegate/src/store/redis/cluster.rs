@@ -25,7 +25,12 @@ pub(super) fn slot_groups(prefix: &str, check: &Check<'_>) -> Vec<Vec<usize>> {
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
     for (i, limit) in check.limits.iter().enumerate() {
         // The store sets `at` on a check of an envoy counter, the one slot it names.
-        let slot = state_slot(prefix, limit.rule, limit.key, check.at.unwrap_or(0));
+        let slot = state_slot(
+            prefix,
+            limit.rule,
+            limit.key,
+            check.at_micros().unwrap_or(0),
+        );
         match groups.iter_mut().find(|(s, _)| *s == slot) {
             Some((_, group)) => group.push(i),
             None => groups.push((slot, vec![i])),

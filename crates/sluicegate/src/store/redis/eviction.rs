@@ -21,7 +21,7 @@ use super::replication::{self, Replication};
 use crate::store::Durability;
 
 /// The one policy under which Redis never deletes a key to make room.
-pub const NO_EVICTION: &str = "noeviction";
+pub(crate) const NO_EVICTION: &str = "noeviction";
 
 /// One server's `maxmemory-policy`, or why it could not be read.
 #[derive(Clone, Debug, PartialEq, Eq)]

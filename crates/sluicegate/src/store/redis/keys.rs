@@ -1,8 +1,11 @@
 //! Redis key names and Redis Cluster hash slots: every key the store reads or writes is
 //! named here.
 
+// The tests (and the service's) read the keys through `internals` with these.
+#![cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
+
 use crate::rule::{Algorithm, LogLayout, Rule};
-use crate::store::stored_key;
+use crate::store::key::stored_key;
 
 /// What one Redis key of a (rule, key) holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +67,7 @@ pub fn redis_key(prefix: &str, kind: KeyKind, rule: &Rule, key: &str) -> String 
 /// whole, however long, never digested: envoy names its counters so, and a fleet of both
 /// shares them only under the same name.
 pub fn envoy_counter_key(prefix: &str, rule: &Rule, key: &str, at: u64) -> String {
-    let window = rule.window();
+    let window = rule.window_micros();
     format!("{prefix}{key}_{}", at / window * window / 1_000_000)
 }
 
@@ -110,6 +113,7 @@ pub(super) fn wall_clock_micros() -> u64 {
 
 /// A Redis glob pattern (for `KEYS` or `SCAN … MATCH`) matching exactly the keys of `kind`
 /// under `prefix`, of every rule and user key.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub fn key_pattern(prefix: &str, kind: KeyKind) -> String {
     let mut pattern = String::with_capacity(prefix.len() + TAG_DIGITS + 8);
     for c in prefix.chars() {
@@ -182,6 +186,7 @@ fn crc16(bytes: &[u8]) -> u16 {
 mod tests {
     use super::*;
     use crate::rule::RuleSpec;
+    use std::time::Duration;
 
     #[test]
     fn crc16_matches_redis_cluster_spec() {
@@ -196,8 +201,13 @@ mod tests {
 
     #[test]
     fn keys_are_distinct_and_slots_follow_the_identity() {
-        let rule =
-            |name| Rule::new(name, &RuleSpec::new(Algorithm::SlidingLog, 5, 1_000_000)).unwrap();
+        let rule = |name| {
+            Rule::new(
+                name,
+                &RuleSpec::new(Algorithm::SlidingLog, 5, Duration::from_secs(1)),
+            )
+            .unwrap()
+        };
         let (a, b) = (rule("a"), rule("b"));
         let user_keys = ["x", "x:y", "{x}", "x}", "{", "", "a:1:b"];
         let mut seen = std::collections::HashSet::new();
@@ -218,7 +228,7 @@ mod tests {
         // A long key's names and slot are its digest's.
         let long = "v".repeat(4096);
         let name = redis_key("p:", KeyKind::State, &a, &long);
-        assert!(name.ends_with(&*crate::store::stored_key(&long)));
+        assert!(name.ends_with(&*crate::store::key::stored_key(&long)));
         assert_eq!(identity_slot(&long), hash_slot(&name));
         // A key naming another key's tag does not land in its slot.
         let victim = redis_key("p:", KeyKind::State, &a, "victim");
@@ -233,14 +243,20 @@ mod tests {
 
     #[test]
     fn envoy_counters_are_named_as_envoy_names_them() {
-        let minute = Rule::new("m", &RuleSpec::new(Algorithm::FixedWindow, 10, 60_000_000))
-            .unwrap()
-            .with_envoy_counter()
-            .unwrap();
-        let second = Rule::new("s", &RuleSpec::new(Algorithm::FixedWindow, 10, 1_000_000))
-            .unwrap()
-            .with_envoy_counter()
-            .unwrap();
+        let minute = Rule::new(
+            "m",
+            &RuleSpec::new(Algorithm::FixedWindow, 10, Duration::from_secs(60)),
+        )
+        .unwrap()
+        .with_envoy_counter()
+        .unwrap();
+        let second = Rule::new(
+            "s",
+            &RuleSpec::new(Algorithm::FixedWindow, 10, Duration::from_secs(1)),
+        )
+        .unwrap()
+        .with_envoy_counter()
+        .unwrap();
         // envoyproxy/ratelimit@f2fb157 test/redis/fixed_cache_impl_test.go:70,87 (now =
         // 1234 s) and test/limiter/base_limiter_test.go:47-54 (CACHE_KEY_PREFIX).
         let at = 1_234_567_890;
@@ -267,7 +283,11 @@ mod tests {
 
     #[test]
     fn a_pattern_matches_exactly_the_keys_of_its_kind() {
-        let rule = Rule::new("a", &RuleSpec::new(Algorithm::SlidingLog, 5, 1_000_000)).unwrap();
+        let rule = Rule::new(
+            "a",
+            &RuleSpec::new(Algorithm::SlidingLog, 5, Duration::from_secs(1)),
+        )
+        .unwrap();
         let prefix = "p*[1]:";
         let pattern = key_pattern(prefix, KeyKind::State);
         assert_eq!(pattern, r"p\*\[1\]:{????????????????}:s:*");

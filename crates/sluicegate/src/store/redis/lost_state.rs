@@ -41,7 +41,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use redis::Value;
@@ -88,8 +88,8 @@ pub struct StateLoss {
     pub count: u64,
     /// What was seen the last time.
     pub detail: String,
-    /// When it was seen the last time (µs since the epoch).
-    pub at_us: u64,
+    /// When it was seen the last time, on this instance's wall clock.
+    pub at: SystemTime,
 }
 
 /// A node as last read.
@@ -296,7 +296,7 @@ impl LostStateWatch {
                 .iter()
                 .map(|limit| {
                     let at = if limit.rule.envoy_counter() {
-                        check.at.unwrap_or_else(wall_clock_micros)
+                        check.at_micros().unwrap_or_else(wall_clock_micros)
                     } else {
                         0
                     };
@@ -605,7 +605,7 @@ impl Reader {
                 }
             }
         }
-        let at_us = wall_clock_micros();
+        let at = UNIX_EPOCH + Duration::from_micros(wall_clock_micros());
         let mut report = self.shared.report.lock();
         match report
             .losses
@@ -615,14 +615,14 @@ impl Reader {
             Some(loss) => {
                 loss.count += 1;
                 loss.detail = detail;
-                loss.at_us = at_us;
+                loss.at = at;
             }
             None => report.losses.push(StateLoss {
                 node: node.to_owned(),
                 reason,
                 count: 1,
                 detail,
-                at_us,
+                at,
             }),
         }
     }

@@ -17,7 +17,7 @@ mod cluster;
 mod connect;
 mod error;
 mod eviction;
-mod keys;
+pub(crate) mod keys;
 mod lost_state;
 mod periodic;
 mod replication;
@@ -30,11 +30,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use eviction::{Eviction, NO_EVICTION, NodePolicy};
-pub use keys::{KeyKind, envoy_counter_key, hash_slot, identity_slot, key_pattern, redis_key};
+pub use eviction::{Eviction, NodePolicy};
 pub use lost_state::{LossReason, LostState, StateLoss, WatchedNode};
 pub use replication::{MinReplicas, NodeReplication, Replication};
-pub use script::{ScriptCalls, ScriptTime};
+pub use script::ScriptCalls;
+#[cfg(feature = "internals")]
+pub use script::ScriptTime;
 pub use scripting::Scripting;
 
 use super::any::TlsClientIdentity;
@@ -51,6 +52,7 @@ use cluster::RunScript;
 use connect::Connection;
 use error::CallError;
 use eviction::EvictionWatch;
+use keys::{KeyKind, redis_key};
 use lost_state::LostStateWatch;
 use script::{CallCounters, Mode, Row, ScriptCheck, ScriptRow};
 use scripting::CheckScript;
@@ -297,6 +299,7 @@ impl RedisStore {
     /// Redis' own account (`INFO commandstats`) of the script calls it ran, on the server
     /// or on every master of a cluster: with [`RedisStore::script_calls`] before and after,
     /// what a decision costs Redis.
+    #[cfg(feature = "internals")]
     pub async fn script_time(&self) -> Result<ScriptTime, StoreError> {
         let reply: redis::Value = self
             .query(redis::cmd("INFO").arg("commandstats"))
@@ -344,7 +347,7 @@ impl RedisStore {
 
     /// Finds which of a check's keys holds a value of a type the script cannot read.
     async fn wrong_type_key(&self, check: &Check<'_>) -> Option<String> {
-        let at = check.at.unwrap_or_else(keys::wall_clock_micros);
+        let at = check.at_micros().unwrap_or_else(keys::wall_clock_micros);
         for limit in check.limits {
             for kind in KeyKind::ALL {
                 let key = match kind {
@@ -373,6 +376,7 @@ fn replica_wait(timeout: Duration) -> Duration {
 
 /// Adds the `INFO` texts in `reply`: one server's, or on a cluster one per master (a map
 /// of address to text).
+#[cfg(feature = "internals")]
 fn add_commandstats(time: &mut ScriptTime, reply: &redis::Value) {
     match reply {
         redis::Value::BulkString(text) => time.add_commandstats(&String::from_utf8_lossy(text)),
@@ -438,7 +442,7 @@ impl RedisStore {
             }
             Err(e) => {
                 let first = check.limits[0];
-                let at = check.at.unwrap_or_else(keys::wall_clock_micros);
+                let at = check.at_micros().unwrap_or_else(keys::wall_clock_micros);
                 let key = keys::state_key(&self.prefix, first.rule, first.key, at);
                 Err(self.error(e, Some(&key)))
             }
@@ -475,15 +479,16 @@ impl Store for RedisStore {
         // An envoy counter's key names its window: the time is fixed once, so that a
         // check run slot by slot, and its give-back, name the same keys.
         let pinned;
-        let check = if check.at.is_none() && check.limits.iter().any(|l| l.rule.envoy_counter()) {
-            pinned = Check {
-                at: Some(keys::wall_clock_micros()),
-                ..*check
+        let check =
+            if check.at_micros().is_none() && check.limits.iter().any(|l| l.rule.envoy_counter()) {
+                pinned = Check {
+                    at: Some(Duration::from_micros(keys::wall_clock_micros())),
+                    ..*check
+                };
+                &pinned
+            } else {
+                check
             };
-            &pinned
-        } else {
-            check
-        };
         if let Connection::Cluster { .. } = self.connection {
             let groups = cluster::slot_groups(&self.prefix, check);
             if groups.len() > 1 {
@@ -518,7 +523,7 @@ impl Store for RedisStore {
             return Nodes::One(NodeId::FIRST);
         };
         let map = slots.current();
-        let at = || check.at.unwrap_or_else(keys::wall_clock_micros);
+        let at = || check.at_micros().unwrap_or_else(keys::wall_clock_micros);
         let node_of = |limit: &crate::store::check::Limit<'_>| {
             let at = if limit.rule.envoy_counter() { at() } else { 0 };
             map.node_id(keys::state_slot(&self.prefix, limit.rule, limit.key, at))

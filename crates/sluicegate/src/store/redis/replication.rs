@@ -21,8 +21,9 @@ pub struct MinReplicas {
     /// Replicas that must be connected, lagging at most `max_lag`, for the master to
     /// accept writes; 0: it accepts them without any.
     pub to_write: u64,
-    /// Seconds since a replica's last acknowledgement beyond which it does not count.
-    pub max_lag: u64,
+    /// How long since a replica's last acknowledgement (whole seconds) beyond which it
+    /// does not count.
+    pub max_lag: Duration,
 }
 
 /// One server's replication, as last read.
@@ -105,7 +106,8 @@ impl Replication {
                 let guard = match &node.min_replicas {
                     Ok(m) => format!(
                         "min-replicas-to-write {}, min-replicas-max-lag {}",
-                        m.to_write, m.max_lag
+                        m.to_write,
+                        m.max_lag.as_secs()
                     ),
                     Err(why) => format!("min-replicas-to-write unknown ({why})"),
                 };
@@ -184,7 +186,7 @@ fn from_config(reply: Value) -> Result<MinReplicas, String> {
     };
     Ok(MinReplicas {
         to_write: number("min-replicas-to-write")?,
-        max_lag: number("min-replicas-max-lag")?,
+        max_lag: Duration::from_secs(number("min-replicas-max-lag")?),
     })
 }
 
@@ -224,7 +226,7 @@ mod tests {
             replicas: Ok(replicas),
             min_replicas: Ok(MinReplicas {
                 to_write,
-                max_lag: 10,
+                max_lag: Duration::from_secs(10),
             }),
         }
     }
@@ -240,7 +242,7 @@ mod tests {
             from_config(pairs),
             Ok(MinReplicas {
                 to_write: 1,
-                max_lag: 10
+                max_lag: Duration::from_secs(10)
             })
         );
         let info = Value::BulkString(

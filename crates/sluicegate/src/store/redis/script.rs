@@ -42,12 +42,12 @@ mod code {
     pub(super) const CHECK: &str = "check";
     pub(super) const DRY: &str = "dry";
     pub(super) const UNDO: &str = "undo";
-    /// `CHECK` and `DRY` with refusals charged (`Charge::Attempted`).
+    /// `CHECK` and `DRY` with refusals charged (`Charge::CheckChargingRefusals`).
     pub(super) const CHARGE: &str = "charge";
     pub(super) const DRY_CHARGE: &str = "dry-charge";
     /// `DRY` for a reservation: the use its request id is compared with is a `reserve`'s.
     pub(super) const DRY_RESERVE: &str = "dry-reserve";
-    /// The usage modes (`Charge::Reserved` … `Charge::Refunded`) and their dry runs: a
+    /// The usage modes (`Charge::Reserve` … `Charge::Refund`) and their dry runs: a
     /// reservation's is `DRY_RESERVE`; a report's, settle's or refund's records nothing and
     /// fails on a conflicting reuse of its request id.
     pub(super) const RESERVE: &str = "reserve";
@@ -81,17 +81,17 @@ pub(super) enum Mode<'a> {
 impl Mode<'_> {
     fn name(self, charge: Charge) -> &'static str {
         match (self, charge) {
-            (Mode::Check, Charge::Admitted) => code::CHECK,
-            (Mode::Check, Charge::Attempted) => code::CHARGE,
-            (Mode::Check, Charge::Reserved) => code::RESERVE,
-            (Mode::Check, Charge::Reported) => code::REPORT,
-            (Mode::Check, Charge::Settled) => code::SETTLE,
-            (Mode::Check, Charge::Refunded) => code::REFUND,
-            (Mode::Dry, Charge::Attempted) => code::DRY_CHARGE,
-            (Mode::Dry, Charge::Reserved) => code::DRY_RESERVE,
-            (Mode::Dry, Charge::Reported) => code::DRY_REPORT,
-            (Mode::Dry, Charge::Settled) => code::DRY_SETTLE,
-            (Mode::Dry, Charge::Refunded) => code::DRY_REFUND,
+            (Mode::Check, Charge::Check) => code::CHECK,
+            (Mode::Check, Charge::CheckChargingRefusals) => code::CHARGE,
+            (Mode::Check, Charge::Reserve) => code::RESERVE,
+            (Mode::Check, Charge::Report) => code::REPORT,
+            (Mode::Check, Charge::Settle) => code::SETTLE,
+            (Mode::Check, Charge::Refund) => code::REFUND,
+            (Mode::Dry, Charge::CheckChargingRefusals) => code::DRY_CHARGE,
+            (Mode::Dry, Charge::Reserve) => code::DRY_RESERVE,
+            (Mode::Dry, Charge::Report) => code::DRY_REPORT,
+            (Mode::Dry, Charge::Settle) => code::DRY_SETTLE,
+            (Mode::Dry, Charge::Refund) => code::DRY_REFUND,
             (Mode::Dry, _) => code::DRY,
             (Mode::Undo(_), _) => code::UNDO,
         }
@@ -119,7 +119,7 @@ impl Row {
                 retry_after: if retry < 0 {
                     RetryAfter::Never
                 } else {
-                    RetryAfter::Micros(unsigned(retry))
+                    RetryAfter::micros(unsigned(retry))
                 },
                 reset_after: unsigned(reset),
                 delay: unsigned(delay),
@@ -162,10 +162,10 @@ fn rule_spec(rule: &Rule, expiration_jitter_max: u64) -> RuleSpec {
         return [
             code::FIXED_WINDOW,
             rule.limit(),
-            rule.window(),
+            rule.window_micros(),
             rule.buckets(),
             rule.capacity(),
-            rule.emission_interval(),
+            rule.emission_interval_micros(),
             code::ENVOY,
             expiration_jitter_max,
         ];
@@ -173,10 +173,10 @@ fn rule_spec(rule: &Rule, expiration_jitter_max: u64) -> RuleSpec {
     [
         algorithm_code(rule.algorithm()),
         rule.limit(),
-        rule.window(),
+        rule.window_micros(),
         rule.buckets(),
         rule.capacity(),
-        rule.emission_interval(),
+        rule.emission_interval_micros(),
         match rule.layout() {
             LogLayout::Zset => code::ZSET,
             LogLayout::Compact => code::COMPACT,
@@ -207,9 +207,9 @@ impl ScriptCheck {
         mode: Mode<'_>,
     ) -> Self {
         let at = if check.limits.iter().any(|l| l.rule.envoy_counter()) {
-            Some(check.at.unwrap_or_else(wall_clock_micros))
+            Some(check.at_micros().unwrap_or_else(wall_clock_micros))
         } else {
-            check.at
+            check.at_micros()
         };
         let with_request_id = check.request_id.is_some();
         let mut keys = Vec::with_capacity(if with_request_id { 3 } else { 1 } * check.limits.len());
@@ -464,6 +464,7 @@ pub struct ScriptCalls {
 /// commandstats`, summed over the servers asked. Counts every client's calls, not only
 /// this store's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub, dead_code))]
 pub struct ScriptTime {
     /// Script calls run.
     pub calls: u64,
@@ -474,6 +475,7 @@ pub struct ScriptTime {
 /// The script commands whose time `INFO commandstats` reports.
 const SCRIPT_COMMANDS: [&str; 3] = ["fcall", "evalsha", "eval"];
 
+#[cfg_attr(not(feature = "internals"), allow(dead_code, unreachable_pub))]
 impl ScriptTime {
     /// Adds what one server's `INFO commandstats` says of the script commands (lines
     /// `cmdstat_fcall:calls=3,usec=40,usec_per_call=13.33,…`).
@@ -534,11 +536,11 @@ mod tests {
     fn a_conflict_names_its_rule_and_the_first_use() {
         assert_eq!(
             request_id_conflict("request id conflict: rule 2 reserve:10"),
-            Some((1, RequestUse::new(Charge::Reserved, 10)))
+            Some((1, RequestUse::new(Charge::Reserve, 10)))
         );
         assert_eq!(
             request_id_conflict("request id conflict: rule 1 check:1"),
-            Some((0, RequestUse::new(Charge::Admitted, 1)))
+            Some((0, RequestUse::new(Charge::Check, 1)))
         );
         for other in [
             "request id conflict: rule 0 check:1",
