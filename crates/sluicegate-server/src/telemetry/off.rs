@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use axum::http::HeaderMap;
 
-use super::OtlpOptions;
+use super::options::OtlpOptions;
 use crate::service::{DecideError, Decided};
 
 /// Traces go nowhere: this build cannot export them. Made with `default()`, as the
@@ -57,7 +57,7 @@ impl CheckSpan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::OtlpProtocol;
+    use crate::telemetry::options::OtlpProtocol;
 
     /// Traces asked of a build that cannot export them stop the start, naming the flag
     /// and the feature, rather than serving without them.

@@ -20,7 +20,7 @@ use opentelemetry_sdk::trace::{
     IdGenerator as _, RandomIdGenerator, Sampler, SdkTracer, SdkTracerProvider,
 };
 
-use super::{OtlpOptions, OtlpProtocol};
+use super::options::{OtlpOptions, OtlpProtocol};
 use crate::service::{DecideError, Decided};
 
 /// Where traces go, or nowhere. Cheap to clone: the exporter is shared.
