@@ -21,7 +21,7 @@ COPY --from=build /out/sluicegate /usr/local/bin/sluicegate
 COPY --from=build /out/sluicegate /bin/ratelimit
 # envoyproxy/ratelimit's layout: descriptor files under /data/ratelimit/config. The image
 # carries the example rules there; mount a directory of your own over it.
-COPY examples/sluicegate.yaml /data/ratelimit/config/example.yaml
+COPY crates/sluicegate-server/src/server/example.yaml /data/ratelimit/config/example.yaml
 USER nonroot:nonroot
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/sluicegate"]

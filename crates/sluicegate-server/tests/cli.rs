@@ -233,7 +233,7 @@ descriptors:
                 "2",
                 "--store-timeout",
                 "100ms",
-                "--breaker-failures",
+                "--breaker-min-calls",
                 "3",
             ]);
             (policy, server)
@@ -273,8 +273,8 @@ descriptors:
                 assert_eq!(server.metric("sluicegate_fallback_owed_keys"), 1);
             }
         }
-        // The failures opened the breaker (the deprecated --breaker-failures 3 is read as
-        // --breaker-min-calls 3), and the change is counted.
+        // The failures opened the breaker (--breaker-min-calls 3), and the change is
+        // counted.
         let opened = server.metric(r#"sluicegate_breaker_transitions_total{to="open"}"#);
         assert!(opened >= 1, "{policy}: the breaker opened {opened} times");
         // A rule's own policy beats the server's.

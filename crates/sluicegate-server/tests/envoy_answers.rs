@@ -119,8 +119,8 @@ async fn envoy_headers_come_from_the_descriptor_closest_to_its_limit() {
     assert_eq!(alone[0].1, "10", "{alone:?}");
 }
 
-/// The three names are the operator's (envoy's LIMIT_*_HEADER); the deprecated
-/// --legacy-headers is envoy's headers under the X-RateLimit-* names.
+/// The three names are the operator's (envoy's LIMIT_*_HEADER), the X-RateLimit-* names
+/// among them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_header_names_can_be_changed() {
     let server = serve(
@@ -142,16 +142,29 @@ async fn envoy_header_names_can_be_changed() {
         .map(|(k, _)| k)
         .collect();
     assert_eq!(names, ["X-Limit", "X-Left", "X-Reset"]);
-    let legacy = serve("legacy-headers", CONFIG, &["--legacy-headers"]);
-    let legacy = headers(&call(&legacy, &["a"]).await);
+    let x_ratelimit = serve(
+        "x-ratelimit-names",
+        CONFIG,
+        &[
+            "--response-headers",
+            "envoy",
+            "--limit-header",
+            "X-RateLimit-Limit",
+            "--remaining-header",
+            "X-RateLimit-Remaining",
+            "--reset-header",
+            "X-RateLimit-Reset",
+        ],
+    );
+    let x_ratelimit = headers(&call(&x_ratelimit, &["a"]).await);
     assert_eq!(
-        legacy[..2],
+        x_ratelimit[..2],
         [
             ("X-RateLimit-Limit".to_owned(), "10".to_owned()),
             ("X-RateLimit-Remaining".to_owned(), "9".to_owned())
         ]
     );
-    assert_eq!(legacy[2].0, "X-RateLimit-Reset");
+    assert_eq!(x_ratelimit[2].0, "X-RateLimit-Reset");
 }
 
 /// IETF headers are sluicegate's option: the policy of every limit and the binding one.

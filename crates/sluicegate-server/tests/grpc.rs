@@ -335,10 +335,22 @@ async fn malformed_grpc_frames_are_the_clients_error() {
     assert_eq!(code, "12", "{message}");
 }
 
-/// A separate gRPC port serves the same service; legacy headers when asked.
+/// A separate gRPC port serves the same service; envoy's headers under the X-RateLimit-*
+/// names when asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_separate_grpc_port_and_legacy_headers() {
-    let server = Server::start(&["--grpc-listen", "127.0.0.1:0", "--legacy-headers"]);
+    let server = Server::start(&[
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--response-headers",
+        "envoy",
+        "--limit-header",
+        "X-RateLimit-Limit",
+        "--remaining-header",
+        "X-RateLimit-Remaining",
+        "--reset-header",
+        "X-RateLimit-Reset",
+    ]);
     let grpc = server
         .grpc_address
         .clone()

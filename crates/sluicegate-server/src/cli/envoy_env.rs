@@ -488,8 +488,8 @@ pub(crate) fn with_envoy_env(
             }
             continue;
         };
-        // Given, or ruled out by a flag given (envoy's header names beside the
-        // deprecated --legacy-headers).
+        // Given, or ruled out by a flag given (envoy's file configuration beside
+        // --config-xds).
         let ruled_out = serve_command
             .get_arguments()
             .filter(|other| given(serve, other.get_id().as_str()))

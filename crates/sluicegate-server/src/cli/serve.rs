@@ -75,14 +75,6 @@ pub struct ServeArgs {
     /// (0: it never opens).
     #[arg(long, env = "SLUICEGATE_BREAKER_MIN_CALLS", default_value_t = 20)]
     breaker_min_calls: u32,
-    /// Deprecated: the breaker opens on a failure rate now. Read as --breaker-min-calls.
-    #[arg(
-        long,
-        env = "SLUICEGATE_BREAKER_FAILURES",
-        hide = true,
-        conflicts_with = "breaker_min_calls"
-    )]
-    breaker_failures: Option<u32>,
     /// How long an open breaker waits before probing the store again.
     #[arg(long, env = "SLUICEGATE_BREAKER_COOL_DOWN", default_value = "1s", value_parser = parse_duration_arg)]
     breaker_cool_down: DurationArg,
@@ -145,14 +137,6 @@ pub struct ServeArgs {
     /// the metrics (envoyproxy/ratelimit's NEAR_LIMIT_RATIO).
     #[arg(long, env = "SLUICEGATE_NEAR_LIMIT_RATIO", default_value_t = DEFAULT_NEAR_LIMIT_RATIO, value_parser = parse_near_limit_ratio)]
     near_limit_ratio: f32,
-    /// Deprecated: --response-headers envoy with X-RateLimit-Limit, -Remaining and -Reset.
-    #[arg(
-        long,
-        env = "SLUICEGATE_LEGACY_HEADERS",
-        hide = true,
-        conflicts_with_all = ["response_headers", "limit_header", "remaining_header", "reset_header"]
-    )]
-    legacy_headers: bool,
     /// The longest descriptor key or value accepted, in bytes (longer: 400).
     #[arg(long, env = "SLUICEGATE_MAX_ENTRY_BYTES", default_value_t = DEFAULT_MAX_ENTRY_BYTES)]
     max_entry_bytes: usize,
@@ -378,7 +362,7 @@ impl ServeArgs {
                 breaker: BreakerConfig {
                     failure_rate: self.breaker_failure_rate,
                     window: self.breaker_window.duration(),
-                    min_calls: self.breaker_min_calls(),
+                    min_calls: self.breaker_min_calls,
                     cool_down: self.breaker_cool_down.duration(),
                 },
                 negative_cache_entries: if remote && !self.no_negative_cache {
@@ -453,22 +437,8 @@ impl ServeArgs {
         })
     }
 
-    /// --response-headers and the envoy headers' names, or the deprecated
-    /// --legacy-headers standing in for them.
+    /// --response-headers and the envoy headers' names.
     fn response_headers(&self) -> (ResponseHeaders, EnvoyHeaderNames) {
-        if self.legacy_headers {
-            tracing::warn!(
-                "--legacy-headers is deprecated: read as --response-headers envoy \
-                 --limit-header X-RateLimit-Limit --remaining-header X-RateLimit-Remaining \
-                 --reset-header X-RateLimit-Reset"
-            );
-            let names = EnvoyHeaderNames {
-                limit: "X-RateLimit-Limit".to_owned(),
-                remaining: "X-RateLimit-Remaining".to_owned(),
-                reset: "X-RateLimit-Reset".to_owned(),
-            };
-            return (ResponseHeaders::Envoy, names);
-        }
         let names = EnvoyHeaderNames {
             limit: self.limit_header.clone(),
             remaining: self.remaining_header.clone(),
@@ -486,20 +456,6 @@ impl ServeArgs {
             jitter.as_written()
         );
         Ok(jitter.duration())
-    }
-
-    /// --breaker-min-calls, or the deprecated --breaker-failures standing in for it.
-    fn breaker_min_calls(&self) -> u32 {
-        match self.breaker_failures {
-            Some(failures) => {
-                tracing::warn!(
-                    "--breaker-failures is deprecated: the breaker opens on a failure rate \
-                     (--breaker-failure-rate, --breaker-window); read as --breaker-min-calls {failures}"
-                );
-                failures
-            }
-            None => self.breaker_min_calls,
-        }
     }
 
     /// Binds the addresses these flags name.
@@ -730,10 +686,6 @@ mod tests {
                 cool_down: std::time::Duration::from_millis(500),
             }
         );
-        // The deprecated flag stands in for the minimum of calls, and not beside it.
-        let old = breaker(&["--breaker-failures", "3"]).unwrap();
-        assert_eq!(old.min_calls, 3);
-        assert!(breaker(&["--breaker-failures", "3", "--breaker-min-calls", "5"]).is_err());
     }
 
     #[test]

@@ -32,10 +32,11 @@ use crate::telemetry::Telemetry;
 pub use crate::telemetry::{OtlpOptions, OtlpProtocol};
 use crate::xds::{self, XdsOptions};
 
-/// The example configuration served when no configuration path is given (examples/).
-const EXAMPLE_CONFIG: &str = include_str!("../../../../examples/sluicegate.yaml");
+/// The example configuration served when no configuration path is given.
+const EXAMPLE_CONFIG: &str = include_str!("example.yaml");
 
-/// The name the example configuration goes by in logs and errors.
+/// The name the example configuration goes by in logs and errors: the repository's
+/// examples/sluicegate.yaml is a link to it.
 const EXAMPLE_CONFIG_NAME: &str = "examples/sluicegate.yaml";
 
 /// How often keys that owe the store units and see no check are written back.

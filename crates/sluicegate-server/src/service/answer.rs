@@ -40,6 +40,10 @@ pub(crate) struct Decided {
     pub(crate) blocked: bool,
     /// How long the limiter's part took: the store's round trips (or what stood in for
     /// the store); next to nothing when no limited rule matched.
+    #[cfg_attr(
+        not(feature = "otel"),
+        expect(dead_code, reason = "only the trace span reads it")
+    )]
     pub(crate) store_time: Duration,
 }
 

@@ -3,12 +3,9 @@
 //! store fails, each attempt bounded; tracked, so that a shutdown can wait for it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sluicegate::{Charge, Check, Store, StoreError};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use super::settings::Settings;
 use super::usage::Usage;
@@ -21,41 +18,6 @@ pub(crate) struct Pending {
     /// What the response's cost is charged as: `Settle` against the estimate the request
     /// reserved, or `Report` after a peek.
     pub(crate) charge: Charge,
-}
-
-/// The after-charges in flight of one [`Usage`] and every layer it was given to.
-#[derive(Clone, Default)]
-pub(crate) struct InFlight {
-    tasks: TaskTracker,
-    /// Cancelled when a drain's time is up: what is still pending is given up, and so is
-    /// any charge made after (a drain that runs out of time is the end).
-    give_up: CancellationToken,
-    /// The charges given up so.
-    given_up: Arc<AtomicU64>,
-}
-
-impl InFlight {
-    pub(crate) fn len(&self) -> usize {
-        self.tasks.len()
-    }
-
-    /// Waits up to `timeout` for every charge in flight; then gives up the rest (each
-    /// counted failed) and returns how many that was.
-    pub(crate) async fn drain(&self, timeout: Duration) -> u64 {
-        let before = self.given_up.load(Ordering::Relaxed);
-        self.tasks.close();
-        if tokio::time::timeout(timeout, self.tasks.wait())
-            .await
-            .is_err()
-        {
-            self.give_up.cancel();
-            // A given-up charge ends at once: its task is waiting on the store or a backoff.
-            self.tasks.wait().await;
-        }
-        // Charges made after the drain are tracked again.
-        self.tasks.reopen();
-        self.given_up.load(Ordering::Relaxed) - before
-    }
 }
 
 /// The wait before the first retry; each further retry waits twice the one before.
@@ -78,19 +40,17 @@ pub(crate) fn charge<S: Store + 'static>(
         return;
     }
     let in_flight = usage.in_flight.clone();
-    in_flight.tasks.spawn(async move {
-        tokio::select! {
-            biased;
-            () = usage.in_flight.give_up.cancelled() => {
-                usage.in_flight.given_up.fetch_add(1, Ordering::Relaxed);
-                usage.stats.count_failed();
-                tracing::error!(request_id = %pending.request_id, cost,
-                    "rate limit usage: the charge after the response was still pending at \
-                     shutdown; its units are not recorded");
-            }
-            () = attempt(&settings, &usage, &pending, cost) => {}
-        }
-    });
+    let stats = Arc::clone(&usage.stats);
+    let request_id = pending.request_id.clone();
+    in_flight.spawn(
+        async move { attempt(&settings, &usage, &pending, cost).await },
+        move || {
+            stats.count_failed();
+            tracing::error!(%request_id, cost,
+                "rate limit usage: the charge after the response was still pending at \
+                 shutdown; its units are not recorded");
+        },
+    );
 }
 
 /// Tries the charge until it is recorded, fails for good, or runs out of attempts.

@@ -4,10 +4,12 @@
 //! The modules, each using only those below it: `layer` (builds settings, makes
 //! services), `service` (decides and answers), `after` (the charge after the response),
 //! `settings` (what they share), `usage` (what a response cost and how it is charged),
-//! `response` (headers and refusals), `key` (where keys come from), `peer` (the client's
-//! address behind trusted proxies).
+//! `in_flight` (the charges after responses still running), `response` (headers and
+//! refusals), `key` (where keys come from), `peer` (the client's address behind trusted
+//! proxies).
 
 mod after;
+mod in_flight;
 mod key;
 mod layer;
 #[cfg(feature = "axum")]

@@ -13,7 +13,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, Response};
 use sluicegate::{Charge, Check};
 
-use super::after::InFlight;
+use super::in_flight::InFlight;
 
 /// What a response cost, put in its extensions by the inner service, for a layer that
 /// reads its cost with [`Usage::from_extension`].

@@ -7,9 +7,9 @@ use std::time::Duration;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
-use super::connect::Replaceable;
 use super::error::{CallError, bounded};
 use super::keys::hash_slot;
+use super::replaceable::Replaceable;
 use super::script::{CallCounters, ScriptCheck, ScriptRow, recorded, split_answers};
 use super::scripting::{CheckScript, Replied};
 use super::slots::{SlotMap, Slots};

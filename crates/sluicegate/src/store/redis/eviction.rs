@@ -11,11 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{FromRedisValue, RedisError, Value};
 
-use super::connect::Connection;
-use super::error::bounded;
+use super::connect::{Connection, on_each_node};
 use super::periodic::Periodic;
 use super::replication::{self, Replication};
 use crate::store::Durability;
@@ -187,49 +185,6 @@ async fn read(connection: &Connection, server: &str, timeout: Duration) -> Evict
     }
     nodes.sort_by(|a, b| a.node.cmp(&b.node));
     Eviction { nodes }
-}
-
-/// `command` on the one server, or on every master of a cluster: each node's reply or
-/// error, by node.
-pub(super) async fn on_each_node(
-    connection: &Connection,
-    server: &str,
-    command: &redis::Cmd,
-    timeout: Duration,
-) -> Vec<(String, Result<Value, String>)> {
-    let failed = |e: super::error::CallError| e.into_store_error(server, timeout, None).to_string();
-    match connection {
-        Connection::Single { .. } => {
-            let reply = connection.query::<Value>(command, timeout).await;
-            vec![(server.to_owned(), reply.map_err(failed))]
-        }
-        Connection::Cluster {
-            client: cluster, ..
-        } => {
-            let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-            let reply = bounded(
-                timeout,
-                cluster.clone().route_command(command.clone(), routing),
-            )
-            .await;
-            match reply {
-                Ok(Value::Map(by_node)) => by_node
-                    .into_iter()
-                    .map(|(node, reply)| {
-                        let node = String::from_redis_value(node)
-                            .unwrap_or_else(|_| "(unnamed node)".to_owned());
-                        let reply = match reply {
-                            Value::ServerError(e) => Err(RedisError::from(e).to_string()),
-                            reply => Ok(reply),
-                        };
-                        (node, reply)
-                    })
-                    .collect(),
-                Ok(other) => vec![(server.to_owned(), Ok(other))],
-                Err(e) => vec![(server.to_owned(), Err(failed(e)))],
-            }
-        }
-    }
 }
 
 /// The policy in `CONFIG GET maxmemory-policy`'s reply (a map, or RESP2's flat pairs).

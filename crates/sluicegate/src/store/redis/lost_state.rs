@@ -4,7 +4,7 @@
 //! them starts over, and every answer still says the store decided. So each node (the
 //! server, or each master of a cluster) is read at connect and then every check interval,
 //! off the decision path — and a single server also on each new connection, before any
-//! check is sent on it (`connect::Replaceable::for_check`): a restart always breaks the
+//! check is sent on it (`replaceable::Replaceable::for_check`): a restart always breaks the
 //! connection, a Sentinel failover moves to a new one, so their losses are known before
 //! the new process decides a check whose answer would replace what the limiter last knew:
 //!
@@ -47,10 +47,11 @@ use parking_lot::Mutex;
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
-use super::connect::{Connection, Verify};
+use super::connect::Connection;
 use super::error::{CallError, bounded};
 use super::keys::{self, hash_slot, marker_key, wall_clock_micros};
 use super::periodic::Periodic;
+use super::replaceable::Verify;
 use super::slots::{SLOTS, SlotMap};
 use crate::store::check::Check;
 

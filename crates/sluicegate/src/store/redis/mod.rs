@@ -20,6 +20,7 @@ mod eviction;
 pub(crate) mod keys;
 mod lost_state;
 mod periodic;
+mod replaceable;
 mod replication;
 mod script;
 mod scripting;

@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use redis::{FromRedisValue, RedisError, Value};
 
-use super::connect::Connection;
-use super::eviction::on_each_node;
+use super::connect::{Connection, on_each_node};
 use crate::store::Durability;
 
 /// A master's `min-replicas-to-write` and `min-replicas-max-lag`.

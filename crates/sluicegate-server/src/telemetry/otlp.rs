@@ -1,10 +1,6 @@
-//! OpenTelemetry traces: one span per check, exported over OTLP (gRPC, or HTTP with
-//! protobuf bodies) when `--otlp-endpoint` names a collector. Off by default, and then
-//! nothing here runs but one `Option` test per check: no exporter, no thread, no span.
-//!
-//! The front ends call [`Telemetry::check_span`] at the edge, with the request's headers
-//! (gRPC metadata are headers too), and [`CheckSpan::end`] with what the service decided;
-//! the decision code itself never sees a span.
+//! The spans exported over OTLP (gRPC, or HTTP with protobuf bodies) when
+//! `--otlp-endpoint` names a collector. Off by default, and then nothing here runs but one
+//! `Option` test per check: no exporter, no thread, no span.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -24,35 +20,8 @@ use opentelemetry_sdk::trace::{
     IdGenerator as _, RandomIdGenerator, Sampler, SdkTracer, SdkTracerProvider,
 };
 
+use super::options::{OtlpOptions, OtlpProtocol};
 use crate::service::{DecideError, Decided};
-
-/// How OTLP reaches the collector.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum OtlpProtocol {
-    /// OTLP/gRPC (a collector's port 4317).
-    Grpc,
-    /// OTLP/HTTP with protobuf bodies (port 4318), POSTed to `/v1/traces`.
-    Http,
-}
-
-/// Where spans go and what they say of the service.
-#[derive(Clone, Debug)]
-pub struct OtlpOptions {
-    /// The collector: `http://host:4317` for gRPC; for HTTP its base URL
-    /// (`http://host:4318`, `/v1/traces` appended) or the full traces URL.
-    pub endpoint: String,
-    /// gRPC or HTTP.
-    pub protocol: OtlpProtocol,
-    /// The resource's `service.name`.
-    pub service_name: String,
-    /// The resource's `service.namespace`, if any.
-    pub service_namespace: Option<String>,
-    /// The resource's `service.instance.id`; a random one without it.
-    pub service_instance_id: Option<String>,
-    /// The share (0 to 1) of traces begun here that are sampled; a span whose caller's
-    /// trace context says sampled (or not) follows the caller.
-    pub sampling_ratio: f64,
-}
 
 /// Where traces go, or nowhere. Cheap to clone: the exporter is shared.
 #[derive(Clone, Debug, Default)]
