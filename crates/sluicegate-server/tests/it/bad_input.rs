@@ -1,6 +1,6 @@
 //! Bad input over a real socket: every refusal is the API's JSON error, with its status.
 
-mod server;
+use crate::server;
 
 use server::Server;
 

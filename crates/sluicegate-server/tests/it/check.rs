@@ -1,7 +1,7 @@
 //! `sluicegate check` against a served instance, over HTTP and over gRPC: the decision it
 //! prints and the exit status that says it (0 allowed, 1 over the limit, 2 no decision).
 
-mod server;
+use crate::server;
 
 use server::Server;
 use sluicegate_test_support::{self as support, certificates::Authority};

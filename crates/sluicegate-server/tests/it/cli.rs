@@ -2,8 +2,8 @@
 
 use sluicegate_test_support as support;
 
-mod replay;
-mod server;
+use crate::replay;
+use crate::server;
 
 use replay::replay;
 use server::Server;

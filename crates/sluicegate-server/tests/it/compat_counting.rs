@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use sluicegate_test_support as support;
 use sluicegate_test_support::{FaultProxy, RedisServer};
 
-mod python;
-mod server;
+use crate::python;
+use crate::server;
 
 use python::run_python;
 use server::Server;

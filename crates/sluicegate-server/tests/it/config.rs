@@ -1,7 +1,7 @@
 //! The configuration as the service reads it: what it refuses at start, what a reload
 //! notices, and the YAML node budget.
 
-mod server;
+use crate::server;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

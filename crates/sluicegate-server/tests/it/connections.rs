@@ -2,7 +2,7 @@
 //! headers, bodies never finished, more connections than allowed (in all, and from one
 //! address), a low descriptor limit, and stopping with a request half-sent; the gRPC port's maximum connection age.
 
-mod server;
+use crate::server;
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;

@@ -7,11 +7,11 @@ use std::collections::{BTreeSet, HashMap};
 use serde_json::Value;
 use sluicegate_test_support as support;
 
-mod server;
+use crate::server;
 
 use server::Server;
 
-const DASHBOARD: &str = include_str!("../../../deploy/grafana/sluicegate-dashboard.json");
+const DASHBOARD: &str = include_str!("../../../../deploy/grafana/sluicegate-dashboard.json");
 
 /// Labels Prometheus adds when it scrapes, or that a histogram's buckets carry.
 const ADDED_LABELS: [&str; 3] = ["job", "instance", "le"];

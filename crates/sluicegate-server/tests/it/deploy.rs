@@ -4,7 +4,7 @@
 //! environment they give, on the configuration laid out as the kubelet mounts it, and the
 //! probe paths, the check and Envoy's gRPC call are made against it.
 
-mod server;
+use crate::server;
 
 use server::Server;
 
@@ -276,7 +276,7 @@ fn the_dockerfile_builds_locked_and_runs_what_the_binary_accepts() {
         "{entrypoint:?}"
     );
     // envoyproxy/ratelimit's command runs the same binary (invoked as `ratelimit`, it is
-    // `serve --compat envoy`: tests/envoy_env.rs).
+    // `serve --compat envoy`: tests/it/envoy_env.rs).
     let source_of = |to: &str| {
         all("COPY")
             .iter()

@@ -1,7 +1,7 @@
 //! What Envoy reads in an answer, over real gRPC with envoy-types' stubs: the headers it
 //! adds to the client's response (none unless asked), and each descriptor's status.
 
-mod server;
+use crate::server;
 
 use std::path::PathBuf;
 

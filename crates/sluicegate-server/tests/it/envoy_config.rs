@@ -4,7 +4,7 @@
 //! they say; `share_threshold` shares a counter among the values of a wildcard; the
 //! directory flags. The fixtures' origins are in `tests/fixtures/envoy/SOURCES.md`.
 
-mod server;
+use crate::server;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use sluicegate_test_support::certificates::Authority;
 use sluicegate_test_support::{RedisServer, cmd};
 
-mod python;
+use crate::python;
 
 use python::run_python;
 
@@ -172,7 +172,7 @@ fn the_binary_runs_on_envoys_environment_alone() {
 /// One ShouldRateLimit from Python's grpcio to `address`, over TLS trusting the authority
 /// `ca` when given, in plaintext otherwise.
 fn rls_tls(address: &str, ca: Option<&Path>) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/rls_check.py");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/python/rls_check.py");
     let mut python = Command::new("python3");
     python.args([script, address, "envoy-tls", "user", "u"]);
     if let Some(ca) = ca {

@@ -1,13 +1,13 @@
 //! The service as Envoy Gateway runs it, end to end: its configuration over xDS, from a
-//! management server we did not write (`tests/python/xds_server.py`, Python grpcio, state
+//! management server we did not write (`tests/it/python/xds_server.py`, Python grpcio, state
 //! of the world) to sluicegate's ADS client; Envoy Gateway's golden rate-limit
 //! configurations (their origin is in `tests/fixtures/envoy-gateway/SOURCES.md`) and the
 //! decisions Envoy gets for requests on its routes; ACKs, NACKs, updates, a restarted
 //! management server, TLS both ways; and the real binary under Envoy Gateway's own
 //! deployment environment.
 
-mod python;
-mod server;
+use crate::python;
+use crate::server;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -64,7 +64,7 @@ fn text(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
-/// `tests/python/xds_server.py` as a process: what it was told, and every event it printed.
+/// `tests/it/python/xds_server.py` as a process: what it was told, and every event it printed.
 struct ManagementServer {
     child: Child,
     /// Closing it stops the server.
@@ -76,7 +76,7 @@ struct ManagementServer {
 impl ManagementServer {
     /// Starts `xds_server.py ARGS` and waits until it listens.
     fn start(args: &[&str]) -> ManagementServer {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/xds_server.py");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/python/xds_server.py");
         let mut child = Command::new("python3")
             .arg(script)
             .args(args)
@@ -248,7 +248,7 @@ fn serve_from(management: &ManagementServer, extra: &[&str]) -> Server {
     Server::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
-/// Plays `steps` (see `tests/python/eg_route_check.py`) against `address` in one process,
+/// Plays `steps` (see `tests/it/python/eg_route_check.py`) against `address` in one process,
 /// over TLS trusting `ca` if given: per step, the domains called.
 fn play(address: &str, ca: Option<&Path>, steps: &Value) -> Vec<Vec<Value>> {
     let steps = steps.to_string();

@@ -2,7 +2,7 @@
 //! its names and labels (src/stats/prom/default_mapper.yaml) and its counting rules
 //! (src/limiter/base_limiter.go), beside sluicegate's own.
 
-mod server;
+use crate::server;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;

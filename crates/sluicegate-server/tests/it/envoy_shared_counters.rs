@@ -20,7 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sluicegate::store::redis::hash_slot;
 use sluicegate_test_support::{self as support, RedisServer, cmd};
 
-mod server;
+use crate::server;
 
 use server::Server;
 

@@ -4,7 +4,7 @@
 //! EXTRA_TAGS in the name or as DogStatsD tags; and the statsd_exporter mapping that names
 //! them in `/metrics` (`--prometheus-mapper`, PROMETHEUS_MAPPER_YAML).
 
-mod server;
+use crate::server;
 
 use std::collections::HashMap;
 use std::net::UdpSocket;

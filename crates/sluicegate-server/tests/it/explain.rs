@@ -3,7 +3,7 @@
 //! every algorithm, and changes nothing (a key that was explained decides as one that never
 //! was); exit status as check's (0 would be admitted, 1 would be refused, 2 no answer).
 
-mod server;
+use crate::server;
 
 use std::process::{Command, Output};
 

@@ -1,7 +1,7 @@
 //! Runs of `sluicegate bench` and `sluicegate load` that meet failures: they end on time,
 //! count the failed checks by kind apart from the decisions, and exit non-zero.
 
-mod server;
+use crate::server;
 
 use std::io::Read as _;
 use std::process::{Child, Command, ExitStatus, Stdio};

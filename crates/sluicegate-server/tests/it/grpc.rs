@@ -3,8 +3,8 @@
 
 use sluicegate_test_support as support;
 
-mod python;
-mod server;
+use crate::python;
+use crate::server;
 
 use python::run_python;
 use server::Server;
@@ -113,7 +113,7 @@ async fn rls_on_redis() {
 #[test]
 fn rls_from_python_grpcio() {
     let server = Server::start(&["--response-headers", "ietf"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/rls_check.py");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/python/rls_check.py");
     let call = || run_python("rls_check.py", &[&server.address, "example", "user", "bob"]);
     let garbage = Command::new("python3")
         .args([script, &server.address, "--garbage"])
@@ -163,7 +163,7 @@ fn reflection_lists_and_describes_the_rls_service() {
     let server = Server::start(&[]);
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/python/reflection_call.py"
+        "/tests/it/python/reflection_call.py"
     );
     let out = Command::new("python3")
         .args([script, &server.address, "example", "user", "carol"])

@@ -3,7 +3,7 @@
 //! one byte more is refused naming the field, and a whole gRPC request is bounded by the
 //! 4 MiB message size envoyproxy/ratelimit's grpc-go server also keeps.
 
-mod server;
+use crate::server;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;

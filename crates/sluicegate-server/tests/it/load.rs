@@ -1,7 +1,7 @@
 //! `sluicegate load` against a service through a TCP proxy that counts the connections it
 //! accepts: `--requests` bounds the run, `--requests-per-connection` churns connections.
 
-mod server;
+use crate::server;
 
 use std::process::Command;
 

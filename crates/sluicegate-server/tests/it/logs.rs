@@ -3,7 +3,7 @@
 
 use sluicegate_test_support as support;
 
-mod server;
+use crate::server;
 
 use serde_json::Value;
 use server::Server;

@@ -4,7 +4,7 @@
 //! plus a stated overhead over what it held at rest, and every request is answered by a
 //! decision.
 
-mod server;
+use crate::server;
 
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! then answered by the --on-full policy, and other rules' users still get in — over HTTP
 //! (429 or 200) and gRPC (OVER_LIMIT or OK), never 503 or UNAVAILABLE.
 
-mod server;
+use crate::server;
 
 use server::Server;
 

@@ -5,7 +5,7 @@
 
 #![cfg(target_os = "linux")]
 
-mod server;
+use crate::server;
 
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! curl, `grpc.health.v1.Health` with Python's grpcio, on every listener; and a path no
 //! route has is 404, so a mistyped probe fails.
 
-mod server;
+use crate::server;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -30,7 +30,10 @@ fn grpc_health(address: &str, service: &str) -> String {
 
 /// health_check.py with `args` after the address.
 fn grpc_health_call(address: &str, args: &[&str]) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/health_check.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/it/python/health_check.py"
+    );
     let out = Command::new("python3")
         .args([script, address])
         .args(args)

@@ -4,7 +4,7 @@
 //! README shows. A block that talks to `localhost:8080` gets a `sluicegate serve` of its
 //! own (the example rules, on a free port) in its place.
 
-mod server;
+use crate::server;
 
 use server::Server;
 

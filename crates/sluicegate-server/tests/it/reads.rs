@@ -6,7 +6,7 @@
 //! refusal is tested through the router with the peer address the server hands every
 //! request (src/http/reads.rs); here, the same address comes from the real socket.
 
-mod server;
+use crate::server;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -4,12 +4,12 @@
 //! server's replicas and `min-replicas-to-write` are read along with it, and matter under
 //! `--store-durability replicated`.
 
-mod server;
+use crate::server;
 
 use std::time::{Duration, Instant};
 
 use server::Server;
-use sluicegate_test_support::{self as support, RedisServer, cmd};
+use sluicegate_test_support::{RedisCluster, RedisServer, cmd};
 
 /// Asks `GET /readyz` until `want` holds of its answer, for at most 10 s; the last answer.
 fn readyz_until(server: &Server, want: impl Fn(u16, &str) -> bool) -> (u16, String) {
@@ -127,7 +127,8 @@ fn a_policy_changed_at_run_time_is_seen_within_the_check_interval() {
 /// On a cluster every master is read: one evicting master is enough to be named.
 #[test]
 fn on_a_cluster_each_master_is_read() {
-    let cluster = support::cluster();
+    // A cluster of its own: its masters' policies are changed.
+    let cluster = RedisCluster::start(3, 0);
     let masters = cluster.current_masters();
     let evicting = masters[1];
     let set = |node: &RedisServer, policy: &str| {

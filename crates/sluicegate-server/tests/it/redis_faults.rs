@@ -3,7 +3,7 @@
 //! within the store timeout and a margin, by the policy while Redis cannot decide, by the
 //! store again once it can — and the store never admits more than L across the fault.
 
-mod server;
+use crate::server;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! reason, the node in `/readyz`'s body (still ready: the service decides) and in the live
 //! page's overview.
 
-mod server;
+use crate::server;
 
 use server::Server;
 use sluicegate_test_support::RedisServer;

@@ -1,7 +1,7 @@
 //! A reload that changes a rule's numbers keeps each key's usage (docs/SPEC.md, "Changing a
 //! rule's numbers"): through the service's HTTP API, on memory and on a real redis-server.
 
-mod server;
+use crate::server;
 
 use server::Server;
 use sluicegate_test_support as support;

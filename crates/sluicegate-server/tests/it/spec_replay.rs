@@ -4,7 +4,7 @@
 //! are read from the SPEC itself, so the text and the binary cannot drift apart; only the
 //! rule each example names in words is spelled out here as flags.
 
-mod replay;
+use crate::replay;
 
 use replay::replay;
 

@@ -2,7 +2,7 @@
 //! HTTP/1.1 and HTTP/2, Python's grpcio (BoringSSL) for gRPC; mTLS; a certificate swapped
 //! while the service runs.
 
-mod server;
+use crate::server;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -63,7 +63,7 @@ fn healthz(server: &Server, authority: &Authority, client: Option<&Issued>) -> (
     curl(&args)
 }
 
-/// One ShouldRateLimit from Python's grpcio over TLS: what tests/python/rls_check.py printed.
+/// One ShouldRateLimit from Python's grpcio over TLS: what tests/it/python/rls_check.py printed.
 fn grpc_check(server: &Server, authority: &Authority, client: Option<&Issued>) -> String {
     grpc_check_at(&server.address, Some(authority), client)
 }
@@ -71,7 +71,7 @@ fn grpc_check(server: &Server, authority: &Authority, client: Option<&Issued>) -
 /// One ShouldRateLimit from Python's grpcio to `address`, over TLS trusting `authority`
 /// (with the client certificate `client`), or in plaintext without one.
 fn grpc_check_at(address: &str, authority: Option<&Authority>, client: Option<&Issued>) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/rls_check.py");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/python/rls_check.py");
     let mut python = Command::new("python3");
     python.args([script, address, "example", "user", "carol"]);
     if let Some(authority) = authority {

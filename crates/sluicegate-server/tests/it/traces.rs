@@ -5,7 +5,7 @@
 
 use sluicegate_test_support as support;
 
-mod server;
+use crate::server;
 
 use server::Server;
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use sluicegate_test_support as support;
 
-mod server;
+use crate::server;
 
 use server::Server;
 

@@ -8,8 +8,8 @@
 
 use sluicegate_test_support as support;
 
-mod python;
-mod server;
+use crate::python;
+use crate::server;
 
 use python::run_python;
 use server::Server;

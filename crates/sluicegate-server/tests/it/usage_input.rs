@@ -2,7 +2,7 @@
 //! twin, docs/SPEC.md "Envoy compatibility: Modes"): descriptors that share a key, a bad
 //! part of a mixed request, and what an unset or explicit `hits_addend` means.
 
-mod server;
+use crate::server;
 
 use serde_json::{Value, json};
 use server::Server;

@@ -4,7 +4,7 @@
 //! keeps one snapshot, sent whole on every new stream and again whenever it changes, as
 //! go-control-plane's snapshot cache does for a state-of-the-world client.
 
-mod server;
+use crate::server;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -604,7 +604,7 @@ fn conflicting_and_malformed_flags_are_refused() {
 /// fails, or that has no certificate, gets no stream.
 #[test]
 fn pushes_over_mtls_with_the_server_name_checked() {
-    let dir = std::env::temp_dir().join(format!("sluicegate-xds-mtls-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("sluicegate-xds-push-mtls-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let authority = Authority::new(&dir, "ca");
     let server_pair = authority.issue("management");

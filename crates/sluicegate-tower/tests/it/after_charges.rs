@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use sluicegate::{Charge, Check, EXACT_LIMIT, Limiter, MemoryStore, Outcome, Store, StoreError};
 use sluicegate_tower::{KeyExtractor, RateLimitLayer, Usage};
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -14,7 +14,7 @@ use http::HeaderName;
 use sluicegate::{Algorithm, Charge, Check, Limiter, Outcome, Rule, RuleSpec, Store, StoreError};
 use sluicegate_tower::{Estimate, KeyExtractor, RateLimitLayer, ResponseCost, Usage};
 
-mod common;
+use crate::common;
 
 use common::*;
 

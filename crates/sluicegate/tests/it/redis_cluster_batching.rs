@@ -3,9 +3,9 @@
 
 #![cfg(feature = "redis")]
 
-#[path = "redis_trace/stores.rs"]
-mod stores;
+use crate::redis_trace::stores;
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -13,8 +13,15 @@ use sluicegate::store::redis::{Scripting, identity_slot};
 use sluicegate::{
     Algorithm, Charge, Check, Limit, Outcome, RedisStore, Rule, RuleSpec, Store, StoreError,
 };
-use sluicegate_test_support::{self as support, RedisServer, cmd};
+use sluicegate_test_support::{RedisCluster, RedisServer, cmd};
 use stores::store_at;
+
+/// This module's own cluster, shared by its tests: they move slots under checks in flight,
+/// which no other module's checks may meet.
+fn cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| RedisCluster::start(3, 0))
+}
 
 async fn check_one(
     store: &RedisStore,
@@ -99,7 +106,7 @@ async fn remaining(store: &RedisStore, rule: &Rule, key: &str) -> u64 {
 /// limit is admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_of_one_slot_share_a_call() {
-    let store = store_at(&support::cluster().url(), "one-slot", Scripting::Auto).await;
+    let store = store_at(&cluster().url(), "one-slot", Scripting::Auto).await;
     let rule = Rule::new(
         "b",
         &RuleSpec::new(Algorithm::SlidingLog, 50, 3_600_000_000),
@@ -123,7 +130,7 @@ async fn checks_of_one_slot_share_a_call() {
 /// (each key admits exactly its limit), whichever slot and master it lives on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_of_many_slots_are_each_decided_on_their_own() {
-    let store = store_at(&support::cluster().url(), "many-slots", Scripting::Auto).await;
+    let store = store_at(&cluster().url(), "many-slots", Scripting::Auto).await;
     let rule = Rule::new(
         "m",
         &RuleSpec::new(Algorithm::TokenBucket, 7, 3_600_000_000),
@@ -139,7 +146,7 @@ async fn checks_of_many_slots_are_each_decided_on_their_own() {
 /// calls by node: routed by one key, the others passed as arguments, each decided alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_of_one_node_share_a_call_across_slots() {
-    let store = store_at(&support::cluster().url(), "by-node", Scripting::Auto).await;
+    let store = store_at(&cluster().url(), "by-node", Scripting::Auto).await;
     let rule = Rule::new(
         "n",
         &RuleSpec::new(Algorithm::FixedWindow, 1, 3_600_000_000),
@@ -181,7 +188,7 @@ fn keys_of_one_slot(first: &str, count: usize) -> Vec<String> {
 /// by Redis for as long as its slot migrates.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migrating_under_checks_loses_and_doubles_nothing() {
-    let store = store_at(&support::cluster().url(), "migration", Scripting::Auto).await;
+    let store = store_at(&cluster().url(), "migration", Scripting::Auto).await;
     let rule = Rule::new(
         "g",
         &RuleSpec::new(Algorithm::SlidingLog, 1000, 3_600_000_000),
@@ -209,12 +216,7 @@ async fn a_slot_migrating_under_checks_loses_and_doubles_nothing() {
 /// count: its backlog is one emission interval per report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migrating_under_reports_loses_and_doubles_nothing() {
-    let store = store_at(
-        &support::cluster().url(),
-        "migration-reports",
-        Scripting::Auto,
-    )
-    .await;
+    let store = store_at(&cluster().url(), "migration-reports", Scripting::Auto).await;
     let rule = Rule::new(
         "r",
         &RuleSpec::new(Algorithm::TokenBucket, 1, 3_600_000_000),
@@ -238,12 +240,7 @@ async fn a_slot_migrating_under_reports_loses_and_doubles_nothing() {
 /// three units of debt on a token bucket whose burst is two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_of_one_node_share_a_call_and_each_counts() {
-    let store = store_at(
-        &support::cluster().url(),
-        "reports-by-node",
-        Scripting::Auto,
-    )
-    .await;
+    let store = store_at(&cluster().url(), "reports-by-node", Scripting::Auto).await;
     let rule = Rule::new(
         "p",
         &RuleSpec::new(Algorithm::TokenBucket, 2, 3_600_000_000),
@@ -292,7 +289,7 @@ async fn migrate_under(
     let (seeded, errors) = at_once_in(store, rule, keys, 1, false, charge).await;
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(seeded, vec![1; keys.len()]);
-    let cluster = support::cluster();
+    let cluster = cluster();
     let masters = cluster.current_masters();
     let owner_of = |key: &str| -> &RedisServer {
         let state = store.state_key(rule, key);

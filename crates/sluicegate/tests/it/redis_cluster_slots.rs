@@ -4,16 +4,15 @@
 
 #![cfg(feature = "redis")]
 
-#[path = "redis_trace/stores.rs"]
-mod stores;
+use crate::redis_trace::stores;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use sluicegate::store::redis::{Scripting, identity_slot};
 use sluicegate::{Algorithm, Check, Limit, Outcome, RedisStore, Rule, RuleSpec, Store, StoreError};
-use sluicegate_test_support::{self as support, RedisServer, cmd};
+use sluicegate_test_support::{RedisCluster, RedisServer, cmd};
 use stores::store_at;
 use tokio::sync::Mutex;
 
@@ -21,9 +20,16 @@ use tokio::sync::Mutex;
 /// and one moves a slot.
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
+/// This module's own cluster, shared by its tests: they count the script calls each node
+/// runs and move a slot, which no other module's checks may disturb.
+fn cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| RedisCluster::start(3, 0))
+}
+
 /// The master serving `slot` in the shared cluster.
 fn owner_of(slot: u16) -> &'static RedisServer {
-    support::cluster().master_of(slot)
+    cluster().master_of(slot)
 }
 
 /// The first `count` keys named `{stem}:{i}` whose identity's slot passes `fits`.
@@ -119,7 +125,7 @@ async fn admit_then_refuse(store: &RedisStore, limits: &[Limit<'_>; 2], t0: u64)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_of_two_slots_of_one_node_is_one_call() {
     let _serial = SERIAL.lock().await;
-    let store = store_at(&support::cluster().url(), "one-node", Scripting::Auto).await;
+    let store = store_at(&cluster().url(), "one-node", Scripting::Auto).await;
     let (per_user, global) = user_and_global();
     let user = "alice";
     let everyone = key_beside(user, "everyone", true);
@@ -142,7 +148,7 @@ async fn a_check_of_two_slots_of_one_node_is_one_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_of_slots_on_two_nodes_gives_back() {
     let _serial = SERIAL.lock().await;
-    let store = store_at(&support::cluster().url(), "two-nodes", Scripting::Auto).await;
+    let store = store_at(&cluster().url(), "two-nodes", Scripting::Auto).await;
     let (per_user, global) = user_and_global();
     let user = "alice";
     let everyone = key_beside(user, "everyone", false);
@@ -163,7 +169,7 @@ async fn a_check_of_slots_on_two_nodes_gives_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_check_of_one_node_never_shows_units_taken() {
     let _serial = SERIAL.lock().await;
-    let store = store_at(&support::cluster().url(), "never-taken", Scripting::Auto).await;
+    let store = store_at(&cluster().url(), "never-taken", Scripting::Auto).await;
     let (per_user, global) = user_and_global();
     let user = "bob";
     let everyone = key_beside(user, "everyone", true);
@@ -216,7 +222,7 @@ async fn a_refused_check_of_one_node_never_shows_units_taken() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migrating_under_checks_of_two_slots_loses_and_doubles_nothing() {
     let _serial = SERIAL.lock().await;
-    let store = store_at(&support::cluster().url(), "migration", Scripting::Auto).await;
+    let store = store_at(&cluster().url(), "migration", Scripting::Auto).await;
     let per_user = Rule::new(
         "user",
         &RuleSpec::new(Algorithm::SlidingLog, 1000, 3_600_000_000),
@@ -267,7 +273,7 @@ async fn a_slot_migrating_under_checks_of_two_slots_loses_and_doubles_nothing() 
         }
     });
     let source = owner_of(slot);
-    let target = support::cluster()
+    let target = cluster()
         .current_masters()
         .into_iter()
         .find(|m| m.port != source.port)
@@ -275,7 +281,7 @@ async fn a_slot_migrating_under_checks_of_two_slots_loses_and_doubles_nothing() 
     let migration = tokio::task::spawn_blocking({
         let (moved, rounds) = (moved.clone(), rounds.clone());
         move || {
-            support::cluster().move_slot(slot, source, target, || {
+            cluster().move_slot(slot, source, target, || {
                 let since = rounds.load(Ordering::SeqCst);
                 let deadline = Instant::now() + Duration::from_secs(10);
                 while rounds.load(Ordering::SeqCst) < since + 2 && Instant::now() < deadline {

@@ -172,8 +172,10 @@ async fn unix_socket() {
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_connection_to_redis_sets_tcp_nodelay() {
-    let server = support::standalone();
-    let cluster = support::cluster();
+    // Servers of its own: the sockets are told apart by the servers' ports, and other tests'
+    // connections to the shared servers need not set TCP_NODELAY.
+    let server = support::RedisServer::start(&[]);
+    let cluster = support::RedisCluster::start(3, 0);
     let single = RedisStore::connect(config(&server.url(), "nodelay"))
         .await
         .unwrap();

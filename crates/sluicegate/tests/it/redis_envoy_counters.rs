@@ -16,8 +16,7 @@ use sluicegate::{
 };
 use sluicegate_test_support::{self as support, RedisSentinel, RedisServer, cmd};
 
-#[path = "redis_trace/random.rs"]
-mod random;
+use crate::redis_trace::random;
 
 use random::Random;
 

@@ -15,10 +15,8 @@ use sluicegate::{
 
 use sluicegate_test_support::{self as support, cmd};
 
-#[path = "redis_trace/stores.rs"]
-mod stores;
-#[path = "redis_trace/usage.rs"]
-mod usage;
+use crate::redis_trace::stores;
+use crate::redis_trace::usage;
 
 use usage::{Line, Printed, every_store, printed};
 

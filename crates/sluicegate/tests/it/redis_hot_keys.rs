@@ -14,10 +14,9 @@ use sluicegate::{
     Algorithm, Check, Decision, Limit, ManualClock, MemoryStore, MemoryStoreConfig, RedisStore,
     Rule, RuleSpec, Store, StoreError,
 };
-use sluicegate_test_support::{self as support, RedisServer, cmd};
+use sluicegate_test_support::{RedisCluster, RedisServer, cmd};
 
-#[path = "redis_trace/stores.rs"]
-mod stores;
+use crate::redis_trace::stores;
 
 /// One check of the batch: which key, at what cost, at what time (µs).
 #[derive(Clone, Copy, Debug)]
@@ -101,7 +100,8 @@ fn runs(planned: &[Planned]) -> u64 {
 #[tokio::test]
 async fn a_hot_keys_checks_in_one_call_decide_as_one_after_another() {
     let redis = RedisServer::start(&[]);
-    let cluster = support::cluster();
+    // A cluster of its own: the calls each node runs are counted.
+    let cluster = RedisCluster::start(3, 0);
     let planned = plan();
     // Where the checks go, and how many calls they take: one on a server; on a cluster the
     // two keys' slots may be on two nodes, one call each.

@@ -13,10 +13,8 @@ use sluicegate::{
 };
 use sluicegate_test_support::{self as support, cmd};
 
-#[path = "redis_trace/cases.rs"]
-mod cases;
-#[path = "redis_trace/stores.rs"]
-mod stores;
+use crate::redis_trace::cases;
+use crate::redis_trace::stores;
 
 use cases::CASES;
 use stores::store_at;

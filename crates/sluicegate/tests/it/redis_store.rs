@@ -13,9 +13,8 @@ use sluicegate::{
 };
 use sluicegate_test_support::{self as support, cmd};
 
-mod redis_trace;
-#[path = "redis_trace/stores.rs"]
-mod stores;
+use crate::redis_trace;
+use crate::redis_trace::stores;
 
 use redis_trace::compact::{self, Scripted};
 use redis_trace::{CASES, Line, Trace, check_of, limits_of};

@@ -13,14 +13,10 @@ use sluicegate::{
 };
 use sluicegate_test_support::{self as support, cmd};
 
-#[path = "redis_trace/cases.rs"]
-mod cases;
-#[path = "redis_trace/random.rs"]
-mod random;
-#[path = "redis_trace/stores.rs"]
-mod stores;
-#[path = "redis_trace/usage.rs"]
-mod usage;
+use crate::redis_trace::cases;
+use crate::redis_trace::random;
+use crate::redis_trace::stores;
+use crate::redis_trace::usage;
 
 use cases::CASES;
 use random::Random;

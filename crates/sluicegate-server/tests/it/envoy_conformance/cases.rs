@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 /// This directory: the case files, the fixtures they name, the README.
 pub(crate) fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/envoy_conformance")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/envoy_conformance")
 }
 
 #[derive(Deserialize)]

@@ -6,8 +6,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
-use crate::cases::{Case, Mode};
-use crate::judge;
+use super::cases::{Case, Mode};
+use super::judge;
 
 pub(crate) trait Client {
     /// Plays `case`'s steps against the server at `address`: `Ok`, or the first step whose
@@ -44,7 +44,7 @@ impl Client for RustClient {
     }
 }
 
-/// `tests/python/envoy_conformance.py`, one process for a whole suite: it reads the same
+/// `tests/it/python/envoy_conformance.py`, one process for a whole suite: it reads the same
 /// case files, is told on its standard input which case to play against which address,
 /// and answers each with one JSON line.
 pub(crate) struct PythonClient {
@@ -57,11 +57,11 @@ impl PythonClient {
     pub(crate) fn start() -> PythonClient {
         let script = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/tests/python/envoy_conformance.py"
+            "/tests/it/python/envoy_conformance.py"
         );
         let mut child = Command::new("python3")
             .arg(script)
-            .arg(crate::cases::dir())
+            .arg(super::cases::dir())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

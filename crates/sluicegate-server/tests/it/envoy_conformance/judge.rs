@@ -1,5 +1,5 @@
 //! One step of a case through tonic and Envoy's generated stubs: the request it sends and
-//! whether the answer is the one expected (`tests/python/envoy_conformance.py` judges
+//! whether the answer is the one expected (`tests/it/python/envoy_conformance.py` judges
 //! the same way from Python).
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 
-use crate::cases::{self, Descriptor, Expect, Mode, Step};
+use super::cases::{self, Descriptor, Expect, Mode, Step};
 
 /// The request of `step` at iteration `i`.
 pub(crate) fn request(step: &Step, i: u32) -> RateLimitRequest {

@@ -1,7 +1,7 @@
 //! The envoy conformance suite: envoyproxy/ratelimit's own expectations (its integration,
 //! limiter, cache and service tests, its README's examples, its example configurations),
-//! ported into the case files of `tests/envoy_conformance/cases/`, sent through Envoy's
-//! generated stubs — tonic's here, Python's grpcio in `tests/python/envoy_conformance.py`
+//! ported into the case files of `tests/it/envoy_conformance/cases/`, sent through Envoy's
+//! generated stubs — tonic's here, Python's grpcio in `tests/it/python/envoy_conformance.py`
 //! — to a fresh in-process server per case, on the memory store and on a real Redis, with
 //! `--compat envoy` and in sluicegate's default mode.
 //!
@@ -14,15 +14,11 @@
 
 use sluicegate_test_support as support;
 
-mod server;
+use crate::server;
 
-#[path = "envoy_conformance/cases.rs"]
 mod cases;
-#[path = "envoy_conformance/clients.rs"]
 mod clients;
-#[path = "envoy_conformance/judge.rs"]
 mod judge;
-#[path = "envoy_conformance/readme.rs"]
 mod readme;
 
 use std::collections::BTreeMap;

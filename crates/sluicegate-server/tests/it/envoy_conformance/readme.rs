@@ -2,7 +2,7 @@
 //! `the_readme_lists_every_case` fails when it is stale, and with
 //! `SLUICEGATE_CONFORMANCE_BLESS=1` writes the fresh one.
 
-use crate::cases::{self, Case, ConfigSource, Load, Mode};
+use super::cases::{self, Case, ConfigSource, Load, Mode};
 
 const BEGIN: &str = "<!-- cases: generated from cases/*.yaml, do not edit -->";
 const END: &str = "<!-- end of cases -->";

@@ -1,10 +1,10 @@
 """The envoy conformance suite's second client: Python's grpcio, through the stubs PyPI's
 xds-protos generates from Envoy's protos, playing the steps of the suite's case files.
 
-Usage: envoy_conformance.py CASES_DIR. The Rust suite (tests/envoy_conformance.rs) starts
+Usage: envoy_conformance.py CASES_DIR. The Rust suite (tests/it/envoy_conformance/mod.rs) starts
 a server per case and writes one JSON line per case to standard input,
 {"case": ID, "mode": "envoy"|"default", "address": "HOST:PORT"}; this answers each with one
-line, {"failure": null} or {"failure": "why"}, judged as tests/envoy_conformance/judge.rs
+line, {"failure": null} or {"failure": "why"}, judged as tests/it/envoy_conformance/judge.rs
 judges (the README of CASES_DIR describes the format).
 """
 import json

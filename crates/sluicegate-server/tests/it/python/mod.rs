@@ -3,10 +3,10 @@
 
 use std::process::Command;
 
-/// Runs `tests/python/<script>` with `args` and returns its standard output, which must
+/// Runs `tests/it/python/<script>` with `args` and returns its standard output, which must
 /// come from a run that succeeded.
 pub(crate) fn run_python(script: &str, args: &[&str]) -> String {
-    let path = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/tests/it/python/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = Command::new("python3")
         .arg(&path)
         .args(args)

@@ -38,7 +38,7 @@ import yaml
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2, json_format
 
-PROTO_DIR = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "envoy-ratelimit-api"
+PROTO_DIR = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "envoy-ratelimit-api"
 TYPE_URL = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig"
 # Fields of a newer RateLimitDescriptor than the vendored proto has; Envoy Gateway's golden
 # files carry them, always false (the proto3 default, which the wire leaves out).

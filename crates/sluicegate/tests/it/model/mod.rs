@@ -11,11 +11,8 @@
 //! new numbers; the model keeps one history per state the SPEC says the rule shares, and
 //! reads it under the numbers in force.
 
-#[path = "model/reload.rs"]
 mod reload;
-#[path = "model/state.rs"]
 mod state;
-#[path = "model/usage.rs"]
 mod usage;
 
 use std::collections::HashMap;

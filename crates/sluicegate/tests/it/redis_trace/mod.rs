@@ -2,9 +2,11 @@
 //! numbers, reloaded now and then, and checks of every mode on a few keys, at times that
 //! hit every rounding edge.
 
-mod cases;
+pub(crate) mod cases;
 pub(crate) mod compact;
-mod random;
+pub(crate) mod random;
+pub(crate) mod stores;
+pub(crate) mod usage;
 
 pub(crate) use cases::CASES;
 use random::Random;

@@ -6,7 +6,7 @@ use sluicegate::store::redis::Scripting;
 use sluicegate::{Charge, Decision, RedisStore, RetryAfter};
 use sluicegate_test_support as support;
 
-use crate::stores::store_at;
+use super::stores::store_at;
 
 /// The three ways the tests reach Redis: a server through functions, the same through
 /// EVALSHA, and a cluster.
