@@ -5,6 +5,7 @@
 //! buffers alone would be 8 KiB for the request and again for the answer, per call), and
 //! an allocation or a copy that creeps back onto the path of every call shows here first.
 
+#[path = "it/server/mod.rs"]
 mod server;
 
 use std::alloc::System;
