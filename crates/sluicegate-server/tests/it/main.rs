@@ -47,6 +47,8 @@ mod server;
 mod simulate;
 mod spec_replay;
 mod tls;
+// The spans it reads are exported by OpenTelemetry, built only with the `otel` feature.
+#[cfg(feature = "otel")]
 mod traces;
 mod ui;
 mod usage;
