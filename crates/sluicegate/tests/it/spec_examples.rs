@@ -38,9 +38,9 @@ fn check_at(store: &MemoryStore, rule: &Rule, key: &str, cost: u64, at: u64) -> 
 
 /// docs/SPEC.md's classic sliding-log trace: W = 1000 ms, L = 3.
 #[test]
-fn seed_003_sliding_log_trace() {
+fn the_classic_sliding_log_trace() {
     let store = store();
-    let rule = rule("seed-003", Algorithm::SlidingLog, 3, 1000 * MS);
+    let rule = rule("classic", Algorithm::SlidingLog, 3, 1000 * MS);
     // (time ms, allowed, remaining, retry_after ms, reset_after ms)
     let expected = [
         (100, true, 2, 0, 1000),
