@@ -109,7 +109,7 @@ fn numbers(rule: &Rule) -> Value {
     let mut numbers = json!({
         "algorithm": spec.algorithm.name(),
         "limit": spec.limit,
-        "window_us": spec.window,
+        "window_us": saturating_micros(spec.window),
     });
     let fields = numbers.as_object_mut().expect("a JSON object");
     for (name, value) in [
@@ -163,7 +163,7 @@ fn state_body(rule: &Rule, state: &Outcome, units: u64, would_refuse: bool) -> V
         "in_use": in_use,
         "available": available,
         "retry_after_us": if d.allowed { 0 } else { signed_micros(d.retry_after()) },
-        "reset_after_us": d.reset_after(),
+        "reset_after_us": saturating_micros(d.reset_after()),
         "decided_by": state.decided_by.name(),
         "words": words,
     });
