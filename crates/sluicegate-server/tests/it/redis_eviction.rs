@@ -225,6 +225,10 @@ fn replicated_durability_names_a_master_without_replica_and_its_policy_answers()
         &master.url(),
         "--store-durability",
         "replicated",
+        // WAIT is given half the store timeout: room for the replica's acknowledgement
+        // while every other test of the binary runs beside this one.
+        "--store-timeout",
+        "2s",
         "--on-store-error",
         "deny",
         "--eviction-check-interval",
