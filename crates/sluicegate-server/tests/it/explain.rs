@@ -89,7 +89,10 @@ fn explains_then_checks(store: &[&str], run: &str) {
             let state = &said["descriptors"][0]["state"];
             // Times are whole microseconds on the wire, as every other answer gives them.
             let numbers = &said["descriptors"][0]["numbers"];
-            assert!(numbers["window_us"].as_u64().is_some_and(|w| w > 0), "{said}");
+            assert!(
+                numbers["window_us"].as_u64().is_some_and(|w| w > 0),
+                "{said}"
+            );
             assert!(state["reset_after_us"].is_u64(), "{said}");
             if key == "counter" {
                 assert_eq!(state["estimate"]["rounded_up"], state["in_use"], "{said}");
