@@ -566,6 +566,7 @@ pub(super) fn serve(args: ServeArgs, envoy_warnings: &[String]) -> anyhow::Resul
     for warning in envoy_warnings {
         tracing::warn!("--compat envoy: {warning}");
     }
+    refuse_removed_variables(std::env::vars_os())?;
     let options = args.options()?;
     let runtime = runtime_without_lifo_slot()?;
     let served = runtime.block_on(async {
@@ -585,6 +586,38 @@ pub(super) fn serve(args: ServeArgs, envoy_warnings: &[String]) -> anyhow::Resul
     });
     runtime.shutdown_timeout(RUNTIME_STOP);
     served
+}
+
+/// The environment variables of flags `serve` no longer has, with what to set instead. clap
+/// ignores a variable it has no flag for, so a deployment that still sets one would start
+/// without the behaviour it asks for.
+const REMOVED_VARIABLES: [(&str, &str); 2] = [
+    (
+        "SLUICEGATE_BREAKER_FAILURES",
+        "SLUICEGATE_BREAKER_MIN_CALLS and SLUICEGATE_BREAKER_FAILURE_RATE",
+    ),
+    (
+        "SLUICEGATE_LEGACY_HEADERS",
+        "SLUICEGATE_RESPONSE_HEADERS=envoy",
+    ),
+];
+
+/// Stops the start when `vars` sets a removed flag's variable, naming it and its successor.
+fn refuse_removed_variables(
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> anyhow::Result<()> {
+    for (name, _) in vars {
+        if let Some((_, instead)) = REMOVED_VARIABLES
+            .iter()
+            .find(|(removed, _)| name == *removed)
+        {
+            anyhow::bail!(
+                "{} is set, but its flag was removed: set {instead} instead",
+                name.to_string_lossy()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// SIGTERM and SIGINT.
@@ -660,6 +693,35 @@ mod tests {
             .options()
             .map(|o| o.limiter.breaker)
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_removed_flags_variable_stops_the_start_and_names_its_successor() {
+        let env = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect::<Vec<_>>()
+        };
+        let refused = refuse_removed_variables(env(&[
+            ("PATH", "/bin"),
+            ("SLUICEGATE_LEGACY_HEADERS", "true"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            refused,
+            "SLUICEGATE_LEGACY_HEADERS is set, but its flag was removed: \
+             set SLUICEGATE_RESPONSE_HEADERS=envoy instead"
+        );
+        let refused = refuse_removed_variables(env(&[("SLUICEGATE_BREAKER_FAILURES", "5")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.starts_with("SLUICEGATE_BREAKER_FAILURES is set"),
+            "{refused}"
+        );
+        assert!(refuse_removed_variables(env(&[("SLUICEGATE_BREAKER_MIN_CALLS", "5")])).is_ok());
     }
 
     #[test]
