@@ -32,30 +32,55 @@ local function steps_made_by(make)
 end
 
 -- The steps of each rule of the call, by where its RULE_VALUES values start in ARGV (its
--- spec). Every spec of a call is written before it is read, so one call's never reach the
--- next.
+-- spec), and those values as the call gave them. Calls mostly describe the same rules at
+-- the same places, so what a spec's values made (its steps, and the rule a slot took up
+-- from them: rule_of) stays from call to call while the values are the same strings
+-- (compared as Lua compares strings, by identity); a spec whose values changed is made
+-- anew, and the slots that had taken it up let it go.
 local spec_count
 local steps_of_spec = {}
+local values_of_spec = {}
+local function spec_unchanged(spec)
+  local known = values_of_spec[spec]
+  if not known then
+    return false
+  end
+  for i = 1, RULE_VALUES do
+    if known[i] ~= argv[spec + i] then
+      return false
+    end
+  end
+  return true
+end
 local function find_steps()
   for spec = 1, RULE_VALUES * spec_count, RULE_VALUES do
-    local algorithm, layout = tonumber(argv[spec + 1]), tonumber(argv[spec + 7])
-    local make
-    if algorithm == SLIDING_LOG and layout == ZSET then
-      make = zset_log_steps
-    elseif algorithm == SLIDING_LOG and layout == COMPACT then
-      make = compact_log_maker(tonumber(argv[spec + 3]))
-    elseif algorithm == SLIDING_COUNTER then
-      make = sliding_counter_steps
-    elseif algorithm == FIXED_WINDOW and layout == ENVOY then
-      make = envoy_counter_steps
-    elseif algorithm == FIXED_WINDOW then
-      make = fixed_window_steps
-    elseif algorithm == TOKEN_BUCKET or algorithm == LEAKY_BUCKET then
-      make = gcra_steps
-    else
-      error(format('unknown algorithm %s (layout %s)', argv[spec + 1], argv[spec + 7]))
+    if not spec_unchanged(spec) then
+      local algorithm, layout = tonumber(argv[spec + 1]), tonumber(argv[spec + 7])
+      local make
+      if algorithm == SLIDING_LOG and layout == ZSET then
+        make = zset_log_steps
+      elseif algorithm == SLIDING_LOG and layout == COMPACT then
+        make = compact_log_maker(tonumber(argv[spec + 3]))
+      elseif algorithm == SLIDING_COUNTER then
+        make = sliding_counter_steps
+      elseif algorithm == FIXED_WINDOW and layout == ENVOY then
+        make = envoy_counter_steps
+      elseif algorithm == FIXED_WINDOW then
+        make = fixed_window_steps
+      elseif algorithm == TOKEN_BUCKET or algorithm == LEAKY_BUCKET then
+        make = gcra_steps
+      else
+        values_of_spec[spec] = nil
+        error(format('unknown algorithm %s (layout %s)', argv[spec + 1], argv[spec + 7]))
+      end
+      steps_of_spec[spec] = steps_made_by(make)
+      values_of_spec[spec] = {unpack(argv, spec + 1, spec + RULE_VALUES)}
+      for i = 1, #rule_slots do
+        if rule_slots[i].spec == spec then
+          rule_slots[i].spec = false
+        end
+      end
     end
-    steps_of_spec[spec] = steps_made_by(make)
   end
 end
 
@@ -265,6 +290,41 @@ local function run_usage(shape, k)
   end
 end
 
+-- The short path: a check of one rule, with no request id, in mode CHECK, DRY, CHARGE or
+-- DRY_CHARGE (shape.short) — most checks. It decides as run_check's two phases do for one
+-- rule, without their bookkeeping (verdicts, costs per rule, request ids): evaluate, then
+-- record or not, then answer; the same commands, the same state, the same numbers.
+-- `r` is the rule's slot, bound to the check's key (rule_of).
+local function run_short(r, t, cost, dry, charge, margin)
+  local units = cost
+  if units == 0 and not (charge and r.algorithm ~= SLIDING_LOG) then
+    units = 1
+  end
+  local fits = r:evaluate(t, units)
+  local never = units > r.capacity
+  if never or not fits then
+    -- A charged refusal: the fixed window counts it, and answers as refused after it.
+    if charge and cost > 0 and r.algorithm == FIXED_WINDOW then
+      local units_charged = min(cost, MAX_EXACT - r.count)
+      r:record(units_charged, margin)
+      r.count = r.count + units_charged
+    end
+    local remaining, retry, reset, delay = r:answer(false, not never, units)
+    add_result(0, remaining, never and NEVER or retry, reset, delay, r.now)
+    return
+  end
+  if dry then
+    local remaining, retry, reset, delay = r:answer(false, false, units)
+    add_result(ALLOWS, remaining, retry, reset, delay, r.now)
+    return
+  end
+  if cost > 0 then
+    r:record(cost, margin)
+  end
+  local remaining, retry, reset, delay = r:answer(true, false, units)
+  add_result(cost > 0 and ALLOWS + RECORDED or ALLOWS, remaining, retry, reset, delay, r.now)
+end
+
 -- One check of the given shape, its keys after KEYS index `k`; appends its numbers to
 -- `results`.
 local function run_check(shape, k)
@@ -275,6 +335,11 @@ local function run_check(shape, k)
     write_held()
   end
   holding = plain
+  if shape.short then
+    run_short(rule_of(1, shape.specs[1], k, 1), shape.t or redis_time(), shape.cost, shape.dry,
+      shape.charge, shape.margin)
+    return
+  end
   if shape.usage then
     run_usage(shape, k)
     return
@@ -388,7 +453,8 @@ local function read_shapes()
     if not shape then
       shape = {
         t = false, margin = 0, cost = 0, request_id = '', undo = false, dry = false,
-        charge = false, reserve = false, usage = false, keys_per_rule = 1, rule_count = 0,
+        charge = false, reserve = false, usage = false, short = false, keys_per_rule = 1,
+        rule_count = 0,
         specs = {}, undo_at = {}, costs = false, cost_table = {},
       }
       shapes[h] = shape
@@ -397,7 +463,7 @@ local function read_shapes()
     -- state, and with a request id, its request ids and release times (KEYS). dry: DRY or
     -- DRY_CHARGE, answered as refused by another rule. charge: a refusing fixed window
     -- records the cost. reserve: an admission remembers its units. usage: REPORT, SETTLE or
-    -- REFUND, or false.
+    -- REFUND, or false. short: a check run_short decides.
     local mode = argv[p + 4]
     shape.t, shape.margin = tonumber(argv[p + 1]) or false, argv[p + 1] == '' and 0 or 60000
     shape.cost, shape.request_id = tonumber(argv[p + 2]), argv[p + 3]
@@ -408,6 +474,8 @@ local function read_shapes()
     shape.charge = mode == CHARGE or mode == DRY_CHARGE
     shape.keys_per_rule, shape.rule_count = argv[p + 3] == '' and 1 or 3, rule_count
     shape.costs = own_costs and shape.cost_table
+    shape.short = rule_count == 1 and not own_costs and argv[p + 3] == ''
+      and (mode == CHECK or mode == DRY or mode == CHARGE or mode == DRY_CHARGE)
     for i = 1, rule_count do
       local q = p + 5 + (i - 1) * per_rule
       shape.specs[i] = 1 + RULE_VALUES * (tonumber(argv[q + 1]) - 1)
@@ -449,9 +517,6 @@ local function check(call_keys, call_argv, is_routed)
     results[i] = nil
   end
   result_count = 0
-  for i = 1, #rule_slots do
-    rule_slots[i].spec = false
-  end
   spec_count = tonumber(argv[1])
   find_steps()
   read_shapes()

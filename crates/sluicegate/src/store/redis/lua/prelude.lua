@@ -91,9 +91,9 @@
 -- names the same codes: the two must match.
 local SLIDING_LOG, SLIDING_COUNTER, FIXED_WINDOW, TOKEN_BUCKET, LEAKY_BUCKET = 1, 2, 3, 4, 5
 local ZSET, COMPACT, ENVOY = 0, 1, 2
--- The modes the script tells apart from CHECK ('check', which decides and records); DRY
--- is evaluated as CHECK is, but never records.
-local DRY, UNDO, CHARGE, DRY_CHARGE = 'dry', 'undo', 'charge', 'dry-charge'
+-- The modes: CHECK decides and records, as does any mode the script does not tell apart;
+-- DRY is evaluated as CHECK is, but never records.
+local CHECK, DRY, UNDO, CHARGE, DRY_CHARGE = 'check', 'dry', 'undo', 'charge', 'dry-charge'
 -- DRY for a reservation: its request id's use is compared as a reserve's.
 local DRY_RESERVE = 'dry-reserve'
 local RESERVE, REPORT, SETTLE, REFUND = 'reserve', 'report', 'settle', 'refund'
