@@ -441,8 +441,29 @@ end
 local shapes, shape_count = {}, 0
 -- Where in ARGV the shapes end: the number of checks is next.
 local p
+-- The last call's shapes as it gave them (its values from H on), and where they started:
+-- a call whose shapes are the same strings at the same place (no time of its own: the
+-- common case) reads none of them again.
+local shapes_values, shapes_from = {}, false
+local function shapes_unchanged(from)
+  if from ~= shapes_from then
+    return false
+  end
+  for i = 1, #shapes_values do
+    if shapes_values[i] ~= argv[from + i - 1] then
+      return false
+    end
+  end
+  return true
+end
 local function read_shapes()
-  p = 2 + RULE_VALUES * spec_count
+  local from = 2 + RULE_VALUES * spec_count
+  if shapes_unchanged(from) then
+    p = from + #shapes_values - 1
+    return
+  end
+  shapes_from = false
+  p = from
   shape_count = tonumber(argv[p])
   for h = 1, shape_count do
     local rule_count, undo = tonumber(argv[p + 5]), argv[p + 4] == UNDO
@@ -488,6 +509,8 @@ local function read_shapes()
     end
     p = p + 5 + rule_count * per_rule
   end
+  shapes_values = {unpack(argv, from, p)}
+  shapes_from = from
 end
 
 -- The checks, in order, each its shape's number. One pcall covers a run of checks (a pcall
