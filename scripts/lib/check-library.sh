@@ -1,7 +1,9 @@
 # Sourced by the scripts that load sluicegate's check library into a redis-server of their
 # own (bench, redis-cost, redis-instructions): the library as the store joins it, its
-# pieces in the order crates/sluicegate/src/store/redis/script.rs includes them. Needs
-# $repo, the repository's root.
+# pieces in the order crates/sluicegate/src/store/redis/script.rs includes them, the
+# arguments of a plain check as the store sends them, and the naive sorted-set script the
+# library is measured against. Needs $repo, the repository's root. A test of the crate
+# (store/redis/script/library_tests.rs) holds the first two to what the store does.
 
 # check_library [REV]: the joined chunk on standard output, at revision REV or, without
 # one, in the checkout; fails when there are no pieces to join.
@@ -25,4 +27,23 @@ repository_file() {
 # number of checks comes next, from the caller.
 one_rule_check() {
   printf '%s\n' 1 "$1" "$2" "$3" 1 "$2" 0 "${4:-0}" 0 1 "" 1 "" check 1 1
+}
+
+# naive_script: the naive sorted-set script, the reference of Redis' time per decision: a
+# sliding log of ARGV[1] per ARGV[2] µs at KEYS[1]; drop what expired, count, add one member
+# if under the limit; no clamp of time, no fields but allowed.
+naive_script() {
+  cat <<'LUA'
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local window = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+local n = redis.call('ZCARD', KEYS[1])
+if n < tonumber(ARGV[1]) then
+  redis.call('ZADD', KEYS[1], now, now .. ':' .. n)
+  redis.call('PEXPIRE', KEYS[1], math.floor(window / 1000))
+  return 1
+end
+return 0
+LUA
 }

@@ -510,6 +510,9 @@ impl ScriptTime {
 }
 
 #[cfg(test)]
+mod library_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -14,8 +14,10 @@
 -- library loads, Redis offers no globals but `redis.register_function` and `redis.log`:
 -- the standard functions are bound on the first call (bind_globals), and nothing in the
 -- chunk calls a function until then. State one call leaves behind (the slots of rules,
--- the steps made) is what the next call may reuse; whatever depends on the call (its
--- arguments, Redis TIME, the reply) `check` sets anew.
+-- the steps made, the rules and shapes of check read from the arguments, kept while the
+-- next call gives the same strings: main.lua, find_steps and read_shapes) is what the
+-- next call may reuse; whatever else depends on the call (its keys, Redis TIME, the
+-- reply) `check` sets anew.
 --
 -- An algorithm's piece is a function that makes its seven steps, which a rule then calls
 -- as its methods: evaluate(r, t, units) reads the rule's state and says whether `units`
@@ -34,6 +36,12 @@
 -- re-implements them and differential tests hold the two together. In each check every
 -- rule is evaluated first (reads only); only if all allow does each record. A refused
 -- check writes nothing.
+--
+-- Most checks are of one rule, with no request id, in mode CHECK, DRY, CHARGE or
+-- DRY_CHARGE: those take the short path (main.lua, run_short), which decides as the two
+-- phases do for one rule without their bookkeeping — the same commands, state and
+-- numbers. Every other check (several rules, a request id, UNDO, the usage modes) takes
+-- the general path; one call may carry checks of both. The arguments are the same.
 --
 -- One call may carry several independent checks (the store batches checks that are in
 -- flight together): each is decided as if it were alone, in order, and one that fails

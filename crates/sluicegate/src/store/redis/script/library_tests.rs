@@ -1,0 +1,325 @@
+//! The check library against a real redis-server: the short path (`run_short` in
+//! `lua/main.lua`) decides exactly as the general path does, and the shell's copy of the
+//! library and of a plain check's arguments (`scripts/lib/check-library.sh`) is what the
+//! store sends.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use redis::Value;
+use sluicegate_test_support::{cmd, standalone};
+
+use super::*;
+use crate::rule::RuleSpec;
+use crate::store::check::Limit;
+
+/// The repository's root (this crate's manifest is two levels below it).
+fn repository() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .and_then(Path::parent)
+        .expect("the crate lives in crates/")
+}
+
+/// What `script` prints with scripts/lib/check-library.sh sourced.
+fn shell(script: &str) -> String {
+    let root = repository();
+    let output = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -eu; repo={root}; source \"$repo/scripts/lib/check-library.sh\"; {script}",
+            root = root.display()
+        ))
+        .output()
+        .expect("bash runs");
+    assert!(
+        output.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("UTF-8")
+}
+
+/// The arguments of `command` as text, after its name, function and keys.
+fn arguments_after_keys(command: &redis::Cmd) -> Vec<String> {
+    let all: Vec<String> = command
+        .args_iter()
+        .map(|arg| match arg {
+            redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).expect("UTF-8"),
+            _ => panic!("a command of plain arguments"),
+        })
+        .collect();
+    let keys: usize = all[2].parse().expect("the number of keys");
+    all[3 + keys..].to_vec()
+}
+
+#[test]
+fn the_shell_joins_the_library_the_store_loads() {
+    assert_eq!(shell("check_library"), CHECK_LIBRARY);
+}
+
+#[test]
+fn the_shell_sends_a_plain_check_as_the_store_does() {
+    let cases = [
+        ("1 100 1000000", Algorithm::SlidingLog, 100, 1, None),
+        (
+            "1 100 1000000 1",
+            Algorithm::SlidingLog,
+            100,
+            1,
+            Some(LogLayout::Compact),
+        ),
+        (
+            "3 1000000000 60000000",
+            Algorithm::FixedWindow,
+            1_000_000_000,
+            60,
+            None,
+        ),
+    ];
+    for (shell_arguments, algorithm, limit, seconds, layout) in cases {
+        let mut spec = RuleSpec::new(algorithm, limit, Duration::from_secs(seconds));
+        spec.layout = layout;
+        let rule = Rule::new("r", &spec).expect("a valid rule");
+        let limits = [Limit {
+            rule: &rule,
+            key: "k",
+        }];
+        let check = ScriptCheck::new("p", 0, &Check::new(&limits, 1), Mode::Check);
+        let mut sent = arguments_after_keys(&command("FCALL", "f", &[check]));
+        // The number of checks: the shell's callers add it.
+        assert_eq!(sent.pop().as_deref(), Some("1"));
+        let from_shell: Vec<String> = shell(&format!("one_rule_check {shell_arguments}"))
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(from_shell, sent, "one_rule_check {shell_arguments}");
+    }
+}
+
+/// `source`, a version of the library, registered as function `name`.
+fn load(name: &str, source: &str) -> String {
+    let library = format!(
+        "#!lua name={name}\n{source}\
+         redis.register_function{{function_name = '{name}', callback = check}}\n"
+    );
+    standalone()
+        .query::<String>(cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(library))
+        .expect("the library loads");
+    name.to_owned()
+}
+
+/// `text` with `from` (found exactly once) replaced by `to`.
+fn replace_once(text: &str, from: &str, to: &str) -> String {
+    assert_eq!(
+        text.matches(from).count(),
+        1,
+        "{from:?} once in the library"
+    );
+    text.replacen(from, to, 1)
+}
+
+/// The line of main.lua that sends a shape's checks down the short path.
+const SHORT_SHAPE: &str = "    shape.short = rule_count == 1";
+
+/// The library with the short path off: every check goes the general way.
+fn general_only(library: &str) -> String {
+    replace_once(
+        library,
+        SHORT_SHAPE,
+        "    shape.short = false and rule_count == 1",
+    )
+}
+
+/// The library with a short path that fails every check it is given.
+fn short_path_failing(library: &str) -> String {
+    let entry = "local function run_short(r, t, cost, dry, charge, margin)\n";
+    replace_once(
+        library,
+        entry,
+        &format!("{entry}  error('short path', 0)\n"),
+    )
+}
+
+/// A small deterministic generator (xorshift64*).
+struct Random(u64);
+
+impl Random {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
+
+fn rules() -> Vec<Rule> {
+    let second = Duration::from_secs(1);
+    let mut specs = vec![
+        RuleSpec::new(Algorithm::SlidingLog, 5, second),
+        RuleSpec {
+            layout: Some(LogLayout::Compact),
+            ..RuleSpec::new(Algorithm::SlidingLog, 5, second)
+        },
+        RuleSpec::new(Algorithm::SlidingCounter, 6, second),
+        RuleSpec::new(Algorithm::FixedWindow, 4, second),
+        RuleSpec::new(Algorithm::TokenBucket, 3, second),
+        RuleSpec::new(Algorithm::LeakyBucket, 3, second),
+    ];
+    specs[4].burst = Some(4);
+    specs[5].queue = Some(2);
+    let mut rules: Vec<Rule> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| Rule::new(&format!("r{i}"), spec).expect("a valid rule"))
+        .collect();
+    let envoy = Rule::new("envoy", &RuleSpec::new(Algorithm::FixedWindow, 4, second))
+        .and_then(|rule| rule.with_envoy_counter())
+        .expect("an envoy counter");
+    rules.push(envoy);
+    rules
+}
+
+/// What a check of the trace is: its rule(s), key, cost, mode and whether it has a request
+/// id (which sends it the general way, as does a second rule).
+struct TraceCheck {
+    rules: Vec<usize>,
+    key: &'static str,
+    cost: u64,
+    charge: Charge,
+    dry: bool,
+    request_id: Option<String>,
+}
+
+impl TraceCheck {
+    fn short(&self) -> bool {
+        self.rules.len() == 1 && self.request_id.is_none()
+    }
+}
+
+/// The script checks of `checks` at `at` µs, their keys under `prefix`.
+fn script_checks(prefix: &str, rules: &[Rule], checks: &[TraceCheck], at: u64) -> Vec<ScriptCheck> {
+    checks
+        .iter()
+        .map(|check| {
+            let limits: Vec<Limit<'_>> = check
+                .rules
+                .iter()
+                .map(|&i| Limit {
+                    rule: &rules[i],
+                    key: check.key,
+                })
+                .collect();
+            let mut asked = Check::new(&limits, check.cost);
+            asked.at = Some(Duration::from_micros(at));
+            asked.charge = check.charge;
+            asked.request_id = check.request_id.as_deref();
+            let mode = if check.dry { Mode::Dry } else { Mode::Check };
+            ScriptCheck::new(prefix, 0, &asked, mode)
+        })
+        .collect()
+}
+
+fn fcall(function: &str, checks: &[ScriptCheck]) -> Value {
+    standalone()
+        .query(&command("FCALL", function, checks))
+        .expect("the call answers")
+}
+
+/// A key's value as DUMP gives it (its encoding and bytes), and when it expires (ms).
+fn state(key: &str) -> (Value, i64) {
+    let server = standalone();
+    let dumped = server.query(cmd("DUMP").arg(key)).expect("DUMP");
+    let expires = server
+        .query(cmd("PEXPIRETIME").arg(key))
+        .expect("PEXPIRETIME");
+    (dumped, expires)
+}
+
+/// A random trace of calls of one to four checks, most of them plain checks of one rule,
+/// some with a request id or a second rule (so that calls mix the two paths), decided by
+/// the library and by the library with the short path off, under two prefixes: every reply
+/// and every key's state (DUMP, expiry) the same.
+#[test]
+fn the_short_path_decides_as_the_general_path_does() {
+    let short = load("sluicegate_short_test", CHECK_LIBRARY);
+    let general = load("sluicegate_general_test", &general_only(CHECK_LIBRARY));
+    let failing = load(
+        "sluicegate_failing_short_test",
+        &short_path_failing(CHECK_LIBRARY),
+    );
+    let rules = rules();
+    let keys = ["a", "b", "c"];
+    let mut random = Random(0x5eed_0f_c0ffee);
+    let mut at: u64 = 1_700_000_000_000_000;
+    let mut short_checks = 0;
+    for call in 0..600 {
+        at += random.below(400_000);
+        let checks: Vec<TraceCheck> = (0..1 + random.below(4))
+            .map(|n| {
+                let first = random.below(rules.len() as u64) as usize;
+                let mut check_rules = vec![first];
+                let mut request_id = None;
+                // The envoy counter takes checks only, alone with other envoy counters.
+                if first != rules.len() - 1 {
+                    match random.below(8) {
+                        0 => check_rules.push((first + 1) % (rules.len() - 1)),
+                        1 => request_id = Some(format!("id{}", random.below(4))),
+                        _ => {}
+                    }
+                }
+                let charge = if random.below(4) == 0 {
+                    Charge::CheckChargingRefusals
+                } else {
+                    Charge::Check
+                };
+                TraceCheck {
+                    rules: check_rules,
+                    key: keys[((call + n) % 3 + random.below(2)) as usize % 3],
+                    cost: [0, 1, 1, 1, 2, 3, 9][random.below(7) as usize],
+                    charge,
+                    dry: random.below(6) == 0,
+                    request_id,
+                }
+            })
+            .collect();
+        let on_short = script_checks("s", &rules, &checks, at);
+        let on_general = script_checks("g", &rules, &checks, at);
+        let replied = fcall(&short, &on_short);
+        assert_eq!(
+            replied,
+            fcall(&general, &on_general),
+            "call {call} at {at}: the replies differ"
+        );
+        for (short_check, general_check) in on_short.iter().zip(&on_general) {
+            for (short_key, general_key) in short_check.keys().iter().zip(general_check.keys()) {
+                let (short_state, short_expiry) = state(short_key);
+                let (general_state, general_expiry) = state(general_key);
+                assert_eq!(short_state, general_state, "call {call}: {short_key}");
+                assert!(
+                    (short_expiry - general_expiry).abs() < 1000,
+                    "call {call}: {short_key} expires at {short_expiry}, \
+                     {general_key} at {general_expiry}"
+                );
+            }
+        }
+        // Each plain check of one rule went the short way: failing there, it fails alone;
+        // the others never reach it. (Under a prefix of its own: it writes what the
+        // general checks write.)
+        let Value::Array(failed) = fcall(&failing, &script_checks("f", &rules, &checks, at)) else {
+            panic!("call {call}: not an array");
+        };
+        let failed_short = failed
+            .iter()
+            .filter(|value| **value == Value::BulkString(b"short path".to_vec()))
+            .count();
+        let expected = checks.iter().filter(|check| check.short()).count();
+        assert_eq!(
+            failed_short, expected,
+            "call {call}: checks that went short"
+        );
+        short_checks += expected;
+    }
+    assert!(short_checks > 1000, "{short_checks} short checks");
+}
