@@ -20,13 +20,13 @@ repository_file() {
   if [ -n "$1" ]; then git -C "$repo" show "$1:$2"; else cat "$repo/$2"; fi
 }
 
-# one_rule_check ALGORITHM LIMIT WINDOW_US [LAYOUT]: the library's ARGV for plain checks of
-# one rule, a value per line (main.lua's header): the rule (ALGORITHM's code, LIMIT,
-# WINDOW_US, one bucket, capacity LIMIT, no emission interval, LAYOUT: 0 zset, the default,
-# or 1 compact, no expiration jitter), then one shape (Redis TIME, cost 1, no request id, mode check, rule 1). The
-# number of checks comes next, from the caller.
+# one_rule_check ALGORITHM LIMIT WINDOW_US [LAYOUT]: the library's ARGV for a short call of
+# plain checks of one rule, a value per line (prelude.lua's header): the shape — the rule
+# (ALGORITHM's code, LIMIT, WINDOW_US, one bucket, capacity LIMIT, no emission interval,
+# LAYOUT: 0 zset, the default, or 1 compact, no expiration jitter), cost 1 and mode check,
+# joined by ':' — then '' for Redis TIME. KEYS: one key per check.
 one_rule_check() {
-  printf '%s\n' 1 "$1" "$2" "$3" 1 "$2" 0 "${4:-0}" 0 1 "" 1 "" check 1 1
+  printf '%s\n' "$1:$2:$3:1:$2:0:${4:-0}:0:1:check" ""
 }
 
 # naive_script: the naive sorted-set script, the reference of Redis' time per decision: a

@@ -259,6 +259,16 @@ impl ScriptCheck {
             && (costs_something || self.request_id.is_some())
     }
 
+    /// Whether the script's short path decides the check (`run_short` in `lua/main.lua`):
+    /// one rule, no request id, no costs per rule, and a check or a dry run, refusals
+    /// charged or not.
+    fn is_short(&self) -> bool {
+        self.rules.len() == 1
+            && self.request_id.is_none()
+            && self.costs.is_empty()
+            && [code::CHECK, code::DRY, code::CHARGE, code::DRY_CHARGE].contains(&self.mode)
+    }
+
     /// Whether the script would read `other` exactly as this check, but for the keys.
     fn same_shape(&self, other: &ScriptCheck) -> bool {
         self.at == other.at
@@ -271,10 +281,12 @@ impl ScriptCheck {
 }
 
 /// One script call carrying `checks`, in order: `{verb} {name} {key count} {keys…}
-/// {arguments…}` (`FCALL` and `EVALSHA` read the same). Each distinct rule is described
-/// once, and so is each distinct shape of check (what it asks, but for its keys): checks of
-/// the same rules and cost, without request ids or times of their own, cost one argument
-/// each, and none when every check of the call has one shape.
+/// {arguments…}` (`FCALL` and `EVALSHA` read the same). Checks of one rule that the short
+/// path decides, all of one shape, go as a short call: that shape in two arguments.
+/// Otherwise each distinct rule is described once, and so is each distinct shape of check
+/// (what it asks, but for its keys): checks of the same rules and cost, without request ids
+/// or times of their own, cost one argument each, and none when every check of the call
+/// has one shape.
 pub(super) fn command(verb: &str, name: &str, checks: &[ScriptCheck]) -> redis::Cmd {
     let mut command = redis::cmd(verb);
     command
@@ -300,8 +312,37 @@ pub(super) fn routed_command(name: &str, checks: &[ScriptCheck]) -> redis::Cmd {
     command
 }
 
-/// The arguments of a call carrying `checks`, but for their keys.
+/// The arguments of a call carrying `checks`, but for their keys: a short call's when the
+/// short path decides every check and they are all of one shape (the script's header
+/// describes both).
 fn add_arguments(command: &mut redis::Cmd, checks: &[ScriptCheck]) {
+    match checks {
+        [first, rest @ ..] if first.is_short() && rest.iter().all(|c| first.same_shape(c)) => {
+            add_short_arguments(command, first);
+        }
+        _ => add_general_arguments(command, checks),
+    }
+}
+
+/// The two arguments of a short call of checks shaped as `shape`: the rule's values, the
+/// cost and the mode, joined by ':', then the client's time ('' for Redis TIME).
+fn add_short_arguments(command: &mut redis::Cmd, shape: &ScriptCheck) {
+    let (spec, _) = &shape.rules[0];
+    let values: Vec<String> = spec.iter().map(u64::to_string).collect();
+    command.arg(format!(
+        "{}:{}:{}",
+        values.join(":"),
+        shape.cost,
+        shape.mode
+    ));
+    match shape.at {
+        Some(at) => command.arg(at),
+        None => command.arg(""),
+    };
+}
+
+/// The arguments of a general call carrying `checks`, but for their keys.
+fn add_general_arguments(command: &mut redis::Cmd, checks: &[ScriptCheck]) {
     let mut specs: Vec<RuleSpec> = Vec::new();
     let mut shapes: Vec<&ScriptCheck> = Vec::new();
     let mut shape_numbers = Vec::with_capacity(checks.len());

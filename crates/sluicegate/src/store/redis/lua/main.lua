@@ -52,28 +52,32 @@ local function spec_unchanged(spec)
   end
   return true
 end
+-- The steps of the rule whose RULE_VALUES values follow index `at` of `values`.
+local function steps_for(values, at)
+  local algorithm, layout = tonumber(values[at + 1]), tonumber(values[at + 7])
+  local make
+  if algorithm == SLIDING_LOG and layout == ZSET then
+    make = zset_log_steps
+  elseif algorithm == SLIDING_LOG and layout == COMPACT then
+    make = compact_log_maker(tonumber(values[at + 3]))
+  elseif algorithm == SLIDING_COUNTER then
+    make = sliding_counter_steps
+  elseif algorithm == FIXED_WINDOW and layout == ENVOY then
+    make = envoy_counter_steps
+  elseif algorithm == FIXED_WINDOW then
+    make = fixed_window_steps
+  elseif algorithm == TOKEN_BUCKET or algorithm == LEAKY_BUCKET then
+    make = gcra_steps
+  else
+    error(format('unknown algorithm %s (layout %s)', values[at + 1], values[at + 7]))
+  end
+  return steps_made_by(make)
+end
 local function find_steps()
   for spec = 1, RULE_VALUES * spec_count, RULE_VALUES do
     if not spec_unchanged(spec) then
-      local algorithm, layout = tonumber(argv[spec + 1]), tonumber(argv[spec + 7])
-      local make
-      if algorithm == SLIDING_LOG and layout == ZSET then
-        make = zset_log_steps
-      elseif algorithm == SLIDING_LOG and layout == COMPACT then
-        make = compact_log_maker(tonumber(argv[spec + 3]))
-      elseif algorithm == SLIDING_COUNTER then
-        make = sliding_counter_steps
-      elseif algorithm == FIXED_WINDOW and layout == ENVOY then
-        make = envoy_counter_steps
-      elseif algorithm == FIXED_WINDOW then
-        make = fixed_window_steps
-      elseif algorithm == TOKEN_BUCKET or algorithm == LEAKY_BUCKET then
-        make = gcra_steps
-      else
-        values_of_spec[spec] = nil
-        error(format('unknown algorithm %s (layout %s)', argv[spec + 1], argv[spec + 7]))
-      end
-      steps_of_spec[spec] = steps_made_by(make)
+      values_of_spec[spec] = nil
+      steps_of_spec[spec] = steps_for(argv, spec)
       values_of_spec[spec] = {unpack(argv, spec + 1, spec + RULE_VALUES)}
       for i = 1, #rule_slots do
         if rule_slots[i].spec == spec then
@@ -84,9 +88,26 @@ local function find_steps()
   end
 end
 
+-- Slot `r` takes up the rule whose values follow index `at` of `values`, and its `steps`
+-- as methods, so that no check branches on the algorithm.
+local function take_up(r, values, at, steps)
+  r.algorithm, r.limit = tonumber(values[at + 1]), tonumber(values[at + 2])
+  r.window, r.buckets = tonumber(values[at + 3]), tonumber(values[at + 4])
+  r.capacity, r.interval = tonumber(values[at + 5]), tonumber(values[at + 6])
+  r.jitter = tonumber(values[at + 8])
+  r.evaluate, r.record, r.answer, r.give_back = steps[1], steps[2], steps[3], steps[4]
+  r.report, r.refund, r.unreserve = steps[5], steps[6], steps[7]
+end
+
+-- Slot `r` made ready for a check of `key`: every field evaluating reads before it writes.
+local function bind_key(r, key)
+  r.key = key
+  r.now, r.latest, r.live, r.expired, r.cutoff = 0, false, 0, 0, 0
+  r.head, r.count, r.new_key, r.repeat_release = 0, 0, false, false
+end
+
 -- Rule `i` of a check: its spec, its keys, and room for what evaluating it finds. A slot
--- takes up a rule's values, and its steps as methods, when it changes rule, so that no
--- check branches on the algorithm.
+-- takes up a rule's values when it changes rule.
 local function rule_of(i, spec, q, keys_per_rule)
   local r = rule_slots[i]
   if not r then
@@ -95,17 +116,9 @@ local function rule_of(i, spec, q, keys_per_rule)
   end
   if r.spec ~= spec then
     r.spec = spec
-    r.algorithm, r.limit = tonumber(argv[spec + 1]), tonumber(argv[spec + 2])
-    r.window, r.buckets = tonumber(argv[spec + 3]), tonumber(argv[spec + 4])
-    r.capacity, r.interval = tonumber(argv[spec + 5]), tonumber(argv[spec + 6])
-    r.jitter = tonumber(argv[spec + 8])
-    local steps = steps_of_spec[spec]
-    r.evaluate, r.record, r.answer, r.give_back = steps[1], steps[2], steps[3], steps[4]
-    r.report, r.refund, r.unreserve = steps[5], steps[6], steps[7]
+    take_up(r, argv, spec, steps_of_spec[spec])
   end
-  r.key = keys[q + 1]
-  r.now, r.latest, r.live, r.expired, r.cutoff = 0, false, 0, 0, 0
-  r.head, r.count, r.new_key, r.repeat_release = 0, 0, false, false
+  bind_key(r, keys[q + 1])
   if keys_per_rule == 3 then
     r.ids, r.releases = keys[q + 2], keys[q + 3]
   end
@@ -528,6 +541,53 @@ local function run_checks()
     k, done = next_k, done + 1
   end
 end
+-- A short call (prelude.lua's header): its shape as one string, the rule's values, the
+-- cost and the mode joined by ':'. The shapes met, by that string, each with a slot of its
+-- own that took up its rule; false for a general call's first value, which has no ':'. At
+-- most SHORT_SHAPES_MAX, all forgotten at once past that.
+local SHORT_SHAPES_MAX = 256
+local short_shapes, short_shape_count = {}, 0
+local function short_shape_of(text)
+  local shape = short_shapes[text]
+  if shape ~= nil then
+    return shape
+  end
+  shape = false
+  if string.find(text, ':', 1, true) then
+    local values = {}
+    for value in string.gmatch(text, '[^:]+') do
+      values[#values + 1] = value
+    end
+    local r, mode = new_rule_slot(), values[RULE_VALUES + 2]
+    r.spec = text
+    take_up(r, values, 0, steps_for(values, 0))
+    shape = {
+      r = r, cost = tonumber(values[RULE_VALUES + 1]),
+      dry = mode == DRY or mode == DRY_CHARGE, charge = mode == CHARGE or mode == DRY_CHARGE,
+    }
+  end
+  if short_shape_count >= SHORT_SHAPES_MAX then
+    short_shapes, short_shape_count = {}, 0
+  end
+  short_shapes[text] = shape
+  short_shape_count = short_shape_count + 1
+  return shape
+end
+
+-- The checks of a short call, one key each, in order (as run_checks).
+local short_shape, short_time, short_margin
+local function run_short_checks()
+  local r, cost, dry, charge = short_shape.r, short_shape.cost, short_shape.dry, short_shape.charge
+  local t = short_time or redis_time()
+  while done < check_count do
+    next_k = k + 1
+    answer_start = result_count
+    bind_key(r, keys[next_k])
+    run_short(r, t, cost, dry, charge, short_margin)
+    k, done = next_k, done + 1
+  end
+end
+
 -- One call: `call_keys` and `call_argv` as prelude.lua's header describes them.
 -- `is_routed`: called by check_routed.
 local function check(call_keys, call_argv, is_routed)
@@ -540,13 +600,22 @@ local function check(call_keys, call_argv, is_routed)
     results[i] = nil
   end
   result_count = 0
-  spec_count = tonumber(argv[1])
-  find_steps()
-  read_shapes()
-  check_count, done, k = tonumber(argv[p + 1]), 0, 0
-  next_k, answer_start = 0, 0
+  short_shape = short_shape_of(argv[1])
+  local run = run_checks
+  if short_shape then
+    -- As read_shapes reads a shape's time.
+    short_time, short_margin = tonumber(argv[2]) or false, argv[2] == '' and 0 or 60000
+    holding = true
+    check_count, run = #keys, run_short_checks
+  else
+    spec_count = tonumber(argv[1])
+    find_steps()
+    read_shapes()
+    check_count = tonumber(argv[p + 1])
+  end
+  done, k, next_k, answer_start = 0, 0, 0, 0
   while done < check_count and not held_failure do
-    local ok, failure = pcall(run_checks)
+    local ok, failure = pcall(run)
     if not ok then
       -- A Redis error arrives as a table {err = text}; anything else is this script's bug.
       local text = type(failure) == 'table' and failure.err or tostring(failure)

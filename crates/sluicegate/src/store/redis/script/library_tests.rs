@@ -87,9 +87,7 @@ fn the_shell_sends_a_plain_check_as_the_store_does() {
             key: "k",
         }];
         let check = ScriptCheck::new("p", 0, &Check::new(&limits, 1), Mode::Check);
-        let mut sent = arguments_after_keys(&command("FCALL", "f", &[check]));
-        // The number of checks: the shell's callers add it.
-        assert_eq!(sent.pop().as_deref(), Some("1"));
+        let sent = arguments_after_keys(&command("FCALL", "f", &[check]));
         let from_shell: Vec<String> = shell(&format!("one_rule_check {shell_arguments}"))
             .lines()
             .map(str::to_owned)
@@ -227,6 +225,18 @@ fn fcall(function: &str, checks: &[ScriptCheck]) -> Value {
         .expect("the call answers")
 }
 
+/// [`fcall`] with the arguments of a general call, whatever the checks.
+fn fcall_general(function: &str, checks: &[ScriptCheck]) -> Value {
+    let mut call = redis::cmd("FCALL");
+    call.arg(function)
+        .arg(checks.iter().map(|check| check.keys().len()).sum::<usize>());
+    for check in checks {
+        call.arg(check.keys());
+    }
+    add_general_arguments(&mut call, checks);
+    standalone().query(&call).expect("the call answers")
+}
+
 /// A key's value as DUMP gives it (its encoding and bytes), and when it expires (ms).
 fn state(key: &str) -> (Value, i64) {
     let server = standalone();
@@ -239,8 +249,9 @@ fn state(key: &str) -> (Value, i64) {
 
 /// A random trace of calls of one to four checks, most of them plain checks of one rule,
 /// some with a request id or a second rule (so that calls mix the two paths), decided by
-/// the library and by the library with the short path off, under two prefixes: every reply
-/// and every key's state (DUMP, expiry) the same.
+/// the library as the store calls it (a short call when it can be) and by the library with
+/// the short path off, called as a general call, under two prefixes: every reply and every
+/// key's state (DUMP, expiry) the same.
 #[test]
 fn the_short_path_decides_as_the_general_path_does() {
     let short = load("sluicegate_short_test", CHECK_LIBRARY);
@@ -253,7 +264,7 @@ fn the_short_path_decides_as_the_general_path_does() {
     let keys = ["a", "b", "c"];
     let mut random = Random(0x5eed_0f_c0ffee);
     let mut at: u64 = 1_700_000_000_000_000;
-    let mut short_checks = 0;
+    let (mut short_checks, mut short_calls) = (0, 0);
     for call in 0..600 {
         at += random.below(400_000);
         let checks: Vec<TraceCheck> = (0..1 + random.below(4))
@@ -286,10 +297,16 @@ fn the_short_path_decides_as_the_general_path_does() {
             .collect();
         let on_short = script_checks("s", &rules, &checks, at);
         let on_general = script_checks("g", &rules, &checks, at);
+        // A call whose checks all go short, all of one shape, is a short call.
+        let short_call = checks.iter().all(TraceCheck::short)
+            && on_short.iter().all(|check| on_short[0].same_shape(check));
+        let sent = arguments_after_keys(&command("FCALL", &short, &on_short));
+        assert_eq!(sent.len() == 2, short_call, "call {call}: {sent:?}");
+        short_calls += usize::from(short_call);
         let replied = fcall(&short, &on_short);
         assert_eq!(
             replied,
-            fcall(&general, &on_general),
+            fcall_general(&general, &on_general),
             "call {call} at {at}: the replies differ"
         );
         for (short_check, general_check) in on_short.iter().zip(&on_general) {
@@ -322,4 +339,5 @@ fn the_short_path_decides_as_the_general_path_does() {
         short_checks += expected;
     }
     assert!(short_checks > 1000, "{short_checks} short checks");
+    assert!(short_calls > 100, "{short_calls} short calls");
 }
