@@ -154,7 +154,7 @@ impl Random {
 
 fn rules() -> Vec<Rule> {
     let second = Duration::from_secs(1);
-    let mut specs = vec![
+    let mut specs = [
         RuleSpec::new(Algorithm::SlidingLog, 5, second),
         RuleSpec {
             layout: Some(LogLayout::Compact),
@@ -262,7 +262,7 @@ fn the_short_path_decides_as_the_general_path_does() {
     );
     let rules = rules();
     let keys = ["a", "b", "c"];
-    let mut random = Random(0x5eed_0f_c0ffee);
+    let mut random = Random(0x5eed_0fc0_ffee);
     let mut at: u64 = 1_700_000_000_000_000;
     let (mut short_checks, mut short_calls) = (0, 0);
     for call in 0..600 {
