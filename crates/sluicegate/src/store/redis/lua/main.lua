@@ -220,8 +220,11 @@ end
 local routed = false
 
 -- The reply, kept from call to call (a table grown anew to a reply's length would be
--- rehashed at every power of two): a call clears what the last one left.
-local results, result_count = {}, 0
+-- rehashed at every power of two): a call overwrites what the last one left, and clears
+-- only what lies past its own reply (Redis reads a reply up to its first nil). What
+-- results may hold (results_held) counts every entry a call wrote, also one that failed
+-- part way.
+local results, result_count, results_held = {}, 0, 0
 
 -- Appends one rule's numbers to `results`.
 local function add_result(status, remaining, retry, reset, delay, now)
@@ -596,9 +599,7 @@ local function check(call_keys, call_argv, is_routed)
   end
   keys, argv, server_time, routed = call_keys, call_argv, false, is_routed or false
   held_key, holding, writing_held, held_failure = false, false, false, false
-  for i = result_count, 1, -1 do
-    results[i] = nil
-  end
+  results_held = max(results_held, result_count)
   result_count = 0
   short_shape = short_shape_of(argv[1])
   local run = run_checks
@@ -633,6 +634,10 @@ local function check(call_keys, call_argv, is_routed)
   -- Out of the pcall: a held state that cannot be written fails the call (prelude.lua).
   holding = false
   write_held()
+  for i = results_held, result_count + 1, -1 do
+    results[i] = nil
+  end
+  results_held = result_count
   if held_failure then
     return redis.error_reply(held_failure)
   end

@@ -341,3 +341,46 @@ fn the_short_path_decides_as_the_general_path_does() {
     assert!(short_checks > 1000, "{short_checks} short checks");
     assert!(short_calls > 100, "{short_calls} short calls");
 }
+
+/// The library keeps its reply table from call to call: each reply holds its own checks'
+/// values and nothing the last call left, after a longer call and after a check that
+/// failed (a key of the wrong type, answered by its error in place of its numbers).
+#[test]
+fn a_reply_holds_its_own_checks_only() {
+    let function = load("sluicegate_reply_test", CHECK_LIBRARY);
+    let rule = Rule::new(
+        "replies",
+        &RuleSpec::new(Algorithm::SlidingLog, 5, Duration::from_secs(60)),
+    )
+    .expect("a valid rule");
+    let call = |keys: &[&str]| -> Vec<Value> {
+        let checks: Vec<ScriptCheck> = keys
+            .iter()
+            .map(|&key| {
+                let limits = [Limit { rule: &rule, key }];
+                ScriptCheck::new("reply", 0, &Check::new(&limits, 1), Mode::Check)
+            })
+            .collect();
+        match fcall(&function, &checks) {
+            Value::Array(values) => values,
+            other => panic!("not an array: {other:?}"),
+        }
+    };
+    assert_eq!(call(&["a", "b", "c", "d"]).len(), 4 * ROW_FIELDS);
+    assert_eq!(call(&["a"]).len(), ROW_FIELDS);
+    let limits = [Limit {
+        rule: &rule,
+        key: "string",
+    }];
+    let wrong = ScriptCheck::new("reply", 0, &Check::new(&limits, 1), Mode::Check);
+    standalone()
+        .query::<()>(cmd("SET").arg(&wrong.keys()[0]).arg("not a log"))
+        .expect("SET");
+    let failed = call(&["a", "string", "b", "c"]);
+    assert_eq!(failed.len(), 3 * ROW_FIELDS + 1, "{failed:?}");
+    assert!(
+        matches!(&failed[ROW_FIELDS], Value::BulkString(text) if text.starts_with(b"WRONGTYPE")),
+        "{failed:?}"
+    );
+    assert_eq!(call(&["a"]).len(), ROW_FIELDS);
+}
