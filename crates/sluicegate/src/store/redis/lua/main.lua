@@ -459,7 +459,8 @@ local shapes, shape_count = {}, 0
 local p
 -- The last call's shapes as it gave them (its values from H on), and where they started:
 -- a call whose shapes are the same strings at the same place (no time of its own: the
--- common case) reads none of them again.
+-- common case) reads none of them again. So a shape holds only what its strings say;
+-- whatever else a check depends on (Redis TIME) is read per call, in run_check.
 local shapes_values, shapes_from = {}, false
 local function shapes_unchanged(from)
   if from ~= shapes_from then
