@@ -550,6 +550,8 @@ end
 -- own that took up its rule; false for a general call's first value, which has no ':'. At
 -- most SHORT_SHAPES_MAX, all forgotten at once past that.
 local SHORT_SHAPES_MAX = 256
+-- A short call's shape: RULE_VALUES values, the cost, the mode.
+local SHORT_SHAPE = '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):(.*)$'
 local short_shapes, short_shape_count = {}, 0
 local function short_shape_of(text)
   local shape = short_shapes[text]
@@ -557,11 +559,8 @@ local function short_shape_of(text)
     return shape
   end
   shape = false
-  if string.find(text, ':', 1, true) then
-    local values = {}
-    for value in string.gmatch(text, '[^:]+') do
-      values[#values + 1] = value
-    end
+  local values = {string.match(text, SHORT_SHAPE)}
+  if values[1] then
     local r, mode = new_rule_slot(), values[RULE_VALUES + 2]
     r.spec = text
     take_up(r, values, 0, steps_for(values, 0))
