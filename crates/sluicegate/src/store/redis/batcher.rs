@@ -19,7 +19,9 @@ use super::slots::{SlotMap, Slots};
 /// once for all, which is what lets one Redis decide more checks a second. A check never
 /// waits for others to join: while fewer than [`BATCHES_IN_FLIGHT`] calls are in flight it
 /// leaves at once, alone if it is alone; checks only gather while the calls in flight are
-/// out. Each check in a call is decided as if it were alone, in order.
+/// out. Nor does a check wait a turn of the runtime for the checks arriving with it: at
+/// 3,000 checks a second that made calls carry 2.5 checks instead of 1.9, and Redis spent
+/// no less time per decision. Each check in a call is decided as if it were alone, in order.
 ///
 /// On a Redis Cluster, each node's checks are gathered and bounded apart, as a single
 /// server's, by the slot map as last read ([`sort_by_node`], [`Target::split`]);
