@@ -12,7 +12,8 @@ use std::time::Duration;
 use sluicegate::internals::identity_slot;
 use sluicegate::redis::Scripting;
 use sluicegate::{
-    Algorithm, Charge, Check, Limit, Outcome, RedisStore, Rule, RuleSpec, Store, StoreError,
+    Algorithm, Charge, Check, Limit, Outcome, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store,
+    StoreError,
 };
 use sluicegate_test_support::{RedisCluster, RedisServer, cmd};
 use stores::store_at;
@@ -344,4 +345,165 @@ async fn migrate_under(
         assert_eq!(owner_of(key).port, target.port, "{key} did not move");
     }
     (admitted, errors)
+}
+
+/// `count` keys `{stem}:{i}` whose identities live on the master at `port` of `cluster`
+/// (`on` true), or on the other masters (`on` false).
+fn keys_by_node(
+    cluster: &RedisCluster,
+    stem: &str,
+    port: u16,
+    on: bool,
+    count: usize,
+) -> Vec<String> {
+    (0..)
+        .map(|i| format!("{stem}:{i}"))
+        .filter(|key| (cluster.master_of(identity_slot(key)).port == port) == on)
+        .take(count)
+        .collect()
+}
+
+/// Under load, the checks of one node's many slots gather into calls as a single
+/// server's do: its calls in flight are bounded per node, so 64 checks kept in flight on
+/// keys of one node (each its own slot, nearly always) go in calls of many checks each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_of_one_node_gather_under_load() {
+    const IN_FLIGHT: usize = 64;
+    const ROUNDS: usize = 25;
+    let cluster = cluster();
+    let store = store_at(&cluster.url(), "node-load", Scripting::Auto).await;
+    let rule = Rule::new(
+        "l",
+        &RuleSpec::new(Algorithm::FixedWindow, 1_000_000, Duration::from_secs(3600)),
+    )
+    .unwrap();
+    let node = cluster.master_of(identity_slot("loaded")).port;
+    let keys = keys_by_node(cluster, "loaded", node, true, IN_FLIGHT);
+    let before = store.script_calls();
+    let tasks: Vec<_> = keys
+        .into_iter()
+        .map(|key| {
+            let (store, rule) = (store.clone(), rule.clone());
+            tokio::spawn(async move {
+                let limits = [Limit {
+                    rule: &rule,
+                    key: &key,
+                }];
+                for _ in 0..ROUNDS {
+                    let outcome = store.check(&Check::new(&limits, 1)).await.expect("a check");
+                    assert!(outcome.decision.allowed, "{key}");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let after = store.script_calls();
+    let (calls, checks) = (after.calls - before.calls, after.checks - before.checks);
+    assert_eq!(checks, (IN_FLIGHT * ROUNDS) as u64);
+    assert!(
+        calls * 8 <= checks,
+        "{checks} checks of one node, {IN_FLIGHT} in flight, took {calls} calls"
+    );
+}
+
+/// One master stops answering (`CLIENT PAUSE`) while checks of every master are in flight:
+/// its own checks time out, and the other masters' checks are decided throughout, none of
+/// them held up behind its calls; once it answers again, its checks are decided again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_node_holds_up_only_its_own_checks() {
+    const TIMEOUT: Duration = Duration::from_millis(500);
+    const PAUSE: Duration = Duration::from_secs(3);
+    // Shorter than the pause by more than a timeout: every check of the stalled node is
+    // sent and answered while it is paused.
+    const LOAD: Duration = Duration::from_secs(2);
+    let cluster = RedisCluster::start(3, 0);
+    let mut config = RedisStoreConfig::new(&cluster.url());
+    config.prefix = stores::prefix("stalled-node");
+    config.timeout = TIMEOUT;
+    let store = RedisStore::connect(config).await.expect("connect");
+    let rule = Rule::new(
+        "s",
+        &RuleSpec::new(Algorithm::FixedWindow, 1_000_000, Duration::from_secs(3600)),
+    )
+    .unwrap();
+    let victim = cluster.master_of(identity_slot("stalled"));
+    let stalled_keys = keys_by_node(&cluster, "stalled", victim.port, true, 8);
+    let healthy_keys = keys_by_node(&cluster, "healthy", victim.port, false, 16);
+    let stalled_key = stalled_keys[0].clone();
+    for key in stalled_keys.iter().chain(&healthy_keys) {
+        check_one(&store, &rule, key, 1)
+            .await
+            .expect("before the pause");
+    }
+
+    victim
+        .query::<()>(
+            cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(PAUSE.as_millis().to_string())
+                .arg("ALL"),
+        )
+        .expect("CLIENT PAUSE");
+    let load_ends = tokio::time::Instant::now() + LOAD;
+    // The stalled node's checks keep coming, one per key every 10 ms, none awaited.
+    let stalled = {
+        let (store, rule) = (store.clone(), rule.clone());
+        tokio::spawn(async move {
+            let mut pace = tokio::time::interval(Duration::from_millis(10));
+            let mut checks = Vec::new();
+            while tokio::time::Instant::now() < load_ends {
+                pace.tick().await;
+                for key in &stalled_keys {
+                    let (store, rule, key) = (store.clone(), rule.clone(), key.clone());
+                    checks.push(tokio::spawn(async move {
+                        check_one(&store, &rule, &key, 1).await
+                    }));
+                }
+            }
+            let mut answers = Vec::new();
+            for check in checks {
+                answers.push(check.await.unwrap());
+            }
+            answers
+        })
+    };
+    let mut healthy_checks = 0;
+    while tokio::time::Instant::now() < load_ends {
+        let (admitted, errors) = at_once(&store, &rule, &healthy_keys, 1, false).await;
+        assert!(
+            errors.is_empty(),
+            "checks of healthy masters failed while another stalled: {errors:?}"
+        );
+        assert_eq!(admitted, vec![1; healthy_keys.len()]);
+        healthy_checks += healthy_keys.len();
+    }
+    let stalled = stalled.await.unwrap();
+    assert!(
+        healthy_checks >= 10 * healthy_keys.len(),
+        "only {healthy_checks} checks of healthy masters were decided in {LOAD:?}"
+    );
+    assert!(!stalled.is_empty());
+    for answer in &stalled {
+        assert!(
+            matches!(answer, Err(StoreError::Timeout { .. })),
+            "a check of the stalled master: {answer:?}"
+        );
+    }
+
+    // Once the pause is over, the stalled master's checks are decided again.
+    let deadline = tokio::time::Instant::now() + PAUSE + Duration::from_secs(10);
+    loop {
+        match check_one(&store, &rule, &stalled_key, 1).await {
+            Ok(outcome) => {
+                assert!(outcome.decision.allowed);
+                break;
+            }
+            Err(e) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "the master that stalled is still not answering: {e}"
+            ),
+        }
+    }
 }
