@@ -145,7 +145,15 @@ impl CallError {
             return StoreError::ClusterDown { server, message };
         }
         match self {
+            // The client's own response timeout is the same bound as ours (both the
+            // configured timeout), and which of the two fires first is a race: either way
+            // the call was sent and may have run.
             CallError::Timeout => StoreError::Timeout {
+                server,
+                key,
+                after: timeout,
+            },
+            CallError::Redis(e) if e.is_timeout() => StoreError::Timeout {
                 server,
                 key,
                 after: timeout,
@@ -256,6 +264,27 @@ mod tests {
             assert!(
                 matches!(&error, StoreError::Unavailable { server: s, message }
                     if s == server && message.contains("does not answer")),
+                "{error:?}"
+            );
+        }
+    }
+
+    /// A call the client's own response timeout ended is reported as a timeout, as one our
+    /// bound ended: the two bounds are one setting, and either may fire first.
+    #[test]
+    fn the_clients_own_timeout_is_reported_as_a_timeout() {
+        let server = "redis-cluster://127.0.0.1:7000";
+        let timeout = Duration::from_millis(500);
+        for call in [
+            CallError::Timeout,
+            CallError::Redis(RedisError::from(std::io::Error::from(
+                std::io::ErrorKind::TimedOut,
+            ))),
+        ] {
+            let error = call.into_store_error(server, timeout, Some("rl:{00ab}:s"));
+            assert!(
+                matches!(&error, StoreError::Timeout { server: s, after, .. }
+                    if s == server && *after == timeout),
                 "{error:?}"
             );
         }
