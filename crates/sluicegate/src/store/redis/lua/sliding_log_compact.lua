@@ -16,6 +16,11 @@
 local COMPACT_FIXED, COMPACT_STATE = 20, 4
 -- How many of the oldest entries evaluating reads at once (see evaluate).
 local COMPACT_FRONT = 8
+-- How many bytes of the string reading the header reads: the header and the ring's first
+-- entries, which evaluate and a rewrite then take from what was read, not with a command of
+-- their own (a command costs Redis thousands of instructions, a few hundred bytes more of
+-- a reply next to nothing). A ring of a limit of 100 or so is read whole.
+local COMPACT_READ = 512
 
 local function compact_log_steps(w)
   -- The header's struct format, the state's (its part from COMPACT_STATE on), an entry's,
@@ -44,16 +49,28 @@ local function compact_log_steps(w)
     set_latest(r, latest)
   end
 
-  -- Reads the header into `r`; false when there is no key.
+  -- Reads the header into `r`, and keeps the string's first COMPACT_READ bytes as read
+  -- (r.read) for what the check reads before it writes (read_bytes); false when there is
+  -- no key.
   local function read_header(r)
-    local header = call('GETRANGE', r.key, 0, RING - 1)
-    if #header ~= RING then
+    local read = call('GETRANGE', r.key, 0, COMPACT_READ - 1)
+    r.read = read
+    if #read < RING then
       return false
     end
     local latest
-    r.room, r.head, r.count, latest = unpack_struct(HEADER, header)
+    r.room, r.head, r.count, latest = unpack_struct(HEADER, read)
     set_latest(r, latest)
     return true
+  end
+
+  -- The string's `n` bytes from offset `o` (a check that has not written yet): from what
+  -- read_header read when they lie in it.
+  local function read_bytes(r, o, n)
+    if o + n <= #r.read then
+      return string.sub(r.read, o + 1, o + n)
+    end
+    return call('GETRANGE', r.key, o, o + n - 1)
   end
 
   local function evaluate(r, t, units)
@@ -71,8 +88,7 @@ local function compact_log_steps(w)
     if front > 0 and r.latest <= r.cutoff then
       r.expired, front = r.count, 0
     elseif front > 0 then
-      local o = RING + w * r.head
-      local entries = call('GETRANGE', r.key, o, o + w * front - 1)
+      local entries = read_bytes(r, RING + w * r.head, w * front)
       local cutoff = r.cutoff
       local expired = 0
       while expired < front
@@ -97,17 +113,17 @@ local function compact_log_steps(w)
     return r.live + units <= r.limit
   end
 
-  -- The `n` entries from index `i` on, as one string: one read, two if they wrap.
+  -- The `n` entries from index `i` on, as one string (before the check writes: read_bytes):
+  -- one read, two if they wrap.
   local function read_entries(r, i, n)
     if n == 0 then
       return ''
     end
     local start = (r.head + i) % r.room
     local fitting = min(n, r.room - start)
-    local o = RING + w * start
-    local entries = call('GETRANGE', r.key, o, o + w * fitting - 1)
+    local entries = read_bytes(r, RING + w * start, w * fitting)
     if fitting < n then
-      entries = entries .. call('GETRANGE', r.key, RING, RING + w * (n - fitting) - 1)
+      entries = entries .. read_bytes(r, RING, w * (n - fitting))
     end
     return entries
   end
