@@ -185,7 +185,10 @@ local function compact_log_steps(w)
   end
 
   -- `cost` entries at now after the live ones, in place while they fit the ring and the
-  -- string needs no more than half its length for them; otherwise rewritten.
+  -- string needs no more than half its length for them; otherwise rewritten. A string
+  -- read_header read whole, its new entries not wrapping, is written as it is now with one
+  -- SET and its TTL: the same bytes as the two writes in place and a PEXPIRE, in one
+  -- command (the string is at most COMPACT_READ bytes).
   local function record(r, cost, margin)
     local room, live = r.room, r.live
     local needed = live + cost
@@ -195,8 +198,20 @@ local function compact_log_steps(w)
       rewrite(r, cost, margin)
       return
     end
-    write_entries(r, r.expired + live, string.rep(pack(ENTRY, r.now % SPAN), cost))
-    write_state(r, (r.head + r.expired) % room, needed, r.now)
+    local entries = string.rep(pack(ENTRY, r.now % SPAN), cost)
+    local head = (r.head + r.expired) % room
+    local first = (head + live) % room
+    local read = r.read
+    if #read == RING + w * room and first + cost <= room then
+      local o = RING + w * first
+      call('SET', r.key, string.sub(read, 1, COMPACT_STATE) .. pack(STATE, head, needed, r.now)
+        .. string.sub(read, RING + 1, o) .. entries .. string.sub(read, o + w * cost + 1),
+        'PX', ttl_ms(r.window, margin))
+      set_latest(r, r.now)
+      return
+    end
+    write_entries(r, r.expired + live, entries)
+    write_state(r, head, needed, r.now)
     call('PEXPIRE', r.key, ttl_ms(r.window, margin))
   end
 
