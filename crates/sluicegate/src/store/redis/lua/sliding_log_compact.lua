@@ -33,25 +33,20 @@ local function compact_log_steps(w)
     return r.latest - (r.latest_residue - residue) % SPAN
   end
 
-  -- The time of entry i (from 0, oldest first).
-  local function entry(r, i)
-    local o = RING + w * ((r.head + i) % r.room)
-    return decoded(r, unpack_struct(ENTRY, call('GETRANGE', r.key, o, o + w - 1)))
-  end
-
   local function set_latest(r, latest)
     r.latest, r.latest_residue = latest, latest % SPAN
   end
 
   -- The header's head, count and latest time (room stays).
   local function write_state(r, head, count, latest)
+    r.read = ''
     call('SETRANGE', r.key, COMPACT_STATE, pack(STATE, head, count, latest))
     set_latest(r, latest)
   end
 
   -- Reads the header into `r`, and keeps the string's first COMPACT_READ bytes as read
-  -- (r.read) for what the check reads before it writes (read_bytes); false when there is
-  -- no key.
+  -- (r.read) for what the check reads until it writes (read_bytes); false when there is no
+  -- key.
   local function read_header(r)
     local read = call('GETRANGE', r.key, 0, COMPACT_READ - 1)
     r.read = read
@@ -64,13 +59,18 @@ local function compact_log_steps(w)
     return true
   end
 
-  -- The string's `n` bytes from offset `o` (a check that has not written yet): from what
-  -- read_header read when they lie in it.
+  -- The string's `n` bytes from offset `o`: from what read_header read when they lie in it
+  -- and the check has not written since (every write forgets it).
   local function read_bytes(r, o, n)
     if o + n <= #r.read then
       return string.sub(r.read, o + 1, o + n)
     end
     return call('GETRANGE', r.key, o, o + n - 1)
+  end
+
+  -- The time of entry i (from 0, oldest first).
+  local function entry(r, i)
+    return decoded(r, unpack_struct(ENTRY, read_bytes(r, RING + w * ((r.head + i) % r.room), w)))
   end
 
   local function evaluate(r, t, units)
@@ -134,6 +134,7 @@ local function compact_log_steps(w)
     if n == 0 then
       return
     end
+    r.read = ''
     local start = (r.head + i) % r.room
     local fitting = min(n, r.room - start)
     if fitting == n then
@@ -177,7 +178,7 @@ local function compact_log_steps(w)
     local live, now = r.live, r.now
     local needed = live + cost
     local entries = read_entries(r, r.expired, live)
-    r.room = room_for(needed, r.limit)
+    r.room, r.read = room_for(needed, r.limit), ''
     call('SET', r.key, pack(HEADER, r.room, 0, needed, now) .. entries
       .. string.rep(pack(ENTRY, now % SPAN), cost) .. string.rep('\0', w * (r.room - needed)),
       'PX', ttl_ms(r.window, margin))
@@ -204,6 +205,7 @@ local function compact_log_steps(w)
     local read = r.read
     if #read == RING + w * room and first + cost <= room then
       local o = RING + w * first
+      r.read = ''
       call('SET', r.key, string.sub(read, 1, COMPACT_STATE) .. pack(STATE, head, needed, r.now)
         .. string.sub(read, RING + 1, o) .. entries .. string.sub(read, o + w * cost + 1),
         'PX', ttl_ms(r.window, margin))
@@ -238,6 +240,7 @@ local function compact_log_steps(w)
     end
     local count = r.live - taken
     if count == 0 then
+      r.read = ''
       call('DEL', r.key)
       return true
     end
@@ -279,6 +282,7 @@ local function compact_log_steps(w)
     local removed = min(cost, held)
     local count = r.count - removed
     if count == 0 then
+      r.read = ''
       call('DEL', r.key)
       return
     end
