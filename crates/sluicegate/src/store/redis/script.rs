@@ -133,6 +133,27 @@ impl Row {
 /// retry_after (-1 never), reset_after, delay, time decided at.
 pub(super) type ScriptRow = [i64; ROW_FIELDS];
 const ROW_FIELDS: usize = 6;
+/// A short check's answer (its check [`ScriptCheck::is_short`]) is a row but the time,
+/// which only a check that recorded needs: its status is then `-1 - time`.
+const SHORT_ROW_FIELDS: usize = 5;
+
+/// The row of a short check's answer.
+fn short_row(fields: &[i64]) -> ScriptRow {
+    let [status, remaining, retry, reset, delay] = fields.try_into().expect("a short row");
+    match status {
+        // Recorded at -1 - status (always allowed: a refusal that records is charged, not
+        // given back).
+        ..0 => [
+            code::ALLOWS | code::RECORDED,
+            remaining,
+            retry,
+            reset,
+            delay,
+            -1 - status,
+        ],
+        _ => [status, remaining, retry, reset, delay, 0],
+    }
+}
 
 /// Whether any of a check's `rows` recorded units.
 pub(super) fn recorded(rows: &[ScriptRow]) -> bool {
@@ -424,16 +445,24 @@ pub(super) fn split_answers(
             )),
             Some(redis::Value::Int(code::GIVEN_BACK)) if check.mode == code::UNDO => Ok(Vec::new()),
             Some(redis::Value::Int(first)) if check.mode != code::UNDO => {
+                let short = check.is_short();
+                let row_fields = if short { SHORT_ROW_FIELDS } else { ROW_FIELDS };
                 let mut fields = vec![first];
-                while fields.len() < ROW_FIELDS * check.rules.len() {
+                while fields.len() < row_fields * check.rules.len() {
                     match values.next() {
                         Some(redis::Value::Int(field)) => fields.push(field),
                         _ => return Err(malformed("short row")),
                     }
                 }
                 Ok(fields
-                    .chunks_exact(ROW_FIELDS)
-                    .map(|row| row.try_into().expect("chunks of a row's length"))
+                    .chunks_exact(row_fields)
+                    .map(|row| {
+                        if short {
+                            short_row(row)
+                        } else {
+                            row.try_into().expect("chunks of a row's length")
+                        }
+                    })
                     .collect())
             }
             _ => return Err(malformed("unexpected value")),
@@ -603,5 +632,13 @@ mod tests {
         assert_eq!(row.recorded_at, None);
         let row = Row::new([3, 4, 0, 10, 3, 77], 5);
         assert_eq!((row.decision.delay, row.recorded_at), (3, Some(77)));
+    }
+
+    #[test]
+    fn a_short_row_carries_the_time_only_when_it_recorded() {
+        assert_eq!(short_row(&[-78, 4, 0, 10, 3]), [3, 4, 0, 10, 3, 77]);
+        assert_eq!(short_row(&[-1, 4, 0, 10, 0]), [3, 4, 0, 10, 0, 0]);
+        assert_eq!(short_row(&[1, 4, 0, 10, 0]), [1, 4, 0, 10, 0, 0]);
+        assert_eq!(short_row(&[0, 0, -1, 10, 0]), [0, 0, -1, 10, 0, 0]);
     }
 }

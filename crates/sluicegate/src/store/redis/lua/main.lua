@@ -11,7 +11,7 @@ local function new_rule_slot()
     spec = false, algorithm = 0, limit = 0, window = 0, buckets = 0, capacity = 0,
     interval = 0, jitter = 0, key = false, ids = false, releases = false, now = 0, latest = false,
     live = 0, expired = 0, cutoff = 0, head = 0, count = 0, new_key = false,
-    latest_residue = 0, room = 0,
+    latest_residue = 0, room = 0, read = '',
     repeat_release = false, verdict = false, cost = 0, units = 0, repeated = false,
     reserved = 0, reserved_at = 0, reserved_tat = 0,
     evaluate = false, record = false, answer = false, give_back = false, report = false,
@@ -226,16 +226,27 @@ local routed = false
 -- part way.
 local results, result_count, results_held = {}, 0, 0
 
--- Appends one rule's numbers to `results`.
-local function add_result(status, remaining, retry, reset, delay, now)
+-- Appends one rule's numbers but the last (the time decided at). A short check's answer
+-- stops there (run_short): only a check that recorded needs the time (its units are given
+-- back at it), and its status says it, RECORDED_AT - that time in place of its status
+-- (prelude.lua's header). A number fewer per check in a reply Redis converts number by
+-- number.
+local RECORDED_AT = -1
+local function add_answer(status, remaining, retry, reset, delay)
   local n = result_count
   results[n + 1] = status
   results[n + 2] = remaining
   results[n + 3] = retry
   results[n + 4] = reset
   results[n + 5] = delay
-  results[n + 6] = now
-  result_count = n + 6
+  result_count = n + 5
+end
+
+-- Appends one rule's numbers to `results`.
+local function add_result(status, remaining, retry, reset, delay, now)
+  add_answer(status, remaining, retry, reset, delay)
+  result_count = result_count + 1
+  results[result_count] = now
 end
 
 -- A report, settle or refund (docs/SPEC.md, "Usage"), its keys after KEYS index `k`: never
@@ -326,19 +337,19 @@ local function run_short(r, t, cost, dry, charge, margin)
       r.count = r.count + units_charged
     end
     local remaining, retry, reset, delay = r:answer(false, not never, units)
-    add_result(0, remaining, never and NEVER or retry, reset, delay, r.now)
+    add_answer(0, remaining, never and NEVER or retry, reset, delay)
     return
   end
   if dry then
     local remaining, retry, reset, delay = r:answer(false, false, units)
-    add_result(ALLOWS, remaining, retry, reset, delay, r.now)
+    add_answer(ALLOWS, remaining, retry, reset, delay)
     return
   end
   if cost > 0 then
     r:record(cost, margin)
   end
   local remaining, retry, reset, delay = r:answer(true, false, units)
-  add_result(cost > 0 and ALLOWS + RECORDED or ALLOWS, remaining, retry, reset, delay, r.now)
+  add_answer(cost > 0 and RECORDED_AT - r.now or ALLOWS, remaining, retry, reset, delay)
 end
 
 -- One check of the given shape, its keys after KEYS index `k`; appends its numbers to

@@ -103,8 +103,10 @@
 -- wait will do), reset_after, delay, time decided at} (for REPORT, SETTLE and REFUND the
 -- standing after it, for one unit, and never RECORDED: nothing of theirs is given back);
 -- for an UNDO, the single number
--- GIVEN_BACK; for a check that failed, in place of its numbers, the error's text. Every
--- number stays below 2^53 (rules are validated for it).
+-- GIVEN_BACK; for a check the short path decides, 5 numbers, those but the time, and the
+-- status of one that recorded is -1 - that time (main.lua, add_answer); for a check that
+-- failed, in place of its numbers, the error's text. Every number stays below 2^53 (rules
+-- are validated for it).
 
 -- The codes of the arguments and the reply, by name. store/redis/script.rs (`mod code`)
 -- names the same codes: the two must match.

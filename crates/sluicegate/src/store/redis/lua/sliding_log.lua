@@ -32,17 +32,16 @@ end
 
 -- The steps of the ZSET layout.
 local function zset_log_steps()
-  -- A member: "time:<digits of n><n>".
-  local MEMBER = INT .. ':%d' .. INT
+  -- The number of digits of a whole number below 2^53, as text, by that number.
+  local DIGIT_COUNTS = {
+    '1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12', '13', '14', '15', '16',
+  }
 
-  -- Decimal digits of a whole number n >= 1.
-  local function digits(n)
-    local d = 1
-    while n >= 10 do
-      n = floor(n / 10)
-      d = d + 1
-    end
-    return d
+  -- A member: "time:<digits of n><n>", from `stamp`, the time as int wrote it: the
+  -- parts joined by one concatenation (string.format would write the numbers anew).
+  local function member(stamp, n)
+    local written_n = int(n)
+    return stamp .. ':' .. DIGIT_COUNTS[#written_n] .. written_n
   end
 
   local function entry(r, i)
@@ -85,15 +84,15 @@ local function zset_log_steps()
 
   -- Members "time:n" for n = first .. last, at `now`.
   local function add_members(key, now, first, last)
+    local stamp = int(now)
     if first == last then
-      call('ZADD', key, int(now), format(MEMBER, now, digits(first), first))
+      call('ZADD', key, stamp, member(stamp, first))
       return
     end
-    local stamp = int(now)
     local args = {}
     for n = first, last do
       args[#args + 1] = stamp
-      args[#args + 1] = format(MEMBER, now, digits(n), n)
+      args[#args + 1] = member(stamp, n)
       if #args >= 1000 then
         call('ZADD', key, unpack(args))
         args = {}

@@ -16,6 +16,11 @@
 local COMPACT_FIXED, COMPACT_STATE = 20, 4
 -- How many of the oldest entries evaluating reads at once (see evaluate).
 local COMPACT_FRONT = 8
+-- How many bytes of the string reading the header reads: the header and the ring's first
+-- entries, which evaluate and a rewrite then take from what was read, not with a command of
+-- their own (a command costs Redis thousands of instructions, a few hundred bytes more of
+-- a reply next to nothing). A ring of a limit of 100 or so is read whole.
+local COMPACT_READ = 512
 
 local function compact_log_steps(w)
   -- The header's struct format, the state's (its part from COMPACT_STATE on), an entry's,
@@ -28,32 +33,44 @@ local function compact_log_steps(w)
     return r.latest - (r.latest_residue - residue) % SPAN
   end
 
-  -- The time of entry i (from 0, oldest first).
-  local function entry(r, i)
-    local o = RING + w * ((r.head + i) % r.room)
-    return decoded(r, unpack_struct(ENTRY, call('GETRANGE', r.key, o, o + w - 1)))
-  end
-
   local function set_latest(r, latest)
     r.latest, r.latest_residue = latest, latest % SPAN
   end
 
   -- The header's head, count and latest time (room stays).
   local function write_state(r, head, count, latest)
+    r.read = ''
     call('SETRANGE', r.key, COMPACT_STATE, pack(STATE, head, count, latest))
     set_latest(r, latest)
   end
 
-  -- Reads the header into `r`; false when there is no key.
+  -- Reads the header into `r`, and keeps the string's first COMPACT_READ bytes as read
+  -- (r.read) for what the check reads until it writes (read_bytes); false when there is no
+  -- key.
   local function read_header(r)
-    local header = call('GETRANGE', r.key, 0, RING - 1)
-    if #header ~= RING then
+    local read = call('GETRANGE', r.key, 0, COMPACT_READ - 1)
+    r.read = read
+    if #read < RING then
       return false
     end
     local latest
-    r.room, r.head, r.count, latest = unpack_struct(HEADER, header)
+    r.room, r.head, r.count, latest = unpack_struct(HEADER, read)
     set_latest(r, latest)
     return true
+  end
+
+  -- The string's `n` bytes from offset `o`: from what read_header read when they lie in it
+  -- and the check has not written since (every write forgets it).
+  local function read_bytes(r, o, n)
+    if o + n <= #r.read then
+      return string.sub(r.read, o + 1, o + n)
+    end
+    return call('GETRANGE', r.key, o, o + n - 1)
+  end
+
+  -- The time of entry i (from 0, oldest first).
+  local function entry(r, i)
+    return decoded(r, unpack_struct(ENTRY, read_bytes(r, RING + w * ((r.head + i) % r.room), w)))
   end
 
   local function evaluate(r, t, units)
@@ -71,8 +88,7 @@ local function compact_log_steps(w)
     if front > 0 and r.latest <= r.cutoff then
       r.expired, front = r.count, 0
     elseif front > 0 then
-      local o = RING + w * r.head
-      local entries = call('GETRANGE', r.key, o, o + w * front - 1)
+      local entries = read_bytes(r, RING + w * r.head, w * front)
       local cutoff = r.cutoff
       local expired = 0
       while expired < front
@@ -97,17 +113,17 @@ local function compact_log_steps(w)
     return r.live + units <= r.limit
   end
 
-  -- The `n` entries from index `i` on, as one string: one read, two if they wrap.
+  -- The `n` entries from index `i` on, as one string (before the check writes: read_bytes):
+  -- one read, two if they wrap.
   local function read_entries(r, i, n)
     if n == 0 then
       return ''
     end
     local start = (r.head + i) % r.room
     local fitting = min(n, r.room - start)
-    local o = RING + w * start
-    local entries = call('GETRANGE', r.key, o, o + w * fitting - 1)
+    local entries = read_bytes(r, RING + w * start, w * fitting)
     if fitting < n then
-      entries = entries .. call('GETRANGE', r.key, RING, RING + w * (n - fitting) - 1)
+      entries = entries .. read_bytes(r, RING, w * (n - fitting))
     end
     return entries
   end
@@ -118,6 +134,7 @@ local function compact_log_steps(w)
     if n == 0 then
       return
     end
+    r.read = ''
     local start = (r.head + i) % r.room
     local fitting = min(n, r.room - start)
     if fitting == n then
@@ -161,7 +178,7 @@ local function compact_log_steps(w)
     local live, now = r.live, r.now
     local needed = live + cost
     local entries = read_entries(r, r.expired, live)
-    r.room = room_for(needed, r.limit)
+    r.room, r.read = room_for(needed, r.limit), ''
     call('SET', r.key, pack(HEADER, r.room, 0, needed, now) .. entries
       .. string.rep(pack(ENTRY, now % SPAN), cost) .. string.rep('\0', w * (r.room - needed)),
       'PX', ttl_ms(r.window, margin))
@@ -169,7 +186,10 @@ local function compact_log_steps(w)
   end
 
   -- `cost` entries at now after the live ones, in place while they fit the ring and the
-  -- string needs no more than half its length for them; otherwise rewritten.
+  -- string needs no more than half its length for them; otherwise rewritten. A string
+  -- read_header read whole, its new entries not wrapping, is written as it is now with one
+  -- SET and its TTL: the same bytes as the two writes in place and a PEXPIRE, in one
+  -- command (the string is at most COMPACT_READ bytes).
   local function record(r, cost, margin)
     local room, live = r.room, r.live
     local needed = live + cost
@@ -179,8 +199,21 @@ local function compact_log_steps(w)
       rewrite(r, cost, margin)
       return
     end
-    write_entries(r, r.expired + live, string.rep(pack(ENTRY, r.now % SPAN), cost))
-    write_state(r, (r.head + r.expired) % room, needed, r.now)
+    local entries = string.rep(pack(ENTRY, r.now % SPAN), cost)
+    local head = (r.head + r.expired) % room
+    local first = (head + live) % room
+    local read = r.read
+    if #read == RING + w * room and first + cost <= room then
+      local o = RING + w * first
+      r.read = ''
+      call('SET', r.key, string.sub(read, 1, COMPACT_STATE) .. pack(STATE, head, needed, r.now)
+        .. string.sub(read, RING + 1, o) .. entries .. string.sub(read, o + w * cost + 1),
+        'PX', ttl_ms(r.window, margin))
+      set_latest(r, r.now)
+      return
+    end
+    write_entries(r, r.expired + live, entries)
+    write_state(r, head, needed, r.now)
     call('PEXPIRE', r.key, ttl_ms(r.window, margin))
   end
 
@@ -207,6 +240,7 @@ local function compact_log_steps(w)
     end
     local count = r.live - taken
     if count == 0 then
+      r.read = ''
       call('DEL', r.key)
       return true
     end
@@ -248,6 +282,7 @@ local function compact_log_steps(w)
     local removed = min(cost, held)
     local count = r.count - removed
     if count == 0 then
+      r.read = ''
       call('DEL', r.key)
       return
     end
