@@ -360,3 +360,90 @@ fn a_fixed_windows_lease_ends_with_its_window() {
     assert_eq!(most, 4, "{:?}", run.admitted);
     assert_eq!(run.admitted.len(), 5, "{:?}", run.admitted);
 }
+
+/// Four instances, each its own connections and leases, on one real Redis, a hot key
+/// checked by eight workers per instance until six times its limit was asked for: never
+/// more than L in the window (a sliding log of a minute, longer than the run), no more
+/// than k − 1 per instance left unspent, and about one script call per k admissions (the
+/// negative cache on, as the service runs it: refusals are answered locally).
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn four_instances_on_one_redis_call_it_once_per_k_and_never_admit_past_the_limit() {
+    use sluicegate::RedisStore;
+    use sluicegate::redis::Scripting;
+    use sluicegate_test_support::RedisServer;
+
+    use crate::redis_trace::stores;
+
+    const WORKERS: usize = 8;
+    let redis = RedisServer::start(&[]);
+    let (limit, units) = (2_000u64, 20u64);
+    for layout in [sluicegate::LogLayout::Zset, sluicegate::LogLayout::Compact] {
+        let name = format!("leases-{}", layout.name());
+        let spec = RuleSpec {
+            layout: Some(layout),
+            ..RuleSpec::new(Algorithm::SlidingLog, limit, Duration::from_secs(60))
+        };
+        // Spent within 30 s: no lease expires while a loaded machine runs the test.
+        let rule = Rule::new(&name, &spec)
+            .unwrap()
+            .with_lease(units, Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut limiters: Vec<Arc<Limiter<RedisStore>>> = Vec::new();
+        for _ in 0..INSTANCES {
+            let store = stores::store_at(&redis.url(), &name, Scripting::Auto).await;
+            let config = LimiterConfig {
+                negative_cache_entries: 1_000,
+                ..LimiterConfig::default()
+            };
+            limiters.push(Arc::new(Limiter::with_config(store, config)));
+        }
+        let per_worker = 6 * limit / (INSTANCES * WORKERS) as u64;
+        let mut workers = tokio::task::JoinSet::new();
+        for limiter in &limiters {
+            for _ in 0..WORKERS {
+                let (limiter, rule) = (Arc::clone(limiter), rule.clone());
+                workers.spawn(async move {
+                    let mut admitted = 0u64;
+                    for _ in 0..per_worker {
+                        let decision = limiter.check(&rule, "hot", 1).await.unwrap();
+                        admitted += u64::from(decision.allowed);
+                    }
+                    admitted
+                });
+            }
+        }
+        let mut admitted = 0;
+        while let Some(worker) = workers.join_next().await {
+            admitted += worker.unwrap();
+        }
+        let decisions = per_worker * (INSTANCES * WORKERS) as u64;
+        let sent = limiters.iter().map(|l| l.store().script_calls());
+        let (calls, checks) = sent.fold((0, 0), |(calls, checks), s| {
+            (calls + s.calls, checks + s.checks)
+        });
+        let from_leases: u64 = limiters.iter().map(|l| l.stats().lease_decisions).sum();
+        println!(
+            "redis sliding log ({}) L={limit} k={units}, 4 instances × {WORKERS} workers: \
+             {admitted} admitted of {decisions} decisions ({from_leases} from leases), \
+             {calls} script calls carrying {checks} checks: {:.4} calls per admission, \
+             {:.4} per decision",
+            layout.name(),
+            calls as f64 / admitted as f64,
+            calls as f64 / decisions as f64
+        );
+        assert!(admitted <= limit, "{admitted} admitted past {limit}");
+        assert!(
+            admitted >= limit - INSTANCES as u64 * (units - 1),
+            "{admitted} admitted: more than k − 1 per instance left unspent"
+        );
+        // A take per k admissions; and per instance, a few calls when the takes are
+        // refused and the checks alone fill the limit, and the refusals the negative cache
+        // learns from.
+        let most_calls = admitted / units + (INSTANCES * WORKERS * 4) as u64;
+        assert!(
+            calls <= most_calls,
+            "{calls} script calls for {admitted} admissions and {decisions} decisions"
+        );
+    }
+}
