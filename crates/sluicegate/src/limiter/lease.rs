@@ -154,6 +154,11 @@ impl Leases {
             reset_after: held.reset_at.saturating_sub(now),
             delay: 0,
         };
+        if held.units == 0 {
+            let (gone, _) = found.remove();
+            drop(shard);
+            self.table.give_back(held_bytes(&gone.key));
+        }
         Some(decision)
     }
 
@@ -182,7 +187,8 @@ impl Leases {
         let reset_at = sent.saturating_add(taken.reset_after);
         let hash = self.hash(limit);
         let add = |held: &mut Held| {
-            if held.until <= now {
+            // Units of two takes share the earlier deadline; none left, none to share it.
+            if held.until <= now || held.units == 0 {
                 held.units = left;
                 held.until = until;
             } else {

@@ -447,3 +447,62 @@ async fn four_instances_on_one_redis_call_it_once_per_k_and_never_admit_past_the
         );
     }
 }
+
+/// Saturated for five seconds (a check every 100 µs at four instances in turn, k = 10): a
+/// sliding log of 1000 per second with a lease admits 1000 per W + D (D = 10 ms) less what
+/// the instances hold, and a token bucket of 1000 per second its rate and its burst cut by
+/// ⌈D / T⌉ = 10, less what they hold.
+#[test]
+fn saturated_a_sliding_log_and_a_token_bucket_lose_what_docs_spec_says() {
+    let (limit, units, held) = (1_000u64, 10u64, INSTANCES as u64 * 9);
+    let arrivals: Vec<Arrival> = (0..50_000u64)
+        .map(|i| Arrival {
+            instance: (i % INSTANCES as u64) as usize,
+            gap: 100,
+            cost: 1,
+        })
+        .collect();
+    // The run spans 5 s less 100 µs.
+    let span = 50_000 * 100 - 100;
+    for algorithm in [Algorithm::SlidingLog, Algorithm::TokenBucket] {
+        let spec = RuleSpec::new(algorithm, limit, Duration::from_secs(1));
+        let rule = Rule::new("hot", &spec)
+            .unwrap()
+            .with_lease(units, None)
+            .unwrap();
+        let run = run(&rule, &arrivals, &LimiterConfig::default());
+        let admitted: u64 = run.admitted.iter().map(|(_, c)| c).sum();
+        let (least, most) = match algorithm {
+            // Every W + D = 1.01 s holds L, but for what is held; a window of the log
+            // begins at the first admission.
+            Algorithm::SlidingLog => (
+                (span / 1_010_000 + 1) * limit - held,
+                (span / 1_010_000 + 1) * limit,
+            ),
+            // The burst (1000 − 10) at once, then one unit per 1000 µs.
+            _ => (
+                limit - 10 + span / 1_000 - held,
+                limit - 10 + span / 1_000 + 1,
+            ),
+        };
+        println!(
+            "{algorithm} L={limit}/s k={units}, 4 instances saturated for 5 s: admitted \
+             {admitted} ({} without a lease would be {}), {} store calls",
+            if algorithm == Algorithm::SlidingLog {
+                "at most"
+            } else {
+                "exactly"
+            },
+            if algorithm == Algorithm::SlidingLog {
+                5 * limit
+            } else {
+                limit + span / 1_000
+            },
+            run.store_calls
+        );
+        assert!(
+            (least..=most).contains(&admitted),
+            "{algorithm}: {admitted} admitted, not within {least}..={most}"
+        );
+    }
+}
