@@ -363,46 +363,31 @@ impl<S: Store> Limiter<S> {
 
     /// Decides a check of any shape: several limits (all-or-nothing), a request id, the
     /// caller's clock.
-    pub async fn decide(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
+    pub fn decide<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+    ) -> impl Future<Output = Result<Outcome, StoreError>> + 'a {
+        // Not an async fn around another: every check's future would hold both.
+        self.decide_leasing(check, true)
+    }
+
+    /// Decides `check`; with `leasing`, a check of a leased rule from this instance's lease
+    /// of its key when it may be.
+    async fn decide_leasing(
+        &self,
+        check: &Check<'_>,
+        leasing: bool,
+    ) -> Result<Outcome, StoreError> {
         check.validate()?;
-        if Leases::applies(check).is_some() {
-            let limit = &check.limits[0];
-            let hash = self.leases.hash(limit);
+        if leasing && Leases::applies(check).is_some() {
+            let hash = self.leases.hash(&check.limits[0]);
             if let Some(spent) = self.spend_lease(check, hash) {
                 return Ok(spent);
             }
-            // One take of a key at a time: checks that come meanwhile spend from it.
-            match self.lease_takes.join(hash) {
-                Joined::Lead(leading) => {
-                    let outcome = self.decide_at_store(check).await;
-                    drop(leading);
-                    return outcome;
-                }
-                Joined::Wait(taken) => {
-                    taken.await;
-                    if let Some(spent) = self.spend_lease(check, hash) {
-                        return Ok(spent);
-                    }
-                }
-            }
+            // Boxed, a take's future is allocated only by the checks that take, and does
+            // not grow every check's future.
+            return Box::pin(self.take_lease(check, hash)).await;
         }
-        self.decide_at_store(check).await
-    }
-
-    /// A check of a leased rule answered from this instance's lease of its key (filed
-    /// under `hash`), counted, if it holds enough units that may still be spent.
-    fn spend_lease(&self, check: &Check<'_>, hash: u64) -> Option<Outcome> {
-        let now = self.clock.now_micros();
-        let decision = self.leases.spend(&check.limits[0], hash, check.cost, now)?;
-        self.stats.lease_decisions.fetch_add(1, Ordering::Relaxed);
-        let mut outcome = Outcome::single(decision);
-        outcome.decided_by = DecidedBy::Lease;
-        Some(outcome)
-    }
-
-    /// Decides `check` by the store, through the negative cache and the checks in flight
-    /// when they apply.
-    async fn decide_at_store(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
         let Some(negative) = self
             .negative
             .as_ref()
@@ -431,6 +416,37 @@ impl<S: Store> Limiter<S> {
         // look again.
         drop(leading);
         outcome
+    }
+
+    /// Decides a check of a leased rule that this instance's lease of its key (filed under
+    /// `hash`) could not answer: one take of a key at a time, and checks that come
+    /// meanwhile spend from it.
+    async fn take_lease(&self, check: &Check<'_>, hash: u64) -> Result<Outcome, StoreError> {
+        match self.lease_takes.join(hash) {
+            Joined::Lead(leading) => {
+                let outcome = self.decide_leasing(check, false).await;
+                drop(leading);
+                outcome
+            }
+            Joined::Wait(taken) => {
+                taken.await;
+                match self.spend_lease(check, hash) {
+                    Some(spent) => Ok(spent),
+                    None => self.decide_leasing(check, false).await,
+                }
+            }
+        }
+    }
+
+    /// A check of a leased rule answered from this instance's lease of its key (filed
+    /// under `hash`), counted, if it holds enough units that may still be spent.
+    fn spend_lease(&self, check: &Check<'_>, hash: u64) -> Option<Outcome> {
+        let now = self.clock.now_micros();
+        let decision = self.leases.spend(&check.limits[0], hash, check.cost, now)?;
+        self.stats.lease_decisions.fetch_add(1, Ordering::Relaxed);
+        let mut outcome = Outcome::single(decision);
+        outcome.decided_by = DecidedBy::Lease;
+        Some(outcome)
     }
 
     /// The negative cache's refusal of `check` (its limits hashed to `hash`), counted.
@@ -506,7 +522,11 @@ impl<S: Store> Limiter<S> {
                     .await
                 };
                 let answer = match written_back {
-                    Ok(()) => self.ask_store(check, now).await,
+                    Ok(()) if check.limits[0].rule.lease().is_none() => {
+                        self.store.check(check).await
+                    }
+                    // Boxed, as the write-back: a take holds two store checks.
+                    Ok(()) => Box::pin(self.take(check, now)).await,
                     Err(e) => Err(e),
                 };
                 drop(freeing);
@@ -555,11 +575,11 @@ impl<S: Store> Limiter<S> {
         self.fall_back(check, &nodes, error)
     }
 
-    /// The store's answer to `check`, sent at `now`. Under a lease, a take of its k units
-    /// whose admission answers the check and leaves the rest to spend here; when the take
-    /// is refused (fewer than k left) or not the store's (a full store decided it), the
-    /// check alone, so that the answer is what it would be without the lease.
-    async fn ask_store(&self, check: &Check<'_>, now: u64) -> Result<Outcome, StoreError> {
+    /// The store's answer to `check` of a rule with a lease, sent at `now`: a take of its k
+    /// units whose admission answers the check and leaves the rest to spend here; when the
+    /// take is refused (fewer than k left) or not the store's (a full store decided it),
+    /// the check alone, so that the answer is what it would be without the lease.
+    async fn take(&self, check: &Check<'_>, now: u64) -> Result<Outcome, StoreError> {
         let Some(lease) = Leases::applies(check) else {
             return self.store.check(check).await;
         };
