@@ -31,7 +31,7 @@ pub use limiter::{
     NodeBreaker,
 };
 pub use policy::{FailurePolicy, OnStoreReset};
-pub use rule::{Algorithm, LogLayout, Rule, RuleError, RuleSpec};
+pub use rule::{Algorithm, Lease, LogLayout, Rule, RuleError, RuleSpec};
 pub use store::{
     AnyStore, Charge, Check, DecidedBy, Durability, Limit, MemoryStore, MemoryStoreConfig, NodeId,
     Nodes, Outcome, RequestIdConflict, RequestUse, Store, StoreError, StoreOptions, StoreUrl,

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_saphyr::Spanned;
 use sluicegate::internals::parse_duration;
-use sluicegate::{Algorithm, FailurePolicy, LogLayout, Rule, RuleSpec};
+use sluicegate::{Algorithm, FailurePolicy, LogLayout, Rule, RuleError, RuleSpec};
 
 /// The algorithm of a `rate_limit` that names none, unless the server is told another
 /// (`--default-algorithm`; `fixed-window` reproduces envoyproxy/ratelimit exactly).
@@ -94,6 +94,9 @@ pub(super) struct RawRateLimit {
     pub(super) name: Option<String>,
     pub(super) replaces: Vec<String>,
     pub(super) on_store_error: Option<FailurePolicy>,
+    /// `lease: k` and `lease_for`: k units of a key taken from the store at once, spent
+    /// within `lease_for` (docs/SPEC.md, "Leases").
+    pub(super) lease: Option<(u64, Option<Duration>)>,
     /// `usage: true`: its descriptors may carry a mode and a request id (docs/SPEC.md,
     /// "Envoy compatibility: counting").
     pub(super) usage: bool,
@@ -120,6 +123,8 @@ struct RateLimitFields {
     queue: Option<u64>,
     layout: Option<String>,
     on_store_error: Option<String>,
+    lease: Option<u64>,
+    lease_for: Option<String>,
     #[serde(default)]
     replaces: Vec<Replace>,
     usage: Option<bool>,
@@ -144,6 +149,19 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
         if f.unlimited {
             return unlimited(f, replaces);
         }
+        let lease_for = f
+            .lease_for
+            .as_deref()
+            .map(|d| parse_duration(d).map_err(|e| format!("rate_limit.lease_for: {e}")))
+            .transpose()?
+            .map(Duration::from_micros);
+        let lease = match (f.lease, lease_for) {
+            (Some(units), spend_within) => Some((units, spend_within)),
+            (None, Some(_)) => {
+                return Err("rate_limit.lease_for: applies only beside a lease".into());
+            }
+            (None, None) => None,
+        };
         let window = match (&f.unit, &f.window) {
             (Some(_), Some(_)) => {
                 return Err("rate_limit.window: give either unit or window, not both".into());
@@ -167,6 +185,11 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
                     "rate_limit.usage: a block (no requests_per_unit) takes no usage".into(),
                 );
             }
+            None | Some(0) if lease.is_some() => {
+                return Err(
+                    "rate_limit.lease: a block (no requests_per_unit) takes no lease".into(),
+                );
+            }
             None | Some(0) => {
                 return Ok(RawRateLimit {
                     spec: None,
@@ -175,6 +198,7 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
                     name: f.name,
                     replaces,
                     on_store_error: None,
+                    lease: None,
                     usage: false,
                 });
             }
@@ -208,7 +232,9 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
         // builds the named rule again. A rule without an algorithm is checked there, under
         // the server's default (its error names the descriptor path, not the line).
         if algorithm_given {
-            Rule::new("check", &spec).map_err(|e| format!("rate_limit.{e}"))?;
+            Rule::new("check", &spec)
+                .and_then(|rule| with_lease(rule, lease))
+                .map_err(|e| format!("rate_limit.{e}"))?;
         }
         Ok(RawRateLimit {
             spec: Some(spec),
@@ -217,8 +243,20 @@ impl TryFrom<RateLimitFields> for RawRateLimit {
             name: f.name,
             replaces,
             on_store_error,
+            lease,
             usage: f.usage.unwrap_or(false),
         })
+    }
+}
+
+/// `rule` with the `lease` a `rate_limit` gives it, if any.
+pub(super) fn with_lease(
+    rule: Rule,
+    lease: Option<(u64, Option<Duration>)>,
+) -> Result<Rule, RuleError> {
+    match lease {
+        Some((units, spend_within)) => rule.with_lease(units, spend_within),
+        None => Ok(rule),
     }
 }
 
@@ -237,6 +275,8 @@ fn unlimited(f: RateLimitFields, replaces: Vec<String>) -> Result<RawRateLimit, 
         ("queue", f.queue.is_some()),
         ("layout", f.layout.is_some()),
         ("on_store_error", f.on_store_error.is_some()),
+        ("lease", f.lease.is_some()),
+        ("lease_for", f.lease_for.is_some()),
         ("usage", f.usage.is_some()),
     ];
     if let Some((field, _)) = extra.iter().find(|(_, set)| *set) {
@@ -251,6 +291,7 @@ fn unlimited(f: RateLimitFields, replaces: Vec<String>) -> Result<RawRateLimit, 
         name: f.name,
         replaces,
         on_store_error: None,
+        lease: None,
         usage: false,
     })
 }

@@ -2,6 +2,7 @@
 
 use super::*;
 use sluicegate::internals::saturating_micros;
+use std::time::Duration;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(
@@ -138,6 +139,81 @@ fn errors_name_file_line_and_field() {
     assert!(
         dup.to_string().contains("d.a: duplicate descriptor"),
         "{dup}"
+    );
+}
+
+/// `lease: k` (and `lease_for`) leases a rule; a value no rule can take, or a rule a
+/// lease cannot apply to, is an error naming the file, the line and the field.
+#[test]
+fn a_lease_is_read_and_its_errors_name_file_line_and_field() {
+    let doc = |rate_limit: &str| {
+        format!("domain: d\ndescriptors:\n  - key: a\n    value: b\n    rate_limit: {rate_limit}\n")
+    };
+    let config = parse(&doc(
+        "{window: 1s, requests_per_unit: 100, algorithm: fixed-window, lease: 5, lease_for: 20ms}",
+    ))
+    .unwrap();
+    let limit = config.find("d", &entries(&[("a", "b")])).unwrap().unwrap();
+    let lease = limit.rule.as_ref().unwrap().lease().unwrap();
+    assert_eq!(lease.units(), 5);
+    assert_eq!(lease.spend_within(), Duration::from_millis(20));
+    // Under the server's default algorithm, checked where the rule is built.
+    let default = parse(&doc("{unit: second, requests_per_unit: 100, lease: 10}")).unwrap();
+    let limit = default.find("d", &entries(&[("a", "b")])).unwrap().unwrap();
+    assert_eq!(limit.rule.as_ref().unwrap().lease().unwrap().units(), 10);
+    let cases = [
+        (
+            "{unit: second, requests_per_unit: 10, algorithm: sliding-log, lease: 0}",
+            "rate_limit.lease: lease must be at least 1",
+        ),
+        (
+            "{unit: second, requests_per_unit: 10, algorithm: fixed-window, lease: 11}",
+            "rate_limit.lease: lease 11 exceeds the rule's capacity 10",
+        ),
+        (
+            "{unit: second, requests_per_unit: 10, algorithm: sliding-counter, lease: 2}",
+            "rate_limit.lease: a lease applies to sliding-log, fixed-window and token-bucket, not to sliding-counter",
+        ),
+        (
+            "{unit: second, requests_per_unit: 10, algorithm: leaky-bucket, lease: 2}",
+            "not to leaky-bucket",
+        ),
+        (
+            "{unit: second, requests_per_unit: 10, algorithm: fixed-window, lease: 2, lease_for: 2s}",
+            "rate_limit.lease_for: lease_for 2s must be at least 1µs and at most the window 1s",
+        ),
+        (
+            "{unit: second, requests_per_unit: 10, lease_for: 10ms}",
+            "rate_limit.lease_for: applies only beside a lease",
+        ),
+        (
+            "{unit: second, requests_per_unit: 10, lease: 2, lease_for: soon}",
+            "rate_limit.lease_for",
+        ),
+        ("{unit: second, requests_per_unit: 10, lease: -1}", "lease"),
+        (
+            "{unlimited: true, lease: 2}",
+            "rate_limit.lease: an unlimited rate_limit takes no lease",
+        ),
+        (
+            "{unit: day, lease: 2}",
+            "rate_limit.lease: a block (no requests_per_unit) takes no lease",
+        ),
+    ];
+    for (rate_limit, field) in cases {
+        let err = parse(&doc(rate_limit)).unwrap_err().to_string();
+        assert!(err.starts_with("limits.yaml: "), "{err}");
+        assert!(err.contains("line 5"), "line 5 in {err}");
+        assert!(err.contains(field), "{field} in {err}");
+    }
+    // A rule of the server's default algorithm is built, and its lease checked, with the
+    // descriptor: its error names the descriptor's line and path.
+    let err = parse(&doc("{unit: second, requests_per_unit: 10, lease: 11}"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("limits.yaml: line 3: d.a_b: rate_limit.lease: lease 11 exceeds"),
+        "{err}"
     );
 }
 

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use sluicegate::{Algorithm, Rule};
 
 use super::limit::{ConfiguredLimit, Entry, with_envoy_counter};
-use super::raw::{RawDescriptor, RawRateLimit};
+use super::raw::{RawDescriptor, RawRateLimit, with_lease};
 use super::wildcard::Wildcard;
 
 /// One level of the tree: its nodes, and how an entry finds one.
@@ -298,6 +298,7 @@ fn configured_limit(
         name,
         replaces,
         on_store_error,
+        lease,
         usage,
     } = rate_limit;
     let rule = spec
@@ -311,6 +312,7 @@ fn configured_limit(
             // changes only numbers keeps usage. The name is still reported as written.
             let place = place(build.domain, path);
             Rule::new(name.as_deref().unwrap_or(path), &spec)
+                .and_then(|rule| with_lease(rule, lease))
                 .map_err(|e| format!("{path}: rate_limit.{e}"))
                 .map(|rule| rule.in_scope(&place))
                 .map(|rule| match on_store_error {

@@ -101,7 +101,7 @@ struct DescriptorBody {
 #[derive(Serialize)]
 struct CheckResponse {
     allowed: bool,
-    /// `store`, `negative-cache`, or the fallback policy that decided.
+    /// `store`, `lease`, `negative-cache`, or the fallback policy that decided.
     decided_by: &'static str,
     /// The combined decision; null when no descriptor matched a limited rule.
     decision: Option<DecisionBody>,

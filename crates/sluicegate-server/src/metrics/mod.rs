@@ -57,7 +57,7 @@ const LATENCY_BUCKETS: [f64; 12] = [
 pub(crate) const DEFAULT_NEAR_LIMIT_RATIO: f32 = 0.8;
 
 /// Everyone who can decide a check, in the order the metrics list them.
-const DECIDERS: [DecidedBy; 9] = [
+const DECIDERS: [DecidedBy; 10] = [
     DecidedBy::Store,
     DecidedBy::NegativeCache,
     DecidedBy::LocalPrecheck,
@@ -67,6 +67,7 @@ const DECIDERS: [DecidedBy; 9] = [
     DecidedBy::Full(OnFull::Refuse),
     DecidedBy::Full(OnFull::Allow),
     DecidedBy::Full(OnFull::EvictIdle),
+    DecidedBy::Lease,
 ];
 
 /// Where `decided_by` stands in [`DECIDERS`]; `None` for the `error` policy, which never
@@ -82,6 +83,7 @@ const fn decider_index(decided_by: DecidedBy) -> Option<usize> {
         DecidedBy::Full(OnFull::Refuse) => Some(6),
         DecidedBy::Full(OnFull::Allow) => Some(7),
         DecidedBy::Full(OnFull::EvictIdle) => Some(8),
+        DecidedBy::Lease => Some(9),
         _ => None,
     }
 }

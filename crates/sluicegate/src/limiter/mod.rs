@@ -6,11 +6,13 @@
 //! the store's last count), a circuit breaker per node of the store that stops calling a
 //! node that fails too large a share of calls (checks of other nodes' keys go on), and a
 //! negative cache that answers repeated refusals without a
-//! round trip. Every decision says who made it ([`DecidedBy`]) and [`LimiterStats`]
+//! round trip, and leases: a hot key's units taken from the store several at a time and
+//! spent here. Every decision says who made it ([`DecidedBy`]) and [`LimiterStats`]
 //! counts them.
 
 mod breaker;
 mod in_flight;
+mod lease;
 mod local;
 mod negative_cache;
 mod nodes;
@@ -31,6 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use breaker::{Permit, Ticket};
 use in_flight::{InFlight, Joined};
+use lease::{LEASE_PART, Leases};
 use local::LocalFallback;
 use negative_cache::NegativeCache;
 use nodes::NodeBreakers;
@@ -40,9 +43,9 @@ use crate::budget::MemoryBudget;
 use crate::clock::{Clock, ClockMicros, SystemClock};
 use crate::decision::{Decision, RetryAfter};
 use crate::policy::{FailurePolicy, OnStoreReset};
-use crate::rule::Rule;
+use crate::rule::{Algorithm, Rule};
 use crate::store::{
-    Check, DecidedBy, Limit, MemoryStore, NodeId, Nodes, Outcome, Store, StoreError,
+    Charge, Check, DecidedBy, Limit, MemoryStore, NodeId, Nodes, Outcome, Store, StoreError,
 };
 
 /// How a [`Limiter`] copes with its store.
@@ -72,8 +75,8 @@ pub struct LimiterConfig {
     /// the store past factor × L / `instances` of a rule (at least 1; `None`, the default,
     /// turns it off). See docs/SPEC.md for what it may refuse that the store would admit.
     pub local_precheck: Option<f64>,
-    /// Where the negative cache and the local fallback count their bytes
-    /// (parts `negative-cache` and `fallback`); past it they keep no more.
+    /// Where the negative cache, the local fallback and the leases count their bytes
+    /// (parts `negative-cache`, `fallback` and `lease`); past it they keep no more.
     pub memory: MemoryBudget,
 }
 
@@ -122,6 +125,11 @@ macro_rules! limiter_counters {
 limiter_counters! {
     /// Checks the store decided.
     store_decisions,
+    /// Checks of a leased rule answered from units this instance held (no round trip).
+    lease_decisions,
+    /// Takes of a lease's units the store admitted (each one call, counted in
+    /// `store_decisions` with the check it answered).
+    lease_takes,
     /// Checks the store failed (errors, timeouts, and checks refused by an open breaker).
     store_errors,
     /// Checks refused by the negative cache without a round trip.
@@ -159,6 +167,10 @@ pub struct Limiter<S = MemoryStore> {
     /// negative cache is on.
     in_flight: InFlight,
     precheck: Option<Precheck>,
+    /// Units of leased rules' keys this instance took from the store and has not spent.
+    leases: Leases,
+    /// Takes at the store, which later checks of the same key wait for to spend from.
+    lease_takes: InFlight,
     local: LocalFallback,
     stats: Counters,
     /// Times the breaker, the negative cache and the local fallback.
@@ -224,6 +236,8 @@ impl<S: Store> Limiter<S> {
             precheck: config
                 .local_precheck
                 .map(|factor| Precheck::new(factor, config.instances, &clock)),
+            leases: Leases::new(Arc::clone(&clock), config.memory.part(LEASE_PART)),
+            lease_takes: InFlight::new(),
             local: LocalFallback::new(
                 config.instances,
                 config.local_seed_entries,
@@ -349,8 +363,31 @@ impl<S: Store> Limiter<S> {
 
     /// Decides a check of any shape: several limits (all-or-nothing), a request id, the
     /// caller's clock.
-    pub async fn decide(&self, check: &Check<'_>) -> Result<Outcome, StoreError> {
+    pub fn decide<'a>(
+        &'a self,
+        check: &'a Check<'a>,
+    ) -> impl Future<Output = Result<Outcome, StoreError>> + 'a {
+        // Not an async fn around another: every check's future would hold both.
+        self.decide_leasing(check, true)
+    }
+
+    /// Decides `check`; with `leasing`, a check of a leased rule from this instance's lease
+    /// of its key when it may be.
+    async fn decide_leasing(
+        &self,
+        check: &Check<'_>,
+        leasing: bool,
+    ) -> Result<Outcome, StoreError> {
         check.validate()?;
+        if leasing && Leases::applies(check).is_some() {
+            let hash = self.leases.hash(&check.limits[0]);
+            if let Some(spent) = self.spend_lease(check, hash) {
+                return Ok(spent);
+            }
+            // Boxed, a take's future is allocated only by the checks that take, and does
+            // not grow every check's future.
+            return Box::pin(self.take_lease(check, hash)).await;
+        }
         let Some(negative) = self
             .negative
             .as_ref()
@@ -379,6 +416,37 @@ impl<S: Store> Limiter<S> {
         // look again.
         drop(leading);
         outcome
+    }
+
+    /// Decides a check of a leased rule that this instance's lease of its key (filed under
+    /// `hash`) could not answer: one take of a key at a time, and checks that come
+    /// meanwhile spend from it.
+    async fn take_lease(&self, check: &Check<'_>, hash: u64) -> Result<Outcome, StoreError> {
+        match self.lease_takes.join(hash) {
+            Joined::Lead(leading) => {
+                let outcome = self.decide_leasing(check, false).await;
+                drop(leading);
+                outcome
+            }
+            Joined::Wait(taken) => {
+                taken.await;
+                match self.spend_lease(check, hash) {
+                    Some(spent) => Ok(spent),
+                    None => self.decide_leasing(check, false).await,
+                }
+            }
+        }
+    }
+
+    /// A check of a leased rule answered from this instance's lease of its key (filed
+    /// under `hash`), counted, if it holds enough units that may still be spent.
+    fn spend_lease(&self, check: &Check<'_>, hash: u64) -> Option<Outcome> {
+        let now = self.clock.now_micros();
+        let decision = self.leases.spend(&check.limits[0], hash, check.cost, now)?;
+        self.stats.lease_decisions.fetch_add(1, Ordering::Relaxed);
+        let mut outcome = Outcome::single(decision);
+        outcome.decided_by = DecidedBy::Lease;
+        Some(outcome)
     }
 
     /// The negative cache's refusal of `check` (its limits hashed to `hash`), counted.
@@ -454,7 +522,11 @@ impl<S: Store> Limiter<S> {
                     .await
                 };
                 let answer = match written_back {
-                    Ok(()) => self.store.check(check).await,
+                    Ok(()) if check.limits[0].rule.lease().is_none() => {
+                        self.store.check(check).await
+                    }
+                    // Boxed, as the write-back: a take holds two store checks.
+                    Ok(()) => Box::pin(self.take(check, now)).await,
                     Err(e) => Err(e),
                 };
                 drop(freeing);
@@ -501,6 +573,55 @@ impl<S: Store> Limiter<S> {
         };
         self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
         self.fall_back(check, &nodes, error)
+    }
+
+    /// The store's answer to `check` of a rule with a lease, sent at `now`: a take of its k
+    /// units whose admission answers the check and leaves the rest to spend here; when the
+    /// take is refused (fewer than k left) or not the store's (a full store decided it),
+    /// the check alone, so that the answer is what it would be without the lease.
+    async fn take(&self, check: &Check<'_>, now: u64) -> Result<Outcome, StoreError> {
+        let Some(lease) = Leases::applies(check) else {
+            return self.store.check(check).await;
+        };
+        let take = Check {
+            cost: lease.units(),
+            // A take refused records nothing, even where refusals are charged: the check
+            // alone that follows records what its mode does.
+            charge: Charge::Check,
+            ..*check
+        };
+        let mut taken = self.store.check(&take).await?;
+        if taken.decided_by != DecidedBy::Store {
+            return self.store.check(check).await;
+        }
+        if !taken.decision.allowed {
+            // A fixed window's refusal says the same whatever the cost: when the check
+            // would not fit either, the take's refusal is its answer.
+            let refused_alike = check.limits[0].rule.algorithm() == Algorithm::FixedWindow
+                && check.charge == Charge::Check
+                && taken.decision.remaining < check.cost;
+            if refused_alike {
+                return Ok(taken);
+            }
+            return self.store.check(check).await;
+        }
+        self.stats.lease_takes.fetch_add(1, Ordering::Relaxed);
+        let limit = &check.limits[0];
+        let held = self.leases.keep(
+            limit,
+            lease,
+            lease.units() - check.cost,
+            now,
+            self.clock.now_micros(),
+            &taken.decision,
+        );
+        // As the store would have answered at the take, had the units held been left in it.
+        taken.decision.remaining = taken
+            .decision
+            .remaining
+            .saturating_add(held)
+            .min(limit.rule.capacity());
+        Ok(taken)
     }
 
     /// The breaker of `node`.

@@ -1,8 +1,10 @@
 //! Rules: an algorithm with its parameters, every bound of docs/SPEC.md checked once, when the
 //! rule is built, so that no check can later meet arithmetic it cannot do exactly.
 
+mod lease;
 mod spec;
 
+pub use lease::Lease;
 pub use spec::{Algorithm, LogLayout, RuleError, RuleSpec};
 
 use std::hash::{Hash, Hasher};
@@ -65,6 +67,8 @@ struct RuleInner {
     /// What the limiter does with this rule when the store fails (not part of identity:
     /// it changes no state).
     on_store_error: Option<FailurePolicy>,
+    /// Units an instance takes at once and spends locally (see [`Rule::with_lease`]).
+    lease: Option<Lease>,
 }
 
 impl Rule {
@@ -239,6 +243,7 @@ impl Rule {
             layout,
             envoy_counter: false,
             on_store_error: None,
+            lease: None,
         };
         inner.identify();
         Ok(Rule {
@@ -417,6 +422,83 @@ impl Rule {
     /// Whether this rule's Redis state is envoy's counter ([`Rule::with_envoy_counter`]).
     pub fn envoy_counter(&self) -> bool {
         self.inner.envoy_counter
+    }
+
+    /// This rule leased: each instance takes `units` (k) of a key from the store at once
+    /// and spends them on its own checks of that key, for at most `spend_within` (D) after
+    /// the take was sent (docs/SPEC.md, "Leases"). Never more than L in any window across
+    /// instances: a unit is spent up to D after the store recorded it, so a sliding log is
+    /// kept over W + D (any W of it then holds at most L, whenever in D its units were
+    /// spent), and a token bucket with its burst cut by ⌈D / T⌉ (any span then holds at
+    /// most what B allows); its window, or its burst, then says so, and a sliding log's
+    /// is a new state (its identity names the window). A fixed window's units are spent
+    /// only in the window they were counted in. Applies to sliding-log, fixed-window and
+    /// token-bucket; k from 1 to the capacity (after the cut); D from 1 µs to W, by
+    /// default min(W / 10, 1 s) for a fixed window, else min(W / 100, 1 s). A
+    /// [`RuleError`] on `lease` or `lease_for` otherwise, or when the rule already has a
+    /// lease.
+    pub fn with_lease(
+        &self,
+        units: u64,
+        spend_within: Option<Duration>,
+    ) -> Result<Rule, RuleError> {
+        let r = &self.inner;
+        if r.lease.is_some() {
+            return Err(RuleError::new("lease", "the rule already has a lease"));
+        }
+        let lease = Lease::new(r.algorithm, r.capacity, r.window, units, spend_within)?;
+        let d = lease.spend_within_micros();
+        let (mut window, mut capacity) = (r.window, r.capacity);
+        match r.algorithm {
+            Algorithm::SlidingLog => {
+                window += d;
+                if window > MAX_SPAN {
+                    return Err(RuleError::new(
+                        "lease_for",
+                        format!(
+                            "window {} plus lease_for {} exceeds the longest supported span",
+                            format_duration(r.window),
+                            format_duration(d)
+                        ),
+                    ));
+                }
+            }
+            Algorithm::TokenBucket => {
+                let cut = d.div_ceil(r.emission_interval);
+                capacity = capacity.saturating_sub(cut);
+                if capacity < units {
+                    return Err(RuleError::new(
+                        "lease_for",
+                        format!(
+                            "lease_for {} takes {cut} of the burst {} (one unit per {} µs): \
+                             fewer than the lease's {units} would be left",
+                            format_duration(d),
+                            r.capacity,
+                            r.emission_interval
+                        ),
+                    ));
+                }
+            }
+            _ => {}
+        }
+        let mut inner = RuleInner {
+            name: r.name.clone(),
+            scope: r.scope.clone(),
+            identity: Box::default(),
+            window,
+            capacity,
+            lease: Some(lease),
+            ..**r
+        };
+        inner.identify();
+        Ok(Rule {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The rule's lease, if it has one ([`Rule::with_lease`]).
+    pub fn lease(&self) -> Option<Lease> {
+        self.inner.lease
     }
 
     /// The rule's own policy for store failures, if it has one.

@@ -160,8 +160,8 @@ impl RuleError {
         }
     }
 
-    /// The offending field: `algorithm`, `limit`, `window`, `buckets`, `burst`, `queue` or
-    /// `layout`.
+    /// The offending field: `algorithm`, `limit`, `window`, `buckets`, `burst`, `queue`,
+    /// `layout`, `lease` or `lease_for`.
     pub fn field(&self) -> &'static str {
         self.field
     }

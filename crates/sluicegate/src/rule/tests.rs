@@ -262,3 +262,101 @@ fn algorithm_names_round_trip() {
         "algorithm"
     );
 }
+
+#[test]
+fn a_lease_is_bounded_per_field_and_by_algorithm() {
+    let second = Duration::from_secs(1);
+    let rule = |algorithm, limit| build(RuleSpec::new(algorithm, limit, second)).unwrap();
+    let cases: [(Rule, u64, Option<Duration>, &str, &str); 6] = [
+        (
+            rule(Algorithm::FixedWindow, 10),
+            0,
+            None,
+            "lease",
+            "lease must be at least 1",
+        ),
+        (
+            rule(Algorithm::FixedWindow, 10),
+            11,
+            None,
+            "lease",
+            "lease 11 exceeds the rule's capacity 10",
+        ),
+        (
+            rule(Algorithm::SlidingCounter, 10),
+            2,
+            None,
+            "lease",
+            "not to sliding-counter",
+        ),
+        (
+            rule(Algorithm::LeakyBucket, 10),
+            1,
+            None,
+            "lease",
+            "not to leaky-bucket",
+        ),
+        (
+            rule(Algorithm::TokenBucket, 10),
+            2,
+            Some(Duration::from_secs(2)),
+            "lease_for",
+            "at most the window 1s",
+        ),
+        (
+            rule(Algorithm::TokenBucket, 10),
+            2,
+            Some(Duration::from_nanos(10)),
+            "lease_for",
+            "at least 1µs",
+        ),
+    ];
+    let cut = rule(Algorithm::TokenBucket, 10)
+        .with_lease(8, Some(Duration::from_millis(300)))
+        .unwrap_err();
+    assert_eq!(cut.field(), "lease_for");
+    assert!(cut.message().contains("takes 3 of the burst 10"), "{cut}");
+    for (rule, units, spend_within, field, message) in cases {
+        let err = rule.with_lease(units, spend_within).unwrap_err();
+        assert_eq!(err.field(), field, "{err}");
+        assert!(err.message().contains(message), "{err}");
+    }
+    let leased = rule(Algorithm::FixedWindow, 10)
+        .with_lease(2, None)
+        .unwrap();
+    assert_eq!(
+        leased.with_lease(2, None).unwrap_err().message(),
+        "the rule already has a lease"
+    );
+}
+
+#[test]
+fn a_lease_spends_within_a_tenth_of_the_window_or_a_hundredth_for_a_sliding_log() {
+    let spec = |algorithm, window| RuleSpec::new(algorithm, 100, window);
+    let lease = |spec: RuleSpec| build(spec).unwrap().with_lease(5, None).unwrap();
+    let fixed = lease(spec(Algorithm::FixedWindow, Duration::from_secs(1)));
+    assert_eq!(fixed.lease().unwrap().units(), 5);
+    assert_eq!(
+        fixed.lease().unwrap().spend_within(),
+        Duration::from_millis(100)
+    );
+    assert_eq!(fixed.window(), Duration::from_secs(1));
+    let hourly = lease(spec(Algorithm::TokenBucket, Duration::from_secs(3600)));
+    assert_eq!(
+        hourly.lease().unwrap().spend_within(),
+        Duration::from_secs(1)
+    );
+    // A sliding log is kept over W + D, a state of its own.
+    let plain = build(spec(Algorithm::SlidingLog, Duration::from_secs(1))).unwrap();
+    let log = plain.with_lease(5, None).unwrap();
+    assert_eq!(
+        log.lease().unwrap().spend_within(),
+        Duration::from_millis(10)
+    );
+    assert_eq!(log.window(), Duration::from_millis(1010));
+    assert!(!log.same_identity(&plain));
+    // Other numbers keep the state.
+    assert!(
+        fixed.same_identity(&build(spec(Algorithm::FixedWindow, Duration::from_secs(1))).unwrap())
+    );
+}

@@ -223,6 +223,9 @@ pub struct Outcome {
 pub enum DecidedBy {
     /// The store.
     Store,
+    /// Units this instance took from the store at once under the rule's lease and spends
+    /// locally (docs/SPEC.md, "Leases").
+    Lease,
     /// The limiter's negative cache: the store refused the same check moments ago and said
     /// when it could pass; until then the limiter refuses without asking.
     NegativeCache,
@@ -238,11 +241,12 @@ pub enum DecidedBy {
 }
 
 impl DecidedBy {
-    /// `store`, `negative-cache`, `local-precheck`, `fallback-allow`, `fallback-deny`,
+    /// `store`, `lease`, `negative-cache`, `local-precheck`, `fallback-allow`, `fallback-deny`,
     /// `fallback-local`, `store-error`, `full-refuse`, `full-allow`, `full-evict-idle`.
     pub fn name(self) -> &'static str {
         match self {
             DecidedBy::Store => "store",
+            DecidedBy::Lease => "lease",
             DecidedBy::NegativeCache => "negative-cache",
             DecidedBy::LocalPrecheck => "local-precheck",
             DecidedBy::Fallback(FailurePolicy::Allow) => "fallback-allow",

@@ -3,6 +3,7 @@
 //! traces, the cases, the stores on a test's own key prefix. `memory_key_bytes` stays a
 //! binary of its own: it counts every allocation of its process.
 
+mod leases;
 mod memory_budget;
 mod memory_store;
 mod model;

@@ -1,0 +1,233 @@
+//! Leases: a hot key's units taken from the store k at a time, in one call, and spent by
+//! this instance on its own checks of that key (docs/SPEC.md, "Leases").
+//!
+//! Why no window ever holds more than L across instances: every unit spent here was
+//! recorded in the store by a take the store admitted, decided no earlier than the take
+//! was sent, and is spent only while the store still counts it in every window around the
+//! spend:
+//!
+//! - fixed window: before the window the take was counted in ends (the take's
+//!   `reset_after`, counted from when it was sent), and within D;
+//! - sliding log: within D of the take, the rule keeping its log over W + D (see
+//!   [`Rule::with_lease`]): for any window of W, the store's check of the last of the
+//!   takes and admissions whose units fall in it still counted every earlier one of them
+//!   (each recorded at most D before its units were spent, so inside W + D of it);
+//! - token bucket: tokens taken at t and spent later are later arrivals, which GCRA
+//!   admits whenever it admitted them at t.
+//!
+//! The deadline is counted on the limiter's clock from when the take was sent, which is no
+//! later than when the store decided it (on clocks that tick at the same rate, as the
+//! negative cache's deadlines).
+//!
+//! Memory: at most [`MAX_LEASES`] keys, their bytes counted in the memory budget's `lease`
+//! part; expired ones are dropped first, and when none has expired a take's units left
+//! over are not kept: fewer admissions, never more.
+
+use std::hash::Hasher;
+use std::sync::Arc;
+
+use super::room::{Expiring, ExpiringTable};
+use crate::budget::BudgetPart;
+use crate::clock::Clock;
+use crate::decision::{Decision, RetryAfter};
+use crate::rule::{Algorithm, Lease, Rule};
+use crate::store::{Charge, Check, Limit};
+
+/// The name of the leases' part of a memory budget.
+pub(crate) const LEASE_PART: &str = "lease";
+
+/// The most keys with a lease at once: leases are for hot keys, of which there are few.
+const MAX_LEASES: usize = 10_000;
+
+/// The leases this instance holds, by rule and key.
+#[derive(Debug)]
+pub(crate) struct Leases {
+    table: ExpiringTable<Held>,
+}
+
+/// Units of one key this instance holds.
+#[derive(Debug)]
+struct Held {
+    /// The hash of the rule's fingerprint and the key, kept so that the table can grow
+    /// without rehashing keys.
+    hash: u64,
+    rule: Rule,
+    key: Box<str>,
+    /// Units taken and not yet spent.
+    units: u64,
+    /// When they may no longer be spent (µs of the limiter's clock).
+    until: u64,
+    /// What the store said remained after the last take.
+    remaining: u64,
+    /// When the store's state is back to empty, as the last take said (µs of the
+    /// limiter's clock).
+    reset_at: u64,
+}
+
+impl Expiring for Held {
+    fn until(&self) -> u64 {
+        self.until
+    }
+
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+
+    fn bytes(&self) -> usize {
+        held_bytes(&self.key)
+    }
+}
+
+/// The bytes of a lease of `key`: its bucket and its key.
+fn held_bytes(key: &str) -> usize {
+    size_of::<Held>() + 1 + key.len()
+}
+
+impl Held {
+    fn holds(&self, limit: &Limit<'_>) -> bool {
+        *self.key == *limit.key && self.rule.same_rule(limit.rule)
+    }
+}
+
+impl Leases {
+    pub(crate) fn new(clock: Arc<dyn Clock>, budget: BudgetPart) -> Self {
+        Leases {
+            table: ExpiringTable::new(MAX_LEASES, clock, budget),
+        }
+    }
+
+    /// The lease a check is answered under: one limit whose rule leases, no request id,
+    /// no time of its own, a check (envoy's counting too) of one cost from 1 to k. Any
+    /// other check of a leased rule goes to the store as it would without the lease.
+    pub(crate) fn applies(check: &Check<'_>) -> Option<Lease> {
+        let [limit] = check.limits else {
+            return None;
+        };
+        let lease = limit.rule.lease()?;
+        (check.request_id.is_none()
+            && check.at.is_none()
+            && check.costs.is_empty()
+            && matches!(check.charge, Charge::Check | Charge::CheckChargingRefusals)
+            && (1..=lease.units()).contains(&check.cost))
+        .then_some(lease)
+    }
+
+    /// The hash a lease of `limit` is filed under.
+    pub(crate) fn hash(&self, limit: &Limit<'_>) -> u64 {
+        let mut hasher = self.table.hasher();
+        hasher.write_u64(limit.rule.fingerprint());
+        hasher.write(limit.key.as_bytes());
+        hasher.finish()
+    }
+
+    /// Spends `cost` units of the lease of `limit` (filed under `hash`) at `now`, if this
+    /// instance holds that many that may still be spent: the decision, as the store would
+    /// have answered a check of the units spent so far at the take.
+    pub(crate) fn spend(
+        &self,
+        limit: &Limit<'_>,
+        hash: u64,
+        cost: u64,
+        now: u64,
+    ) -> Option<Decision> {
+        let mut shard = self.table.shard(hash).lock();
+        let Ok(mut found) = shard.find_entry(hash, |h| h.hash == hash && h.holds(limit)) else {
+            return None;
+        };
+        let held = found.get_mut();
+        if held.until <= now {
+            let (gone, _) = found.remove();
+            drop(shard);
+            self.table.give_back(held_bytes(&gone.key));
+            return None;
+        }
+        if held.units < cost {
+            return None;
+        }
+        held.units -= cost;
+        let capacity = held.rule.capacity();
+        let decision = Decision {
+            allowed: true,
+            limit: capacity,
+            remaining: held.remaining.saturating_add(held.units).min(capacity),
+            retry_after: RetryAfter::micros(0),
+            reset_after: held.reset_at.saturating_sub(now),
+            delay: 0,
+        };
+        if held.units == 0 {
+            let (gone, _) = found.remove();
+            drop(shard);
+            self.table.give_back(held_bytes(&gone.key));
+        }
+        Some(decision)
+    }
+
+    /// Keeps `left` units of a take of `limit` sent at `sent`, which
+    /// the store admitted with `taken`, at `now`: added to those still held, which may
+    /// then be spent only until the earlier of the two deadlines. Returns the units now
+    /// held (0 when none may be kept).
+    pub(crate) fn keep(
+        &self,
+        limit: &Limit<'_>,
+        lease: Lease,
+        left: u64,
+        sent: u64,
+        now: u64,
+        taken: &Decision,
+    ) -> u64 {
+        let mut spend_within = lease.spend_within_micros();
+        if limit.rule.algorithm() == Algorithm::FixedWindow {
+            // An admitted fixed window's `reset_after` is the time left in its window.
+            spend_within = spend_within.min(taken.reset_after);
+        }
+        let until = sent.saturating_add(spend_within);
+        if left == 0 || until <= now {
+            return 0;
+        }
+        let reset_at = sent.saturating_add(taken.reset_after);
+        let hash = self.hash(limit);
+        let add = |held: &mut Held| {
+            // Units of two takes share the earlier deadline; none left, none to share it.
+            if held.until <= now || held.units == 0 {
+                held.units = left;
+                held.until = until;
+            } else {
+                held.units = held.units.saturating_add(left);
+                held.until = held.until.min(until);
+            }
+            held.remaining = taken.remaining;
+            held.reset_at = reset_at;
+            held.units
+        };
+        let find = |h: &Held| h.hash == hash && h.holds(limit);
+        if let Some(held) = self.table.shard(hash).lock().find_mut(hash, find) {
+            return add(held);
+        }
+        let bytes = held_bytes(limit.key);
+        if !self.table.reserve(bytes) {
+            return 0;
+        }
+        let mut shard = self.table.shard(hash).lock();
+        // Another take of the key may have been kept while the room was taken.
+        if let Some(held) = shard.find_mut(hash, find) {
+            let units = add(held);
+            drop(shard);
+            self.table.give_back(bytes);
+            return units;
+        }
+        shard.insert_unique(
+            hash,
+            Held {
+                hash,
+                rule: limit.rule.clone(),
+                key: limit.key.into(),
+                units: left,
+                until,
+                remaining: taken.remaining,
+                reset_at,
+            },
+            Expiring::hash,
+        );
+        left
+    }
+}
