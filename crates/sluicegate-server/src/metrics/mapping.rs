@@ -122,19 +122,19 @@ struct RawHistogramOptions {
 }
 
 /// envoy's default mapping, and the same without the response time's scale
-/// (PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS).
-static ENVOY_DEFAULTS: LazyLock<[Arc<PrometheusMapping>; 2]> = LazyLock::new(|| {
-    let parse = |text: &str| {
-        Arc::new(
-            PrometheusMapping::parse(text)
-                .unwrap_or_else(|e| panic!("envoy_mapping.yaml does not load: {e}")),
-        )
-    };
-    [
-        parse(ENVOY_MAPPING),
-        parse(&ENVOY_MAPPING.replacen("    scale: 0.001\n", "", 1)),
-    ]
-});
+/// (PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS); each built when first asked for, as a
+/// process uses one of them and each holds its compiled expressions (about 0.5 MB).
+static ENVOY_DEFAULTS: [LazyLock<Arc<PrometheusMapping>>; 2] = [
+    LazyLock::new(|| envoy_default_from(ENVOY_MAPPING)),
+    LazyLock::new(|| envoy_default_from(&ENVOY_MAPPING.replacen("    scale: 0.001\n", "", 1))),
+];
+
+fn envoy_default_from(text: &str) -> Arc<PrometheusMapping> {
+    Arc::new(
+        PrometheusMapping::parse(text)
+            .unwrap_or_else(|e| panic!("envoy_mapping.yaml does not load: {e}")),
+    )
+}
 
 impl PrometheusMapping {
     /// envoyproxy/ratelimit's default mapping; with `response_time_ms`, its response time

@@ -18,3 +18,25 @@ fn the_binary_runs_on_mimalloc() {
         "no word from mimalloc on standard error: {stderr:?}"
     );
 }
+
+/// The service runs with transparent huge pages off (src/main.rs), so that its memory
+/// grows 4 KiB at a time: with them, every 2 MiB of mimalloc's arena the service touches
+/// is resident whole, and the idle service held twice the memory. The kernel reports the
+/// switch in /proc/PID/status, and the huge pages held in smaps_rollup.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_service_holds_no_transparent_huge_pages() {
+    let server = crate::server::Server::binary(&[]);
+    let proc_file = |name: &str| {
+        std::fs::read_to_string(format!("/proc/{}/{name}", server.pid()))
+            .unwrap_or_else(|e| panic!("/proc/PID/{name}: {e}"))
+    };
+    let field = |text: &str, name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .map(|value| value.trim().to_owned())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    assert_eq!(field(&proc_file("status"), "THP_enabled"), "0");
+    assert_eq!(field(&proc_file("smaps_rollup"), "AnonHugePages"), "0 kB");
+}
