@@ -1,6 +1,7 @@
 //! One redis-server process on a loopback port, and the client calls tests make to it.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -49,11 +50,12 @@ impl RedisServer {
     /// A server on a free port, with `extra` redis-server options (`["--requirepass",
     /// "secret"]`). Returns once it answers `PING`.
     pub fn start(extra: &[&str]) -> RedisServer {
-        RedisServer::start_at(free_port(), extra)
+        RedisServer::launch(hold_free_port(), None, extra, Access::default())
     }
 
     /// A server on a given port: to restart one that was [shut down](Self::shutdown).
     pub fn start_at(port: u16, extra: &[&str]) -> RedisServer {
+        *HELD_PORTS.lock().unwrap().entry(port).or_default() += 1;
         RedisServer::launch(port, None, extra, Access::default())
     }
 
@@ -61,9 +63,10 @@ impl RedisServer {
     /// needs one it can rewrite), then `extra` options; reached as `access` says. A TLS
     /// one listens on its TLS port only: `extra` or `config` names its certificate files.
     pub(crate) fn start_configured(config: &str, extra: &[&str], access: Access) -> RedisServer {
-        RedisServer::launch(free_port(), Some(config), extra, access)
+        RedisServer::launch(hold_free_port(), Some(config), extra, access)
     }
 
+    /// Starts a server on `port`, which the caller has counted in [`HELD_PORTS`].
     fn launch(port: u16, config: Option<&str>, extra: &[&str], access: Access) -> RedisServer {
         let dir =
             std::env::temp_dir().join(format!("sluicegate-redis-{port}-{}", std::process::id()));
@@ -98,7 +101,6 @@ impl RedisServer {
                 .map(|s| (*s).to_owned()),
         );
         let log = dir.join("log");
-        *HELD_PORTS.lock().unwrap().entry(port).or_default() += 1;
         let server = RedisServer {
             port,
             access,
@@ -255,13 +257,17 @@ fn signal(pid: u32, name: &str) {
     assert!(status.success(), "kill -{name} {pid} failed");
 }
 
-fn free_port() -> u16 {
+/// A free loopback port, counted in [`HELD_PORTS`] in the same step that found it free:
+/// tests start servers from several threads, and the kernel may hand the port it just
+/// freed to the next thread's probe before the first server has bound it.
+fn hold_free_port() -> u16 {
     loop {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free loopback port");
-        if !HELD_PORTS.lock().unwrap().contains_key(&port) {
+        if let Entry::Vacant(free) = HELD_PORTS.lock().unwrap().entry(port) {
+            free.insert(1);
             return port;
         }
     }
