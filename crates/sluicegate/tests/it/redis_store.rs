@@ -511,3 +511,62 @@ async fn a_charged_peek_is_refused_only_past_the_limit_on_both_stores() {
         assert_eq!(past, (false, 0), "{algorithm} past the limit");
     }
 }
+
+/// docs/SPEC.md, "Time never runs backwards for a key": checks stamped earlier than the
+/// key's latest admission are decided at that admission's time, on Redis as in memory, by
+/// every algorithm and layout. The key's state is never empty meanwhile, so no store may
+/// have forgotten it. A sliding log full at its latest time refuses a check stamped before
+/// it with the retry and reset of that time, not of the earlier stamp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_stamped_before_a_keys_latest_admission_are_decided_at_it_on_both_stores() {
+    use sluicegate::RetryAfter;
+
+    const S: u64 = 1_000_000;
+    const T: u64 = 3_600 * S * 24 * 365 * 50 + 1_000;
+    let store = store_at(&support::standalone().url(), "backwards", Scripting::Auto).await;
+    let reference = reference();
+    for (algorithm, layout) in CASES {
+        let spec = RuleSpec {
+            layout,
+            ..RuleSpec::new(algorithm, 2, Duration::from_secs(10))
+        };
+        let rule = Rule::new(&format!("backwards-{algorithm}-{layout:?}"), &spec).unwrap();
+        let limits = [Limit {
+            rule: &rule,
+            key: "k",
+        }];
+        let mut last = None;
+        // (time after T, cost): two admissions, then checks stamped between them.
+        for (step, cost) in [
+            (0, 1),
+            (4 * S, 1),
+            (2 * S, 1),
+            (S, 0),
+            (3 * S, 2),
+            (2 * S, 1),
+        ] {
+            let check = Check {
+                at: Some(Duration::from_micros(T + step)),
+                ..Check::new(&limits, cost)
+            };
+            let want = reference.check_now(&check).unwrap().decision;
+            let got = store.check(&check).await.unwrap().decision;
+            assert_eq!(got, want, "{algorithm} {layout:?}: {cost} at T + {step} µs");
+            if step == 2 * S && last.is_none() {
+                last = Some(got);
+            }
+        }
+        if algorithm == Algorithm::SlidingLog {
+            // Decided at T + 4 s, when the log holds T and T + 4 s: the entry at T expires
+            // at T + 10 s, 6 s on; the newest at T + 14 s.
+            let back = last.unwrap();
+            assert!(!back.allowed, "{layout:?}");
+            assert_eq!(
+                back.retry_after(),
+                RetryAfter::After(Duration::from_secs(6)),
+                "{layout:?}"
+            );
+            assert_eq!(back.reset_after(), Duration::from_secs(10), "{layout:?}");
+        }
+    }
+}
