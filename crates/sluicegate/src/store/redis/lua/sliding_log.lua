@@ -63,21 +63,26 @@ local function zset_log_steps()
       r.now = t
       return units <= r.limit
     end
-    -- Time clamps to the newest entry only when that is later than t (Redis' clock stepped
-    -- back, or a replay's time did): usually nothing is, and a count over the end of the set
-    -- says so without reading an entry.
-    if call('ZCOUNT', key, int(t + 1), '+inf') > 0 then
-      r.latest = entry(r, -1)
-    end
-    r.now = max(t, r.latest or 0)
-    r.cutoff = r.now - r.window
     r.count = total
     if total + units <= r.limit then
+      -- Time clamps to the newest entry only when that is later than t (Redis' clock
+      -- stepped back, or a replay's time did): usually nothing is, and a count over the end
+      -- of the set says so without reading an entry.
+      if call('ZCOUNT', key, int(t + 1), '+inf') > 0 then
+        r.latest = entry(r, -1)
+      end
+      r.now = max(t, r.latest or 0)
+      r.cutoff = r.now - r.window
       -- Fits whatever has expired; how much has is learnt when recording prunes it, or
       -- counted if the check answers without recording.
       r.expired = false
       return true
     end
+    -- A log this full may refuse, and a refusal's reset_after needs the newest entry: it is
+    -- read for the clamp too, one command where a count and then a read would be two.
+    r.latest = entry(r, -1)
+    r.now = max(t, r.latest)
+    r.cutoff = r.now - r.window
     count_live(r)
     return r.live + units <= r.limit
   end
