@@ -136,9 +136,7 @@ impl Leases {
         };
         let held = found.get_mut();
         if held.until <= now {
-            let (gone, _) = found.remove();
-            drop(shard);
-            self.table.give_back(held_bytes(&gone.key));
+            self.table.give_back(found.remove().0.bytes());
             return None;
         }
         if held.units < cost {
@@ -155,9 +153,7 @@ impl Leases {
             delay: 0,
         };
         if held.units == 0 {
-            let (gone, _) = found.remove();
-            drop(shard);
-            self.table.give_back(held_bytes(&gone.key));
+            self.table.give_back(found.remove().0.bytes());
         }
         Some(decision)
     }

@@ -521,6 +521,9 @@ impl<S: Store> Limiter<S> {
                     ))
                     .await
                 };
+                // Only whether the rule leases is asked here, and `take` finds the lease
+                // itself: a lease held across the store's call would grow the future of
+                // every check, leased or not.
                 let answer = match written_back {
                     Ok(()) if check.limits[0].rule.lease().is_none() => {
                         self.store.check(check).await

@@ -256,13 +256,19 @@ impl Rule {
     /// its place (domain and descriptor path), so that two domains' `per_user` never share a
     /// counter.
     pub fn in_scope(&self, scope: &str) -> Rule {
+        self.identified_anew(|inner| inner.scope = Some(scope.into()))
+    }
+
+    /// This rule with `change` made to it, identified anew: the state it names is its own.
+    fn identified_anew(&self, change: impl FnOnce(&mut RuleInner)) -> Rule {
         let r = &self.inner;
         let mut inner = RuleInner {
             name: r.name.clone(),
-            scope: Some(scope.into()),
+            scope: r.scope.clone(),
             identity: Box::default(),
             ..**r
         };
+        change(&mut inner);
         inner.identify();
         Rule {
             inner: Arc::new(inner),
@@ -406,17 +412,7 @@ impl Rule {
                 ),
             ));
         }
-        let mut inner = RuleInner {
-            name: r.name.clone(),
-            scope: r.scope.clone(),
-            identity: Box::default(),
-            envoy_counter: true,
-            ..**r
-        };
-        inner.identify();
-        Ok(Rule {
-            inner: Arc::new(inner),
-        })
+        Ok(self.identified_anew(|inner| inner.envoy_counter = true))
     }
 
     /// Whether this rule's Redis state is envoy's counter ([`Rule::with_envoy_counter`]).
@@ -481,19 +477,11 @@ impl Rule {
             }
             _ => {}
         }
-        let mut inner = RuleInner {
-            name: r.name.clone(),
-            scope: r.scope.clone(),
-            identity: Box::default(),
-            window,
-            capacity,
-            lease: Some(lease),
-            ..**r
-        };
-        inner.identify();
-        Ok(Rule {
-            inner: Arc::new(inner),
-        })
+        Ok(self.identified_anew(|inner| {
+            inner.window = window;
+            inner.capacity = capacity;
+            inner.lease = Some(lease);
+        }))
     }
 
     /// The rule's lease, if it has one ([`Rule::with_lease`]).

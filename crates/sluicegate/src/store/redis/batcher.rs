@@ -210,12 +210,7 @@ impl Target {
                 let reply = bounded(hold, script.call(&mut manager, calls, replica_wait)).await;
                 connection.note(&reply);
                 // Our bound or the manager's own response timeout, both the hold.
-                let silent = match &reply {
-                    Err(CallError::Timeout) => true,
-                    Err(CallError::Redis(e)) => e.is_timeout(),
-                    _ => false,
-                };
-                if silent {
+                if matches!(&reply, Err(e) if e.is_timeout()) {
                     connection.replace_silent();
                 }
                 reply

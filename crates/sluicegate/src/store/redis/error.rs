@@ -56,6 +56,19 @@ impl CallError {
         }
     }
 
+    /// Whether Redis stayed silent for the whole call: our bound ended it, or the client's
+    /// own response timeout did (the same setting; either may fire first).
+    pub(super) fn is_timeout(&self) -> bool {
+        match self {
+            CallError::Timeout => true,
+            CallError::Redis(e) => e.is_timeout(),
+            CallError::Check(_)
+            | CallError::Closed
+            | CallError::NotOnOneNode
+            | CallError::NotReplicated { .. } => false,
+        }
+    }
+
     /// Whether the node answered that the cluster is down: `CLUSTERDOWN` for the command,
     /// or, for a script already running, Redis 7's "Script attempted to execute a command
     /// while the cluster is down" (and "… while the cluster is down and readonly").
@@ -145,9 +158,8 @@ impl CallError {
             return StoreError::ClusterDown { server, message };
         }
         match self {
-            // The client's own response timeout is the same bound as ours (both the
-            // configured timeout), and which of the two fires first is a race: either way
-            // the call was sent and may have run.
+            // As `is_timeout` says: either bound; either way the call was sent and may
+            // have run.
             CallError::Timeout => StoreError::Timeout {
                 server,
                 key,
