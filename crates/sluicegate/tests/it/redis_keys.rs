@@ -139,36 +139,45 @@ async fn keys_expire_once_their_window_has_passed() {
     }
 }
 
+/// For each algorithm (a lone fixed-window check is decided in one step, the others through
+/// the short path's steps), a lone check of a key of the wrong type.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_of_the_wrong_type_is_a_typed_error() {
     let store = store_at(&support::standalone().url(), "wrongtype", Scripting::Auto).await;
-    let rule = Rule::new(
-        "w",
-        &RuleSpec::new(Algorithm::TokenBucket, 5, Duration::from_secs(1)),
-    )
-    .unwrap();
-    let key = store.state_key(&rule, "mallory");
-    support::standalone()
-        .query::<()>(cmd("SET").arg(&key).arg("oops"))
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+    ] {
+        let rule = Rule::new(
+            &format!("w-{algorithm}"),
+            &RuleSpec::new(algorithm, 5, Duration::from_secs(1)),
+        )
         .unwrap();
-    match check_one(&store, &rule, "mallory", 1).await {
-        Err(StoreError::WrongType {
-            key: culprit,
-            server,
-        }) => {
-            assert_eq!(culprit, key);
-            assert!(server.contains("127.0.0.1"));
+        let key = store.state_key(&rule, "mallory");
+        support::standalone()
+            .query::<()>(cmd("SET").arg(&key).arg("oops"))
+            .unwrap();
+        match check_one(&store, &rule, "mallory", 1).await {
+            Err(StoreError::WrongType {
+                key: culprit,
+                server,
+            }) => {
+                assert_eq!(culprit, key, "{algorithm}");
+                assert!(server.contains("127.0.0.1"), "{algorithm}");
+            }
+            other => panic!("{algorithm}: expected a wrong-type error, got {other:?}"),
         }
-        other => panic!("expected a wrong-type error, got {other:?}"),
+        // The store goes on serving other keys.
+        assert!(
+            check_one(&store, &rule, "bob", 1)
+                .await
+                .unwrap()
+                .decision
+                .allowed,
+            "{algorithm}"
+        );
     }
-    // The store goes on serving other keys.
-    assert!(
-        check_one(&store, &rule, "bob", 1)
-            .await
-            .unwrap()
-            .decision
-            .allowed
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,20 +2,27 @@
 -- t = latest time}. Evaluating leaves in the rule: now, stored_window (k), index (the
 -- current window's), count (units in the current window) and window_end.
 local function fixed_window_steps()
-  local function evaluate(r, t, units)
-    local stored_window, count, latest
-    if r.key == held_key then
-      stored_window, count, latest = held_state.k, held_state.n, held_state.t
-    else
-      local v = call('HMGET', r.key, 'k', 'n', 't')
-      stored_window, count, latest = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+  -- The stored window, its count and the latest time of `key`: held (prelude.lua), or read.
+  local function read(key)
+    if key == held_key then
+      return held_state.k, held_state.n, held_state.t
     end
-    r.stored_window = stored_window
-    r.latest = latest or 0
-    r.now = max(t, r.latest)
-    r.index = div(r.now, r.window)
-    r.count = stored_window == r.index and (count or 0) or 0
-    r.window_end = (r.index + 1) * r.window
+    local v = call('HMGET', key, 'k', 'n', 't')
+    return tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+  end
+
+  -- Where a check at `t` stands against a state read: the time decided at (never before
+  -- the latest), the current window's index, the units counted in it and its end.
+  local function standing(t, window, stored_window, count, latest)
+    local now = max(t, latest or 0)
+    local index = div(now, window)
+    return now, index, stored_window == index and (count or 0) or 0, (index + 1) * window
+  end
+
+  local function evaluate(r, t, units)
+    local stored_window, count, latest = read(r.key)
+    r.stored_window, r.latest = stored_window, latest or 0
+    r.now, r.index, r.count, r.window_end = standing(t, r.window, stored_window, count, latest)
     return r.count + units <= r.limit
   end
 
@@ -37,29 +44,71 @@ local function fixed_window_steps()
     write_fields(key, state.k, state.n, state.t, state.ttl)
   end
 
-  local function record(r, cost, margin)
-    local key, now = r.key, r.now
-    local ttl = r.stored_window ~= r.index and ttl_ms(r.window_end - now, margin)
+  -- Sets `key`'s window to `index` (ending at `window_end`; a new one when the stored
+  -- window was another), its count to `n` and its latest time to `now`: held while
+  -- `holding`, else written. The count was read when evaluating, and nothing runs between:
+  -- one write sets it and the latest time (an increment, then a set, would be two commands
+  -- per check).
+  local function keep(key, stored_window, index, n, now, window_end, margin)
+    local ttl = stored_window ~= index and ttl_ms(window_end - now, margin)
     if holding then
       if hold(key, write_held_state) then
         held_state.ttl = false
       end
-      held_state.k, held_state.n, held_state.t = r.index, r.count + cost, now
+      held_state.k, held_state.n, held_state.t = index, n, now
       held_state.ttl = ttl or held_state.ttl
       return
     end
-    -- The count was read when evaluating, and nothing runs between: one write sets it and
-    -- the latest time (an increment, then a set, would be two commands per check).
-    write_fields(key, r.index, r.count + cost, now, ttl)
+    write_fields(key, index, n, now, ttl)
+  end
+
+  local function record(r, cost, margin)
+    keep(r.key, r.stored_window, r.index, r.count + cost, r.now, r.window_end, margin)
+  end
+
+  -- remaining, retry_after, reset_after and delay of a window counting `count` units.
+  local function answer_of(limit, count, window_end, now, admitted, over, units)
+    if admitted then
+      return limit - count - units, 0, window_end - now, 0
+    end
+    local reset = count > 0 and (window_end - now) or 0
+    return max(limit - count, 0), over and reset or 0, reset, 0
   end
 
   local function answer(r, admitted, over, units)
-    local now, limit = r.now, r.limit
-    if admitted then
-      return limit - r.count - units, 0, r.window_end - now, 0
+    return answer_of(r.limit, r.count, r.window_end, r.now, admitted, over, units)
+  end
+
+  -- A short check (main.lua, run_short) of `key` decided in one step, from the same reads,
+  -- writes and numbers as evaluate, record and answer there, without a rule slot's
+  -- bookkeeping: most checks of a fixed window take it. Returns the check's status and
+  -- numbers (main.lua, add_answer).
+  local function decide(r, key, t, cost, dry, charge, margin)
+    local stored_window, count, latest = read(key)
+    local limit = r.limit
+    local now, index, window_end
+    now, index, count, window_end = standing(t, r.window, stored_window, count, latest)
+    -- A peek is decided for one unit, for none when refusals are charged (run_short).
+    local units = (cost == 0 and not charge) and 1 or cost
+    local never = units > r.capacity
+    if never or count + units > limit then
+      -- A charged refusal counts, and answers as refused after it.
+      if charge and cost > 0 then
+        local charged = count + min(cost, MAX_EXACT - count)
+        keep(key, stored_window, index, charged, now, window_end, margin)
+        count = charged
+      end
+      local remaining, retry, reset = answer_of(limit, count, window_end, now, false, true, units)
+      return 0, remaining, never and NEVER or retry, reset, 0
     end
-    local reset = r.count > 0 and (r.window_end - now) or 0
-    return max(limit - r.count, 0), over and reset or 0, reset, 0
+    if dry then
+      return ALLOWS, answer_of(limit, count, window_end, now, false, false, units)
+    end
+    if cost == 0 then
+      return ALLOWS, answer_of(limit, count, window_end, now, true, false, units)
+    end
+    keep(key, stored_window, index, count + cost, now, window_end, margin)
+    return RECORDED_AT - now, answer_of(limit, count, window_end, now, true, false, units)
   end
 
   -- Only while the admission's window is still the current one: a later window never
@@ -92,7 +141,7 @@ local function fixed_window_steps()
     end
   end
 
-  return evaluate, record, answer, give_back, report, refund, unreserve
+  return evaluate, record, answer, give_back, report, refund, unreserve, decide
 end
 
 -- A fixed window kept as envoyproxy/ratelimit keeps its counters (Rule::with_envoy_counter),

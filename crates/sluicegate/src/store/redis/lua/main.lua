@@ -15,7 +15,7 @@ local function new_rule_slot()
     repeat_release = false, verdict = false, cost = 0, units = 0, repeated = false,
     reserved = 0, reserved_at = 0, reserved_tat = 0,
     evaluate = false, record = false, answer = false, give_back = false, report = false,
-    refund = false, unreserve = false,
+    refund = false, unreserve = false, decide = false,
   }
 end
 
@@ -97,6 +97,7 @@ local function take_up(r, values, at, steps)
   r.jitter = tonumber(values[at + 8])
   r.evaluate, r.record, r.answer, r.give_back = steps[1], steps[2], steps[3], steps[4]
   r.report, r.refund, r.unreserve = steps[5], steps[6], steps[7]
+  r.decide = steps[8] or false
 end
 
 -- Slot `r` made ready for a check of `key`: every field evaluating reads before it writes.
@@ -229,9 +230,7 @@ local results, result_count, results_held = {}, 0, 0
 -- Appends one rule's numbers but the last (the time decided at). A short check's answer
 -- stops there (run_short): only a check that recorded needs the time (its units are given
 -- back at it), and its status says it, RECORDED_AT - that time in place of its status
--- (prelude.lua's header). A number fewer per check in a reply Redis converts number by
--- number.
-local RECORDED_AT = -1
+-- (prelude.lua). A number fewer per check in a reply Redis converts number by number.
 local function add_answer(status, remaining, retry, reset, delay)
   local n = result_count
   results[n + 1] = status
@@ -323,6 +322,10 @@ end
 -- record or not, then answer; the same commands, the same state, the same numbers.
 -- `r` is the rule's slot, bound to the check's key (rule_of).
 local function run_short(r, t, cost, dry, charge, margin)
+  if r.decide then
+    add_answer(r:decide(r.key, t, cost, dry, charge, margin))
+    return
+  end
   local units = cost
   if units == 0 and not (charge and r.algorithm ~= SLIDING_LOG) then
     units = 1
@@ -602,17 +605,45 @@ local function run_short_checks()
   end
 end
 
+-- The text a check's failure answers: a Redis error arrives as a table {err = text};
+-- anything else is this script's bug.
+local function failure_text(failure)
+  return type(failure) == 'table' and failure.err or tostring(failure)
+end
+
+-- A short call of one check whose rule decides in one step (decide): most calls at a
+-- moderate rate. Nothing to hold and no run of checks to go on with, so none of `check`'s
+-- bookkeeping: a lone fixed-window check costs Redis about 13 % fewer instructions so
+-- (scripts/redis-instructions). Its reply is its own table, kept from call to call.
+local lone_reply = {}
+local function check_lone(shape, key, time)
+  local t = tonumber(time)
+  server_time = false
+  local reply = lone_reply
+  local ok
+  -- As read_shapes reads a shape's time and margin.
+  ok, reply[1], reply[2], reply[3], reply[4], reply[5] = pcall(shape.r.decide, shape.r, key,
+    t or redis_time(), shape.cost, shape.dry, shape.charge, time == '' and 0 or 60000)
+  if not ok then
+    return {failure_text(reply[1])}
+  end
+  return reply
+end
+
 -- One call: `call_keys` and `call_argv` as prelude.lua's header describes them.
 -- `is_routed`: called by check_routed.
 local function check(call_keys, call_argv, is_routed)
   if not call then
     bind_globals()
   end
+  short_shape = short_shape_of(call_argv[1])
+  if short_shape and call_keys[2] == nil and short_shape.r.decide then
+    return check_lone(short_shape, call_keys[1], call_argv[2])
+  end
   keys, argv, server_time, routed = call_keys, call_argv, false, is_routed or false
   held_key, holding, writing_held, held_failure = false, false, false, false
   results_held = max(results_held, result_count)
   result_count = 0
-  short_shape = short_shape_of(argv[1])
   local run = run_checks
   if short_shape then
     -- As read_shapes reads a shape's time.
@@ -629,8 +660,7 @@ local function check(call_keys, call_argv, is_routed)
   while done < check_count and not held_failure do
     local ok, failure = pcall(run)
     if not ok then
-      -- A Redis error arrives as a table {err = text}; anything else is this script's bug.
-      local text = type(failure) == 'table' and failure.err or tostring(failure)
+      local text = failure_text(failure)
       if writing_held then
         held_failure, writing_held = text, false
       end

@@ -29,7 +29,9 @@
 -- gave back any; unreserve(r, at, tat, units, margin) gives back up to `units` of a
 -- reservation recorded at `at` (that set the GCRA state's TAT to `tat`) from where it put
 -- them, as far as they still count. report, refund and unreserve follow an evaluate of the
--- same rule, whose findings they use.
+-- same rule, whose findings they use. A piece may make an eighth, decide(r, key, t, cost,
+-- dry, charge, margin): a short check (main.lua, run_short) decided in one step, to the
+-- same commands, state and numbers as the others take, returning its status and numbers.
 -- main.lua makes each algorithm's steps the first time a call's rules use it.
 --
 -- The Rust algorithms (crates/sluicegate/src/algorithm/) are the reference; this script
@@ -158,6 +160,9 @@ local MAX_EXACT = 2 ^ 53 - 1
 -- stays below 2^53.
 local MAX_BACKLOG = 2 ^ 51
 local ALLOWS, RECORDED = 1, 2
+-- A short check that recorded answers RECORDED_AT - the time it recorded at as its status
+-- (main.lua, add_answer).
+local RECORDED_AT = -1
 local NEVER = -1
 local GIVEN_BACK = 1
 local RULE_VALUES = 8
