@@ -319,7 +319,8 @@ end
 -- The short path: a check of one rule, with no request id, in mode CHECK, DRY, CHARGE or
 -- DRY_CHARGE (shape.short) — most checks. It decides as run_check's two phases do for one
 -- rule, without their bookkeeping (verdicts, costs per rule, request ids): evaluate, then
--- record or not, then answer; the same commands, the same state, the same numbers.
+-- record or not, then answer; the same commands, the same state, the same numbers. A rule
+-- whose algorithm makes a decide step (prelude.lua) is decided by it, in one step.
 -- `r` is the rule's slot, bound to the check's key (rule_of).
 local function run_short(r, t, cost, dry, charge, margin)
   if r.decide then
@@ -637,7 +638,7 @@ local function check(call_keys, call_argv, is_routed)
     bind_globals()
   end
   short_shape = short_shape_of(call_argv[1])
-  if short_shape and call_keys[2] == nil and short_shape.r.decide then
+  if short_shape and #call_keys == 1 and short_shape.r.decide then
     return check_lone(short_shape, call_keys[1], call_argv[2])
   end
   keys, argv, server_time, routed = call_keys, call_argv, false, is_routed or false
