@@ -324,8 +324,7 @@ end
 -- `r` is the rule's slot, bound to the check's key (rule_of).
 local function run_short(r, t, cost, dry, charge, margin)
   if r.decide then
-    add_answer(r:decide(r.key, t, cost, dry, charge, margin))
-    return
+    return r:decide(r.key, t, cost, dry, charge, margin)
   end
   local units = cost
   if units == 0 and not (charge and r.algorithm ~= SLIDING_LOG) then
@@ -341,19 +340,15 @@ local function run_short(r, t, cost, dry, charge, margin)
       r.count = r.count + units_charged
     end
     local remaining, retry, reset, delay = r:answer(false, not never, units)
-    add_answer(0, remaining, never and NEVER or retry, reset, delay)
-    return
+    return 0, remaining, never and NEVER or retry, reset, delay
   end
   if dry then
-    local remaining, retry, reset, delay = r:answer(false, false, units)
-    add_answer(ALLOWS, remaining, retry, reset, delay)
-    return
+    return ALLOWS, r:answer(false, false, units)
   end
   if cost > 0 then
     r:record(cost, margin)
   end
-  local remaining, retry, reset, delay = r:answer(true, false, units)
-  add_answer(cost > 0 and RECORDED_AT - r.now or ALLOWS, remaining, retry, reset, delay)
+  return cost > 0 and RECORDED_AT - r.now or ALLOWS, r:answer(true, false, units)
 end
 
 -- One check of the given shape, its keys after KEYS index `k`; appends its numbers to
@@ -367,8 +362,8 @@ local function run_check(shape, k)
   end
   holding = plain
   if shape.short then
-    run_short(rule_of(1, shape.specs[1], k, 1), shape.t or redis_time(), shape.cost, shape.dry,
-      shape.charge, shape.margin)
+    add_answer(run_short(rule_of(1, shape.specs[1], k, 1), shape.t or redis_time(), shape.cost,
+      shape.dry, shape.charge, shape.margin))
     return
   end
   if shape.usage then
@@ -601,7 +596,7 @@ local function run_short_checks()
     next_k = k + 1
     answer_start = result_count
     bind_key(r, keys[next_k])
-    run_short(r, t, cost, dry, charge, short_margin)
+    add_answer(run_short(r, t, cost, dry, charge, short_margin))
     k, done = next_k, done + 1
   end
 end
@@ -612,10 +607,9 @@ local function failure_text(failure)
   return type(failure) == 'table' and failure.err or tostring(failure)
 end
 
--- A short call of one check whose rule decides in one step (decide): most calls at a
--- moderate rate. Nothing to hold and no run of checks to go on with, so none of `check`'s
--- bookkeeping: a lone fixed-window check costs Redis about 12 % fewer instructions so
--- (scripts/redis-instructions). Its reply is its own table, kept from call to call.
+-- A short call of one check: most calls at a moderate rate. Nothing to hold and no run of
+-- checks to go on with, so none of `check`'s bookkeeping (scripts/redis-instructions). Its
+-- reply is its own table, kept from call to call.
 local lone_reply = {}
 local function check_lone(shape, key, time)
   local t = tonumber(time)
@@ -623,8 +617,10 @@ local function check_lone(shape, key, time)
   local reply = lone_reply
   local ok
   -- As read_shapes reads a shape's time and margin.
-  ok, reply[1], reply[2], reply[3], reply[4], reply[5] = pcall(shape.r.decide, shape.r, key,
-    t or redis_time(), shape.cost, shape.dry, shape.charge, time == '' and 0 or 60000)
+  local r = shape.r
+  bind_key(r, key)
+  ok, reply[1], reply[2], reply[3], reply[4], reply[5] = pcall(run_short, r, t or redis_time(),
+    shape.cost, shape.dry, shape.charge, time == '' and 0 or 60000)
   if not ok then
     return {failure_text(reply[1])}
   end
@@ -638,7 +634,7 @@ local function check(call_keys, call_argv, is_routed)
     bind_globals()
   end
   short_shape = short_shape_of(call_argv[1])
-  if short_shape and #call_keys == 1 and short_shape.r.decide then
+  if short_shape and #call_keys == 1 then
     return check_lone(short_shape, call_keys[1], call_argv[2])
   end
   keys, argv, server_time, routed = call_keys, call_argv, false, is_routed or false
