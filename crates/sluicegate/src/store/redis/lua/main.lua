@@ -321,7 +321,8 @@ end
 -- rule, without their bookkeeping (verdicts, costs per rule, request ids): evaluate, then
 -- record or not, then answer; the same commands, the same state, the same numbers. A rule
 -- whose algorithm makes a decide step (prelude.lua) is decided by it, in one step.
--- `r` is the rule's slot, bound to the check's key (rule_of).
+-- `r` is the rule's slot, bound to the check's key (rule_of). Returns the check's status
+-- and numbers, as add_answer takes them.
 local function run_short(r, t, cost, dry, charge, margin)
   if r.decide then
     return r:decide(r.key, t, cost, dry, charge, margin)
