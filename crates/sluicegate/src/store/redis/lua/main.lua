@@ -10,7 +10,7 @@ local function new_rule_slot()
   return {
     spec = false, algorithm = 0, limit = 0, window = 0, buckets = 0, capacity = 0,
     interval = 0, jitter = 0, key = false, ids = false, releases = false, now = 0, latest = false,
-    live = 0, expired = 0, cutoff = 0, head = 0, count = 0, new_key = false,
+    live = 0, expired = 0, cutoff = 0, head = 0, count = 0, new_key = false, awaited = 0,
     latest_residue = 0, room = 0, read = '',
     repeat_release = false, verdict = false, cost = 0, units = 0, repeated = false,
     reserved = 0, reserved_at = 0, reserved_tat = 0,

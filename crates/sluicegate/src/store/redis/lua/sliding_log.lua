@@ -8,26 +8,34 @@
 -- Evaluating leaves in the rule: now, cutoff (now - W: an entry at or before it has
 -- expired), count (entries stored), expired (how many of them have; false while the zset
 -- has not counted them), live (count - expired) and latest (the key's latest time; false
--- while the zset has not read it).
+-- while the zset has not read it); a zset too full to admit without pruning, also awaited
+-- (the entry a refusal waits for).
 
 -- The answer of either layout; `entry(r, i)` is the time of entry i (from 0, oldest
 -- first; -1 the newest, which only a zset that has not read its latest time asks for).
+-- Refused over the limit for one unit, at least L entries are live and none remains: that
+-- answer reads no live count (the zset counts none for it).
 local function answer_log(r, admitted, over, units, entry)
-  local limit, live, window, now = r.limit, r.live, r.window, r.now
+  local limit, window, now = r.limit, r.window, r.now
   if admitted then
-    return limit - live - units, 0, window, 0
+    return limit - r.live - units, 0, window, 0
+  end
+  local remaining = 0
+  if not over or units > 1 then
+    remaining = max(limit - r.live, 0)
   end
   local retry = 0
   if over then
-    -- The check fits once the k-th live entry has expired.
-    local k = live + units - limit
-    retry = entry(r, r.expired + k - 1) + window - now
+    -- The check fits once the k-th live entry has expired, k = live + units - L: the entry
+    -- at rank expired + k - 1 = count + units - L - 1.
+    retry = entry(r, r.count + units - limit - 1) + window - now
   end
+  -- Over the limit (for at most L units: more is never), some entry is live.
   local reset = 0
-  if live > 0 then
+  if over or r.live > 0 then
     reset = (r.latest or entry(r, -1)) + window - now
   end
-  return max(limit - live, 0), retry, reset, 0
+  return remaining, retry, reset, 0
 end
 
 -- The steps of the ZSET layout.
@@ -83,8 +91,18 @@ local function zset_log_steps()
     r.latest = entry(r, -1)
     r.now = max(t, r.latest)
     r.cutoff = r.now - r.window
-    count_live(r)
-    return r.live + units <= r.limit
+    -- The check fits once the oldest total + units - L entries have expired: once the
+    -- newest of them, at that rank, has. That entry is also the one a refusal waits for
+    -- (answer_log's), so one read decides and answers, where counting what has expired and
+    -- then reading would be two; how much has is learnt when recording prunes it, or
+    -- counted if an answer needs it. More units than L never fit, and no entry says when.
+    local rank = total + units - r.limit - 1
+    r.expired = false
+    if rank >= total then
+      return false
+    end
+    r.awaited = entry(r, rank)
+    return r.awaited <= r.cutoff
   end
 
   -- Members "time:n" for n = first .. last, at `now`.
@@ -188,11 +206,16 @@ local function zset_log_steps()
     return true
   end
 
+  -- The entry a refusal waits for, as evaluate read it.
+  local function awaited(r)
+    return r.awaited
+  end
+
   local function answer(r, admitted, over, units)
-    if not r.expired then
+    if not r.expired and not (over and units == 1) then
       count_live(r)
     end
-    return answer_log(r, admitted, over, units, entry)
+    return answer_log(r, admitted, over, units, over and awaited or entry)
   end
 
   -- Up to `cost` members at `at`, the highest n (the latest added) first.
