@@ -203,7 +203,7 @@ fn node_id(server: &RedisServer) -> String {
 
 /// A redis-server in cluster mode, failed over after one second of silence.
 fn cluster_node() -> RedisServer {
-    RedisServer::start(&["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+    RedisServer::start_cluster_node(&["--cluster-node-timeout", "1000"])
 }
 
 /// What a node says of itself in `CLUSTER NODES`.
@@ -297,12 +297,16 @@ fn create_cluster(nodes: &[RedisServer], replicas: usize) {
 /// a master it knows), each node that owns no slot replicates a master, the masters taken
 /// in turn.
 fn join_after_a_stalled_create(nodes: &[RedisServer]) {
+    let bus = nodes[0]
+        .cluster_bus()
+        .expect("a cluster node has a bus port");
     for node in &nodes[1..] {
         node.query::<()>(
             cmd("CLUSTER")
                 .arg("MEET")
                 .arg("127.0.0.1")
-                .arg(nodes[0].port),
+                .arg(nodes[0].port)
+                .arg(bus),
         )
         .expect("CLUSTER MEET");
     }

@@ -39,6 +39,8 @@ pub struct RedisServer {
     pub port: u16,
     /// How [`query`](Self::query) reaches it.
     access: Access,
+    /// A cluster node's bus port, held as `port` is.
+    cluster_bus: Option<u16>,
     /// Where its output goes: see [`log`](Self::log).
     log: PathBuf,
     /// The shell the server runs under: dropping it closes the pipe the shell waits on,
@@ -51,6 +53,30 @@ impl RedisServer {
     /// "secret"]`). Returns once it answers `PING`.
     pub fn start(extra: &[&str]) -> RedisServer {
         RedisServer::launch(hold_free_port(), None, extra, Access::default())
+    }
+
+    /// A Redis Cluster node on a free port, with `extra` redis-server options. Its cluster
+    /// bus listens on a second free port, held as the first is: by default it would listen
+    /// on the port + 10000, which no one holds for it, so that another server, or a
+    /// connection the kernel gave that port to, could keep the node from starting.
+    pub(crate) fn start_cluster_node(extra: &[&str]) -> RedisServer {
+        RedisServer::launch_cluster_node(hold_free_port(), extra)
+    }
+
+    /// A cluster node's bus port (what `CLUSTER MEET` is told besides its port).
+    pub(crate) fn cluster_bus(&self) -> Option<u16> {
+        self.cluster_bus
+    }
+
+    /// Starts a cluster node on `port`, which the caller has counted in [`HELD_PORTS`].
+    fn launch_cluster_node(port: u16, extra: &[&str]) -> RedisServer {
+        let bus = hold_free_port();
+        let bus_arg = bus.to_string();
+        let mut options = vec!["--cluster-enabled", "yes", "--cluster-port", &bus_arg];
+        options.extend_from_slice(extra);
+        let mut server = RedisServer::launch(port, None, &options, Access::default());
+        server.cluster_bus = Some(bus);
+        server
     }
 
     /// A server on a given port: to restart one that was [shut down](Self::shutdown).
@@ -104,6 +130,7 @@ impl RedisServer {
         let server = RedisServer {
             port,
             access,
+            cluster_bus: None,
             _shell: spawn_under_shell(&args, &log),
             log,
         };
@@ -282,10 +309,12 @@ static HELD_PORTS: Mutex<BTreeMap<u16, usize>> = Mutex::new(BTreeMap::new());
 impl Drop for RedisServer {
     fn drop(&mut self) {
         let mut held = HELD_PORTS.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = held.get_mut(&self.port) {
-            *count -= 1;
-            if *count == 0 {
-                held.remove(&self.port);
+        for port in std::iter::once(self.port).chain(self.cluster_bus) {
+            if let Some(count) = held.get_mut(&port) {
+                *count -= 1;
+                if *count == 0 {
+                    held.remove(&port);
+                }
             }
         }
     }
@@ -305,4 +334,22 @@ fn spawn_under_shell(args: &[String], log: &Path) -> Child {
         .stdin(Stdio::piped())
         .spawn()
         .expect("sh")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cluster node starts where the port + 10000, its bus port unless told, is taken.
+    #[test]
+    fn a_cluster_node_starts_where_its_port_plus_10000_is_taken() {
+        let port = hold_free_port();
+        // Taken here, unless it is taken already.
+        let _taken = TcpListener::bind(("127.0.0.1", port + 10000));
+        let node = RedisServer::launch_cluster_node(port, &[]);
+        assert_eq!(
+            node.query::<String>(&cmd("PING")).ok().as_deref(),
+            Some("PONG")
+        );
+    }
 }
