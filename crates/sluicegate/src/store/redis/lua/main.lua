@@ -107,9 +107,9 @@ local function bind_key(r, key)
   r.head, r.count, r.new_key, r.repeat_release = 0, 0, false, false
 end
 
--- Rule `i` of a check: its spec, its keys, and room for what evaluating it finds. A slot
--- takes up a rule's values when it changes rule.
-local function rule_of(i, spec, q, keys_per_rule)
+-- The slot of rule `i` of a check, its spec's: a slot takes up a rule's values when it
+-- changes rule.
+local function slot_of(i, spec)
   local r = rule_slots[i]
   if not r then
     r = new_rule_slot()
@@ -119,6 +119,12 @@ local function rule_of(i, spec, q, keys_per_rule)
     r.spec = spec
     take_up(r, argv, spec, steps_of_spec[spec])
   end
+  return r
+end
+
+-- Rule `i` of a check: its slot, its keys, and room for what evaluating it finds.
+local function rule_of(i, spec, q, keys_per_rule)
+  local r = slot_of(i, spec)
   bind_key(r, keys[q + 1])
   if keys_per_rule == 3 then
     r.ids, r.releases = keys[q + 2], keys[q + 3]
@@ -320,13 +326,14 @@ end
 -- DRY_CHARGE (shape.short) — most checks. It decides as run_check's two phases do for one
 -- rule, without their bookkeeping (verdicts, costs per rule, request ids): evaluate, then
 -- record or not, then answer; the same commands, the same state, the same numbers. A rule
--- whose algorithm makes a decide step (prelude.lua) is decided by it, in one step.
--- `r` is the rule's slot, bound to the check's key (rule_of). Returns the check's status
--- and numbers, as add_answer takes them.
-local function run_short(r, t, cost, dry, charge, margin)
+-- whose algorithm makes a decide step (prelude.lua) is decided by it, in one step, of
+-- `key`; any other's slot `r` is bound to `key` first. Returns the check's status and
+-- numbers, as add_answer takes them.
+local function run_short(r, key, t, cost, dry, charge, margin)
   if r.decide then
-    return r:decide(r.key, t, cost, dry, charge, margin)
+    return r:decide(key, t, cost, dry, charge, margin)
   end
+  bind_key(r, key)
   local units = cost
   if units == 0 and not (charge and r.algorithm ~= SLIDING_LOG) then
     units = 1
@@ -363,8 +370,8 @@ local function run_check(shape, k)
   end
   holding = plain
   if shape.short then
-    add_answer(run_short(rule_of(1, shape.specs[1], k, 1), shape.t or redis_time(), shape.cost,
-      shape.dry, shape.charge, shape.margin))
+    add_answer(run_short(slot_of(1, shape.specs[1]), keys[k + 1], shape.t or redis_time(),
+      shape.cost, shape.dry, shape.charge, shape.margin))
     return
   end
   if shape.usage then
@@ -596,8 +603,7 @@ local function run_short_checks()
   while done < check_count do
     next_k = k + 1
     answer_start = result_count
-    bind_key(r, keys[next_k])
-    add_answer(run_short(r, t, cost, dry, charge, short_margin))
+    add_answer(run_short(r, keys[next_k], t, cost, dry, charge, short_margin))
     k, done = next_k, done + 1
   end
 end
@@ -613,14 +619,12 @@ end
 -- reply is its own table, kept from call to call.
 local lone_reply = {}
 local function check_lone(shape, key, time)
-  local t = tonumber(time)
   server_time = false
+  -- As read_shapes reads a shape's time and margin; no time is '', which is not parsed.
+  local t = time ~= '' and tonumber(time) or redis_time()
   local reply = lone_reply
   local ok
-  -- As read_shapes reads a shape's time and margin.
-  local r = shape.r
-  bind_key(r, key)
-  ok, reply[1], reply[2], reply[3], reply[4], reply[5] = pcall(run_short, r, t or redis_time(),
+  ok, reply[1], reply[2], reply[3], reply[4], reply[5] = pcall(run_short, shape.r, key, t,
     shape.cost, shape.dry, shape.charge, time == '' and 0 or 60000)
   if not ok then
     return {failure_text(reply[1])}

@@ -130,21 +130,14 @@ fn general_only(library: &str) -> String {
     )
 }
 
-/// The library with a short path that fails every check it is given: at its entry, and at
-/// the fixed window's one-step decision, which a lone check reaches without it.
+/// The library with a short path that fails every check it is given, at its entry.
 fn short_path_failing(library: &str) -> String {
-    [
-        "local function run_short(r, t, cost, dry, charge, margin)\n",
-        "  local function decide(r, key, t, cost, dry, charge, margin)\n",
-    ]
-    .iter()
-    .fold(library.to_owned(), |library, entry| {
-        replace_once(
-            &library,
-            entry,
-            &format!("{entry}  error('short path', 0)\n"),
-        )
-    })
+    let entry = "local function run_short(r, key, t, cost, dry, charge, margin)\n";
+    replace_once(
+        library,
+        entry,
+        &format!("{entry}  error('short path', 0)\n"),
+    )
 }
 
 /// A small deterministic generator (xorshift64*).
