@@ -48,13 +48,14 @@ return 0
 LUA
 }
 
-# store_shaped_key NAME WINDOW_US: a key as long as those the store writes for a sliding
-# log of WINDOW_US µs in `sluicegate bench` (keys.rs: a prefix, a hash tag, the rule's
-# identity, the descriptor's value; 90 characters for a window of a second), NAME (five
-# letters: bench, naive) in its prefix; the hash tag holds redis-benchmark's __rand_int__
-# (12 digits), padded to the store's 16. Redis hashes and copies a key once per command, so
-# an anchor keyed so pays for its keys as the store does.
+# store_shaped_key NAME WINDOW_US [TAGGED]: a key as long as those the store writes for a
+# sliding log of WINDOW_US µs in `sluicegate bench` (keys.rs: a prefix, a hash tag, the
+# rule's identity, the descriptor's value; 90 characters for a window of a second), NAME
+# (five letters: bench, naive) in its prefix. TAGGED is the part that holds the hash tag:
+# by default redis-benchmark's __rand_int__ (12 digits) padded to the store's 16; on a
+# cluster, redis-benchmark --cluster's '{tag}:__rand_int__'. Redis hashes and copies a key
+# once per command, so an anchor keyed so pays for its keys as the store does.
 store_shaped_key() {
-  printf 'sluicegate:%s:1541:{__rand_int__9999}:s:33:3:cli|sliding-log|w=%s|cpt3:bench:86480\n' \
-    "$1" "$2"
+  printf 'sluicegate:%s:1541:%s:s:33:3:cli|sliding-log|w=%s|cpt3:bench:86480\n' \
+    "$1" "${3:-{__rand_int__9999\}}" "$2"
 }
