@@ -619,7 +619,7 @@ end
 -- reply is its own table, kept from call to call.
 local lone_reply = {}
 local function check_lone(shape, key, time)
-  server_time = false
+  server_time, keep_written = false, false
   -- As read_shapes reads a shape's time and margin; no time is '', which is not parsed.
   local t = time ~= '' and tonumber(time) or redis_time()
   local reply = lone_reply
@@ -643,6 +643,7 @@ local function check(call_keys, call_argv, is_routed)
     return check_lone(short_shape, call_keys[1], call_argv[2])
   end
   keys, argv, server_time, routed = call_keys, call_argv, false, is_routed or false
+  keep_written = true
   held_key, holding, writing_held, held_failure = false, false, false, false
   results_held = max(results_held, result_count)
   result_count = 0

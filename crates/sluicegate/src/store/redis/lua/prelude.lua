@@ -189,17 +189,24 @@ end
 -- library keeps what it wrote from call to call, up to WRITTEN_MAX numbers: few, since the
 -- times of one call seldom come up in the next, and Lua's collector walks the whole table
 -- (4,096 cost a lone check 4k more instructions than 256: scripts/redis-instructions).
+-- A call of one check (`keep_written` false) keeps nothing it writes: its numbers are its
+-- own time and counts, which later calls seldom write again, and keeping them cost a lone
+-- fixed-window check more than writing them. Its TTL, which calls of one rule share, is
+-- kept apart (ttl_ms).
 local WRITTEN_MAX = 256
 local written, written_count = {}, 0
+local keep_written = true
 local function int(x)
   local s = written[x]
   if not s then
-    if written_count >= WRITTEN_MAX then
-      written, written_count = {}, 0
-    end
     s = format(INT, x)
-    written[x] = s
-    written_count = written_count + 1
+    if keep_written then
+      if written_count >= WRITTEN_MAX then
+        written, written_count = {}, 0
+      end
+      written[x] = s
+      written_count = written_count + 1
+    end
   end
   return s
 end
@@ -228,10 +235,15 @@ end
 -- Redis expires keys on its own clock. A check that carries its own time (replay, tests)
 -- may run that time far faster than Redis's, so such keys get a minute more (`margin`);
 -- with Redis TIME the TTL is exact. PEXPIRE takes ms: µs round up, so a key never expires
--- before its state stops mattering. Written as a string (int): most checks of a call
--- share their TTL.
+-- before its state stops mattering. Written as a string, the last one kept: the checks
+-- of one rule mostly share their TTL, in a call and from call to call.
+local last_ttl_ms, last_ttl = false, ''
 local function ttl_ms(micros, margin)
-  return int(max(1, floor((micros + 999) / 1000)) + margin)
+  local ms = max(1, floor((micros + 999) / 1000)) + margin
+  if ms ~= last_ttl_ms then
+    last_ttl_ms, last_ttl = ms, int(ms)
+  end
+  return last_ttl
 end
 
 -- One hash state held back from Redis (write-behind) while a call's checks of its key
