@@ -52,7 +52,7 @@ impl RedisServer {
     /// A server on a free port, with `extra` redis-server options (`["--requirepass",
     /// "secret"]`). Returns once it answers `PING`.
     pub fn start(extra: &[&str]) -> RedisServer {
-        RedisServer::launch(hold_free_port(), None, extra, Access::default())
+        RedisServer::launch_new(hold_free_port(), None, extra, Access::default())
     }
 
     /// A Redis Cluster node on a free port, with `extra` redis-server options. Its cluster
@@ -74,7 +74,7 @@ impl RedisServer {
         let bus_arg = bus.to_string();
         let mut options = vec!["--cluster-enabled", "yes", "--cluster-port", &bus_arg];
         options.extend_from_slice(extra);
-        let mut server = RedisServer::launch(port, None, &options, Access::default());
+        let mut server = RedisServer::launch_new(port, None, &options, Access::default());
         server.cluster_bus = Some(bus);
         server
     }
@@ -89,13 +89,26 @@ impl RedisServer {
     /// needs one it can rewrite), then `extra` options; reached as `access` says. A TLS
     /// one listens on its TLS port only: `extra` or `config` names its certificate files.
     pub(crate) fn start_configured(config: &str, extra: &[&str], access: Access) -> RedisServer {
-        RedisServer::launch(hold_free_port(), Some(config), extra, access)
+        RedisServer::launch_new(hold_free_port(), Some(config), extra, access)
     }
 
-    /// Starts a server on `port`, which the caller has counted in [`HELD_PORTS`].
+    /// [`launch`](Self::launch)es a new server on `port`, from an empty scratch directory: a
+    /// server this process dropped may have had the port, and a new one must not start from
+    /// what it left (a cluster node would take up the old cluster from its nodes.conf).
+    fn launch_new(port: u16, config: Option<&str>, extra: &[&str], access: Access) -> RedisServer {
+        match std::fs::remove_dir_all(scratch_directory(port)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                panic!("the scratch directory of port {port}: {e}")
+            }
+            _ => {}
+        }
+        RedisServer::launch(port, config, extra, access)
+    }
+
+    /// Starts a server on `port`, which the caller has counted in [`HELD_PORTS`], in the
+    /// port's scratch directory as it is (a restarted server finds what it saved there).
     fn launch(port: u16, config: Option<&str>, extra: &[&str], access: Access) -> RedisServer {
-        let dir =
-            std::env::temp_dir().join(format!("sluicegate-redis-{port}-{}", std::process::id()));
+        let dir = scratch_directory(port);
         std::fs::create_dir_all(&dir).expect("a scratch directory");
         let mut args: Vec<String> = Vec::new();
         if let Some(config) = config {
@@ -284,6 +297,11 @@ fn signal(pid: u32, name: &str) {
     assert!(status.success(), "kill -{name} {pid} failed");
 }
 
+/// The scratch directory of this process's servers on `port`.
+fn scratch_directory(port: u16) -> PathBuf {
+    std::env::temp_dir().join(format!("sluicegate-redis-{port}-{}", std::process::id()))
+}
+
 /// A free loopback port, counted in [`HELD_PORTS`] in the same step that found it free:
 /// tests start servers from several threads, and the kernel may hand the port it just
 /// freed to the next thread's probe before the first server has bound it.
@@ -351,5 +369,25 @@ mod tests {
             node.query::<String>(&cmd("PING")).ok().as_deref(),
             Some("PONG")
         );
+    }
+
+    /// A new server on a port that a dropped server of this process had starts from
+    /// nothing that server left in their scratch directory.
+    #[test]
+    fn a_new_server_on_a_port_used_before_starts_empty() {
+        let first = RedisServer::start(&[]);
+        let port = first.port;
+        first
+            .query::<()>(cmd("SET").arg("left").arg("behind"))
+            .expect("SET");
+        first.query::<()>(&cmd("SAVE")).expect("SAVE");
+        drop(first);
+        let gone = poll_until(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+        });
+        assert!(gone, "the first server still listens on {port}");
+        *HELD_PORTS.lock().unwrap().entry(port).or_default() += 1;
+        let second = RedisServer::launch_new(port, None, &[], Access::default());
+        assert_eq!(second.query::<u64>(&cmd("DBSIZE")).ok(), Some(0));
     }
 }
