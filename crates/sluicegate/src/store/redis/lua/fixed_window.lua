@@ -88,13 +88,12 @@ local function fixed_window_steps()
     local limit = r.limit
     local now, index, window_end
     now, index, count, window_end = standing(t, r.window, stored_window, count, latest)
-    -- A peek is decided for one unit, for none when refusals are charged (run_short).
-    local units = (cost == 0 and not charge) and 1 or cost
+    local units = units_of(FIXED_WINDOW, cost, charge)
     local never = units > r.capacity
     if never or count + units > limit then
       -- A charged refusal counts, and answers as refused after it.
       if charge and cost > 0 then
-        local charged = count + min(cost, MAX_EXACT - count)
+        local charged = count + units_below_cap(count, cost)
         keep(key, stored_window, index, charged, now, window_end, margin)
         count = charged
       end
@@ -121,7 +120,7 @@ local function fixed_window_steps()
 
   -- Debt: the count held below 2^53, as a charged refusal's is.
   local function report(r, cost, margin)
-    record(r, min(cost, MAX_EXACT - r.count), margin)
+    record(r, units_below_cap(r.count, cost), margin)
     return true
   end
 

@@ -322,6 +322,14 @@ local function run_usage(shape, k)
   end
 end
 
+-- A refusal of `cost` units charged to fixed window `r`: counted, and answered as refused
+-- after it.
+local function charge_refusal(r, cost, margin)
+  local units_charged = units_below_cap(r.count, cost)
+  r:record(units_charged, margin)
+  r.count = r.count + units_charged
+end
+
 -- The short path: a check of one rule, with no request id, in mode CHECK, DRY, CHARGE or
 -- DRY_CHARGE (shape.short) — most checks. It decides as run_check's two phases do for one
 -- rule, without their bookkeeping (verdicts, costs per rule, request ids): evaluate, then
@@ -334,18 +342,12 @@ local function run_short(r, key, t, cost, dry, charge, margin)
     return r:decide(key, t, cost, dry, charge, margin)
   end
   bind_key(r, key)
-  local units = cost
-  if units == 0 and not (charge and r.algorithm ~= SLIDING_LOG) then
-    units = 1
-  end
+  local units = units_of(r.algorithm, cost, charge)
   local fits = r:evaluate(t, units)
   local never = units > r.capacity
   if never or not fits then
-    -- A charged refusal: the fixed window counts it, and answers as refused after it.
     if charge and cost > 0 and r.algorithm == FIXED_WINDOW then
-      local units_charged = min(cost, MAX_EXACT - r.count)
-      r:record(units_charged, margin)
-      r.count = r.count + units_charged
+      charge_refusal(r, cost, margin)
     end
     local remaining, retry, reset, delay = r:answer(false, not never, units)
     return 0, remaining, never and NEVER or retry, reset, delay
@@ -401,12 +403,7 @@ local function run_check(shape, k)
     end
     -- Each rule's own cost when the check gives them, else the check's.
     local rule_cost = costs and costs[i] or cost
-    -- A peek is decided for one unit; for none when refusals are charged (envoy adds,
-    -- then compares), but in a sliding log (algorithm/mod.rs, units_of).
-    local units = rule_cost
-    if units == 0 and not (shape.charge and r.algorithm ~= SLIDING_LOG) then
-      units = 1
-    end
+    local units = units_of(r.algorithm, rule_cost, shape.charge)
     r.cost, r.units = rule_cost, units
     local fits = r:evaluate(t, units)
     if request_id ~= '' then
@@ -435,15 +432,12 @@ local function run_check(shape, k)
     local now, verdict, cost, units = r.now, r.verdict, r.cost, r.units
     local fits = all_allow and verdict == 'fits'
     local recorded = fits and cost > 0
-    -- A charged refusal: the fixed window counts it, and answers as refused after it.
     local charged = shape.charge and cost > 0 and r.algorithm == FIXED_WINDOW
       and (verdict == 'over' or verdict == 'never')
     if recorded then
       r:record(cost, shape.margin)
     elseif charged then
-      local units_charged = min(cost, MAX_EXACT - r.count)
-      r:record(units_charged, shape.margin)
-      r.count = r.count + units_charged
+      charge_refusal(r, cost, shape.margin)
     end
     local remaining, retry, reset, delay = r:answer(fits, verdict == 'over', units)
     local status = (verdict == 'fits' or verdict == 'repeat') and ALLOWS or 0
@@ -521,7 +515,7 @@ local function read_shapes()
     -- records the cost. reserve: an admission remembers its units. usage: REPORT, SETTLE or
     -- REFUND, or false. short: a check run_short decides.
     local mode = argv[p + 4]
-    shape.t, shape.margin = tonumber(argv[p + 1]) or false, argv[p + 1] == '' and 0 or 60000
+    shape.t, shape.margin = time_and_margin(argv[p + 1])
     shape.cost, shape.request_id = tonumber(argv[p + 2]), argv[p + 3]
     local dry_of = dry_usage(mode)
     shape.usage = (mode == REPORT or mode == SETTLE or mode == REFUND) and mode or dry_of
@@ -620,12 +614,11 @@ end
 local lone_reply = {}
 local function check_lone(shape, key, time)
   server_time, keep_written = false, false
-  -- As read_shapes reads a shape's time and margin; no time is '', which is not parsed.
-  local t = time ~= '' and tonumber(time) or redis_time()
+  local t, margin = time_and_margin(time)
   local reply = lone_reply
   local ok
-  ok, reply[1], reply[2], reply[3], reply[4], reply[5] = pcall(run_short, shape.r, key, t,
-    shape.cost, shape.dry, shape.charge, time == '' and 0 or 60000)
+  ok, reply[1], reply[2], reply[3], reply[4], reply[5] = pcall(run_short, shape.r, key,
+    t or redis_time(), shape.cost, shape.dry, shape.charge, margin)
   if not ok then
     return {failure_text(reply[1])}
   end
@@ -649,8 +642,7 @@ local function check(call_keys, call_argv, is_routed)
   result_count = 0
   local run = run_checks
   if short_shape then
-    -- As read_shapes reads a shape's time.
-    short_time, short_margin = tonumber(argv[2]) or false, argv[2] == '' and 0 or 60000
+    short_time, short_margin = time_and_margin(argv[2])
     holding = true
     check_count, run = #keys, run_short_checks
   else

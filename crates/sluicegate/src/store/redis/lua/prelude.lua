@@ -123,6 +123,16 @@ local RESERVE, REPORT, SETTLE, REFUND = 'reserve', 'report', 'settle', 'refund'
 -- The usage mode a dry run of REPORT, SETTLE or REFUND is of, or false: such a run
 -- records nothing, fails on a conflicting reuse of its request id, and answers the
 -- standing. A function, not a table, as usage_id below.
+-- The units a check of `cost` is decided for (algorithm/mod.rs, units_of): a peek (cost 0)
+-- for one; for none when refusals are charged (envoy adds, then compares), but in a
+-- sliding log.
+local function units_of(algorithm, cost, charge)
+  if cost == 0 and not (charge and algorithm ~= SLIDING_LOG) then
+    return 1
+  end
+  return cost
+end
+
 local function dry_usage(mode)
   if mode == 'dry-report' then
     return REPORT
@@ -182,6 +192,21 @@ local function bind_globals()
   format, tonumber = string.format, _G.tonumber
   pack, unpack_struct = struct.pack, struct.unpack
   INT = format('%d', 2 ^ 53) == '9007199254740992' and '%d' or '%.0f'
+end
+
+-- A check's time as a call gives it ('' for Redis TIME), as a number or false, and the
+-- margin its keys' TTLs get (ttl_ms): a minute for a time of the client's own.
+local function time_and_margin(text)
+  if text == '' then
+    return false, 0
+  end
+  return tonumber(text) or false, 60000
+end
+
+-- How many of `cost` units a count can still take: counts are held below 2^53, and every
+-- count at or above its limit refuses alike.
+local function units_below_cap(count, cost)
+  return min(cost, MAX_EXACT - count)
 end
 
 -- Whole numbers as Redis arguments, each written once: a call's checks mostly share their
