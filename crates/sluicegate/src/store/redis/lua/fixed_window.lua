@@ -31,7 +31,7 @@ local function fixed_window_steps()
   -- extended by every hit, it would no longer be a fixed window; docs/SPEC.md, TTLs).
   local function write_fields(key, k, n, t, ttl)
     if ttl then
-      call('HSET', key, 'k', k, 'n', int(n), 't', int(t))
+      call('HSET', key, 'k', int(k), 'n', int(n), 't', int(t))
       call('PEXPIRE', key, ttl)
     else
       call('HSET', key, 'n', int(n), 't', int(t))
@@ -114,7 +114,7 @@ local function fixed_window_steps()
   -- counted it.
   local function give_back(r, at, cost)
     if tonumber(call('HGET', r.key, 'k')) == div(at, r.window) then
-      call('HSET', r.key, 'n', max(0, call('HINCRBY', r.key, 'n', -cost)))
+      call('HSET', r.key, 'n', int(max(0, call('HINCRBY', r.key, 'n', int(-cost)))))
     end
   end
 
@@ -129,7 +129,7 @@ local function fixed_window_steps()
     if r.count == 0 then
       return false
     end
-    call('HSET', r.key, 'n', max(0, r.count - cost))
+    call('HSET', r.key, 'n', int(max(0, r.count - cost)))
     return true
   end
 

@@ -189,7 +189,7 @@ local function remember_request(r, member, until_offset, delay, reservation, use
     call('HDEL', r.releases, unpack(fields))
   end
   call('ZADD', r.ids, int(now + until_offset), member)
-  local latest = tonumber(call('ZRANGE', r.ids, -1, -1, 'WITHSCORES')[2])
+  local latest = tonumber(call('ZRANGE', r.ids, '-1', '-1', 'WITHSCORES')[2])
   local ttl = ttl_ms(latest - now, margin)
   call('PEXPIRE', r.ids, ttl)
   if delay > 0 then

@@ -55,12 +55,14 @@
 -- Cost, not style, shapes this code: on Redis 7.0 each redis.call costs about 0.5 µs,
 -- each table built 0.3 µs, each number in the reply 0.1 µs, against a whole check of a
 -- few µs (measured; docs/BENCHMARKS.md). So a call describes its rules and its shapes of
--- check once and checks refer to them, and tables are few. Times and TTLs are written with
--- string.format('%d') (exact below 2^53 where Lua's integer format is 64-bit, checked
--- below; tostring keeps only 14 digits), each once: glibc writes a 16-digit number
--- through '%.0f', or through the "%.17g" Redis uses for a Lua number argument, three times
--- slower. Offsets go as Lua numbers; exclusive bounds are written `x + 1` (every time is a
--- whole µs).
+-- check once and checks refer to them, and tables are few. Every argument of a command is
+-- text: Redis writes a Lua number argument with "%.17g", about 2,200 instructions for any
+-- number, small or large (callgrind). Whole numbers are written with string.format('%d')
+-- (int: exact below 2^53 where Lua's integer format is 64-bit, checked below; tostring
+-- keeps only 14 digits), each once, and constant offsets once per library; exclusive
+-- bounds are written `x + 1` (every time is a whole µs). A score in a reply is written
+-- with "%.17g" too, so a time is read from text the script wrote where there is some (a
+-- zset member starts with its time).
 --
 -- A general call:
 -- ARGV     the number of rules S, then RULE_VALUES (8) values per rule: algorithm
@@ -179,7 +181,7 @@ local RULE_VALUES = 8
 
 -- The standard functions the chunk uses, bound on the first call (see the header), and the
 -- call's keys and arguments (set by `check`).
-local call, floor, max, min, format, tonumber, pack, unpack_struct
+local call, floor, max, min, format, tonumber, find, sub, pack, unpack_struct
 local argv, keys
 -- How a whole number is written: '%d' where Lua's integer format holds 2^53 exactly (a
 -- 64-bit long), '%.0f' otherwise.
@@ -190,6 +192,7 @@ local function bind_globals()
   call = redis.call
   floor, max, min = math.floor, math.max, math.min
   format, tonumber = string.format, _G.tonumber
+  find, sub = string.find, string.sub
   pack, unpack_struct = struct.pack, struct.unpack
   INT = format('%d', 2 ^ 53) == '9007199254740992' and '%d' or '%.0f'
 end

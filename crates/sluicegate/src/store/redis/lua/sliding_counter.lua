@@ -17,7 +17,7 @@ local function sliding_counter_steps()
       if fields[f] == 't' then
         r.latest = tonumber(fields[f + 1])
       else
-        stored[#stored + 1] = {tonumber(string.sub(fields[f], 2)), tonumber(fields[f + 1])}
+        stored[#stored + 1] = {tonumber(sub(fields[f], 2)), tonumber(fields[f + 1])}
       end
     end
     if #stored > 1 then
@@ -49,7 +49,7 @@ local function sliding_counter_steps()
         call('HDEL', key, 'b' .. int(b[1]))
       end
     end
-    call('HINCRBY', key, 'b' .. int(r.bucket), cost)
+    call('HINCRBY', key, 'b' .. int(r.bucket), int(cost))
     call('HSET', key, 't', int(now))
     call('PEXPIRE', key, ttl_ms((r.bucket + n + 1) * w - now, margin))
   end
@@ -106,7 +106,7 @@ local function sliding_counter_steps()
 
   local function give_back(r, at, cost)
     local field = 'b' .. int(div(at, div(r.window, r.buckets)))
-    if call('HINCRBY', r.key, field, -cost) <= 0 then
+    if call('HINCRBY', r.key, field, int(-cost)) <= 0 then
       call('HDEL', r.key, field)
     end
   end
@@ -146,7 +146,7 @@ local function sliding_counter_steps()
         if taken == b[2] then
           call('HDEL', key, field)
         else
-          call('HINCRBY', key, field, -taken)
+          call('HINCRBY', key, field, int(-taken))
         end
       end
     end

@@ -52,8 +52,12 @@ local function zset_log_steps()
     return stamp .. ':' .. DIGIT_COUNTS[#written_n] .. written_n
   end
 
+  -- The time of entry i: its member's stamp, the score as int wrote it (a score in a reply
+  -- is written with "%.17g", as a number argument is: see prelude.lua).
   local function entry(r, i)
-    return tonumber(call('ZRANGE', r.key, i, i, 'WITHSCORES')[2])
+    local rank = i == -1 and '-1' or int(i)
+    local at = call('ZRANGE', r.key, rank, rank)[1]
+    return tonumber(sub(at, 1, find(at, ':', 1, true) - 1))
   end
 
   -- The live entries: all of them (r.count) less the expired ones, which are few and at the
@@ -165,7 +169,7 @@ local function zset_log_steps()
     local older_kept = limit - min(at_now + cost, limit)
     local older_dropped = r.live - at_now - older_kept
     if older_dropped > 0 then
-      call('ZREMRANGEBYRANK', key, 0, older_dropped - 1)
+      call('ZREMRANGEBYRANK', key, '0', int(older_dropped - 1))
     end
     if at_now > 0 then
       call('ZREMRANGEBYSCORE', key, int(now), int(now))
@@ -200,7 +204,7 @@ local function zset_log_steps()
       return false
     end
     prune(r)
-    call('ZREMRANGEBYRANK', r.key, -taken, -1)
+    call('ZREMRANGEBYRANK', r.key, int(-taken), '-1')
     r.live = r.live - taken
     renumber_newest(r, r.live)
     return true
@@ -221,7 +225,7 @@ local function zset_log_steps()
   -- Up to `cost` members at `at`, the highest n (the latest added) first.
   local function members_at(r, at, cost)
     local stamp = int(at)
-    return call('ZREVRANGEBYSCORE', r.key, stamp, stamp, 'LIMIT', 0, cost)
+    return call('ZREVRANGEBYSCORE', r.key, stamp, stamp, 'LIMIT', '0', int(cost))
   end
 
   -- Units recorded at one instant are indistinguishable: any `cost` members at `at` will do.

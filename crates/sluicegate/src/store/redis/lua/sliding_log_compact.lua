@@ -27,6 +27,9 @@ local function compact_log_steps(w)
   -- the span of the entries' residues, and where the ring starts.
   local HEADER, STATE, ENTRY = '<I4I4I4d', '<I4I4d', '<I' .. w
   local SPAN, RING = 2 ^ (8 * w), COMPACT_FIXED
+  -- The offsets commands are given as they are, as text (see prelude.lua): where the state
+  -- starts, the last byte read_header reads, where the ring starts.
+  local STATE_AT, READ_LAST, RING_AT = int(COMPACT_STATE), int(COMPACT_READ - 1), int(RING)
 
   -- The time whose residue is `residue`, among the W before the latest.
   local function decoded(r, residue)
@@ -40,7 +43,7 @@ local function compact_log_steps(w)
   -- The header's head, count and latest time (room stays).
   local function write_state(r, head, count, latest)
     r.read = ''
-    call('SETRANGE', r.key, COMPACT_STATE, pack(STATE, head, count, latest))
+    call('SETRANGE', r.key, STATE_AT, pack(STATE, head, count, latest))
     set_latest(r, latest)
   end
 
@@ -48,7 +51,7 @@ local function compact_log_steps(w)
   -- (r.read) for what the check reads until it writes (read_bytes); false when there is no
   -- key.
   local function read_header(r)
-    local read = call('GETRANGE', r.key, 0, COMPACT_READ - 1)
+    local read = call('GETRANGE', r.key, '0', READ_LAST)
     r.read = read
     if #read < RING then
       return false
@@ -63,9 +66,9 @@ local function compact_log_steps(w)
   -- and the check has not written since (every write forgets it).
   local function read_bytes(r, o, n)
     if o + n <= #r.read then
-      return string.sub(r.read, o + 1, o + n)
+      return sub(r.read, o + 1, o + n)
     end
-    return call('GETRANGE', r.key, o, o + n - 1)
+    return call('GETRANGE', r.key, int(o), int(o + n - 1))
   end
 
   -- The time of entry i (from 0, oldest first).
@@ -137,12 +140,13 @@ local function compact_log_steps(w)
     r.read = ''
     local start = (r.head + i) % r.room
     local fitting = min(n, r.room - start)
+    local at = int(RING + w * start)
     if fitting == n then
-      call('SETRANGE', r.key, RING + w * start, entries)
+      call('SETRANGE', r.key, at, entries)
       return
     end
-    call('SETRANGE', r.key, RING + w * start, string.sub(entries, 1, w * fitting))
-    call('SETRANGE', r.key, RING, string.sub(entries, w * fitting + 1))
+    call('SETRANGE', r.key, at, sub(entries, 1, w * fitting))
+    call('SETRANGE', r.key, RING_AT, sub(entries, w * fitting + 1))
   end
 
   -- The header of a Redis string (sds) of `length` bytes.
@@ -206,8 +210,8 @@ local function compact_log_steps(w)
     if #read == RING + w * room and first + cost <= room then
       local o = RING + w * first
       r.read = ''
-      call('SET', r.key, string.sub(read, 1, COMPACT_STATE) .. pack(STATE, head, needed, r.now)
-        .. string.sub(read, RING + 1, o) .. entries .. string.sub(read, o + w * cost + 1),
+      call('SET', r.key, sub(read, 1, COMPACT_STATE) .. pack(STATE, head, needed, r.now)
+        .. sub(read, RING + 1, o) .. entries .. sub(read, o + w * cost + 1),
         'PX', ttl_ms(r.window, margin))
       set_latest(r, r.now)
       return

@@ -140,6 +140,23 @@ fn short_path_failing(library: &str) -> String {
     )
 }
 
+/// The library with each command it sends checked first: a Lua number among its arguments
+/// (which Redis writes with "%.17g": prelude.lua) fails the check, naming the command.
+fn number_arguments_failing(library: &str) -> String {
+    replace_once(
+        library,
+        "  call = redis.call\n",
+        "  call = function(...)\n\
+         \x20   for i = 2, select('#', ...) do\n\
+         \x20     if type((select(i, ...))) == 'number' then\n\
+         \x20       error('a number argument to ' .. (...), 0)\n\
+         \x20     end\n\
+         \x20   end\n\
+         \x20   return redis.call(...)\n\
+         \x20 end\n",
+    )
+}
+
 /// A small deterministic generator (xorshift64*).
 struct Random(u64);
 
@@ -196,25 +213,36 @@ impl TraceCheck {
     }
 }
 
+/// The script check of `check` at `at` µs in `mode`, its keys under `prefix`.
+fn script_check(
+    prefix: &str,
+    rules: &[Rule],
+    check: &TraceCheck,
+    at: u64,
+    mode: Mode<'_>,
+) -> ScriptCheck {
+    let limits: Vec<Limit<'_>> = check
+        .rules
+        .iter()
+        .map(|&i| Limit {
+            rule: &rules[i],
+            key: check.key,
+        })
+        .collect();
+    let mut asked = Check::new(&limits, check.cost);
+    asked.at = Some(Duration::from_micros(at));
+    asked.charge = check.charge;
+    asked.request_id = check.request_id.as_deref();
+    ScriptCheck::new(prefix, 0, &asked, mode)
+}
+
 /// The script checks of `checks` at `at` µs, their keys under `prefix`.
 fn script_checks(prefix: &str, rules: &[Rule], checks: &[TraceCheck], at: u64) -> Vec<ScriptCheck> {
     checks
         .iter()
         .map(|check| {
-            let limits: Vec<Limit<'_>> = check
-                .rules
-                .iter()
-                .map(|&i| Limit {
-                    rule: &rules[i],
-                    key: check.key,
-                })
-                .collect();
-            let mut asked = Check::new(&limits, check.cost);
-            asked.at = Some(Duration::from_micros(at));
-            asked.charge = check.charge;
-            asked.request_id = check.request_id.as_deref();
             let mode = if check.dry { Mode::Dry } else { Mode::Check };
-            ScriptCheck::new(prefix, 0, &asked, mode)
+            script_check(prefix, rules, check, at, mode)
         })
         .collect()
 }
@@ -438,4 +466,111 @@ fn a_reply_holds_its_own_checks_only() {
         "{failed:?}"
     );
     assert_eq!(call(&["a"]).len(), SHORT_ROW_FIELDS);
+}
+
+/// The rows of an answer, or None when its check failed for another reason than a number
+/// argument (`number_arguments_failing`), in call `call`.
+fn rows_unless_failed(
+    answer: Result<Vec<ScriptRow>, CallError>,
+    call: u64,
+) -> Option<Vec<ScriptRow>> {
+    match answer {
+        Ok(rows) => Some(rows),
+        Err(CallError::Check(text)) => {
+            assert!(!text.contains("a number argument"), "call {call}: {text}");
+            None
+        }
+        Err(_) => panic!("call {call}: a check fails by its error's text"),
+    }
+}
+
+/// Every argument the library gives a command is text: a random trace of every mode
+/// (check, charge, reserve, report, settle and refund, dry or not, with request ids) and of
+/// undoing what checks recorded, over every algorithm and layout at limits that refuse, on
+/// the library with each command checked (`number_arguments_failing`), which does fail a
+/// number. The trace reaches what it is for: refusals, undos and answers in every mode.
+#[test]
+fn every_argument_the_library_sends_is_text() {
+    let checked = number_arguments_failing(CHECK_LIBRARY);
+    let control = format!(
+        "#!lua name=sluicegate_number_control\n{checked}\
+         redis.register_function('sluicegate_number_control', \
+         function() bind_globals() return call('EXISTS', 1) end)\n"
+    );
+    let server = standalone();
+    server
+        .query::<String>(cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(control))
+        .expect("the control loads");
+    let failed = server.query::<i64>(cmd("FCALL").arg("sluicegate_number_control").arg(0));
+    assert!(
+        matches!(&failed, Err(e) if e.to_string().contains("a number argument to EXISTS")),
+        "{failed:?}"
+    );
+
+    let function = load("sluicegate_text_arguments_test", &checked);
+    let rules = rules();
+    let mut random = Random(0x7e57_a59e_0b57);
+    let mut at: u64 = 1_700_000_000_000_000;
+    let (mut refused, mut undone) = (0, 0);
+    let mut answered = [0; Charge::ALL.len()];
+    for call in 0..800 {
+        at += random.below(300_000);
+        let checks: Vec<TraceCheck> = (0..1 + random.below(3))
+            .map(|_| {
+                let first = random.below(rules.len() as u64) as usize;
+                // The envoy counter takes checks only (alone with other envoy counters).
+                let envoy = first == rules.len() - 1;
+                let charge = if envoy {
+                    Charge::Check
+                } else {
+                    Charge::ALL[random.below(Charge::ALL.len() as u64) as usize]
+                };
+                let mut check_rules = vec![first];
+                if !envoy && random.below(4) == 0 {
+                    check_rules.push((first + 1) % (rules.len() - 1));
+                }
+                let needs_id = matches!(charge, Charge::Reserve | Charge::Settle);
+                TraceCheck {
+                    rules: check_rules,
+                    key: ["a", "b"][random.below(2) as usize],
+                    cost: [0, 1, 1, 2, 3, 9][random.below(6) as usize],
+                    charge,
+                    dry: random.below(6) == 0,
+                    request_id: (needs_id || (!envoy && random.below(3) == 0))
+                        .then(|| format!("id{}", random.below(3))),
+                }
+            })
+            .collect();
+        let sent = script_checks("t", &rules, &checks, at);
+        let Ok(replied) = split_answers(fcall(&function, &sent), &sent) else {
+            panic!("call {call}: a malformed reply");
+        };
+        for (check, answer) in checks.iter().zip(replied) {
+            let Some(rows) = rows_unless_failed(answer, call) else {
+                continue;
+            };
+            let charge = Charge::ALL.iter().position(|&c| c == check.charge);
+            answered[charge.expect("a mode")] += 1;
+            let rows: Vec<Row> = rows
+                .into_iter()
+                .zip(&check.rules)
+                .map(|(row, &i)| Row::new(row, rules[i].limit()))
+                .collect();
+            refused += usize::from(rows.iter().any(|row| !row.decision.allowed));
+            if rows.iter().any(|row| row.recorded_at.is_some()) && random.below(3) == 0 {
+                let undo = [script_check("t", &rules, check, at, Mode::Undo(&rows))];
+                let Ok(mut undo_answer) = split_answers(fcall(&function, &undo), &undo) else {
+                    panic!("call {call}: a malformed reply to an undo");
+                };
+                rows_unless_failed(undo_answer.remove(0), call);
+                undone += 1;
+            }
+        }
+    }
+    assert!(refused > 100, "{refused} refusals");
+    assert!(undone > 50, "{undone} undos");
+    assert!(
+        answered.iter().all(|&n| n > 50),
+        "answers by mode: {answered:?}"
+    );
 }
