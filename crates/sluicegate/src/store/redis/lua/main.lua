@@ -333,14 +333,10 @@ end
 -- The short path: a check of one rule, with no request id, in mode CHECK, DRY, CHARGE or
 -- DRY_CHARGE (shape.short) — most checks. It decides as run_check's two phases do for one
 -- rule, without their bookkeeping (verdicts, costs per rule, request ids): evaluate, then
--- record or not, then answer; the same commands, the same state, the same numbers. A rule
--- whose algorithm makes a decide step (prelude.lua) is decided by it, in one step, of
--- `key`; any other's slot `r` is bound to `key` first. Returns the check's status and
--- numbers, as add_answer takes them.
+-- record or not, then answer; the same commands, the same state, the same numbers. The
+-- rule's slot `r` is bound to `key` first. Returns the check's status and numbers, as
+-- add_answer takes them.
 local function run_short(r, key, t, cost, dry, charge, margin)
-  if r.decide then
-    return r:decide(key, t, cost, dry, charge, margin)
-  end
   bind_key(r, key)
   local units = units_of(r.algorithm, cost, charge)
   local fits = r:evaluate(t, units)
@@ -361,6 +357,13 @@ local function run_short(r, key, t, cost, dry, charge, margin)
   return cost > 0 and RECORDED_AT - r.now or ALLOWS, r:answer(true, false, units)
 end
 
+-- What decides a short check of rule slot `r`, called as run_short is: the decide step of
+-- its algorithm if it makes one (prelude.lua), in one step, the slot left unbound; else
+-- run_short.
+local function short_run(r)
+  return r.decide or run_short
+end
+
 -- One check of the given shape, its keys after KEYS index `k`; appends its numbers to
 -- `results`.
 local function run_check(shape, k)
@@ -372,8 +375,9 @@ local function run_check(shape, k)
   end
   holding = plain
   if shape.short then
-    add_answer(run_short(slot_of(1, shape.specs[1]), keys[k + 1], shape.t or redis_time(),
-      shape.cost, shape.dry, shape.charge, shape.margin))
+    local r = slot_of(1, shape.specs[1])
+    add_answer(short_run(r)(r, keys[k + 1], shape.t or redis_time(), shape.cost, shape.dry,
+      shape.charge, shape.margin))
     return
   end
   if shape.usage then
@@ -577,7 +581,7 @@ local function short_shape_of(text)
     r.spec = text
     take_up(r, values, 0, steps_for(values, 0))
     shape = {
-      r = r, cost = tonumber(values[RULE_VALUES + 1]),
+      r = r, run = short_run(r), cost = tonumber(values[RULE_VALUES + 1]),
       dry = mode == DRY or mode == DRY_CHARGE, charge = mode == CHARGE or mode == DRY_CHARGE,
     }
   end
@@ -592,12 +596,13 @@ end
 -- The checks of a short call, one key each, in order (as run_checks).
 local short_shape, short_time, short_margin
 local function run_short_checks()
-  local r, cost, dry, charge = short_shape.r, short_shape.cost, short_shape.dry, short_shape.charge
+  local run, r, cost = short_shape.run, short_shape.r, short_shape.cost
+  local dry, charge = short_shape.dry, short_shape.charge
   local t = short_time or redis_time()
   while done < check_count do
     next_k = k + 1
     answer_start = result_count
-    add_answer(run_short(r, keys[next_k], t, cost, dry, charge, short_margin))
+    add_answer(run(r, keys[next_k], t, cost, dry, charge, short_margin))
     k, done = next_k, done + 1
   end
 end
@@ -617,7 +622,7 @@ local function check_lone(shape, key, time)
   local t, margin = time_and_margin(time)
   local reply = lone_reply
   local ok
-  ok, reply[1], reply[2], reply[3], reply[4], reply[5] = pcall(run_short, shape.r, key,
+  ok, reply[1], reply[2], reply[3], reply[4], reply[5] = pcall(shape.run, shape.r, key,
     t or redis_time(), shape.cost, shape.dry, shape.charge, margin)
   if not ok then
     return {failure_text(reply[1])}
