@@ -360,7 +360,7 @@ end
 -- What decides a short check of rule slot `r`, called as run_short is: the decide step of
 -- its algorithm if it makes one (prelude.lua), in one step, the slot left unbound; else
 -- run_short.
-local function short_run(r)
+local function short_decider(r)
   return r.decide or run_short
 end
 
@@ -376,7 +376,7 @@ local function run_check(shape, k)
   holding = plain
   if shape.short then
     local r = slot_of(1, shape.specs[1])
-    add_answer(short_run(r)(r, keys[k + 1], shape.t or redis_time(), shape.cost, shape.dry,
+    add_answer(short_decider(r)(r, keys[k + 1], shape.t or redis_time(), shape.cost, shape.dry,
       shape.charge, shape.margin))
     return
   end
@@ -581,7 +581,7 @@ local function short_shape_of(text)
     r.spec = text
     take_up(r, values, 0, steps_for(values, 0))
     shape = {
-      r = r, run = short_run(r), cost = tonumber(values[RULE_VALUES + 1]),
+      r = r, run = short_decider(r), cost = tonumber(values[RULE_VALUES + 1]),
       dry = mode == DRY or mode == DRY_CHARGE, charge = mode == CHARGE or mode == DRY_CHARGE,
     }
   end

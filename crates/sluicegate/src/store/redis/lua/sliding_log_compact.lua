@@ -140,12 +140,12 @@ local function compact_log_steps(w)
     r.read = ''
     local start = (r.head + i) % r.room
     local fitting = min(n, r.room - start)
-    local at = int(RING + w * start)
+    local offset = int(RING + w * start)
     if fitting == n then
-      call('SETRANGE', r.key, at, entries)
+      call('SETRANGE', r.key, offset, entries)
       return
     end
-    call('SETRANGE', r.key, at, sub(entries, 1, w * fitting))
+    call('SETRANGE', r.key, offset, sub(entries, 1, w * fitting))
     call('SETRANGE', r.key, RING_AT, sub(entries, w * fitting + 1))
   end
 

@@ -131,9 +131,9 @@ fn general_only(library: &str) -> String {
 }
 
 /// The library with a short path that fails every check it is given, at its entry (what
-/// `short_run` gives, for every algorithm).
+/// `short_decider` gives, for every algorithm).
 fn short_path_failing(library: &str) -> String {
-    let entry = "local function short_run(r)\n";
+    let entry = "local function short_decider(r)\n";
     replace_once(
         library,
         entry,
