@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use redis::{Cmd, FromRedisValue, RedisResult, TlsCertificates, Value, cmd};
+use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisResult, TlsCertificates, Value, cmd};
 
 use crate::poll::poll_until;
 
@@ -209,9 +209,30 @@ impl RedisServer {
             }
             None => redis::Client::open(format!("redis://{user}127.0.0.1:{}", self.port))?,
         };
-        let mut connection = client.get_connection_with_timeout(CALL_TIMEOUT)?;
-        connection.set_read_timeout(Some(timeout))?;
-        command.query(&mut connection)
+        // The reply is awaited under a timer, not read from a socket with a timeout
+        // (SO_RCVTIMEO): such a read fails with EINTR when the test process is stopped and
+        // resumed, even with no signal handler (man 7 signal). On a thread of its own, with
+        // a runtime of its own: the caller may be in a runtime.
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CALL_TIMEOUT))
+            .set_response_timeout(Some(timeout));
+        let reply = std::thread::scope(|scope| {
+            scope
+                .spawn(|| -> RedisResult<Value> {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?;
+                    runtime.block_on(async {
+                        let mut connection = client
+                            .get_multiplexed_async_connection_with_config(&config)
+                            .await?;
+                        command.query_async(&mut connection).await
+                    })
+                })
+                .join()
+                .expect("the client's thread does not panic")
+        })?;
+        Ok(redis::from_redis_value(reply)?)
     }
 
     /// Stops the server at once (no save): what a crash looks like to clients. Returns
@@ -389,5 +410,26 @@ mod tests {
         *HELD_PORTS.lock().unwrap().entry(port).or_default() += 1;
         let second = RedisServer::launch_new(port, None, &[], Access::default());
         assert_eq!(second.query::<u64>(&cmd("DBSIZE")).ok(), Some(0));
+    }
+
+    /// A reply awaited while the test process is stopped and resumed still arrives. (A
+    /// socket read with a timeout fails with EINTR when its process is stopped and then
+    /// resumed, even with no signal handler installed: man 7 signal.)
+    #[test]
+    fn a_query_outlasts_the_test_process_being_stopped_and_resumed() {
+        let server = RedisServer::start(&[]);
+        let pid = std::process::id();
+        // A process of its own stops this one while the reply is awaited, and resumes it.
+        let mut stopper = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "sleep 0.3; kill -STOP {pid}; sleep 0.2; kill -CONT {pid}"
+            ))
+            .spawn()
+            .expect("sh");
+        // BLPOP of a list that stays empty answers nil after a second on Redis' side.
+        let reply = server.query::<Option<(String, String)>>(cmd("BLPOP").arg("empty").arg(1));
+        assert_eq!(stopper.wait().ok().map(|s| s.success()), Some(true));
+        assert!(matches!(reply, Ok(None)), "{reply:?}");
     }
 }
