@@ -122,9 +122,6 @@ local CHECK, DRY, UNDO, CHARGE, DRY_CHARGE = 'check', 'dry', 'undo', 'charge', '
 -- DRY for a reservation: its request id's use is compared as a reserve's.
 local DRY_RESERVE = 'dry-reserve'
 local RESERVE, REPORT, SETTLE, REFUND = 'reserve', 'report', 'settle', 'refund'
--- The usage mode a dry run of REPORT, SETTLE or REFUND is of, or false: such a run
--- records nothing, fails on a conflicting reuse of its request id, and answers the
--- standing. A function, not a table, as usage_id below.
 -- The units a check of `cost` is decided for (algorithm/mod.rs, units_of): a peek (cost 0)
 -- for one; for none when refusals are charged (envoy adds, then compares), but in a
 -- sliding log.
@@ -135,6 +132,9 @@ local function units_of(algorithm, cost, charge)
   return cost
 end
 
+-- The usage mode a dry run of REPORT, SETTLE or REFUND is of, or false: such a run
+-- records nothing, fails on a conflicting reuse of its request id, and answers the
+-- standing. A function, not a table, as usage_id below.
 local function dry_usage(mode)
   if mode == 'dry-report' then
     return REPORT
