@@ -3,6 +3,9 @@
 //! and envoy's own — listens where envoy would, reads the configuration where envoy
 //! would, keeps its state in the Redis envoy's variables name, and answers as envoy's
 //! variables ask (Python's grpcio on the gRPC port, curl on the HTTP and debug ports).
+//!
+//! Its rules that count to a refusal are per day: envoy's fixed window would split a test
+//! run crossing a minute's edge, and a day's edge falls inside a test but once a day.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -100,7 +103,7 @@ fn the_binary_runs_on_envoys_environment_alone() {
     std::fs::create_dir_all(&config_dir).unwrap();
     std::fs::write(
         config_dir.join("rl.yaml"),
-        "domain: envoy-env\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+        "domain: envoy-env\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 2}\n",
     )
     .unwrap();
     let (http, grpc, debug, prometheus) = (free_port(), free_port(), free_port(), free_port());
@@ -273,7 +276,7 @@ fn invoked_as_ratelimit_it_serves_envoys_environment() {
     std::fs::create_dir_all(&config_dir).unwrap();
     std::fs::write(
         config_dir.join("rl.yaml"),
-        "domain: as-ratelimit\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+        "domain: as-ratelimit\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 1}\n",
     )
     .unwrap();
     let binary = root.join("ratelimit");

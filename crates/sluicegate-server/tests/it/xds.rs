@@ -367,6 +367,8 @@ fn fast_retries(management: SocketAddr) -> Vec<String> {
     .collect()
 }
 
+/// The limits counted to a refusal are per day: envoy's fixed window (`--compat envoy`)
+/// would split a run crossing a minute's edge.
 #[test]
 fn pushes_are_put_in_force_acked_nacked_and_survive_the_server() {
     let mut management = ManagementServer::start(
@@ -375,7 +377,7 @@ fn pushes_are_put_in_force_acked_nacked_and_survive_the_server() {
             "v1".into(),
             vec![Any {
                 type_url: RateLimitConfig::type_url(),
-                value: resource(vec![limit("user", RateLimitUnit::Minute, 2)]).encode_to_vec(),
+                value: resource(vec![limit("user", RateLimitUnit::Day, 2)]).encode_to_vec(),
             }],
         )),
     );
@@ -534,7 +536,7 @@ fn healthy_only_with_a_configuration() {
 
     management.push(
         "v1",
-        &[resource(vec![limit("user", RateLimitUnit::Minute, 1)])],
+        &[resource(vec![limit("user", RateLimitUnit::Day, 1)])],
     );
     assert_eq!(management.next().request.version_info, "v1");
     assert_eq!(service.request("GET", "/readyz", "").0, 200);
