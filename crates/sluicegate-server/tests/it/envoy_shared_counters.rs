@@ -15,7 +15,10 @@
 //! The rules are per hour (but one per minute), so that a window boundary falls inside a
 //! test rarely; a test whose run crossed one is played again (three tries at most).
 
+use std::panic::{AssertUnwindSafe, resume_unwind};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use futures_util::FutureExt;
 
 use sluicegate::internals::hash_slot;
 use sluicegate_test_support::{self as support, RedisServer, cmd};
@@ -180,12 +183,17 @@ async fn ask_with(
 }
 
 /// Plays `run` until it ran within one window of `unit` seconds (three tries): it gets
-/// the window's start.
+/// the window's start. A run that crossed a boundary is played again whether it passed or
+/// failed (its keys were named for the window it started in); one that failed within its
+/// window fails the test.
 async fn within_one_window(unit: u64, mut run: impl AsyncFnMut(u64)) {
     for _ in 0..3 {
         let start = window_start(unix_now(), unit);
-        run(start).await;
+        let outcome = AssertUnwindSafe(run(start)).catch_unwind().await;
         if window_start(unix_now(), unit) == start {
+            if let Err(failure) = outcome {
+                resume_unwind(failure);
+            }
             return;
         }
     }

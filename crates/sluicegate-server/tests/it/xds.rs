@@ -3,6 +3,9 @@
 //! in-process, and Envoy's gRPC RateLimitService answers by them. The management server
 //! keeps one snapshot, sent whole on every new stream and again whenever it changes, as
 //! go-control-plane's snapshot cache does for a state-of-the-world client.
+//!
+//! The limits counted to a refusal are per day: the service runs `--compat envoy`, whose
+//! fixed windows would split a run crossing a minute's or an hour's edge.
 
 use crate::server;
 
@@ -367,8 +370,6 @@ fn fast_retries(management: SocketAddr) -> Vec<String> {
     .collect()
 }
 
-/// The limits counted to a refusal are per day: envoy's fixed window (`--compat envoy`)
-/// would split a run crossing a minute's edge.
 #[test]
 fn pushes_are_put_in_force_acked_nacked_and_survive_the_server() {
     let mut management = ManagementServer::start(
@@ -418,7 +419,7 @@ fn pushes_are_put_in_force_acked_nacked_and_survive_the_server() {
     // v2: a new limit, no restart.
     management.push(
         "v2",
-        &[resource(vec![limit("api_key", RateLimitUnit::Hour, 1)])],
+        &[resource(vec![limit("api_key", RateLimitUnit::Day, 1)])],
     );
     let ack = management.next();
     assert_eq!(
@@ -618,7 +619,7 @@ fn pushes_over_mtls_with_the_server_name_checked() {
             read(&server_pair.key),
         ))
         .client_ca_root(Certificate::from_pem(read(&authority.cert())));
-    let v1 = resource(vec![limit("user", RateLimitUnit::Minute, 1)]);
+    let v1 = resource(vec![limit("user", RateLimitUnit::Day, 1)]);
     let snapshot = Some((
         "v1".to_owned(),
         vec![Any {

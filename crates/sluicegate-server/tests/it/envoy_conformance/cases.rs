@@ -232,9 +232,33 @@ pub(crate) fn unit_seconds(unit: &str) -> Option<u64> {
     }
 }
 
+/// The values of every `unit` key in a YAML document, at any depth.
+fn units_in(yaml: &str) -> Vec<String> {
+    fn walk(value: &serde_json::Value, units: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(fields) => {
+                for (key, field) in fields {
+                    match (key.as_str(), field) {
+                        ("unit", serde_json::Value::String(unit)) => units.push(unit.clone()),
+                        _ => walk(field, units),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|item| walk(item, units)),
+            _ => {}
+        }
+    }
+    let mut units = Vec::new();
+    if let Ok(document) = serde_saphyr::from_str::<serde_json::Value>(yaml) {
+        walk(&document, &mut units);
+    }
+    units
+}
+
 impl Case {
-    /// The shortest unit the case's answers name: a run that crosses one of its
-    /// boundaries may see a window reset that envoy's test did not expect.
+    /// The shortest unit the case's configuration or answers name: a run that crosses one
+    /// of its boundaries may see a window reset that envoy's test did not expect. Answers
+    /// that give only an overall code name no unit; the configuration does.
     pub(crate) fn shortest_window_seconds(&self) -> Option<u64> {
         let expected = self.steps.iter().flat_map(|step| match &step.expect {
             Expect::Answer {
@@ -243,10 +267,35 @@ impl Case {
             } => statuses
                 .iter()
                 .filter_map(|s| s.current_limit.as_ref())
+                .map(|l| l.unit.clone())
                 .collect::<Vec<_>>(),
             _ => Vec::new(),
         });
-        expected.filter_map(|l| unit_seconds(&l.unit)).min()
+        expected
+            .chain(self.configured_units())
+            .filter_map(|unit| unit_seconds(&unit.to_ascii_uppercase()))
+            .min()
+    }
+
+    /// Every `unit` the case's configuration files give, as written; none from a file
+    /// that does not parse (a case that expects the configuration refused has no steps).
+    fn configured_units(&self) -> Vec<String> {
+        let files = match &self.config {
+            ConfigSource::Inline { yaml } => return units_in(yaml),
+            ConfigSource::Files(paths) => paths.iter().map(|p| dir().join(p)).collect(),
+            ConfigSource::Path(path) => {
+                let path = dir().join(path);
+                match std::fs::read_dir(&path) {
+                    Ok(entries) => entries.map(|e| e.unwrap().path()).collect(),
+                    Err(_) => vec![path],
+                }
+            }
+        };
+        files
+            .iter()
+            .filter_map(|file| std::fs::read_to_string(file).ok())
+            .flat_map(|text| units_in(&text))
+            .collect()
     }
 
     pub(crate) fn is_load_only(&self) -> bool {

@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use cases::{Case, ConfigSource, Load, Mode};
+use cases::{Case, ConfigSource, Expect, Load, Mode};
 use clients::{Client, PythonClient, RustClient};
 use server::Server;
 
@@ -273,4 +273,23 @@ fn expected_failures_name_cases_that_run() {
 #[test]
 fn the_readme_lists_every_case() {
     readme::check(&cases::all());
+}
+
+/// Every case that expects a refusal under envoy's fixed windows knows the shortest one:
+/// a run of it that crosses a boundary is played again (run_case), also one whose answers
+/// give only an overall code and so name no unit.
+#[test]
+fn every_refusing_case_knows_its_shortest_window() {
+    let refuses = |case: &Case| {
+        case.steps.iter().any(|step| {
+            matches!(&step.expect, Expect::Answer { overall_code, .. } if overall_code == "OVER_LIMIT")
+        })
+    };
+    let blind: Vec<String> = cases::all()
+        .into_iter()
+        .filter(|case| case.modes.contains(&Mode::Envoy) && refuses(case))
+        .filter(|case| case.shortest_window_seconds().is_none())
+        .map(|case| case.id)
+        .collect();
+    assert!(blind.is_empty(), "{blind:?}");
 }
