@@ -151,7 +151,7 @@ async fn checks_of_one_node_share_a_call_across_slots() {
     let store = store_at(&cluster().url(), "by-node", Scripting::Auto).await;
     let rule = Rule::new(
         "n",
-        &RuleSpec::new(Algorithm::FixedWindow, 1, Duration::from_secs(3600)),
+        &RuleSpec::new(Algorithm::FixedWindow, 1, Duration::from_secs(86_400)),
     )
     .unwrap();
     let keys: Vec<String> = (0..300).map(|i| format!("visitor:{i}")).collect();

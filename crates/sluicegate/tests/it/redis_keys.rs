@@ -398,7 +398,7 @@ async fn long_keys_are_stored_as_digests_and_stay_apart() {
     let server = support::standalone();
     let rule = Rule::new(
         "long",
-        &RuleSpec::new(Algorithm::FixedWindow, 3, Duration::from_secs(3600)),
+        &RuleSpec::new(Algorithm::FixedWindow, 3, Duration::from_secs(86_400)),
     )
     .unwrap();
     let long_a = format!("{}a", "v".repeat(60 * 1024));
