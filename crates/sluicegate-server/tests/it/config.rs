@@ -265,21 +265,23 @@ fn a_reload_over_the_byte_bound_keeps_the_rules_in_force() {
     assert!(longest < 4096, "a log line of {longest} bytes");
 }
 
-/// A rule with `lease: 4`: the first check takes 4 units from the store, the next three are
-/// answered from them (`decided_by: lease`), the fifth takes again. A lease larger than the
-/// limit stops the start, naming the file, the line and the field.
+/// A rule with `lease: 4`: the first three checks go to the store one by one, the key not
+/// hot yet; the fourth takes 4 units, and the next three are answered from them
+/// (`decided_by: lease`). D is a day, so that a span of D falls inside the test but once a
+/// day. A lease larger than the limit stops the start, naming the file, the line and the
+/// field.
 #[test]
 fn a_leased_rule_answers_from_its_lease_and_a_lease_past_the_limit_stops_the_start() {
     let dir = scratch("lease");
     let file = dir.join("limits.yaml");
     let config = |lease: u32| {
         format!(
-            "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {{algorithm: fixed-window, window: 1h, requests_per_unit: 10, lease: {lease}}}\n"
+            "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {{algorithm: fixed-window, window: 1d, requests_per_unit: 10, lease: {lease}, lease_for: 1d}}\n"
         )
     };
     std::fs::write(&file, config(4)).unwrap();
     let server = Server::start(&["--config", path_arg(&file)]);
-    let decided: Vec<String> = (0..5)
+    let decided: Vec<String> = (0..7)
         .map(|_| {
             let (status, body) = server.request("POST", "/v1/check", CHECK);
             assert_eq!(status, 200, "{body}");
@@ -288,7 +290,12 @@ fn a_leased_rule_answers_from_its_lease_and_a_lease_past_the_limit_stops_the_sta
             answer["decided_by"].as_str().unwrap().to_owned()
         })
         .collect();
-    assert_eq!(decided, ["store", "lease", "lease", "lease", "store"]);
+    assert_eq!(
+        decided,
+        [
+            "store", "store", "store", "store", "lease", "lease", "lease"
+        ]
+    );
     assert_eq!(
         server.metric("sluicegate_decisions_total{decided_by=\"lease\"}"),
         3

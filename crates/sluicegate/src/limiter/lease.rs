@@ -19,14 +19,22 @@
 //! later than when the store decided it (on clocks that tick at the same rate, as the
 //! negative cache's deadlines).
 //!
+//! A key takes a lease only while it is hot at this instance: its checks asked k units
+//! within a span of D (the current or the one before). A take's units left unspent at its
+//! deadline are lost to admissions until the store lets them go; a key checked more
+//! slowly than that would lose most of every take, so it goes to the store as without the
+//! lease.
+//!
 //! Memory: at most [`MAX_LEASES`] keys, their bytes counted in the memory budget's `lease`
 //! part; expired ones are dropped first, and when none has expired a take's units left
-//! over are not kept: fewer admissions, never more.
+//! over are not kept: fewer admissions, never more. What keys asked lately is a table of
+//! fixed size ([`HEAT_SLOTS_PER_SHARD`] slots a shard, each shard allocated when a key first
+//! reaches it).
 
 use std::hash::Hasher;
 use std::sync::Arc;
 
-use super::room::{Expiring, ExpiringTable};
+use super::room::{Expiring, ExpiringTable, Sharded};
 use crate::budget::BudgetPart;
 use crate::clock::Clock;
 use crate::decision::{Decision, RetryAfter};
@@ -39,10 +47,56 @@ pub(crate) const LEASE_PART: &str = "lease";
 /// The most keys with a lease at once: leases are for hot keys, of which there are few.
 const MAX_LEASES: usize = 10_000;
 
+/// Slots of the heat table per shard: with its 64 shards, what 4,096 keys asked lately,
+/// 128 KiB in all.
+const HEAT_SLOTS_PER_SHARD: usize = 64;
+
 /// The leases this instance holds, by rule and key.
 #[derive(Debug)]
 pub(crate) struct Leases {
     table: ExpiringTable<Held>,
+    /// What the checks of leased keys asked lately: a slot per hash, direct-mapped.
+    heat: Sharded<Vec<Heat>>,
+}
+
+/// The units one key's checks asked of this instance in the current span of D (spans of D
+/// aligned on the limiter's clock) and in the one before. A key whose hash falls on a slot
+/// another key holds takes the slot over, and the other's count starts afresh: a key
+/// forgotten so takes no lease until it asks k units again, which costs store calls, never
+/// admissions. No key is ever added or dropped, so no number of keys grows the table or
+/// makes a check scan it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Heat {
+    hash: u64,
+    span: u64,
+    units: u64,
+    before: u64,
+}
+
+impl Heat {
+    /// Counts `units` asked in `span` of the key filed under `hash`; whether the key is hot:
+    /// at least `k` units asked in this span or in the one before.
+    fn count(&mut self, hash: u64, span: u64, units: u64, k: u64) -> bool {
+        if self.hash != hash {
+            *self = Heat {
+                hash,
+                span,
+                ..Heat::default()
+            };
+        }
+        if span != self.span {
+            // A clock gone back starts afresh, as a gap of more than a span does.
+            self.before = if span == self.span.wrapping_add(1) {
+                self.units
+            } else {
+                0
+            };
+            self.span = span;
+            self.units = 0;
+        }
+        self.units = self.units.saturating_add(units);
+        self.units >= k || self.before >= k
+    }
 }
 
 /// Units of one key this instance holds.
@@ -93,6 +147,7 @@ impl Leases {
     pub(crate) fn new(clock: Arc<dyn Clock>, budget: BudgetPart) -> Self {
         Leases {
             table: ExpiringTable::new(MAX_LEASES, clock, budget),
+            heat: Sharded::new(),
         }
     }
 
@@ -110,6 +165,20 @@ impl Leases {
             && matches!(check.charge, Charge::Check | Charge::CheckChargingRefusals)
             && (1..=lease.units()).contains(&check.cost))
         .then_some(lease)
+    }
+
+    /// Counts a check of `cost` units of the key filed under `hash` at `now`, and says
+    /// whether the key is hot here: its checks asked at least k units in the current span
+    /// of D or in the one before. Only a hot key takes a lease.
+    pub(crate) fn hot(&self, hash: u64, lease: Lease, cost: u64, now: u64) -> bool {
+        let span = now / lease.spend_within_micros();
+        let mut shard = self.heat.shard(hash).lock();
+        if shard.is_empty() {
+            shard.resize(HEAT_SLOTS_PER_SHARD, Heat::default());
+        }
+        // The shard was picked by the hash's high half; the slot is picked by its low one.
+        let slot = &mut shard[hash as usize % HEAT_SLOTS_PER_SHARD];
+        slot.count(hash, span, cost, lease.units())
     }
 
     /// The hash a lease of `limit` is filed under.
@@ -225,5 +294,36 @@ impl Leases {
             Expiring::hash,
         );
         left
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Heat;
+
+    /// k = 4: hot once a span asked 4 units, through the span after it; cold again after a
+    /// span that asked fewer, after a gap of a span, or once another key took the slot.
+    #[test]
+    fn a_key_is_hot_while_a_span_of_d_asks_k_units() {
+        let mut heat = Heat::default();
+        let count =
+            |heat: &mut Heat, key: u64, span: u64, units: u64| heat.count(key, span, units, 4);
+        assert!(!count(&mut heat, 7, 10, 1));
+        assert!(!count(&mut heat, 7, 10, 2));
+        assert!(count(&mut heat, 7, 10, 1), "4 units in span 10");
+        assert!(
+            count(&mut heat, 7, 11, 1),
+            "the span after one that asked 4"
+        );
+        assert!(!count(&mut heat, 7, 12, 1), "span 11 asked 1");
+        assert!(count(&mut heat, 7, 12, 3));
+        assert!(!count(&mut heat, 7, 14, 1), "span 13 asked nothing");
+        assert!(
+            !count(&mut heat, 7, 13, 1),
+            "a clock gone back counts afresh"
+        );
+        assert!(count(&mut heat, 7, 13, 3));
+        assert!(!count(&mut heat, 8, 13, 1), "another key's slot now");
+        assert!(!count(&mut heat, 7, 13, 1), "the first key forgotten");
     }
 }

@@ -156,6 +156,16 @@ limiter_counters! {
     store_reset_keys,
 }
 
+/// What a check of a leased rule may do with this instance's lease of its key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Leasing {
+    /// Spend from it, or take anew where the key is hot: a caller's check.
+    SpendOrTake,
+    /// Take anew at the store: a check the lease could not answer (the take in flight, or
+    /// one that waited for it).
+    Take,
+}
+
 /// Decides checks against a store.
 #[derive(Debug)]
 pub struct Limiter<S = MemoryStore> {
@@ -368,32 +378,40 @@ impl<S: Store> Limiter<S> {
         check: &'a Check<'a>,
     ) -> impl Future<Output = Result<Outcome, StoreError>> + 'a {
         // Not an async fn around another: every check's future would hold both.
-        self.decide_leasing(check, true)
+        self.decide_leasing(check, Leasing::SpendOrTake)
     }
 
-    /// Decides `check`; with `leasing`, a check of a leased rule from this instance's lease
-    /// of its key when it may be.
+    /// Decides `check`, a check of a leased rule as `leasing` lets it use this instance's
+    /// lease of its key.
     async fn decide_leasing(
         &self,
         check: &Check<'_>,
-        leasing: bool,
+        leasing: Leasing,
     ) -> Result<Outcome, StoreError> {
         check.validate()?;
-        if leasing && Leases::applies(check).is_some() {
+        let take = leasing == Leasing::Take;
+        if leasing == Leasing::SpendOrTake
+            && let Some(lease) = Leases::applies(check)
+        {
             let hash = self.leases.hash(&check.limits[0]);
+            let now = self.clock.now_micros();
+            let hot = self.leases.hot(hash, lease, check.cost, now);
             if let Some(spent) = self.spend_lease(check, hash) {
                 return Ok(spent);
             }
-            // Boxed, a take's future is allocated only by the checks that take, and does
-            // not grow every check's future.
-            return Box::pin(self.take_lease(check, hash)).await;
+            if hot {
+                // Boxed, a take's future is allocated only by the checks that take, and
+                // does not grow every check's future.
+                return Box::pin(self.take_lease(check, hash)).await;
+            }
+            // A key not hot here goes on to the store as without the lease (no take).
         }
         let Some(negative) = self
             .negative
             .as_ref()
             .filter(|_| NegativeCache::applies(check))
         else {
-            return self.send(check, self.clock.now_micros(), None).await;
+            return self.send(check, self.clock.now_micros(), None, take).await;
         };
         let hash = negative.hash(check.limits);
         let mut now = self.clock.now_micros();
@@ -411,7 +429,7 @@ impl<S: Store> Limiter<S> {
                 None
             }
         };
-        let outcome = self.send(check, now, Some(hash)).await;
+        let outcome = self.send(check, now, Some(hash), take).await;
         // Only now, with its answer in the negative cache, may the checks waiting on it
         // look again.
         drop(leading);
@@ -424,7 +442,7 @@ impl<S: Store> Limiter<S> {
     async fn take_lease(&self, check: &Check<'_>, hash: u64) -> Result<Outcome, StoreError> {
         match self.lease_takes.join(hash) {
             Joined::Lead(leading) => {
-                let outcome = self.decide_leasing(check, false).await;
+                let outcome = self.decide_leasing(check, Leasing::Take).await;
                 drop(leading);
                 outcome
             }
@@ -432,7 +450,7 @@ impl<S: Store> Limiter<S> {
                 taken.await;
                 match self.spend_lease(check, hash) {
                     Some(spent) => Ok(spent),
-                    None => self.decide_leasing(check, false).await,
+                    None => self.decide_leasing(check, Leasing::Take).await,
                 }
             }
         }
@@ -465,14 +483,16 @@ impl<S: Store> Limiter<S> {
         Some(outcome)
     }
 
-    /// Asks the store (through the local pre-check and the breaker), sent at `now`;
-    /// remembers its answer — in the negative cache under `cached`, the hash of its limits,
-    /// when the cache applies to it — or falls back on a failure.
+    /// Asks the store (through the local pre-check and the breaker), sent at `now`, with
+    /// `take` a take of a lease where one applies; remembers its answer — in the negative
+    /// cache under `cached`, the hash of its limits, when the cache applies to it — or
+    /// falls back on a failure.
     async fn send(
         &self,
         check: &Check<'_>,
         now: u64,
         cached: Option<u64>,
+        take: bool,
     ) -> Result<Outcome, StoreError> {
         if let Some(mut refused) = self.precheck.as_ref().and_then(|p| p.refusal(check)) {
             self.stats
@@ -521,13 +541,11 @@ impl<S: Store> Limiter<S> {
                     ))
                     .await
                 };
-                // Only whether the rule leases is asked here, and `take` finds the lease
-                // itself: a lease held across the store's call would grow the future of
-                // every check, leased or not.
+                // Only whether to take is known here, and `take` finds the lease itself: a
+                // lease held across the store's call would grow the future of every check,
+                // leased or not.
                 let answer = match written_back {
-                    Ok(()) if check.limits[0].rule.lease().is_none() => {
-                        self.store.check(check).await
-                    }
+                    Ok(()) if !take => self.store.check(check).await,
                     // Boxed, as the write-back: a take holds two store checks.
                     Ok(()) => Box::pin(self.take(check, now)).await,
                     Err(e) => Err(e),

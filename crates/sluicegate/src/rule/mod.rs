@@ -422,17 +422,18 @@ impl Rule {
 
     /// This rule leased: each instance takes `units` (k) of a key from the store at once
     /// and spends them on its own checks of that key, for at most `spend_within` (D) after
-    /// the take was sent (docs/SPEC.md, "Leases"). Never more than L in any window across
-    /// instances: a unit is spent up to D after the store recorded it, so a sliding log is
-    /// kept over W + D (any W of it then holds at most L, whenever in D its units were
-    /// spent), and a token bucket with its burst cut by ⌈D / T⌉ (any span then holds at
-    /// most what B allows); its window, or its burst, then says so, and a sliding log's
-    /// is a new state (its identity names the window). A fixed window's units are spent
-    /// only in the window they were counted in. Applies to sliding-log, fixed-window and
-    /// token-bucket; k from 1 to the capacity (after the cut); D from 1 µs to W, by
-    /// default min(W / 10, 1 s) for a fixed window, else min(W / 100, 1 s). A
-    /// [`RuleError`] on `lease` or `lease_for` otherwise, or when the rule already has a
-    /// lease.
+    /// the take was sent (docs/SPEC.md, "Leases"), once the key is hot there (its checks
+    /// asked k units within a span of D, the current one or the one before). Never more
+    /// than L in any window across instances: a unit is spent up to D after the store
+    /// recorded it, so a sliding log is kept over W + D (any W of it then holds at most L,
+    /// whenever in D its units were spent), and a token bucket with its burst cut by
+    /// ⌈D / T⌉ (any span then holds at most what B allows); its window, or its burst, then
+    /// says so, and a sliding log's is a new state (its identity names the window). A fixed
+    /// window's units are spent only in the window they were counted in. Applies to
+    /// sliding-log, fixed-window and token-bucket; k from 1 to the capacity (after the
+    /// cut); D from 1 µs to W, by default min(W / 10, 1 s) for a fixed window, else
+    /// min(W / 100, 1 s). A [`RuleError`] on `lease` or `lease_for` otherwise, or when the
+    /// rule already has a lease.
     pub fn with_lease(
         &self,
         units: u64,

@@ -173,8 +173,10 @@ fn leased_rule() -> impl Strategy<Value = (RuleSpec, u64, Option<u64>)> {
         ],
         3..40u64,
         prop_oneof![Just(20_000u64), Just(100_000), Just(1_000_000)],
-        // Up to 8, or the whole limit: one take empties a window.
-        prop_oneof![1..=8u64, Just(u64::MAX)],
+        // Up to 8, or the whole limit: one take empties a window. Mostly the former: a key
+        // is hot only once an instance asked k units within a span of D, which the checks
+        // of a whole limit seldom leave room to take.
+        prop_oneof![3 => 1..=8u64, 1 => Just(u64::MAX)],
         prop_oneof![Just(None), (1..=500u64).prop_map(Some)],
     )
         .prop_map(|(algorithm, limit, window, units, thousandths)| {
@@ -276,10 +278,12 @@ fn a_hot_key_under_leases_loses_at_most_k_per_instance_and_calls_the_store_once_
     }
 }
 
-/// A lease's decisions say who decided, and answer as the store would have at the take.
+/// A lease's decisions say who decided, and answer as the store would have at the take. A
+/// key takes a lease once its checks asked k units within a span of D, and keeps taking
+/// while the span before asked as many.
 #[test]
 fn a_decision_from_a_lease_says_so_and_counts_down() {
-    let spec = RuleSpec::new(Algorithm::SlidingLog, 10, Duration::from_secs(1));
+    let spec = RuleSpec::new(Algorithm::SlidingLog, 20, Duration::from_secs(1));
     let rule = Rule::new("hot", &spec)
         .unwrap()
         .with_lease(4, None)
@@ -299,41 +303,77 @@ fn a_decision_from_a_lease_says_so_and_counts_down() {
             .block_on(limiter.decide(&Check::new(&limits, cost)))
             .unwrap()
     };
+    // 1 and 2 units asked of the span of D (10 ms for a sliding log of 1 s): not hot yet.
+    for (cost, remaining) in [(1, 19), (2, 17)] {
+        let cold = decide(cost);
+        assert_eq!(cold.decided_by, DecidedBy::Store);
+        assert_eq!(cold.decision.remaining, remaining);
+    }
+    assert_eq!(limiter.stats().lease_takes, 0);
+    // The fourth unit: a take of 4.
     let first = decide(1);
     assert_eq!(first.decided_by, DecidedBy::Store);
     assert_eq!(
-        first.decision.remaining, 9,
-        "the take of 4 left 6, and 3 are held"
+        first.decision.remaining, 16,
+        "the take of 4 left 13, and 3 are held"
     );
     let second = decide(2);
     assert_eq!(second.decided_by, DecidedBy::Lease);
     assert!(second.decision.allowed);
-    assert_eq!(second.decision.remaining, 7);
+    assert_eq!(second.decision.remaining, 14);
     assert_eq!(second.decision.reset_after(), Duration::from_millis(1010));
     // One unit left in the lease: a cost of 2 takes again.
     let third = decide(2);
     assert_eq!(third.decided_by, DecidedBy::Store);
     assert_eq!(
-        third.decision.remaining, 5,
-        "2 in the store, the lease's unit and the new take's 2"
+        third.decision.remaining, 12,
+        "9 in the store, the lease's unit and the new take's 2"
     );
-    // Past D (10 ms for a sliding log of 1 s) the lease is spent no more.
+    // Past D the lease is spent no more; the span before asked 8 units: a take.
     clock.advance(Duration::from_millis(10));
     let fourth = decide(1);
     assert_eq!(fourth.decided_by, DecidedBy::Store);
-    assert_eq!(
-        fourth.decision.remaining, 1,
-        "8 of 10 taken leave no room for a take of 4: the check alone"
-    );
-    assert_eq!(limiter.stats().lease_takes, 2);
+    assert_eq!(fourth.decision.remaining, 8, "5 in the store and 3 held");
+    assert_eq!(limiter.stats().lease_takes, 3);
+    // A span later the one before asked 1 unit: cold, the check alone.
+    clock.advance(Duration::from_millis(10));
+    let fifth = decide(1);
+    assert_eq!(fifth.decided_by, DecidedBy::Store);
+    assert_eq!(fifth.decision.remaining, 4);
+    assert_eq!(limiter.stats().lease_takes, 3);
     assert_eq!(limiter.stats().lease_decisions, 1);
+}
+
+/// A key checked too slowly to spend a lease within D takes none: it loses nothing to
+/// leases. One instance checks a key of a fixed window of 100 a minute with `lease: 10`
+/// (D = 1 s) every 2 s, 30 times in one window: all 30 admitted, as without the lease,
+/// where a take at every check would lose 9 units each and admit 10.
+#[test]
+fn a_key_too_cold_for_its_lease_loses_nothing() {
+    let spec = RuleSpec::new(Algorithm::FixedWindow, 100, Duration::from_secs(60));
+    let rule = Rule::new("cold", &spec)
+        .unwrap()
+        .with_lease(10, None)
+        .unwrap();
+    // START + 40 s begins a window of a minute.
+    let arrivals: Vec<Arrival> = (0..30)
+        .map(|i| Arrival {
+            instance: 0,
+            gap: if i == 0 { 40_000_000 } else { 2_000_000 },
+            cost: 1,
+        })
+        .collect();
+    let run = run(&rule, &arrivals, &LimiterConfig::default());
+    assert_eq!(run.admitted.len(), 30, "{:?}", run.admitted);
+    assert_eq!(run.lease_decisions, 0);
+    assert_eq!(run.store_calls, 30);
 }
 
 /// A fixed window's lease ends with the window it was counted in: units taken just before
 /// a boundary are not spent after it, where the next window's L is taken afresh.
 #[test]
 fn a_fixed_windows_lease_ends_with_its_window() {
-    let spec = RuleSpec::new(Algorithm::FixedWindow, 4, Duration::from_millis(100));
+    let spec = RuleSpec::new(Algorithm::FixedWindow, 8, Duration::from_millis(100));
     let rule = Rule::new("hot", &spec)
         .unwrap()
         .with_lease(4, Some(Duration::from_millis(50)))
@@ -343,22 +383,22 @@ fn a_fixed_windows_lease_ends_with_its_window() {
         gap,
         cost: 1,
     };
-    // Instance 0 takes 4 at 99 ms and spends one; instance 1 takes the next window's 4
-    // and spends them; instance 0's 3 left are not spent in that window.
-    let arrivals = [
-        at(0, 99_000),
-        at(1, 1_000),
-        at(1, 0),
-        at(1, 0),
-        at(1, 0),
+    // Instance 0 asks 3 units at 96-98 ms and takes 4 at 99 ms (7 in the window), spending
+    // one; instance 1 fills the next window's 8; instance 0's 3 left are not spent in it.
+    let mut arrivals = vec![
+        at(0, 96_000),
         at(0, 1_000),
-        at(0, 0),
-        at(0, 0),
+        at(0, 1_000),
+        at(0, 1_000),
+        at(1, 1_000),
     ];
+    arrivals.extend((0..7).map(|_| at(1, 0)));
+    arrivals.extend((0..3).map(|_| at(0, 0)));
     let run = run(&rule, &arrivals, &LimiterConfig::default());
     let most = most_in_a_window(Algorithm::FixedWindow, 100_000, &run.admitted);
-    assert_eq!(most, 4, "{:?}", run.admitted);
-    assert_eq!(run.admitted.len(), 5, "{:?}", run.admitted);
+    assert_eq!(most, 8, "{:?}", run.admitted);
+    assert_eq!(run.admitted.len(), 12, "{:?}", run.admitted);
+    assert!(run.lease_decisions > 0);
 }
 
 /// Four instances, each its own connections and leases, on one real Redis, a hot key
