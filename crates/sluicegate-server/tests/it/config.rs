@@ -267,8 +267,8 @@ fn a_reload_over_the_byte_bound_keeps_the_rules_in_force() {
 
 /// A rule with `lease: 4`: the first three checks go to the store one by one, the key not
 /// hot yet; the fourth takes 4 units, and the next three are answered from them
-/// (`decided_by: lease`). D is a day, so that a span of D falls inside the test but once a
-/// day. A lease larger than the limit stops the start, naming the file, the line and the
+/// (`decided_by: lease`). D is a day, so that an edge of a span of D falls inside the test
+/// but once a day. A lease larger than the limit stops the start, naming the file, the line and the
 /// field.
 #[test]
 fn a_leased_rule_answers_from_its_lease_and_a_lease_past_the_limit_stops_the_start() {

@@ -13,7 +13,7 @@
 //! (an empty value written as nothing between its two `_`).
 //!
 //! The rules are per hour (but one per minute), so that a window boundary falls inside a
-//! test rarely; a test whose run crossed one is played again (three tries at most).
+//! test rarely; a run that failed across one is played again (three tries at most).
 
 use std::panic::{AssertUnwindSafe, resume_unwind};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -182,22 +182,22 @@ async fn ask_with(
     (status.code(), status.limit_remaining)
 }
 
-/// Plays `run` until it ran within one window of `unit` seconds (three tries): it gets
-/// the window's start. A run that crossed a boundary is played again whether it passed or
-/// failed (its keys were named for the window it started in); one that failed within its
-/// window fails the test.
+/// Plays `run`, given the start of the window of `unit` seconds it begins in; plays it
+/// again (three tries at most) when it failed across a boundary of that window, where the
+/// keys it named for the window it started in no longer hold its counts. A run that
+/// failed within its window fails the test; one that passed is not played again, as
+/// some of its keys (those of a longer window) keep what it counted.
 async fn within_one_window(unit: u64, mut run: impl AsyncFnMut(u64)) {
     for _ in 0..3 {
         let start = window_start(unix_now(), unit);
-        let outcome = AssertUnwindSafe(run(start)).catch_unwind().await;
-        if window_start(unix_now(), unit) == start {
-            if let Err(failure) = outcome {
-                resume_unwind(failure);
-            }
+        let Err(failure) = AssertUnwindSafe(run(start)).catch_unwind().await else {
             return;
+        };
+        if window_start(unix_now(), unit) == start {
+            resume_unwind(failure);
         }
     }
-    panic!("three runs in a row crossed a window boundary");
+    panic!("three runs in a row failed across a window boundary");
 }
 
 /// A count envoy left is honoured: at its limit, the next check is over, and counts as

@@ -19,11 +19,11 @@
 //! later than when the store decided it (on clocks that tick at the same rate, as the
 //! negative cache's deadlines).
 //!
-//! A key takes a lease only while it is hot at this instance: its checks asked k units
-//! within a span of D (the current or the one before). A take's units left unspent at its
-//! deadline are lost to admissions until the store lets them go; a key checked more
-//! slowly than that would lose most of every take, so it goes to the store as without the
-//! lease.
+//! A key takes a lease only while it is hot at this instance: its checks asked k units in
+//! one span of D (spans aligned on the limiter's clock; the current span or the one
+//! before). A take's units left unspent at its deadline are lost to admissions until the
+//! store lets them go, and a key that asks fewer than k units per span would lose most of
+//! every take: it goes to the store as without the lease.
 //!
 //! Memory: at most [`MAX_LEASES`] keys, their bytes counted in the memory budget's `lease`
 //! part; expired ones are dropped first, and when none has expired a take's units left
@@ -60,9 +60,10 @@ pub(crate) struct Leases {
 }
 
 /// The units one key's checks asked of this instance in the current span of D (spans of D
-/// aligned on the limiter's clock) and in the one before. A key whose hash falls on a slot
-/// another key holds takes the slot over, and the other's count starts afresh: a key
-/// forgotten so takes no lease until it asks k units again, which costs store calls, never
+/// aligned on the limiter's clock) and in the one before. A slot that another key counted
+/// in within the current span or the one before stays that key's: a key whose hash falls
+/// on it is not counted, and takes no lease until the slot is free again, so two keys on
+/// one slot never undo each other's counts. A key left out so costs store calls, never
 /// admissions. No key is ever added or dropped, so no number of keys grows the table or
 /// makes a check scan it.
 #[derive(Clone, Copy, Debug, Default)]
@@ -75,9 +76,16 @@ struct Heat {
 
 impl Heat {
     /// Counts `units` asked in `span` of the key filed under `hash`; whether the key is hot:
-    /// at least `k` units asked in this span or in the one before.
+    /// at least `k` units asked in this span or in the one before. False, counting
+    /// nothing, for a key that finds the slot another's.
     fn count(&mut self, hash: u64, span: u64, units: u64, k: u64) -> bool {
         if self.hash != hash {
+            // A slot never counted in (no units) is free at any span, the first too.
+            let counted_lately =
+                self.units > 0 && (span == self.span || span == self.span.wrapping_add(1));
+            if counted_lately {
+                return false;
+            }
             *self = Heat {
                 hash,
                 span,
@@ -302,10 +310,15 @@ mod tests {
     use super::Heat;
 
     /// k = 4: hot once a span asked 4 units, through the span after it; cold again after a
-    /// span that asked fewer, after a gap of a span, or once another key took the slot.
+    /// span that asked fewer, or after a gap of a span. A slot counted in lately stays its
+    /// key's; a stale one goes to the next key that falls on it.
     #[test]
     fn a_key_is_hot_while_a_span_of_d_asks_k_units() {
         let mut heat = Heat::default();
+        assert!(
+            Heat::default().count(9, 0, 4, 4),
+            "a slot never counted in is free, at span 0 too"
+        );
         let count =
             |heat: &mut Heat, key: u64, span: u64, units: u64| heat.count(key, span, units, 4);
         assert!(!count(&mut heat, 7, 10, 1));
@@ -323,7 +336,16 @@ mod tests {
             "a clock gone back counts afresh"
         );
         assert!(count(&mut heat, 7, 13, 3));
-        assert!(!count(&mut heat, 8, 13, 1), "another key's slot now");
-        assert!(!count(&mut heat, 7, 13, 1), "the first key forgotten");
+        assert!(
+            !count(&mut heat, 8, 13, 4),
+            "key 7's slot, counted in this span"
+        );
+        assert!(!count(&mut heat, 8, 14, 4), "and in the span before");
+        assert!(
+            count(&mut heat, 7, 14, 1),
+            "key 7's 4 units of span 13 still count"
+        );
+        assert!(count(&mut heat, 8, 16, 4), "a stale slot is key 8's");
+        assert!(!count(&mut heat, 7, 16, 4), "now key 8's");
     }
 }

@@ -423,7 +423,7 @@ impl Rule {
     /// This rule leased: each instance takes `units` (k) of a key from the store at once
     /// and spends them on its own checks of that key, for at most `spend_within` (D) after
     /// the take was sent (docs/SPEC.md, "Leases"), once the key is hot there (its checks
-    /// asked k units within a span of D, the current one or the one before). Never more
+    /// asked k units in one span of D, the current one or the one before). Never more
     /// than L in any window across instances: a unit is spent up to D after the store
     /// recorded it, so a sliding log is kept over W + D (any W of it then holds at most L,
     /// whenever in D its units were spent), and a token bucket with its burst cut by

@@ -174,8 +174,8 @@ fn leased_rule() -> impl Strategy<Value = (RuleSpec, u64, Option<u64>)> {
         3..40u64,
         prop_oneof![Just(20_000u64), Just(100_000), Just(1_000_000)],
         // Up to 8, or the whole limit: one take empties a window. Mostly the former: a key
-        // is hot only once an instance asked k units within a span of D, which the checks
-        // of a whole limit seldom leave room to take.
+        // takes only once an instance asked k units in a span of D, and after a whole
+        // limit's worth of checks a take of the whole limit seldom finds it free.
         prop_oneof![3 => 1..=8u64, 1 => Just(u64::MAX)],
         prop_oneof![Just(None), (1..=500u64).prop_map(Some)],
     )
@@ -279,8 +279,8 @@ fn a_hot_key_under_leases_loses_at_most_k_per_instance_and_calls_the_store_once_
 }
 
 /// A lease's decisions say who decided, and answer as the store would have at the take. A
-/// key takes a lease once its checks asked k units within a span of D, and keeps taking
-/// while the span before asked as many.
+/// key takes a lease once its checks asked k units in a span of D, and keeps taking while
+/// the span before asked as many.
 #[test]
 fn a_decision_from_a_lease_says_so_and_counts_down() {
     let spec = RuleSpec::new(Algorithm::SlidingLog, 20, Duration::from_secs(1));

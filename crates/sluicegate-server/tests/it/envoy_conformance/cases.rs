@@ -256,9 +256,9 @@ fn units_in(yaml: &str) -> Vec<String> {
 }
 
 impl Case {
-    /// The shortest unit the case's configuration or answers name: a run that crosses one
-    /// of its boundaries may see a window reset that envoy's test did not expect. Answers
-    /// that give only an overall code name no unit; the configuration does.
+    /// The shortest unit the case's answers name, or where they name none (answers that
+    /// give only an overall code), its configuration: a run that crosses one of its
+    /// boundaries may see a window reset that envoy's test did not expect.
     pub(crate) fn shortest_window_seconds(&self) -> Option<u64> {
         let expected = self.steps.iter().flat_map(|step| match &step.expect {
             Expect::Answer {
@@ -271,10 +271,13 @@ impl Case {
                 .collect::<Vec<_>>(),
             _ => Vec::new(),
         });
-        expected
-            .chain(self.configured_units())
-            .filter_map(|unit| unit_seconds(&unit.to_ascii_uppercase()))
-            .min()
+        let shortest = |units: Vec<String>| {
+            units
+                .iter()
+                .filter_map(|unit| unit_seconds(&unit.to_ascii_uppercase()))
+                .min()
+        };
+        shortest(expected.collect()).or_else(|| shortest(self.configured_units()))
     }
 
     /// Every `unit` the case's configuration files give, as written; none from a file

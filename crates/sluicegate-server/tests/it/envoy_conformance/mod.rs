@@ -138,14 +138,13 @@ fn now_seconds() -> u64 {
 /// of its shortest window: envoy's windows are aligned to the clock, and its tests
 /// assume a run fits in one. Nothing waits for time to pass.
 fn run_case(case: &Case, mode: Mode, store: &Store, client: &mut dyn Client) -> Result<(), String> {
+    let shortest_window = case.shortest_window_seconds();
     let mut tries = 0;
     loop {
         tries += 1;
         let started = now_seconds();
         let result = attempt(case, mode, store, client);
-        let crossed = case
-            .shortest_window_seconds()
-            .is_some_and(|w| started / w != now_seconds() / w);
+        let crossed = shortest_window.is_some_and(|w| started / w != now_seconds() / w);
         if result.is_ok() || !crossed || tries == 3 {
             return result;
         }
