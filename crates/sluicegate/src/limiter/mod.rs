@@ -43,7 +43,7 @@ use crate::budget::MemoryBudget;
 use crate::clock::{Clock, ClockMicros, SystemClock};
 use crate::decision::{Decision, RetryAfter};
 use crate::policy::{FailurePolicy, OnStoreReset};
-use crate::rule::{Algorithm, Lease, Rule};
+use crate::rule::{Algorithm, Rule};
 use crate::store::{
     Charge, Check, DecidedBy, Limit, MemoryStore, NodeId, Nodes, Outcome, Store, StoreError,
 };
@@ -156,14 +156,15 @@ limiter_counters! {
     store_reset_keys,
 }
 
-/// What a check may do with this instance's lease of its key, where its rule leases.
-#[derive(Clone, Copy)]
+/// What a check may do with this instance's lease of its key, where its rule leases. No
+/// more than a flag: the future of every check holds it.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Leasing {
     /// Spend from it, or take anew where the key is hot: a caller's check.
     SpendOrTake,
     /// Take anew at the store: a check of a hot key the lease could not answer (the take in
     /// flight, or one that waited for it).
-    Take(Lease),
+    Take,
 }
 
 /// Decides checks against a store.
@@ -388,11 +389,8 @@ impl<S: Store> Limiter<S> {
         leasing: Leasing,
     ) -> Result<Outcome, StoreError> {
         check.validate()?;
-        let taking = match leasing {
-            Leasing::Take(lease) => Some(lease),
-            Leasing::SpendOrTake => None,
-        };
-        if let Leasing::SpendOrTake = leasing
+        let take = leasing == Leasing::Take;
+        if leasing == Leasing::SpendOrTake
             && let Some(lease) = Leases::applies(check)
         {
             let hash = self.leases.hash(&check.limits[0]);
@@ -404,7 +402,7 @@ impl<S: Store> Limiter<S> {
             if hot {
                 // Boxed, a take's future is allocated only by the checks that take, and
                 // does not grow every check's future.
-                return Box::pin(self.take_lease(check, hash, lease)).await;
+                return Box::pin(self.take_lease(check, hash)).await;
             }
             // A key not hot here goes on to the store as without the lease (no take).
         }
@@ -413,9 +411,7 @@ impl<S: Store> Limiter<S> {
             .as_ref()
             .filter(|_| NegativeCache::applies(check))
         else {
-            return self
-                .send(check, self.clock.now_micros(), None, taking)
-                .await;
+            return self.send(check, self.clock.now_micros(), None, take).await;
         };
         let hash = negative.hash(check.limits);
         let mut now = self.clock.now_micros();
@@ -433,7 +429,7 @@ impl<S: Store> Limiter<S> {
                 None
             }
         };
-        let outcome = self.send(check, now, Some(hash), taking).await;
+        let outcome = self.send(check, now, Some(hash), take).await;
         // Only now, with its answer in the negative cache, may the checks waiting on it
         // look again.
         drop(leading);
@@ -443,15 +439,10 @@ impl<S: Store> Limiter<S> {
     /// Decides a check of a leased rule that this instance's lease of its key (filed under
     /// `hash`) could not answer: one take of a key at a time, and checks that come
     /// meanwhile spend from it.
-    async fn take_lease(
-        &self,
-        check: &Check<'_>,
-        hash: u64,
-        lease: Lease,
-    ) -> Result<Outcome, StoreError> {
+    async fn take_lease(&self, check: &Check<'_>, hash: u64) -> Result<Outcome, StoreError> {
         match self.lease_takes.join(hash) {
             Joined::Lead(leading) => {
-                let outcome = self.decide_leasing(check, Leasing::Take(lease)).await;
+                let outcome = self.decide_leasing(check, Leasing::Take).await;
                 drop(leading);
                 outcome
             }
@@ -459,7 +450,7 @@ impl<S: Store> Limiter<S> {
                 taken.await;
                 match self.spend_lease(check, hash, self.clock.now_micros()) {
                     Some(spent) => Ok(spent),
-                    None => self.decide_leasing(check, Leasing::Take(lease)).await,
+                    None => self.decide_leasing(check, Leasing::Take).await,
                 }
             }
         }
@@ -491,15 +482,16 @@ impl<S: Store> Limiter<S> {
         Some(outcome)
     }
 
-    /// Asks the store (through the local pre-check and the breaker), sent at `now`, a take
-    /// of `taking` where given; remembers its answer — in the negative cache under `cached`,
-    /// the hash of its limits, when the cache applies to it — or falls back on a failure.
+    /// Asks the store (through the local pre-check and the breaker), sent at `now`, with
+    /// `take` a take of the rule's lease; remembers its answer — in the negative cache under
+    /// `cached`, the hash of its limits, when the cache applies to it — or falls back on a
+    /// failure.
     async fn send(
         &self,
         check: &Check<'_>,
         now: u64,
         cached: Option<u64>,
-        taking: Option<Lease>,
+        take: bool,
     ) -> Result<Outcome, StoreError> {
         if let Some(mut refused) = self.precheck.as_ref().and_then(|p| p.refusal(check)) {
             self.stats
@@ -548,11 +540,14 @@ impl<S: Store> Limiter<S> {
                     ))
                     .await
                 };
-                let answer = match (written_back, taking) {
-                    (Ok(()), None) => self.store.check(check).await,
+                // Only whether to take is known here, and `take` finds the lease in the
+                // rule: the lease carried across the store's call would grow the future of
+                // every check, leased or not.
+                let answer = match written_back {
+                    Ok(()) if !take => self.store.check(check).await,
                     // Boxed, as the write-back: a take holds two store checks.
-                    (Ok(()), Some(lease)) => Box::pin(self.take(check, lease, now)).await,
-                    (Err(e), _) => Err(e),
+                    Ok(()) => Box::pin(self.take(check, now)).await,
+                    Err(e) => Err(e),
                 };
                 drop(freeing);
                 match answer {
@@ -600,11 +595,16 @@ impl<S: Store> Limiter<S> {
         self.fall_back(check, &nodes, error)
     }
 
-    /// The store's answer to `check` of a rule with `lease`, sent at `now`: a take of its k
+    /// The store's answer to `check` of a rule with a lease, sent at `now`: a take of its k
     /// units whose admission answers the check and leaves the rest to spend here; when the
     /// take is refused (fewer than k left) or not the store's (a full store decided it),
     /// the check alone, so that the answer is what it would be without the lease.
-    async fn take(&self, check: &Check<'_>, lease: Lease, now: u64) -> Result<Outcome, StoreError> {
+    async fn take(&self, check: &Check<'_>, now: u64) -> Result<Outcome, StoreError> {
+        // Only a check its rule's lease applies to is sent to take (decide_leasing); a rule
+        // without a lease has nothing to take.
+        let Some(lease) = check.limits[0].rule.lease() else {
+            return self.store.check(check).await;
+        };
         let take = Check {
             cost: lease.units(),
             // A take refused records nothing, even where refusals are charged: the check
