@@ -61,45 +61,45 @@ pub(crate) struct Leases {
 
 /// The units one key's checks asked of this instance in the current span of D (spans of D
 /// aligned on the limiter's clock) and in the one before. A slot that another key counted
-/// in within the current span or the one before stays that key's: a key whose hash falls
+/// in within its current span or the one before stays that key's: a key whose hash falls
 /// on it is not counted, and takes no lease until the slot is free again, so two keys on
-/// one slot never undo each other's counts. A key left out so costs store calls, never
-/// admissions. No key is ever added or dropped, so no number of keys grows the table or
-/// makes a check scan it.
+/// one slot never undo each other's counts, whatever their rules' D. A key left out so
+/// costs store calls, never admissions. No key is ever added or dropped, so no number of
+/// keys grows the table or makes a check scan it.
 #[derive(Clone, Copy, Debug, Default)]
 struct Heat {
     hash: u64,
-    span: u64,
+    /// The end of the span after the one `units` counts in: until then the slot is its
+    /// key's. Its key's D gives back that span (`live_until / D − 2`).
+    live_until: u64,
     units: u64,
     before: u64,
 }
 
 impl Heat {
-    /// Counts `units` asked in `span` of the key filed under `hash`; whether the key is hot:
-    /// at least `k` units asked in this span or in the one before. False, counting
-    /// nothing, for a key that finds the slot another's.
-    fn count(&mut self, hash: u64, span: u64, units: u64, k: u64) -> bool {
+    /// Counts `units` asked at `now` of the key filed under `hash`, whose spans are `d` µs
+    /// long; whether the key is hot: at least `k` units asked in this span or in the one
+    /// before. False, counting nothing, for a key that finds the slot another's.
+    fn count(&mut self, hash: u64, now: u64, d: u64, units: u64, k: u64) -> bool {
         if self.hash != hash {
-            // A slot never counted in (no units) is free at any span, the first too.
-            let counted_lately =
-                self.units > 0 && (span == self.span || span == self.span.wrapping_add(1));
-            if counted_lately {
+            if self.units > 0 && now < self.live_until {
                 return false;
             }
             *self = Heat {
                 hash,
-                span,
                 ..Heat::default()
             };
         }
-        if span != self.span {
+        let span = now / d;
+        let counted_in = (self.live_until / d).wrapping_sub(2);
+        if span != counted_in {
             // A clock gone back starts afresh, as a gap of more than a span does.
-            self.before = if span == self.span.wrapping_add(1) {
+            self.before = if span == counted_in.wrapping_add(1) {
                 self.units
             } else {
                 0
             };
-            self.span = span;
+            self.live_until = span.saturating_add(2).saturating_mul(d);
             self.units = 0;
         }
         self.units = self.units.saturating_add(units);
@@ -179,14 +179,13 @@ impl Leases {
     /// whether the key is hot here: its checks asked at least k units in the current span
     /// of D or in the one before. Only a hot key takes a lease.
     pub(crate) fn hot(&self, hash: u64, lease: Lease, cost: u64, now: u64) -> bool {
-        let span = now / lease.spend_within_micros();
         let mut shard = self.heat.shard(hash).lock();
         if shard.is_empty() {
             shard.resize(HEAT_SLOTS_PER_SHARD, Heat::default());
         }
         // The shard was picked by the hash's high half; the slot is picked by its low one.
         let slot = &mut shard[hash as usize % HEAT_SLOTS_PER_SHARD];
-        slot.count(hash, span, cost, lease.units())
+        slot.count(hash, now, lease.spend_within_micros(), cost, lease.units())
     }
 
     /// The hash a lease of `limit` is filed under.
@@ -309,18 +308,18 @@ impl Leases {
 mod tests {
     use super::Heat;
 
-    /// k = 4: hot once a span asked 4 units, through the span after it; cold again after a
-    /// span that asked fewer, or after a gap of a span. A slot counted in lately stays its
-    /// key's; a stale one goes to the next key that falls on it.
+    /// k = 4, D = 1 µs (a span per µs): hot once a span asked 4 units, through the span
+    /// after it; cold again after a span that asked fewer, or after a gap of a span. A slot
+    /// counted in lately stays its key's; a stale one goes to the next key that falls on it.
     #[test]
     fn a_key_is_hot_while_a_span_of_d_asks_k_units() {
         let mut heat = Heat::default();
         assert!(
-            Heat::default().count(9, 0, 4, 4),
+            Heat::default().count(9, 0, 1, 4, 4),
             "a slot never counted in is free, at span 0 too"
         );
         let count =
-            |heat: &mut Heat, key: u64, span: u64, units: u64| heat.count(key, span, units, 4);
+            |heat: &mut Heat, key: u64, span: u64, units: u64| heat.count(key, span, 1, units, 4);
         assert!(!count(&mut heat, 7, 10, 1));
         assert!(!count(&mut heat, 7, 10, 2));
         assert!(count(&mut heat, 7, 10, 1), "4 units in span 10");
@@ -347,5 +346,21 @@ mod tests {
         );
         assert!(count(&mut heat, 8, 16, 4), "a stale slot is key 8's");
         assert!(!count(&mut heat, 7, 16, 4), "now key 8's");
+    }
+
+    /// Keys of rules with different D on one slot: the slot stays its key's until the end
+    /// of the span after the one it counted in, on that key's D.
+    #[test]
+    fn a_slot_stays_its_keys_whatever_the_other_keys_d() {
+        let mut heat = Heat::default();
+        // Key 7, D = 1,000 µs: 4 units at 10,000 µs (span 10), its slot until 12,000.
+        assert!(heat.count(7, 10_000, 1_000, 4, 4));
+        // Key 8, D = 10 µs: its spans say nothing of key 7's.
+        assert!(!heat.count(8, 10_500, 10, 4, 4));
+        assert!(!heat.count(8, 11_990, 10, 4, 4));
+        // Key 7 again in span 11: the slot is its own until 13,000.
+        assert!(heat.count(7, 11_500, 1_000, 1, 4), "span 10 asked 4");
+        assert!(!heat.count(8, 12_990, 10, 4, 4));
+        assert!(heat.count(8, 13_000, 10, 4, 4), "key 7's slot is stale");
     }
 }
