@@ -24,9 +24,9 @@ repository_file() {
 # plain checks of one rule, a value per line (prelude.lua's header): the shape — the rule
 # (ALGORITHM's code, LIMIT, WINDOW_US, one bucket, capacity LIMIT, no emission interval,
 # LAYOUT: 0 zset, the default, or 1 compact, no expiration jitter), cost 1 and mode check,
-# joined by ':' — then '' for Redis TIME. KEYS: one key per check.
+# joined by ':' — and no time, for Redis TIME. KEYS: one key per check.
 one_rule_check() {
-  printf '%s\n' "$1:$2:$3:1:$2:0:${4:-0}:0:1:check" ""
+  printf '%s\n' "$1:$2:$3:1:$2:0:${4:-0}:0:1:check"
 }
 
 # naive_script: the naive sorted-set script, the reference of Redis' time per decision: a

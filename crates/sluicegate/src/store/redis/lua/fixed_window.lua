@@ -83,14 +83,15 @@ local function fixed_window_steps()
   -- writes and numbers as evaluate, record and answer there, without a rule slot's
   -- bookkeeping: most checks of a fixed window take it. Returns the check's status and
   -- numbers (main.lua, add_answer).
-  local function decide(r, key, t, cost, dry, charge, margin)
+  local function decide(r, key, t, cost, units, dry, charge, margin)
     local stored_window, count, latest = read(key)
     local limit = r.limit
     local now, index, window_end
     now, index, count, window_end = standing(t, r.window, stored_window, count, latest)
-    local units = units_of(FIXED_WINDOW, cost, charge)
-    local never = units > r.capacity
-    if never or count + units > limit then
+    -- More units than the capacity (L) never fit: refused whatever the count, as they are
+    -- here, and answered so.
+    if count + units > limit then
+      local never = units > r.capacity
       -- A charged refusal counts, and answers as refused after it.
       if charge and cost > 0 then
         local charged = count + units_below_cap(count, cost)

@@ -334,11 +334,11 @@ end
 -- DRY_CHARGE (shape.short) — most checks. It decides as run_check's two phases do for one
 -- rule, without their bookkeeping (verdicts, costs per rule, request ids): evaluate, then
 -- record or not, then answer; the same commands, the same state, the same numbers. The
--- rule's slot `r` is bound to `key` first. Returns the check's status and numbers, as
--- add_answer takes them.
-local function run_short(r, key, t, cost, dry, charge, margin)
+-- rule's slot `r` is bound to `key` first. `units`: units_of the rule's algorithm, `cost`
+-- and `charge`, which the caller works out once per shape where it can. Returns the
+-- check's status and numbers, as add_answer takes them.
+local function run_short(r, key, t, cost, units, dry, charge, margin)
   bind_key(r, key)
-  local units = units_of(r.algorithm, cost, charge)
   local fits = r:evaluate(t, units)
   local never = units > r.capacity
   if never or not fits then
@@ -376,8 +376,8 @@ local function run_check(shape, k)
   holding = plain
   if shape.short then
     local r = slot_of(1, shape.specs[1])
-    add_answer(short_decider(r)(r, keys[k + 1], shape.t or redis_time(), shape.cost, shape.dry,
-      shape.charge, shape.margin))
+    add_answer(short_decider(r)(r, keys[k + 1], shape.t or redis_time(), shape.cost,
+      units_of(r.algorithm, shape.cost, shape.charge), shape.dry, shape.charge, shape.margin))
     return
   end
   if shape.usage then
@@ -578,11 +578,12 @@ local function short_shape_of(text)
   local values = {string.match(text, SHORT_SHAPE)}
   if values[1] then
     local r, mode = new_rule_slot(), values[RULE_VALUES + 2]
+    local cost, charge = tonumber(values[RULE_VALUES + 1]), mode == CHARGE or mode == DRY_CHARGE
     r.spec = text
     take_up(r, values, 0, steps_for(values, 0))
     shape = {
-      r = r, run = short_decider(r), cost = tonumber(values[RULE_VALUES + 1]),
-      dry = mode == DRY or mode == DRY_CHARGE, charge = mode == CHARGE or mode == DRY_CHARGE,
+      r = r, run = short_decider(r), cost = cost, units = units_of(r.algorithm, cost, charge),
+      dry = mode == DRY or mode == DRY_CHARGE, charge = charge,
     }
   end
   if short_shape_count >= SHORT_SHAPES_MAX then
@@ -596,13 +597,13 @@ end
 -- The checks of a short call, one key each, in order (as run_checks).
 local short_shape, short_time, short_margin
 local function run_short_checks()
-  local run, r, cost = short_shape.run, short_shape.r, short_shape.cost
+  local run, r, cost, units = short_shape.run, short_shape.r, short_shape.cost, short_shape.units
   local dry, charge = short_shape.dry, short_shape.charge
   local t = short_time or redis_time()
   while done < check_count do
     next_k = k + 1
     answer_start = result_count
-    add_answer(run(r, keys[next_k], t, cost, dry, charge, short_margin))
+    add_answer(run(r, keys[next_k], t, cost, units, dry, charge, short_margin))
     k, done = next_k, done + 1
   end
 end
@@ -619,11 +620,14 @@ end
 local lone_reply = {}
 local function check_lone(shape, key, time)
   server_time, keep_written = false, false
-  local t, margin = time_and_margin(time)
+  local t, margin = false, 0
+  if time then
+    t, margin = time_and_margin(time)
+  end
   local reply = lone_reply
   local ok
   ok, reply[1], reply[2], reply[3], reply[4], reply[5] = pcall(shape.run, shape.r, key,
-    t or redis_time(), shape.cost, shape.dry, shape.charge, margin)
+    t or redis_time(), shape.cost, shape.units, shape.dry, shape.charge, margin)
   if not ok then
     return {failure_text(reply[1])}
   end
@@ -631,14 +635,19 @@ local function check_lone(shape, key, time)
 end
 
 -- One call: `call_keys` and `call_argv` as prelude.lua's header describes them.
--- `is_routed`: called by check_routed.
-local function check(call_keys, call_argv, is_routed)
+-- `is_routed`: called by check_routed, which gives a short call's time (`routed_time`, ''
+-- for Redis TIME), its ARGV going on with keys where the time would be.
+local function check(call_keys, call_argv, is_routed, routed_time)
   if not call then
     bind_globals()
   end
-  short_shape = short_shape_of(call_argv[1])
+  short_shape = short_shapes[call_argv[1]]
+  if short_shape == nil then
+    short_shape = short_shape_of(call_argv[1])
+  end
+  local time = is_routed and routed_time or call_argv[2]
   if short_shape and #call_keys == 1 then
-    return check_lone(short_shape, call_keys[1], call_argv[2])
+    return check_lone(short_shape, call_keys[1], time)
   end
   keys, argv, server_time, routed = call_keys, call_argv, false, is_routed or false
   keep_written = true
@@ -647,7 +656,7 @@ local function check(call_keys, call_argv, is_routed)
   result_count = 0
   local run = run_checks
   if short_shape then
-    short_time, short_margin = time_and_margin(argv[2])
+    short_time, short_margin = time_and_margin(time)
     holding = true
     check_count, run = #keys, run_short_checks
   else
@@ -701,5 +710,5 @@ local function check_routed(call_keys, call_argv)
   for i = #routed_keys, n + 1, -1 do
     routed_keys[i] = nil
   end
-  return check(routed_keys, call_argv, true)
+  return check(routed_keys, call_argv, true, first >= 2 and call_argv[2] or '')
 end

@@ -30,8 +30,9 @@
 -- reservation recorded at `at` (that set the GCRA state's TAT to `tat`) from where it put
 -- them, as far as they still count. report, refund and unreserve follow an evaluate of the
 -- same rule, whose findings they use. A piece may make an eighth, decide(r, key, t, cost,
--- dry, charge, margin): a short check (main.lua, run_short) decided in one step, to the
--- same commands, state and numbers as the others take, returning its status and numbers.
+-- units, dry, charge, margin): a short check (main.lua, run_short) decided in one step, to
+-- the same commands, state and numbers as the others take, returning its status and
+-- numbers.
 -- main.lua makes each algorithm's steps the first time a call's rules use it.
 --
 -- The Rust algorithms (crates/sluicegate/src/algorithm/) are the reference; this script
@@ -45,8 +46,9 @@
 -- numbers. Every other check (several rules, a request id, UNDO, the usage modes) takes
 -- the general path; one call may carry checks of both. A call whose checks all take the
 -- short path and ask the same is a short call, with arguments of its own (below): Redis
--- spends about 800 instructions on each argument of a call (callgrind), and a general
--- call of one check has 17, a short call 2.
+-- spends about 800 instructions on each argument of a call (callgrind), over 2,000 on
+-- each of a call's first few (the table of arguments grows one step per argument), and a
+-- general call of one check has 17, a short call on Redis TIME 1.
 --
 -- One call may carry several independent checks (the store batches checks that are in
 -- flight together): each is decided as if it were alone, in order, and one that fails
@@ -98,7 +100,7 @@
 -- ARGV     its shape, one string: the rule's RULE_VALUES values as above, the cost, and
 --          the mode (CHECK, DRY, CHARGE or DRY_CHARGE), joined by ':' (e.g.
 --          "1:100:60000000:1:100:0:0:0:1:check"; a general call's first value has no ':');
---          then the client time in µs, or '' for Redis TIME.
+--          then the client time in µs, or nothing for Redis TIME.
 -- KEYS     per check, its state (routed: as above). The number of checks is the number of
 --          keys.
 --
@@ -181,26 +183,26 @@ local RULE_VALUES = 8
 
 -- The standard functions the chunk uses, bound on the first call (see the header), and the
 -- call's keys and arguments (set by `check`).
-local call, floor, max, min, format, tonumber, find, sub, pack, unpack_struct
+local call, floor, max, min, format, tonumber, find, sub, pack, unpack_struct, pcall
 local argv, keys
 -- How a whole number is written: '%d' where Lua's integer format holds 2^53 exactly (a
 -- 64-bit long), '%.0f' otherwise.
 local INT
 
--- (`_G.tonumber`: the local of that name shadows the global here.)
+-- (`_G.tonumber`, `_G.pcall`: the locals of those names shadow the globals here.)
 local function bind_globals()
   call = redis.call
   floor, max, min = math.floor, math.max, math.min
   format, tonumber = string.format, _G.tonumber
   find, sub = string.find, string.sub
-  pack, unpack_struct = struct.pack, struct.unpack
+  pack, unpack_struct, pcall = struct.pack, struct.unpack, _G.pcall
   INT = format('%d', 2 ^ 53) == '9007199254740992' and '%d' or '%.0f'
 end
 
--- A check's time as a call gives it ('' for Redis TIME), as a number or false, and the
--- margin its keys' TTLs get (ttl_ms): a minute for a time of the client's own.
+-- A check's time as a call gives it ('' or none for Redis TIME), as a number or false, and
+-- the margin its keys' TTLs get (ttl_ms): a minute for a time of the client's own.
 local function time_and_margin(text)
-  if text == '' then
+  if not text or text == '' then
     return false, 0
   end
   return tonumber(text) or false, 60000
@@ -217,24 +219,25 @@ end
 -- library keeps what it wrote from call to call, up to WRITTEN_MAX numbers: few, since the
 -- times of one call seldom come up in the next, and Lua's collector walks the whole table
 -- (4,096 cost a lone check 4k more instructions than 256: scripts/redis-instructions).
--- A call of one check (`keep_written` false) keeps nothing it writes: its numbers are its
--- own time and counts, which later calls seldom write again, and keeping them cost a lone
--- fixed-window check more than writing them. Its TTL, which calls of one rule share, is
--- kept apart (ttl_ms).
+-- A call of one check (`keep_written` false) neither keeps nor looks up what it writes: its
+-- numbers are its own time and counts, which later calls seldom write again, and the
+-- lookup alone cost a lone fixed-window check more than it saved. Its TTL, which calls of
+-- one rule share, is kept apart (ttl_ms).
 local WRITTEN_MAX = 256
 local written, written_count = {}, 0
 local keep_written = true
 local function int(x)
+  if not keep_written then
+    return format(INT, x)
+  end
   local s = written[x]
   if not s then
     s = format(INT, x)
-    if keep_written then
-      if written_count >= WRITTEN_MAX then
-        written, written_count = {}, 0
-      end
-      written[x] = s
-      written_count = written_count + 1
+    if written_count >= WRITTEN_MAX then
+      written, written_count = {}, 0
     end
+    written[x] = s
+    written_count = written_count + 1
   end
   return s
 end

@@ -469,6 +469,109 @@ fn a_reply_holds_its_own_checks_only() {
     assert_eq!(call(&["a"]).len(), SHORT_ROW_FIELDS);
 }
 
+/// A short call on Redis TIME sends its shape alone, and one that carries the client's time
+/// sends that time after it: called directly or routed (`check_routed`, whose keys follow
+/// the arguments where a time would be), alone or with other checks, each decides on the
+/// time it was given, and all count alike. A fixed window of 5 a day: its edge falls
+/// inside a run but once a day.
+#[test]
+fn a_short_call_sends_a_time_only_when_it_has_one() {
+    let function = "sluicegate_time_test";
+    let routed = "sluicegate_time_test_routed";
+    standalone()
+        .query::<String>(cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(format!(
+            "#!lua name={function}\n{CHECK_LIBRARY}\
+             redis.register_function{{function_name = '{function}', callback = check}}\n\
+             redis.register_function{{function_name = '{routed}', callback = check_routed, \
+             flags = {{'allow-cross-slot-keys'}}}}\n"
+        )))
+        .expect("the library loads");
+    let rule = Rule::new(
+        "times",
+        &RuleSpec::new(Algorithm::FixedWindow, 5, Duration::from_secs(86_400)),
+    )
+    .expect("a valid rule");
+    let client_time = 1_700_000_000_000_000;
+    for at in [None, Some(client_time)] {
+        for is_routed in [false, true] {
+            for keys_per_call in [1, 3] {
+                let case = format!("at {at:?}, routed {is_routed}, {keys_per_call} a call");
+                let checks: Vec<ScriptCheck> = (0..keys_per_call)
+                    .map(|i| {
+                        let key = format!("k{i}");
+                        let limits = [Limit {
+                            rule: &rule,
+                            key: &key,
+                        }];
+                        let mut asked = Check::new(&limits, 1);
+                        asked.at = at.map(Duration::from_micros);
+                        let prefix = format!("time-{}-{is_routed}-{keys_per_call}", at.is_some());
+                        ScriptCheck::new(&prefix, 0, &asked, Mode::Check)
+                    })
+                    .collect();
+                let call = if is_routed {
+                    routed_command(routed, &checks)
+                } else {
+                    command("FCALL", function, &checks)
+                };
+                // The shape, the time if any, then a routed call's keys and their number.
+                let sent = arguments_after_keys(&call);
+                let mut expected = vec![sent[0].clone()];
+                expected.extend(at.map(|micros| micros.to_string()));
+                if is_routed {
+                    expected.extend(checks.iter().flat_map(|check| check.keys().to_vec()));
+                    expected.push(keys_per_call.to_string());
+                }
+                assert_eq!(sent, expected, "{case}");
+                let mut remaining = Vec::new();
+                for _ in 0..6 {
+                    let Ok(split) =
+                        split_answers(standalone().query(&call).expect("FCALL"), &checks)
+                    else {
+                        panic!("{case}: a malformed reply");
+                    };
+                    for answer in answers(split) {
+                        let Ok(rows) = answer else {
+                            panic!("{case}: {answer:?}");
+                        };
+                        let [[status, left, _, _, _, recorded_at]] = rows[..] else {
+                            panic!("{case}: {rows:?}");
+                        };
+                        if status & code::RECORDED != 0 {
+                            assert_recorded_at(recorded_at, at, &checks[0], &case);
+                        }
+                        remaining.push(left);
+                    }
+                }
+                let expected: Vec<i64> = [4, 3, 2, 1, 0, 0]
+                    .into_iter()
+                    .flat_map(|left| std::iter::repeat_n(left, keys_per_call))
+                    .collect();
+                assert_eq!(remaining, expected, "{case}");
+            }
+        }
+    }
+}
+
+/// A check of `first`'s day-long window recorded at `recorded_at`: the client's time `at`
+/// if it gave one; else Redis' time, and then the window's key expires at the window's end
+/// (with a time of the client's own it would get a minute more: prelude.lua, ttl_ms).
+fn assert_recorded_at(recorded_at: i64, at: Option<u64>, first: &ScriptCheck, case: &str) {
+    const DAY_MICROS: i64 = 86_400_000_000;
+    if let Some(micros) = at {
+        assert_eq!(recorded_at, micros as i64, "{case}");
+        return;
+    }
+    let window_end_ms = (recorded_at / DAY_MICROS + 1) * DAY_MICROS / 1000;
+    let expires: i64 = standalone()
+        .query(cmd("PEXPIRETIME").arg(&first.keys()[0]))
+        .expect("PEXPIRETIME");
+    assert!(
+        (window_end_ms..window_end_ms + 5).contains(&expires),
+        "{case}: recorded at {recorded_at} µs, expires at {expires} ms"
+    );
+}
+
 /// The rows of an answer, or None when its check failed for another reason than a number
 /// argument (`number_arguments_failing`), in call `call`.
 fn rows_unless_failed(
