@@ -47,8 +47,9 @@
 -- the general path; one call may carry checks of both. A call whose checks all take the
 -- short path and ask the same is a short call, with arguments of its own (below): Redis
 -- spends about 800 instructions on each argument of a call (callgrind), over 2,000 on
--- each of a call's first few (the table of arguments grows one step per argument), and a
--- general call of one check has 17, a short call on Redis TIME 1.
+-- each of a call's first few (Redis builds their table one element at a time, and it grows
+-- at the first, second, third and fifth), and a general call of one check has 17, a short
+-- call 1 on Redis TIME and 2 with a time of the client's.
 --
 -- One call may carry several independent checks (the store batches checks that are in
 -- flight together): each is decided as if it were alone, in order, and one that fails
