@@ -564,17 +564,14 @@ end
 -- A short call (prelude.lua's header): its shape as one string, the rule's values, the
 -- cost and the mode joined by ':'. The shapes met, by that string, each with a slot of its
 -- own that took up its rule; false for a general call's first value, which has no ':'. At
--- most SHORT_SHAPES_MAX, all forgotten at once past that.
+-- most SHORT_SHAPES_MAX, all forgotten at once past that. `check` looks a string up; a
+-- string not met yet is read by new_short_shape.
 local SHORT_SHAPES_MAX = 256
 -- A short call's shape: RULE_VALUES values, the cost, the mode.
 local SHORT_SHAPE = '^([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):([^:]*):(.*)$'
 local short_shapes, short_shape_count = {}, 0
-local function short_shape_of(text)
-  local shape = short_shapes[text]
-  if shape ~= nil then
-    return shape
-  end
-  shape = false
+local function new_short_shape(text)
+  local shape = false
   local values = {string.match(text, SHORT_SHAPE)}
   if values[1] then
     local r, mode = new_rule_slot(), values[RULE_VALUES + 2]
@@ -643,7 +640,7 @@ local function check(call_keys, call_argv, is_routed, routed_time)
   end
   short_shape = short_shapes[call_argv[1]]
   if short_shape == nil then
-    short_shape = short_shape_of(call_argv[1])
+    short_shape = new_short_shape(call_argv[1])
   end
   local time = is_routed and routed_time or call_argv[2]
   if short_shape and #call_keys == 1 then
