@@ -333,13 +333,14 @@ end
 -- The short path: a check of one rule, with no request id, in mode CHECK, DRY, CHARGE or
 -- DRY_CHARGE (shape.short) — most checks. It decides as run_check's two phases do for one
 -- rule, without their bookkeeping (verdicts, costs per rule, request ids): evaluate, then
--- record or not, then answer; the same commands, the same state, the same numbers. The
--- rule's slot `r` is bound to `key` first. `units`: units_of the rule's algorithm, `cost`
+-- record or not, then answer; the same state, the same numbers, and the same commands
+-- but for a zset log's prune before it decides (`records`, sliding_log.lua). The rule's
+-- slot `r` is bound to `key` first. `units`: units_of the rule's algorithm, `cost`
 -- and `charge`, which the caller works out once per shape where it can. Returns the
 -- check's status and numbers, as add_answer takes them.
 local function run_short(r, key, t, cost, units, dry, charge, margin)
   bind_key(r, key)
-  local fits = r:evaluate(t, units)
+  local fits = r:evaluate(t, units, not dry and cost > 0)
   local never = units > r.capacity
   if never or not fits then
     if charge and cost > 0 and r.algorithm == FIXED_WINDOW then

@@ -68,40 +68,57 @@ local function zset_log_steps()
     r.live = r.count - r.expired
   end
 
-  local function evaluate(r, t, units)
-    local key = r.key
+  local function evaluate(r, t, units, records)
+    local key, limit = r.key, r.limit
     local total = call('ZCARD', key)
+    -- How many stored entries have expired: false until known. A full log of a check of one
+    -- unit that records if it fits (a key near its limit, checked by the short path) is
+    -- pruned first, as far as t - W: each of those entries has expired at t, and at any
+    -- later time the key clamps to. If that removes any, the check fits and records at t or
+    -- later, after which the key's time never steps back before t; if none, it wrote
+    -- nothing. So a refused check still writes nothing, and an admission learns what it may
+    -- drop without reading an entry; a refusal pays for a prune that removes nothing.
+    local expired = false
+    if records and units == 1 and total == limit then
+      total = total - call('ZREMRANGEBYSCORE', key, '-inf', int(t - r.window))
+      expired = 0
+    end
     if total == 0 then
       r.now = t
-      return units <= r.limit
+      return units <= limit
     end
     r.count = total
-    if total + units <= r.limit then
+    if total + units <= limit then
       -- Time clamps to the newest entry only when that is later than t (Redis' clock
       -- stepped back, or a replay's time did): usually nothing is, and a count over the end
       -- of the set says so without reading an entry.
       if call('ZCOUNT', key, int(t + 1), '+inf') > 0 then
         r.latest = entry(r, -1)
       end
-      r.now = max(t, r.latest or 0)
-      r.cutoff = r.now - r.window
-      -- Fits whatever has expired; how much has is learnt when recording prunes it, or
-      -- counted if the check answers without recording.
-      r.expired = false
+    else
+      -- A log this full may refuse, and a refusal's reset_after needs the newest entry: it
+      -- is read for the clamp too, one command where a count and then a read would be two.
+      r.latest = entry(r, -1)
+    end
+    r.now = max(t, r.latest or 0)
+    r.cutoff = r.now - r.window
+    -- Entries up to the clamped time's cutoff may have expired too: how many is learnt when
+    -- recording prunes them, or counted if the check answers without recording.
+    if r.now > t then
+      expired = false
+    end
+    r.expired = expired
+    if expired then
+      r.live = total - expired
+    end
+    if total + units <= limit then
       return true
     end
-    -- A log this full may refuse, and a refusal's reset_after needs the newest entry: it is
-    -- read for the clamp too, one command where a count and then a read would be two.
-    r.latest = entry(r, -1)
-    r.now = max(t, r.latest)
-    r.cutoff = r.now - r.window
     -- The check fits once the oldest total + units - L entries have expired: once the
     -- newest of them, at that rank, has. That entry is also the one a refusal waits for
-    -- (answer_log's), so one read decides and answers, where counting what has expired and
-    -- then reading would be two; how much has is learnt when recording prunes it, or
-    -- counted if an answer needs it. More units than L never fit, and no entry says when.
-    local rank = total + units - r.limit - 1
-    r.expired = false
+    -- (answer_log's), so one read decides and answers. More units than L never fit, and no
+    -- entry says when.
+    local rank = total + units - limit - 1
     if rank >= total then
       return false
     end
