@@ -1,7 +1,7 @@
 //! The check script as a Redis Function: loaded once and called with FCALL, loaded again
 //! when the server lost it (FUNCTION FLUSH, a restart), and EVALSHA where the server has no
-//! functions — each against a redis-server of its own, whose INFO commandstats say which
-//! commands the store sent.
+//! functions; and what a zset log at its limit sends — each against a redis-server of its
+//! own, whose INFO commandstats say which commands the store sent.
 
 #![cfg(feature = "redis")]
 
@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use sluicegate::redis::Scripting;
 use sluicegate::{
-    Algorithm, Check, Limit, RedisStore, RedisStoreConfig, Rule, RuleSpec, Store, StoreError,
+    Algorithm, Check, Limit, LogLayout, RedisStore, RedisStoreConfig, RetryAfter, Rule, RuleSpec,
+    Store, StoreError,
 };
 use sluicegate_test_support::{self as support, RedisServer, cmd};
 
@@ -160,6 +161,71 @@ async fn a_server_without_functions_is_sent_evalsha() {
         assert_eq!(remaining(&store, &rule).await.unwrap(), want);
     }
     assert!(calls_of(&server, "evalsha") >= 5);
+}
+
+/// A zset log at its limit, checked as its oldest entry expires, admits without reading an
+/// entry: the check prunes first and finds room. A refusal there reads the two entries its
+/// answer needs (the one it waits for, the newest) and writes nothing: its prune removes
+/// none.
+#[tokio::test]
+async fn a_zset_log_at_its_limit_admits_without_reading_an_entry() {
+    let server = RedisServer::start(&[]);
+    let store = store_on(&server, Scripting::Auto).await;
+    let rule = Rule::new(
+        "at-limit",
+        &RuleSpec {
+            layout: Some(LogLayout::Zset),
+            ..RuleSpec::new(Algorithm::SlidingLog, 3, Duration::from_micros(1000))
+        },
+    )
+    .unwrap();
+    let limits = [Limit {
+        rule: &rule,
+        key: "k",
+    }];
+    let start = 1_700_000_000_000_000;
+    let check_at = |micros: u64| Check {
+        at: Some(Duration::from_micros(start + micros)),
+        ..Check::new(&limits, 1)
+    };
+    for at in [0, 100, 200] {
+        assert!(store.check(&check_at(at)).await.unwrap().decision.allowed);
+    }
+    let state = store.state_key(&rule, "k");
+    // Read with ZRANGEBYSCORE: ZRANGE counts the store's reads.
+    let entries = || -> Vec<String> {
+        server
+            .query(cmd("ZRANGEBYSCORE").arg(&state).arg("-inf").arg("+inf"))
+            .unwrap()
+    };
+    let (reads, prunes) = (
+        calls_of(&server, "zrange"),
+        calls_of(&server, "zremrangebyscore"),
+    );
+
+    // At 1000 µs the entry of 0 has expired (W = 1000 µs).
+    let admitted = store.check(&check_at(1000)).await.unwrap().decision;
+    assert!(admitted.allowed);
+    assert_eq!(admitted.remaining, 0);
+    assert_eq!(
+        calls_of(&server, "zrange"),
+        reads,
+        "an admission read an entry"
+    );
+    assert_eq!(calls_of(&server, "zremrangebyscore"), prunes + 1);
+    let before_refusal = entries();
+    assert_eq!(before_refusal.len(), 3, "{before_refusal:?}");
+
+    // At 1050 µs the oldest live entry (100) expires in 50 µs; the newest (1000) in 950.
+    let refused = store.check(&check_at(1050)).await.unwrap().decision;
+    assert!(!refused.allowed);
+    assert_eq!(
+        refused.retry_after(),
+        RetryAfter::After(Duration::from_micros(50))
+    );
+    assert_eq!(refused.reset_after(), Duration::from_micros(950));
+    assert_eq!(calls_of(&server, "zrange"), reads + 2);
+    assert_eq!(entries(), before_refusal, "a refusal changed the log");
 }
 
 /// Consistency of the cluster path: every master holds the library after connect.
