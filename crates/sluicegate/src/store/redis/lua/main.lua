@@ -15,7 +15,7 @@ local function new_rule_slot()
     repeat_release = false, verdict = false, cost = 0, units = 0, repeated = false,
     reserved = 0, reserved_at = 0, reserved_tat = 0,
     evaluate = false, record = false, answer = false, give_back = false, report = false,
-    refund = false, unreserve = false, decide = false,
+    refund = false, unreserve = false, decide = false, decides = false,
   }
 end
 
@@ -97,7 +97,7 @@ local function take_up(r, values, at, steps)
   r.jitter = tonumber(values[at + 8])
   r.evaluate, r.record, r.answer, r.give_back = steps[1], steps[2], steps[3], steps[4]
   r.report, r.refund, r.unreserve = steps[5], steps[6], steps[7]
-  r.decide = steps[8] or false
+  r.decide, r.decides = steps[8] or false, steps[9] or false
 end
 
 -- Slot `r` made ready for a check of `key`: every field evaluating reads before it writes.
@@ -333,14 +333,13 @@ end
 -- The short path: a check of one rule, with no request id, in mode CHECK, DRY, CHARGE or
 -- DRY_CHARGE (shape.short) — most checks. It decides as run_check's two phases do for one
 -- rule, without their bookkeeping (verdicts, costs per rule, request ids): evaluate, then
--- record or not, then answer; the same state, the same numbers, and the same commands
--- but for a zset log's prune before it decides (`records`, sliding_log.lua). The rule's
--- slot `r` is bound to `key` first. `units`: units_of the rule's algorithm, `cost`
+-- record or not, then answer; the same commands, the same state, the same numbers. The
+-- rule's slot `r` is bound to `key` first. `units`: units_of the rule's algorithm, `cost`
 -- and `charge`, which the caller works out once per shape where it can. Returns the
 -- check's status and numbers, as add_answer takes them.
 local function run_short(r, key, t, cost, units, dry, charge, margin)
   bind_key(r, key)
-  local fits = r:evaluate(t, units, not dry and cost > 0)
+  local fits = r:evaluate(t, units)
   local never = units > r.capacity
   if never or not fits then
     if charge and cost > 0 and r.algorithm == FIXED_WINDOW then
@@ -358,11 +357,14 @@ local function run_short(r, key, t, cost, units, dry, charge, margin)
   return cost > 0 and RECORDED_AT - r.now or ALLOWS, r:answer(true, false, units)
 end
 
--- What decides a short check of rule slot `r`, called as run_short is: the decide step of
--- its algorithm if it makes one (prelude.lua), in one step, the slot left unbound; else
--- run_short.
-local function short_decider(r)
-  return r.decide or run_short
+-- What decides a short check of rule slot `r` for `cost`, `dry` or not, called as run_short
+-- is: the decide step of its algorithm if it makes one that takes such checks (prelude.lua),
+-- in one step, the slot left unbound; else run_short.
+local function short_decider(r, cost, dry)
+  if r.decide and (not r.decides or r.decides(r, cost, dry)) then
+    return r.decide
+  end
+  return run_short
 end
 
 -- One check of the given shape, its keys after KEYS index `k`; appends its numbers to
@@ -377,7 +379,8 @@ local function run_check(shape, k)
   holding = plain
   if shape.short then
     local r = slot_of(1, shape.specs[1])
-    add_answer(short_decider(r)(r, keys[k + 1], shape.t or redis_time(), shape.cost,
+    local run = short_decider(r, shape.cost, shape.dry)
+    add_answer(run(r, keys[k + 1], shape.t or redis_time(), shape.cost,
       units_of(r.algorithm, shape.cost, shape.charge), shape.dry, shape.charge, shape.margin))
     return
   end
@@ -577,11 +580,12 @@ local function new_short_shape(text)
   if values[1] then
     local r, mode = new_rule_slot(), values[RULE_VALUES + 2]
     local cost, charge = tonumber(values[RULE_VALUES + 1]), mode == CHARGE or mode == DRY_CHARGE
+    local dry = mode == DRY or mode == DRY_CHARGE
     r.spec = text
     take_up(r, values, 0, steps_for(values, 0))
     shape = {
-      r = r, run = short_decider(r), cost = cost, units = units_of(r.algorithm, cost, charge),
-      dry = mode == DRY or mode == DRY_CHARGE, charge = charge,
+      r = r, run = short_decider(r, cost, dry), cost = cost,
+      units = units_of(r.algorithm, cost, charge), dry = dry, charge = charge,
     }
   end
   if short_shape_count >= SHORT_SHAPES_MAX then

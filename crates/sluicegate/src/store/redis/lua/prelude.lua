@@ -20,11 +20,9 @@
 -- reply) `check` sets anew.
 --
 -- An algorithm's piece is a function that makes its seven steps, which a rule then calls
--- as its methods: evaluate(r, t, units, records) reads the rule's state and says whether
--- `units` fit (`records`: a short check that records them at once if they do, for which a
--- zset log may prune what has expired first); record(r, cost, margin) records an
--- admission; answer(r, admitted, over, units) returns remaining, retry_after, reset_after
--- and delay; give_back(r, at, cost, margin) undoes an admission; report(r, cost, margin)
+-- as its methods: evaluate(r, t, units) reads the rule's state and says whether `units`
+-- fit; record(r, cost, margin) records an admission; answer(r, admitted, over, units)
+-- returns remaining, retry_after, reset_after and delay; give_back(r, at, cost, margin) undoes an admission; report(r, cost, margin)
 -- records `cost` whatever the limit says (into debt, within the algorithm's caps) and says
 -- whether it recorded any; refund(r, cost, margin) gives back up to `cost` of the live
 -- units, newest first, and says whether it gave back any; unreserve(r, at, tat, units,
@@ -32,20 +30,21 @@
 -- state's TAT to `tat`) from where it put them, as far as they still count. report, refund
 -- and unreserve follow an evaluate of the same rule, whose findings they use. A piece may
 -- make an eighth, decide(r, key, t, cost, units, dry, charge, margin): a short check
--- (main.lua, run_short) decided in one step, to the same commands, state and numbers as
--- the others take, returning its status and numbers.
+-- (main.lua, run_short) decided in one step, to the same state and numbers as the others
+-- give it, returning its status and numbers; and a ninth, decides(r, cost, dry), if its
+-- decide takes only some short checks (the others take run_short).
 -- main.lua makes each algorithm's steps the first time a call's rules use it.
 --
 -- The Rust algorithms (crates/sluicegate/src/algorithm/) are the reference; this script
 -- re-implements them and differential tests hold the two together. In each check every
--- rule is evaluated first (reads only, but for the zset's prune of a short check, which
--- removes something only where the check then records); only if all allow does each
--- record. A refused check writes nothing.
+-- rule is evaluated first (reads only); only if all allow does each record. A refused
+-- check writes nothing (a zset log's decide prunes before it knows, and removes something
+-- only where the check then records: sliding_log.lua).
 --
 -- Most checks are of one rule, with no request id, in mode CHECK, DRY, CHARGE or
 -- DRY_CHARGE: those take the short path (main.lua, run_short), which decides as the two
 -- phases do for one rule without their bookkeeping — the same state and numbers, and the
--- same commands but where a zset log prunes first. Every other check (several rules, a
+-- same commands but where a zset log's decide prunes first. Every other check (several rules, a
 -- request id, UNDO, the usage modes) takes the general path; one call may carry checks of
 -- both. A call whose checks all take the short path and ask the same is a short call,
 -- with arguments of its own (below): Redis spends about 800 instructions on each argument

@@ -52,12 +52,17 @@ local function zset_log_steps()
     return stamp .. ':' .. DIGIT_COUNTS[#written_n] .. written_n
   end
 
-  -- The time of entry i: its member's stamp, the score as int wrote it (a score in a reply
-  -- is written with "%.17g", as a number argument is: see prelude.lua).
-  local function entry(r, i)
+  -- The time of entry i of `key`'s log: its member's stamp, the score as int wrote it (a
+  -- score in a reply is written with "%.17g", as a number argument is: see prelude.lua).
+  local function entry_of(key, i)
     local rank = i == -1 and '-1' or int(i)
-    local at = call('ZRANGE', r.key, rank, rank)[1]
+    local at = call('ZRANGE', key, rank, rank)[1]
     return tonumber(sub(at, 1, find(at, ':', 1, true) - 1))
+  end
+
+  -- The time of entry i of the rule's log, as answer_log asks.
+  local function entry(r, i)
+    return entry_of(r.key, i)
   end
 
   -- The live entries: all of them (r.count) less the expired ones, which are few and at the
@@ -68,51 +73,47 @@ local function zset_log_steps()
     r.live = r.count - r.expired
   end
 
-  local function evaluate(r, t, units, records)
-    local key, limit = r.key, r.limit
+  -- Where a check of `units` at `t` stands on `key`'s log: whether they fit, the time
+  -- decided at (never before the key's latest entry), the entries stored, how many of those
+  -- have expired (false until known), the key's latest time (false while unread) and the
+  -- entry a refusal waits for (false while unread). How many stored entries have expired is
+  -- unknown at first. A full log of a check of one unit that records if it fits (`records`:
+  -- decide's checks) is pruned first, as far as t - W: each of those entries has expired at
+  -- t, and at any later time the key clamps to. If that removes any, the check fits and
+  -- records at t or later, after which the key's time never steps back before t; if none,
+  -- it wrote nothing. So a refused check still writes nothing, and an admission learns what
+  -- it may drop without reading an entry; a refusal pays for a prune that removes nothing.
+  local function stand(key, t, units, records, limit, window)
     local total = call('ZCARD', key)
-    -- How many stored entries have expired: false until known. A full log of a check of one
-    -- unit that records if it fits (a key near its limit, checked by the short path) is
-    -- pruned first, as far as t - W: each of those entries has expired at t, and at any
-    -- later time the key clamps to. If that removes any, the check fits and records at t or
-    -- later, after which the key's time never steps back before t; if none, it wrote
-    -- nothing. So a refused check still writes nothing, and an admission learns what it may
-    -- drop without reading an entry; a refusal pays for a prune that removes nothing.
     local expired = false
     if records and units == 1 and total == limit then
-      total = total - call('ZREMRANGEBYSCORE', key, '-inf', int(t - r.window))
+      total = total - call('ZREMRANGEBYSCORE', key, '-inf', int(t - window))
       expired = 0
     end
     if total == 0 then
-      r.now = t
-      return units <= limit
+      return units <= limit, t, 0, 0, false, false
     end
-    r.count = total
+    local latest = false
     if total + units <= limit then
       -- Time clamps to the newest entry only when that is later than t (Redis' clock
       -- stepped back, or a replay's time did): usually nothing is, and a count over the end
       -- of the set says so without reading an entry.
       if call('ZCOUNT', key, int(t + 1), '+inf') > 0 then
-        r.latest = entry(r, -1)
+        latest = entry_of(key, -1)
       end
     else
       -- A log this full may refuse, and a refusal's reset_after needs the newest entry: it
       -- is read for the clamp too, one command where a count and then a read would be two.
-      r.latest = entry(r, -1)
+      latest = entry_of(key, -1)
     end
-    r.now = max(t, r.latest or 0)
-    r.cutoff = r.now - r.window
+    local now = max(t, latest or 0)
     -- Entries up to the clamped time's cutoff may have expired too: how many is learnt when
     -- recording prunes them, or counted if the check answers without recording.
-    if r.now > t then
+    if now > t then
       expired = false
     end
-    r.expired = expired
-    if expired then
-      r.live = total - expired
-    end
     if total + units <= limit then
-      return true
+      return true, now, total, expired, latest, false
     end
     -- The check fits once the oldest total + units - L entries have expired: once the
     -- newest of them, at that rank, has. That entry is also the one a refusal waits for
@@ -120,10 +121,23 @@ local function zset_log_steps()
     -- entry says when.
     local rank = total + units - limit - 1
     if rank >= total then
-      return false
+      return false, now, total, expired, latest, false
     end
-    r.awaited = entry(r, rank)
-    return r.awaited <= r.cutoff
+    local awaited = entry_of(key, rank)
+    return awaited <= now - window, now, total, expired, latest, awaited
+  end
+
+  local function evaluate(r, t, units)
+    local fits, now, total, expired, latest, awaited = stand(r.key, t, units, false, r.limit,
+      r.window)
+    r.now, r.cutoff, r.latest, r.awaited = now, now - r.window, latest, awaited
+    if total > 0 then
+      r.count, r.expired = total, expired
+      if expired then
+        r.live = total - expired
+      end
+    end
+    return fits
   end
 
   -- Members "time:n" for n = first .. last, at `now`.
@@ -167,6 +181,34 @@ local function zset_log_steps()
     prune(r)
     add_members(r.key, r.now, r.live + 1, r.live + cost)
     call('PEXPIRE', r.key, ttl_ms(r.window, margin))
+  end
+
+  -- A short check (main.lua, run_short) of one unit that records if it fits, under a limit
+  -- of at least one (`decides`: most checks of a zset log), decided in one step, to the
+  -- commands, state and numbers evaluate, record and answer give it there, without a rule
+  -- slot's bookkeeping. Returns the check's status and numbers (main.lua, add_answer).
+  local function decide(r, key, t, _, _, _, _, margin)
+    local limit, window = r.limit, r.window
+    local fits, now, total, expired, latest, awaited = stand(key, t, 1, true, limit, window)
+    if not fits then
+      -- Over the limit for one unit (never more than L: the limit is at least one): L
+      -- entries are live, and the answer counts none (answer_log).
+      return 0, 0, awaited + window - now, latest + window - now, 0
+    end
+    if not expired then
+      expired = call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
+    end
+    local live = total - expired
+    add_members(key, now, live + 1, live + 1)
+    call('PEXPIRE', key, ttl_ms(window, margin))
+    return RECORDED_AT - now, limit - live - 1, 0, window, 0
+  end
+
+  -- The short checks decide takes: of one unit (cost 1: a sliding log decides a check for
+  -- its cost), recorded if they fit (not dry), under a limit of at least one (so that one
+  -- unit is never more than the capacity).
+  local function decides(r, cost, dry)
+    return cost == 1 and not dry and r.capacity >= 1
   end
 
   -- Into debt the log keeps its newest L live units: the oldest older entries go, and the
@@ -283,5 +325,5 @@ local function zset_log_steps()
     renumber_newest(r, r.live - units)
   end
 
-  return evaluate, record, answer, give_back, report, refund, unreserve
+  return evaluate, record, answer, give_back, report, refund, unreserve, decide, decides
 end

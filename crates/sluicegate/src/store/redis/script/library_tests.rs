@@ -133,7 +133,7 @@ fn general_only(library: &str) -> String {
 /// The library with a short path that fails every check it is given, at its entry (what
 /// `short_decider` gives, for every algorithm).
 fn short_path_failing(library: &str) -> String {
-    let entry = "local function short_decider(r)\n";
+    let entry = "local function short_decider(r, cost, dry)\n";
     replace_once(
         library,
         entry,
