@@ -22,17 +22,18 @@
 -- An algorithm's piece is a function that makes its seven steps, which a rule then calls
 -- as its methods: evaluate(r, t, units) reads the rule's state and says whether `units`
 -- fit; record(r, cost, margin) records an admission; answer(r, admitted, over, units)
--- returns remaining, retry_after, reset_after and delay; give_back(r, at, cost, margin) undoes an admission; report(r, cost, margin)
--- records `cost` whatever the limit says (into debt, within the algorithm's caps) and says
--- whether it recorded any; refund(r, cost, margin) gives back up to `cost` of the live
--- units, newest first, and says whether it gave back any; unreserve(r, at, tat, units,
--- margin) gives back up to `units` of a reservation recorded at `at` (that set the GCRA
--- state's TAT to `tat`) from where it put them, as far as they still count. report, refund
--- and unreserve follow an evaluate of the same rule, whose findings they use. A piece may
--- make an eighth, decide(r, key, t, cost, units, dry, charge, margin): a short check
--- (main.lua, run_short) decided in one step, to the same state and numbers as the others
--- give it, returning its status and numbers; and a ninth, decides(r, cost, dry), if its
--- decide takes only some short checks (the others take run_short).
+-- returns remaining, retry_after, reset_after and delay; give_back(r, at, cost, margin)
+-- undoes an admission; report(r, cost, margin) records `cost` whatever the limit says (into
+-- debt, within the algorithm's caps) and says whether it recorded any; refund(r, cost,
+-- margin) gives back up to `cost` of the live units, newest first, and says whether it
+-- gave back any; unreserve(r, at, tat, units, margin) gives back up to `units` of a
+-- reservation recorded at `at` (that set the GCRA state's TAT to `tat`) from where it put
+-- them, as far as they still count. report, refund and unreserve follow an evaluate of the
+-- same rule, whose findings they use. A piece may make an eighth, decide(r, key, t, cost,
+-- units, dry, charge, margin): a short check (main.lua, run_short) decided in one step, to
+-- the same state and numbers as the others give it, returning its status and numbers; and
+-- a ninth, decides(r, cost, dry), if its decide takes only some short checks (the others
+-- take run_short).
 -- main.lua makes each algorithm's steps the first time a call's rules use it.
 --
 -- The Rust algorithms (crates/sluicegate/src/algorithm/) are the reference; this script
@@ -44,14 +45,14 @@
 -- Most checks are of one rule, with no request id, in mode CHECK, DRY, CHARGE or
 -- DRY_CHARGE: those take the short path (main.lua, run_short), which decides as the two
 -- phases do for one rule without their bookkeeping — the same state and numbers, and the
--- same commands but where a zset log's decide prunes first. Every other check (several rules, a
--- request id, UNDO, the usage modes) takes the general path; one call may carry checks of
--- both. A call whose checks all take the short path and ask the same is a short call,
--- with arguments of its own (below): Redis spends about 800 instructions on each argument
--- of a call (callgrind), over 2,000 on each of a call's first few (Redis builds their
--- table one element at a time, and it grows at the first, second, third and fifth), and a
--- general call of one check has 17, a short call 1 on Redis TIME and 2 with a time of the
--- client's.
+-- same commands but where a zset log's decide prunes first. Every other check (several
+-- rules, a request id, UNDO, the usage modes) takes the general path; one call may carry
+-- checks of both. A call whose checks all take the short path and ask the same is a short
+-- call, with arguments of its own (below): Redis spends about 800 instructions on each
+-- argument of a call (callgrind), over 2,000 on each of a call's first few (Redis builds
+-- their table one element at a time, and it grows at the first, second, third and fifth),
+-- and a general call of one check has 17, a short call 1 on Redis TIME and 2 with a time
+-- of the client's.
 --
 -- One call may carry several independent checks (the store batches checks that are in
 -- flight together): each is decided as if it were alone, in order, and one that fails

@@ -76,13 +76,13 @@ local function zset_log_steps()
   -- Where a check of `units` at `t` stands on `key`'s log: whether they fit, the time
   -- decided at (never before the key's latest entry), the entries stored, how many of those
   -- have expired (false until known), the key's latest time (false while unread) and the
-  -- entry a refusal waits for (false while unread). How many stored entries have expired is
-  -- unknown at first. A full log of a check of one unit that records if it fits (`records`:
-  -- decide's checks) is pruned first, as far as t - W: each of those entries has expired at
-  -- t, and at any later time the key clamps to. If that removes any, the check fits and
-  -- records at t or later, after which the key's time never steps back before t; if none,
-  -- it wrote nothing. So a refused check still writes nothing, and an admission learns what
-  -- it may drop without reading an entry; a refusal pays for a prune that removes nothing.
+  -- entry a refusal waits for (false while unread). A full log of a check of one unit that
+  -- records if it fits (`records`: decide's checks) is pruned first, as far as t - W: each
+  -- of those entries has expired at t, and at any later time the key clamps to. If that
+  -- removes any, the check fits and records at t or later, after which the key's time never
+  -- steps back before t; if none, it wrote nothing. So a refused check still writes
+  -- nothing, and an admission learns what it may drop without reading an entry; a refusal
+  -- pays for a prune that removes nothing.
   local function stand(key, t, units, records, limit, window)
     local total = call('ZCARD', key)
     local expired = false
@@ -185,8 +185,9 @@ local function zset_log_steps()
 
   -- A short check (main.lua, run_short) of one unit that records if it fits, under a limit
   -- of at least one (`decides`: most checks of a zset log), decided in one step, to the
-  -- commands, state and numbers evaluate, record and answer give it there, without a rule
-  -- slot's bookkeeping. Returns the check's status and numbers (main.lua, add_answer).
+  -- state and numbers evaluate, record and answer give it there, without a rule slot's
+  -- bookkeeping; their commands too, but for the prune a full log gets first (stand).
+  -- Returns the check's status and numbers (main.lua, add_answer).
   local function decide(r, key, t, _, _, _, _, margin)
     local limit, window = r.limit, r.window
     local fits, now, total, expired, latest, awaited = stand(key, t, 1, true, limit, window)
