@@ -20,7 +20,8 @@ local function new_rule_slot()
 end
 
 -- The steps of each algorithm (and layout), made the first time a call's rules use it (see
--- prelude.lua): {evaluate, record, answer, give_back, report, refund, unreserve}, by maker.
+-- prelude.lua): {evaluate, record, answer, give_back, report, refund, unreserve} and, where
+-- a piece makes them, decide and decides, by maker.
 local made_steps = {}
 local function steps_made_by(make)
   local steps = made_steps[make]

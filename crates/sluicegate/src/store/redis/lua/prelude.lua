@@ -19,7 +19,7 @@
 -- next call may reuse; whatever else depends on the call (its keys, Redis TIME, the
 -- reply) `check` sets anew.
 --
--- An algorithm's piece is a function that makes its seven steps, which a rule then calls
+-- An algorithm's piece is a function that makes its steps, which a rule then calls
 -- as its methods: evaluate(r, t, units) reads the rule's state and says whether `units`
 -- fit; record(r, cost, margin) records an admission; answer(r, admitted, over, units)
 -- returns remaining, retry_after, reset_after and delay; give_back(r, at, cost, margin)

@@ -79,10 +79,11 @@ local function zset_log_steps()
   -- entry a refusal waits for (false while unread). A full log of a check of one unit that
   -- records if it fits (`records`: decide's checks) is pruned first, as far as t - W: each
   -- of those entries has expired at t, and at any later time the key clamps to. If that
-  -- removes any, the check fits and records at t or later, after which the key's time never
-  -- steps back before t; if none, it wrote nothing. So a refused check still writes
-  -- nothing, and an admission learns what it may drop without reading an entry; a refusal
-  -- pays for a prune that removes nothing.
+  -- removes any, the check fits and records at t or later, and recording prunes what has
+  -- expired by then: the same entries and perhaps more, so the prune changed nothing
+  -- recording would not. If it removes none, it wrote nothing. So a refused check still
+  -- writes nothing, and an admission whose time is not clamped learns what it may drop
+  -- without reading an entry; a refusal pays for a prune that removes nothing.
   local function stand(key, t, units, records, limit, window)
     local total = call('ZCARD', key)
     local expired = false
@@ -186,8 +187,9 @@ local function zset_log_steps()
   -- A short check (main.lua, run_short) of one unit that records if it fits, under a limit
   -- of at least one (`decides`: most checks of a zset log), decided in one step, to the
   -- state and numbers evaluate, record and answer give it there, without a rule slot's
-  -- bookkeeping; their commands too, but for the prune a full log gets first (stand).
-  -- Returns the check's status and numbers (main.lua, add_answer).
+  -- bookkeeping. Its commands differ only on a full log, pruned first (stand): an admission
+  -- there sends a prune and a count where those steps read two entries. Returns the check's
+  -- status and numbers (main.lua, add_answer).
   local function decide(r, key, t, _, _, _, _, margin)
     local limit, window = r.limit, r.window
     local fits, now, total, expired, latest, awaited = stand(key, t, 1, true, limit, window)
