@@ -141,24 +141,28 @@ local function zset_log_steps()
     return fits
   end
 
-  -- Members "time:n" for n = first .. last, at `now`.
-  local function add_members(key, now, first, last)
+  -- Members "time:n" for n = first .. last, at `now`; then, given `ttl`, the key's TTL (an
+  -- admission's: one that only renumbers leaves it).
+  local function add_members(key, now, first, last, ttl)
     local stamp = int(now)
     if first == last then
       call('ZADD', key, stamp, member(stamp, first))
-      return
-    end
-    local args = {}
-    for n = first, last do
-      args[#args + 1] = stamp
-      args[#args + 1] = member(stamp, n)
-      if #args >= 1000 then
+    else
+      local args = {}
+      for n = first, last do
+        args[#args + 1] = stamp
+        args[#args + 1] = member(stamp, n)
+        if #args >= 1000 then
+          call('ZADD', key, unpack(args))
+          args = {}
+        end
+      end
+      if #args > 0 then
         call('ZADD', key, unpack(args))
-        args = {}
       end
     end
-    if #args > 0 then
-      call('ZADD', key, unpack(args))
+    if ttl then
+      call('PEXPIRE', key, ttl)
     end
   end
 
@@ -180,8 +184,7 @@ local function zset_log_steps()
   -- instant sort by n (a give-back and a refund remove the highest).
   local function record(r, cost, margin)
     prune(r)
-    add_members(r.key, r.now, r.live + 1, r.live + cost)
-    call('PEXPIRE', r.key, ttl_ms(r.window, margin))
+    add_members(r.key, r.now, r.live + 1, r.live + cost, ttl_ms(r.window, margin))
   end
 
   -- A short check (main.lua, run_short) of one unit that records if it fits, under a limit
@@ -202,8 +205,7 @@ local function zset_log_steps()
       expired = call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
     end
     local live = total - expired
-    add_members(key, now, live + 1, live + 1)
-    call('PEXPIRE', key, ttl_ms(window, margin))
+    add_members(key, now, live + 1, live + 1, ttl_ms(window, margin))
     return RECORDED_AT - now, limit - live - 1, 0, window, 0
   end
 
@@ -236,8 +238,7 @@ local function zset_log_steps()
     if at_now > 0 then
       call('ZREMRANGEBYSCORE', key, int(now), int(now))
     end
-    add_members(key, now, older_kept + 1, limit)
-    call('PEXPIRE', key, ttl_ms(r.window, margin))
+    add_members(key, now, older_kept + 1, limit, ttl_ms(r.window, margin))
     return true
   end
 
