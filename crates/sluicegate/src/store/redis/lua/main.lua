@@ -10,7 +10,7 @@ local function new_rule_slot()
   return {
     spec = false, algorithm = 0, limit = 0, window = 0, buckets = 0, capacity = 0,
     interval = 0, jitter = 0, key = false, ids = false, releases = false, now = 0, latest = false,
-    live = 0, expired = 0, cutoff = 0, head = 0, count = 0, new_key = false, awaited = 0,
+    live = 0, expired = 0, cutoff = 0, head = 0, count = 0, awaited = 0,
     latest_residue = 0, room = 0, read = '',
     repeat_release = false, verdict = false, cost = 0, units = 0, repeated = false,
     reserved = 0, reserved_at = 0, reserved_tat = 0,
@@ -105,7 +105,7 @@ end
 local function bind_key(r, key)
   r.key = key
   r.now, r.latest, r.live, r.expired, r.cutoff = 0, false, 0, 0, 0
-  r.head, r.count, r.new_key, r.repeat_release = 0, 0, false, false
+  r.head, r.count, r.repeat_release = 0, 0, false
 end
 
 -- The slot of rule `i` of a check, its spec's: a slot takes up a rule's values when it

@@ -38,6 +38,13 @@ local function answer_log(r, admitted, over, units, entry)
   return remaining, retry, reset, 0
 end
 
+-- The short checks either layout's decide takes: of one unit (cost 1: a sliding log decides
+-- a check for its cost), recorded if they fit (not dry), under a limit of at least one (so
+-- that one unit is never more than the capacity).
+local function log_decides(r, cost, dry)
+  return cost == 1 and not dry and r.capacity >= 1
+end
+
 -- The steps of the ZSET layout.
 local function zset_log_steps()
   -- The number of digits of a whole number below 2^53, as text, by that number.
@@ -188,7 +195,7 @@ local function zset_log_steps()
   end
 
   -- A short check (main.lua, run_short) of one unit that records if it fits, under a limit
-  -- of at least one (`decides`: most checks of a zset log), decided in one step, to the
+  -- of at least one (log_decides: most checks of a zset log), decided in one step, to the
   -- state and numbers evaluate, record and answer give it there, without a rule slot's
   -- bookkeeping. Its commands differ only on a full log, pruned first (stand): an admission
   -- there sends a prune and a count where those steps read two entries. Returns the check's
@@ -207,13 +214,6 @@ local function zset_log_steps()
     local live = total - expired
     add_members(key, now, live + 1, live + 1, ttl_ms(window, margin))
     return RECORDED_AT - now, limit - live - 1, 0, window, 0
-  end
-
-  -- The short checks decide takes: of one unit (cost 1: a sliding log decides a check for
-  -- its cost), recorded if they fit (not dry), under a limit of at least one (so that one
-  -- unit is never more than the capacity).
-  local function decides(r, cost, dry)
-    return cost == 1 and not dry and r.capacity >= 1
   end
 
   -- Into debt the log keeps its newest L live units: the oldest older entries go, and the
@@ -329,5 +329,5 @@ local function zset_log_steps()
     renumber_newest(r, r.live - units)
   end
 
-  return evaluate, record, answer, give_back, report, refund, unreserve, decide, decides
+  return evaluate, record, answer, give_back, report, refund, unreserve, decide, log_decides
 end

@@ -49,11 +49,13 @@ local function compact_log_steps(w)
 
   -- Reads the header into `r`, and keeps the string's first COMPACT_READ bytes as read
   -- (r.read) for what the check reads until it writes (read_bytes); false when there is no
-  -- key.
+  -- key, which reads as an empty ring with no room and no latest time.
   local function read_header(r)
     local read = call('GETRANGE', r.key, '0', READ_LAST)
     r.read = read
     if #read < RING then
+      r.room, r.head, r.count = 0, 0, 0
+      set_latest(r, 0)
       return false
     end
     local latest
@@ -76,43 +78,47 @@ local function compact_log_steps(w)
     return decoded(r, unpack_struct(ENTRY, read_bytes(r, RING + w * ((r.head + i) % r.room), w)))
   end
 
+  -- How many of the entries read_header read have expired by `cutoff`. Admissions drop what
+  -- has expired, so what has expired since is usually a few of the oldest entries: one read
+  -- of up to COMPACT_FRONT of them finds where the live ones start; only when all of those
+  -- have expired does a binary search go on. Once the latest has, all have: nothing is
+  -- read.
+  local function count_expired(r, cutoff)
+    local count = r.count
+    if count == 0 then
+      return 0
+    end
+    if r.latest <= cutoff then
+      return count
+    end
+    local front = min(count, COMPACT_FRONT, r.room - r.head)
+    local entries = read_bytes(r, RING + w * r.head, w * front)
+    local expired = 0
+    while expired < front
+      and decoded(r, unpack_struct(ENTRY, entries, w * expired + 1)) <= cutoff do
+      expired = expired + 1
+    end
+    if expired < front or front == count then
+      return expired
+    end
+    local low, high = front, count
+    while low < high do
+      local mid = floor((low + high) / 2)
+      if entry(r, mid) <= cutoff then
+        low = mid + 1
+      else
+        high = mid
+      end
+    end
+    return low
+  end
+
   local function evaluate(r, t, units)
-    if not read_header(r) then
-      r.room, r.new_key = 0, true
-      set_latest(r, 0)
-    end
-    r.now = max(t, r.latest)
-    r.cutoff = r.now - r.window
-    -- Admissions drop what has expired, so what has expired since is usually a few of the
-    -- oldest entries: one read of up to COMPACT_FRONT of them finds where the live ones
-    -- start; only when all of those have expired does a binary search go on. Once the
-    -- latest has, all have: nothing is read.
-    local front = r.count > 0 and min(r.count, COMPACT_FRONT, r.room - r.head) or 0
-    if front > 0 and r.latest <= r.cutoff then
-      r.expired, front = r.count, 0
-    elseif front > 0 then
-      local entries = read_bytes(r, RING + w * r.head, w * front)
-      local cutoff = r.cutoff
-      local expired = 0
-      while expired < front
-        and decoded(r, unpack_struct(ENTRY, entries, w * expired + 1)) <= cutoff do
-        expired = expired + 1
-      end
-      r.expired = expired
-    end
-    if front > 0 and r.expired == front and front < r.count then
-      local low, high = front, r.count
-      while low < high do
-        local mid = floor((low + high) / 2)
-        if entry(r, mid) <= r.cutoff then
-          low = mid + 1
-        else
-          high = mid
-        end
-      end
-      r.expired = low
-    end
-    r.live = r.count - r.expired
+    read_header(r)
+    local now = max(t, r.latest)
+    local cutoff = now - r.window
+    local expired = count_expired(r, cutoff)
+    r.now, r.cutoff, r.expired, r.live = now, cutoff, expired, r.count - expired
     return r.live + units <= r.limit
   end
 
@@ -210,7 +216,7 @@ local function compact_log_steps(w)
     if #read == RING + w * room and first + cost <= room then
       local o = RING + w * first
       r.read = ''
-      call('SET', r.key, sub(read, 1, COMPACT_STATE) .. pack(STATE, head, needed, r.now)
+      call('SET', r.key, pack(HEADER, room, head, needed, r.now)
         .. sub(read, RING + 1, o) .. entries .. sub(read, o + w * cost + 1),
         'PX', ttl_ms(r.window, margin))
       set_latest(r, r.now)
@@ -255,6 +261,29 @@ local function compact_log_steps(w)
 
   local function answer(r, admitted, over, units)
     return answer_log(r, admitted, over, units, entry)
+  end
+
+  -- A short check (main.lua, run_short) of one unit that records if it fits, under a limit
+  -- of at least one (log_decides: most checks of a compact log), decided in one step, with
+  -- the same commands, state and numbers as evaluate, record and answer give it there,
+  -- without a rule slot's bookkeeping: the slot is given only what the steps it calls read.
+  -- Returns the check's status and numbers (main.lua, add_answer).
+  local function decide(r, key, t, _, _, _, _, margin)
+    r.key = key
+    read_header(r)
+    local limit, window, latest = r.limit, r.window, r.latest
+    local now = max(t, latest)
+    local expired = count_expired(r, now - window)
+    local live = r.count - expired
+    if live >= limit then
+      -- Over the limit for one unit (never more than L: the limit is at least one): the
+      -- check fits once the entry at rank count - L has expired, and the answer counts
+      -- none live (answer_log).
+      return 0, 0, entry(r, r.count - limit) + window - now, latest + window - now, 0
+    end
+    r.now, r.expired, r.live = now, expired, live
+    record(r, 1, margin)
+    return RECORDED_AT - now, limit - live - 1, 0, window, 0
   end
 
   -- The first index in [low, high) whose entry is not `before` (the ring is in time order).
@@ -307,7 +336,7 @@ local function compact_log_steps(w)
     end
   end
 
-  return evaluate, record, answer, give_back, report, refund, unreserve
+  return evaluate, record, answer, give_back, report, refund, unreserve, decide, log_decides
 end
 
 -- The makers of the compact steps, by width.
