@@ -105,7 +105,7 @@ end
 local function bind_key(r, key)
   r.key = key
   r.now, r.latest, r.live, r.expired, r.cutoff = 0, false, 0, 0, 0
-  r.head, r.count, r.repeat_release = 0, 0, false
+  r.count, r.repeat_release = 0, false
 end
 
 -- The slot of rule `i` of a check, its spec's: a slot takes up a rule's values when it

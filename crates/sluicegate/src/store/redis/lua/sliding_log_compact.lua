@@ -14,10 +14,10 @@
 -- evaluating leaves in the rule; also room and latest_residue. The steps are made per
 -- width (compact_log_maker), their formats constants.
 local COMPACT_FIXED, COMPACT_STATE = 20, 4
--- How many of the oldest entries evaluating reads at once (see evaluate).
+-- How many of the oldest entries evaluating reads at once (see stand).
 local COMPACT_FRONT = 8
 -- How many bytes of the string reading the header reads: the header and the ring's first
--- entries, which evaluate and a rewrite then take from what was read, not with a command of
+-- entries, which stand and a rewrite then take from what was read, not with a command of
 -- their own (a command costs Redis thousands of instructions, a few hundred bytes more of
 -- a reply next to nothing). A ring of a limit of 100 or so is read whole.
 local COMPACT_READ = 512
@@ -78,18 +78,22 @@ local function compact_log_steps(w)
     return decoded(r, unpack_struct(ENTRY, read_bytes(r, RING + w * ((r.head + i) % r.room), w)))
   end
 
-  -- How many of the entries read_header read have expired by `cutoff`. Admissions drop what
-  -- has expired, so what has expired since is usually a few of the oldest entries: one read
-  -- of up to COMPACT_FRONT of them finds where the live ones start; only when all of those
-  -- have expired does a binary search go on. Once the latest has, all have: nothing is
-  -- read.
-  local function count_expired(r, cutoff)
+  -- Where a check at `t` stands on the ring, read into `r` (read_header): the time decided
+  -- at (never before the key's latest) and how many entries have expired by then.
+  -- Admissions drop what has expired, so what has expired since is usually a few of the
+  -- oldest entries: one read of up to COMPACT_FRONT of them finds where the live ones start;
+  -- only when all of those have expired does a binary search go on. Once the latest has,
+  -- all have: nothing is read.
+  local function stand(r, t)
+    read_header(r)
+    local now = max(t, r.latest)
     local count = r.count
     if count == 0 then
-      return 0
+      return now, 0
     end
+    local cutoff = now - r.window
     if r.latest <= cutoff then
-      return count
+      return now, count
     end
     local front = min(count, COMPACT_FRONT, r.room - r.head)
     local entries = read_bytes(r, RING + w * r.head, w * front)
@@ -99,7 +103,7 @@ local function compact_log_steps(w)
       expired = expired + 1
     end
     if expired < front or front == count then
-      return expired
+      return now, expired
     end
     local low, high = front, count
     while low < high do
@@ -110,15 +114,12 @@ local function compact_log_steps(w)
         high = mid
       end
     end
-    return low
+    return now, low
   end
 
   local function evaluate(r, t, units)
-    read_header(r)
-    local now = max(t, r.latest)
-    local cutoff = now - r.window
-    local expired = count_expired(r, cutoff)
-    r.now, r.cutoff, r.expired, r.live = now, cutoff, expired, r.count - expired
+    local now, expired = stand(r, t)
+    r.now, r.cutoff, r.expired, r.live = now, now - r.window, expired, r.count - expired
     return r.live + units <= r.limit
   end
 
@@ -270,10 +271,8 @@ local function compact_log_steps(w)
   -- Returns the check's status and numbers (main.lua, add_answer).
   local function decide(r, key, t, _, _, _, _, margin)
     r.key = key
-    read_header(r)
+    local now, expired = stand(r, t)
     local limit, window, latest = r.limit, r.window, r.latest
-    local now = max(t, latest)
-    local expired = count_expired(r, now - window)
     local live = r.count - expired
     if live >= limit then
       -- Over the limit for one unit (never more than L: the limit is at least one): the
