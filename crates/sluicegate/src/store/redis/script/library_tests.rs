@@ -170,21 +170,30 @@ impl Random {
     }
 }
 
+/// The traces' rules: one of each algorithm and layout, on windows of a second, and the two
+/// log layouts again with a limit of 2 over 10 s, so that a key checked every few seconds
+/// fills and is refused (a second's window seldom holds more than one check of a key).
 fn rules() -> Vec<Rule> {
     let second = Duration::from_secs(1);
+    let ten_seconds = Duration::from_secs(10);
     let mut specs = [
         RuleSpec::new(Algorithm::SlidingLog, 5, second),
         RuleSpec {
             layout: Some(LogLayout::Compact),
             ..RuleSpec::new(Algorithm::SlidingLog, 5, second)
         },
+        RuleSpec::new(Algorithm::SlidingLog, 2, ten_seconds),
+        RuleSpec {
+            layout: Some(LogLayout::Compact),
+            ..RuleSpec::new(Algorithm::SlidingLog, 2, ten_seconds)
+        },
         RuleSpec::new(Algorithm::SlidingCounter, 6, second),
         RuleSpec::new(Algorithm::FixedWindow, 4, second),
         RuleSpec::new(Algorithm::TokenBucket, 3, second),
         RuleSpec::new(Algorithm::LeakyBucket, 3, second),
     ];
-    specs[4].burst = Some(4);
-    specs[5].queue = Some(2);
+    specs[6].burst = Some(4);
+    specs[7].queue = Some(2);
     let mut rules: Vec<Rule> = specs
         .iter()
         .enumerate()
