@@ -5,8 +5,9 @@
 # there is no shell to run a HEALTHCHECK in, so orchestrators probe over HTTP
 # (deploy/kubernetes/deployment.yaml).
 
-# The toolchain crates/sluicegate-server/symbol-order.txt was written with: its LLD links the
-# functions a start runs together, and the service at idle holds about 30 % less memory.
+# The toolchain crates/sluicegate-server/symbol-order.txt was written for (tests/it/deploy.rs
+# holds the two together): on x86_64 its LLD links the functions a start runs together, and
+# the service at idle holds about 30 % less memory.
 FROM rust:1.95.0-bookworm AS build
 WORKDIR /src
 COPY . .

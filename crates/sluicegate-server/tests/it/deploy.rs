@@ -2,7 +2,8 @@
 //! deploy/envoy name paths, ports and flags; no container runtime runs here, so this reads
 //! them and checks each against the binary itself: it is started with the flags and the
 //! environment they give, on the configuration laid out as the kubelet mounts it, and the
-//! probe paths, the check and Envoy's gRPC call are made against it.
+//! probe paths, the check and Envoy's gRPC call are made against it. The release binary's
+//! link order, which the image builds, is held to the build it was written for.
 
 use crate::server;
 
@@ -18,11 +19,54 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 fn workspace(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .join(path)
+}
+
+/// What crates/sluicegate-server/symbol-order.txt says it was written for: its `# NAME: `
+/// line.
+fn link_order_written_for(name: &str) -> String {
+    let text =
+        std::fs::read_to_string(workspace("crates/sluicegate-server/symbol-order.txt")).unwrap();
+    let prefix = format!("# {name}: ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("symbol-order.txt has no {prefix:?} line"))
+        .to_owned()
+}
+
+/// The release binary's link order (build.rs) names functions by their symbols, whose hashes
+/// follow the compiler's version, the packages' versions and the lock file: a list written
+/// for another build lays nothing out, and nothing says so. Whoever changes one of those
+/// writes the list again.
+#[test]
+fn the_link_order_is_written_for_this_compiler_version_and_lock_file() {
+    let rerun = "write it again: cargo build --release -p sluicegate-server && \
+                 scripts/symbol-order (docs/BENCHMARKS.md, \"The service's memory\")";
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let output = Command::new(rustc).arg("-V").output().unwrap();
+    assert!(output.status.success());
+    let compiler = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(link_order_written_for("rustc"), compiler.trim(), "{rerun}");
+    assert_eq!(
+        link_order_written_for("version"),
+        env!("CARGO_PKG_VERSION"),
+        "{rerun}"
+    );
+    let lock = std::fs::read(workspace("Cargo.lock")).unwrap();
+    let digest: String = Sha256::digest(&lock)
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    assert_eq!(
+        link_order_written_for("Cargo.lock"),
+        format!("sha256 {digest}"),
+        "{rerun}"
+    );
 }
 
 fn yaml(path: &str) -> Value {
@@ -250,16 +294,12 @@ fn the_dockerfile_builds_locked_and_runs_what_the_binary_accepts() {
     let stages = all("FROM");
     assert!(stages.len() >= 2, "multi-stage: {stages:?}");
     assert!(stages.last().unwrap().contains("distroless"), "{stages:?}");
-    // The build stage's toolchain links with LLD (Rust 1.90 and later), which lays the
-    // binary's code out in its link order (crates/sluicegate-server/build.rs).
-    let toolchain_minor = stages
-        .first()
-        .and_then(|stage| stage.strip_prefix("rust:1."))
-        .and_then(|version| version.split(['.', '-', ' ']).next())
-        .and_then(|minor| minor.parse::<u32>().ok());
+    // The build stage's toolchain is the one the binary's link order names functions for.
+    let toolchain = link_order_written_for("rustc");
+    let version = toolchain.split(' ').nth(1).expect("rustc VERSION (…)");
     assert!(
-        toolchain_minor.is_some_and(|minor| minor >= 90),
-        "{stages:?}"
+        stages[0].starts_with(&format!("rust:{version}-")),
+        "the image builds with {stages:?}, the link order is written for {toolchain}"
     );
     assert!(
         all("RUN")
