@@ -11,8 +11,8 @@
 //! passes them to the binary only if that links: any other linker links the binary as
 //! before, its code in the compiler's order. Functions the list names that a build does not
 //! hold are skipped: their names carry hashes of the compiler's version and of the packages'
-//! versions and features, and tests/it/deploy.rs holds the list to this workspace's compiler,
-//! version and lock file.
+//! versions, features and profile, and tests/it/deploy.rs holds the list to the Dockerfile's
+//! compiler and to this workspace's version, lock file and manifests.
 
 use std::{
     env,
@@ -26,6 +26,13 @@ fn main() {
     let manifest_dir = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let list = PathBuf::from(manifest_dir).join("symbol-order.txt");
     println!("cargo:rerun-if-changed={}", list.display());
+    // A linker configured for the target by the environment: cargo reruns this on a change of
+    // the flags or the compiler, not of the linker. (One set in a config file is seen by the
+    // build script itself when the target is the host: it is relinked, and reruns.)
+    if let Ok(target) = env::var("TARGET") {
+        let linker = target.to_uppercase().replace(['-', '.'], "_");
+        println!("cargo:rerun-if-env-changed=CARGO_TARGET_{linker}_LINKER");
+    }
     let optimised = env::var("OPT_LEVEL").is_ok_and(|level| level != "0");
     if !optimised || !list.is_file() {
         return;
@@ -61,20 +68,23 @@ fn links_with(arguments: &[String]) -> bool {
         return false;
     }
     let mut command = Command::new(rustc);
+    // Lints in the flags (`-D missing_docs`) would refuse the empty program, not the linker.
     command
         .arg("--target")
         .arg(target)
         .arg("--edition=2021")
+        .arg("--cap-lints=allow")
         .arg("-o")
         .arg(out_dir.join("symbol_order_probe"))
         .arg(&source);
-    let flags = env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
-    command.args(flags.split('\x1f').filter(|flag| !flag.is_empty()));
+    // In cargo's order: the configured linker, then the flags (a `-C linker` among them wins).
     if let Some(linker) = env::var_os("RUSTC_LINKER") {
         let mut setting = OsString::from("linker=");
         setting.push(linker);
         command.arg("-C").arg(setting);
     }
+    let flags = env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    command.args(flags.split('\x1f').filter(|flag| !flag.is_empty()));
     for argument in arguments {
         command.arg(format!("-Clink-arg={argument}"));
     }
