@@ -40,33 +40,45 @@ fn link_order_written_for(name: &str) -> String {
 }
 
 /// The release binary's link order (build.rs) names functions by their symbols, whose hashes
-/// follow the compiler's version, the packages' versions and the lock file: a list written
-/// for another build lays nothing out, and nothing says so. Whoever changes one of those
-/// writes the list again.
+/// follow the compiler's version and the packages' versions, features and profile: a list
+/// written for another build lays nothing out, and nothing says so. Whoever changes the
+/// version, the lock file or the manifests writes the list again (the Dockerfile's compiler:
+/// `the_dockerfile_builds_locked_and_runs_what_the_binary_accepts`).
 #[test]
-fn the_link_order_is_written_for_this_compiler_version_and_lock_file() {
-    let rerun = "write it again: cargo build --release -p sluicegate-server && \
-                 scripts/symbol-order (docs/BENCHMARKS.md, \"The service's memory\")";
-    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
-    let output = Command::new(rustc).arg("-V").output().unwrap();
-    assert!(output.status.success());
-    let compiler = String::from_utf8(output.stdout).unwrap();
-    assert_eq!(link_order_written_for("rustc"), compiler.trim(), "{rerun}");
+fn the_link_order_is_written_for_this_version_lock_file_and_manifests() {
+    let rerun = "write it again with scripts/symbol-order \
+                 (docs/BENCHMARKS.md, \"The service's memory and allocations\")";
+    let sha256 = |bytes: &[u8]| -> String {
+        Sha256::digest(bytes)
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect()
+    };
     assert_eq!(
         link_order_written_for("version"),
         env!("CARGO_PKG_VERSION"),
         "{rerun}"
     );
     let lock = std::fs::read(workspace("Cargo.lock")).unwrap();
-    let digest: String = Sha256::digest(&lock)
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect();
     assert_eq!(
         link_order_written_for("Cargo.lock"),
-        format!("sha256 {digest}"),
+        format!("sha256 {}", sha256(&lock)),
         "{rerun}"
     );
+    // "sha256 DIGEST (FILE FILE …)": the digest of the files, one after another.
+    let manifests = link_order_written_for("manifests");
+    let (digest, files) = manifests
+        .strip_prefix("sha256 ")
+        .and_then(|rest| rest.split_once(" ("))
+        .and_then(|(digest, files)| Some((digest, files.strip_suffix(')')?)))
+        .unwrap_or_else(|| panic!("manifests: {manifests:?}"));
+    let files: Vec<&str> = files.split(' ').collect();
+    assert!(files.contains(&"Cargo.toml"), "{files:?}");
+    let joined: Vec<u8> = files
+        .iter()
+        .flat_map(|file| std::fs::read(workspace(file)).unwrap())
+        .collect();
+    assert_eq!(sha256(&joined), digest, "{files:?}: {rerun}");
 }
 
 fn yaml(path: &str) -> Value {
