@@ -48,12 +48,7 @@ fn link_order_written_for(name: &str) -> String {
 fn the_link_order_is_written_for_this_version_lock_file_and_manifests() {
     let rerun = "write it again with scripts/symbol-order \
                  (docs/BENCHMARKS.md, \"The service's memory and allocations\")";
-    let sha256 = |bytes: &[u8]| -> String {
-        Sha256::digest(bytes)
-            .iter()
-            .map(|byte| format!("{byte:02x}"))
-            .collect()
-    };
+    let sha256 = |bytes: &[u8]| crate::hex(&Sha256::digest(bytes));
     assert_eq!(
         link_order_written_for("version"),
         env!("CARGO_PKG_VERSION"),

@@ -54,3 +54,8 @@ mod ui;
 mod usage;
 mod usage_input;
 mod xds;
+
+/// Bytes as lowercase hexadecimal: trace and span ids, digests.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

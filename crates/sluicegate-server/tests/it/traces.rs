@@ -5,7 +5,7 @@
 
 use sluicegate_test_support as support;
 
-use crate::server;
+use crate::{hex, server};
 
 use server::Server;
 
@@ -163,10 +163,6 @@ fn store_time_us(span: &Span) -> f64 {
         Some(Value::DoubleValue(us)) => *us,
         other => panic!("{}: sluicegate.store_time_us is {other:?}", span.name),
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn grpc_request(user: &str) -> RateLimitRequest {
