@@ -26,6 +26,16 @@ impl RedisCluster {
         RedisCluster::formed(nodes, masters)
     }
 
+    /// A cluster of one master serving every slot, with no replica. Having met no other
+    /// node, it knows no address of its own: `CLUSTER SLOTS` names its host as an empty
+    /// string, which Redis documents as "the node that answered".
+    pub fn start_one_node() -> RedisCluster {
+        let node = cluster_node();
+        node.query::<()>(cmd("CLUSTER").arg("ADDSLOTSRANGE").arg(0).arg(16383))
+            .expect("CLUSTER ADDSLOTSRANGE");
+        RedisCluster::formed(vec![node], 1)
+    }
+
     /// Waits for every node to report `cluster_state:ok`, then checks that `masters` nodes
     /// own the slots and every other node replicates: `cluster_state:ok` holds with
     /// slotless masters too, and a failover test would then kill a master that has no

@@ -172,6 +172,33 @@ async fn checks_of_one_node_share_a_call_across_slots() {
     assert_eq!(admitted, vec![0; keys.len()]);
 }
 
+/// A cluster of one node names itself in `CLUSTER SLOTS` by an empty host (it knows no
+/// address of its own: Redis' documentation of the command says to read it as the node that
+/// answered). Its checks are routed to it, share calls across slots, and none fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_of_one_node_decides_every_check_in_shared_calls() {
+    let cluster = RedisCluster::start_one_node();
+    let store = store_at(&cluster.url(), "one-node", Scripting::Auto).await;
+    let rule = Rule::new(
+        "o",
+        &RuleSpec::new(Algorithm::SlidingLog, 2, Duration::from_secs(86_400)),
+    )
+    .unwrap();
+    let keys: Vec<String> = (0..100).map(|i| format!("visitor:{i}")).collect();
+    let before = store.script_calls();
+    let (admitted, errors) = at_once(&store, &rule, &keys, 3, false).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(admitted, vec![2; keys.len()]);
+    let after = store.script_calls();
+    let (calls, checks) = (after.calls - before.calls, after.checks - before.checks);
+    assert_eq!(checks, 300);
+    assert!(
+        calls < checks / 2,
+        "{checks} checks of {} identities took {calls} calls",
+        keys.len()
+    );
+}
+
 /// Keys whose identities share the slot of `first`.
 fn keys_of_one_slot(first: &str, count: usize) -> Vec<String> {
     let slot = identity_slot(first);

@@ -178,6 +178,29 @@ async fn a_flush_is_a_loss_for_every_instance() {
     }
 }
 
+/// A cluster of one node names itself by no host in `CLUSTER SLOTS`: it is watched by the
+/// address it was reached at, and a flush there is a loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_on_a_cluster_of_one_node_is_a_loss() {
+    let cluster = RedisCluster::start_one_node();
+    let node = &cluster.nodes[0];
+    let store = RedisStore::connect(config(&cluster.url())).await.unwrap();
+    let rule = rule();
+    admit(&store, &rule, "dave", 3).await;
+    let name = format!("127.0.0.1:{}", node.port);
+    until(&store, "the node read", |state| {
+        run_id_of(state, &name).is_some()
+    })
+    .await;
+    node.query::<()>(&cmd("FLUSHALL")).unwrap();
+    let state = until(&store, "the flush reported", |state| {
+        !state.losses.is_empty()
+    })
+    .await;
+    assert_eq!(state.losses[0].reason, LossReason::Flushed, "{state:?}");
+    assert_eq!(generation(&store, &rule, "dave"), 1);
+}
+
 /// Runs redis-cli on `port` with `password`: for a server whose new connections need it.
 fn cli(port: u16, password: &str, args: &[&str]) -> String {
     let out = Command::new("redis-cli")

@@ -11,7 +11,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::io::tcp::TcpSettings;
 use redis::{
-    ClientTlsConfig, FromRedisValue, IntoConnectionInfo, RedisError, TlsCertificates, Value,
+    ClientTlsConfig, ConnectionAddr, FromRedisValue, IntoConnectionInfo, RedisError,
+    TlsCertificates, Value,
 };
 
 use super::batcher::{Batcher, Target, call_hold};
@@ -108,13 +109,15 @@ impl Connection {
                         .map_err(|e| unavailable(e.to_string()))?;
                 // Read now, so that checks are told apart by node from the first; if it
                 // cannot be, it is read again in the background.
+                let seeds = seed_addresses(nodes);
                 let first = slots::read(
                     &mut connection.clone(),
                     connect_timeout,
                     &SlotMap::unknown(),
+                    &seeds,
                 )
                 .await;
-                let slots = Arc::new(Slots::start(first, connection.clone(), timeout));
+                let slots = Arc::new(Slots::start(first, connection.clone(), timeout, seeds));
                 return Ok(Connection::Cluster {
                     slots: Arc::clone(&slots),
                     batcher: Batcher::start(
@@ -238,6 +241,22 @@ pub(super) async fn on_each_node(
             }
         }
     }
+}
+
+/// The host and port of each of a cluster's seed nodes (their URLs, which the cluster
+/// client has read already).
+fn seed_addresses(nodes: &[String]) -> Arc<[(String, u16)]> {
+    nodes
+        .iter()
+        .filter_map(
+            |node| match node.as_str().into_connection_info().ok()?.addr() {
+                ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                    Some((host.clone(), *port))
+                }
+                _ => None,
+            },
+        )
+        .collect()
 }
 
 /// How often the cluster client tries a command again, and its longest wait between two

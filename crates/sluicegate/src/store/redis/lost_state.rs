@@ -52,7 +52,7 @@ use super::error::{CallError, bounded};
 use super::keys::{self, hash_slot, marker_key, wall_clock_micros};
 use super::periodic::Periodic;
 use super::replaceable::Verify;
-use super::slots::{SLOTS, SlotMap};
+use super::slots::{self, SLOTS, SlotMap};
 use crate::store::check::Check;
 
 /// Why a node's state is known lost.
@@ -348,15 +348,15 @@ impl Reader {
                 self.report_nodes(&nodes, &[0]);
                 return answered;
             }
-            Connection::Cluster { client, .. } => {
-                let reply = self
-                    .connection
-                    .query::<Value>(redis::cmd("CLUSTER").arg("SLOTS"), self.timeout)
-                    .await;
-                let Some(map) = reply
-                    .ok()
-                    .and_then(|reply| SlotMap::from_reply(&reply, &SlotMap::unknown()))
-                else {
+            Connection::Cluster { client, slots, .. } => {
+                let reading = slots::read(
+                    &mut client.clone(),
+                    self.timeout,
+                    &SlotMap::unknown(),
+                    slots.seeds(),
+                )
+                .await;
+                let Some(map) = reading else {
                     tracing::debug!("lost-state check: no slot map from the cluster");
                     return Ok(());
                 };

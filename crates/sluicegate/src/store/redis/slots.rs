@@ -14,6 +14,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use redis::Value;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use tokio::sync::mpsc;
 
 use super::error::bounded;
@@ -38,6 +39,9 @@ pub(super) struct SlotMap {
     serving: Vec<bool>,
     /// Whether some slot has no node in this reading.
     gaps: bool,
+    /// Whether some range's master was named by no host, which only the node that answered
+    /// could be (see [`from_reply`](Self::from_reply)), and left unknown.
+    unnamed: bool,
 }
 
 impl SlotMap {
@@ -48,13 +52,25 @@ impl SlotMap {
             addresses: Vec::new(),
             serving: Vec::new(),
             gaps: true,
+            unnamed: false,
         }
     }
 
     /// The map `CLUSTER SLOTS` answered: ranges `[start, end, [host, port, …], replicas…]`,
     /// its masters numbered as in `known`, a new address after them. `None` when the reply
     /// is not of that shape.
-    pub(super) fn from_reply(reply: &Value, known: &SlotMap) -> Option<SlotMap> {
+    ///
+    /// A master's host may be empty or null: a node that has met no other knows no address
+    /// of its own (a cluster of one node), and Redis' documentation of the command reads
+    /// that as the node that answered. That node's host is `answering` when the reading was
+    /// sent to a known address; with none, those slots are left unknown. A host `?` is a
+    /// node announced by a hostname it was not given: unknown too. Checks of unknown slots
+    /// are grouped by their own keys and routed by the cluster client.
+    pub(super) fn from_reply(
+        reply: &Value,
+        known: &SlotMap,
+        answering: Option<&str>,
+    ) -> Option<SlotMap> {
         let Value::Array(ranges) = reply else {
             return None;
         };
@@ -69,15 +85,24 @@ impl SlotMap {
             else {
                 return None;
             };
-            let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
-                (master.first(), master.get(1))
-            else {
+            let (Some(host), Some(Value::Int(port))) = (master.first(), master.get(1)) else {
                 return None;
             };
-            let address = (
-                String::from_utf8(host.clone()).ok()?,
-                u16::try_from(*port).ok()?,
-            );
+            let host = match host {
+                Value::BulkString(host) if host.as_slice() == b"?" => continue,
+                Value::BulkString(host) if !host.is_empty() => {
+                    String::from_utf8(host.clone()).ok()?
+                }
+                Value::BulkString(_) | Value::Nil => match answering {
+                    Some(answering) => answering.to_owned(),
+                    None => {
+                        map.unnamed = true;
+                        continue;
+                    }
+                },
+                _ => return None,
+            };
+            let address = (host, u16::try_from(*port).ok()?);
             let node = match addresses.iter().position(|known| *known == address) {
                 Some(i) => i,
                 None => {
@@ -161,6 +186,8 @@ impl SlotMap {
 /// cluster when asked, at most once per [`REFRESH_GAP`].
 pub(super) struct Slots {
     map: Arc<ArcSwap<SlotMap>>,
+    /// The host and port of each node the store was given to connect to.
+    seeds: Arc<[(String, u16)]>,
     /// Room for one: a request while one waits already is the same request.
     wanted: mpsc::Sender<()>,
 }
@@ -168,11 +195,13 @@ pub(super) struct Slots {
 impl Slots {
     /// Starts with `first` (the map read at connect, if it could be) and a task that reads
     /// the map again from `connection` when asked (at once when `first` is unknown), each
-    /// reading bounded by `timeout`; the task ends when these slots are dropped.
+    /// reading bounded by `timeout`, as [`read`] does with `seeds`; the task ends when these
+    /// slots are dropped.
     pub(super) fn start(
         first: Option<SlotMap>,
         connection: ClusterConnection,
         timeout: Duration,
+        seeds: Arc<[(String, u16)]>,
     ) -> Slots {
         let unread = first.is_none();
         let map = Arc::new(ArcSwap::from_pointee(
@@ -184,9 +213,15 @@ impl Slots {
             asked,
             connection,
             timeout,
+            Arc::clone(&seeds),
             unread,
         ));
-        Slots { map, wanted }
+        Slots { map, seeds, wanted }
+    }
+
+    /// The host and port of each node the store was given to connect to.
+    pub(super) fn seeds(&self) -> &[(String, u16)] {
+        &self.seeds
     }
 
     /// The map in force.
@@ -210,6 +245,7 @@ async fn keep_fresh(
     mut asked: mpsc::Receiver<()>,
     mut connection: ClusterConnection,
     timeout: Duration,
+    seeds: Arc<[(String, u16)]>,
     mut unread: bool,
 ) {
     loop {
@@ -219,7 +255,7 @@ async fn keep_fresh(
         if asked.is_closed() {
             return;
         }
-        let reading = read(&mut connection, timeout, &map.load()).await;
+        let reading = read(&mut connection, timeout, &map.load(), &seeds).await;
         unread = match reading {
             Some(read) => {
                 map.store(Arc::new(read));
@@ -232,22 +268,45 @@ async fn keep_fresh(
 }
 
 /// The slot map as `CLUSTER SLOTS` (from any node) says it now, numbered as `known`;
-/// `None` when no answer came within `timeout`, or not one of that shape.
+/// `None` when no answer came within `timeout`, or not one of that shape. A reading that
+/// names a master by no host, the node that answered, is read again from each of `seeds`
+/// in turn, whose host that then is; if none answers, those slots stay unknown.
 pub(super) async fn read(
     connection: &mut ClusterConnection,
     timeout: Duration,
     known: &SlotMap,
+    seeds: &[(String, u16)],
 ) -> Option<SlotMap> {
-    let reply = bounded(
-        timeout,
-        redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async::<Value>(connection),
-    )
-    .await;
-    reply
+    let from_any = bounded(timeout, cluster_slots().query_async::<Value>(connection))
+        .await
         .ok()
-        .and_then(|reply| SlotMap::from_reply(&reply, known))
+        .and_then(|reply| SlotMap::from_reply(&reply, known, None))?;
+    if !from_any.unnamed {
+        return Some(from_any);
+    }
+    for (host, port) in seeds {
+        let route = SingleNodeRoutingInfo::ByAddress {
+            host: host.clone(),
+            port: *port,
+        };
+        let from_seed = bounded(
+            timeout,
+            connection.route_command(cluster_slots(), RoutingInfo::SingleNode(route)),
+        )
+        .await
+        .ok()
+        .and_then(|reply| SlotMap::from_reply(&reply, known, Some(host)));
+        if let Some(map) = from_seed {
+            return Some(map);
+        }
+    }
+    Some(from_any)
+}
+
+fn cluster_slots() -> redis::Cmd {
+    let mut command = redis::cmd("CLUSTER");
+    command.arg("SLOTS");
+    command
 }
 
 #[cfg(test)]
@@ -273,7 +332,7 @@ mod tests {
             range(100, 16383, "10.0.0.2", 6379),
             range(50, 50, "10.0.0.1", 6379),
         ]);
-        let map = SlotMap::from_reply(&reply, &SlotMap::unknown()).unwrap();
+        let map = SlotMap::from_reply(&reply, &SlotMap::unknown(), None).unwrap();
         assert_eq!(map.node_of(0), map.node_of(99));
         assert_ne!(map.node_of(99), map.node_of(100));
         assert_eq!(map.node_of(16383), map.node_of(100));
@@ -285,8 +344,45 @@ mod tests {
             map.address(map.node_of(100).unwrap()),
             Some(("10.0.0.2", 6379))
         );
-        assert!(SlotMap::from_reply(&Value::Int(1), &SlotMap::unknown()).is_none());
+        assert!(SlotMap::from_reply(&Value::Int(1), &SlotMap::unknown(), None).is_none());
         assert_eq!(SlotMap::unknown().node_of(7), None);
+    }
+
+    /// A master named by an empty or a null host is the node that answered: its host when
+    /// the reading went to a known address, else its slots are unknown and the map says a
+    /// node went unnamed. A host `?` is unknown either way.
+    #[test]
+    fn a_master_named_by_no_host_is_the_node_that_answered() {
+        let unnamed = |host: Value| {
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(99),
+                Value::Array(vec![host, Value::Int(7000)]),
+            ])
+        };
+        for host in [Value::BulkString(Vec::new()), Value::Nil] {
+            let reply = Value::Array(vec![
+                unnamed(host.clone()),
+                range(100, 16383, "10.0.0.2", 6379),
+            ]);
+            let map = SlotMap::from_reply(&reply, &SlotMap::unknown(), Some("10.0.0.9")).unwrap();
+            assert_eq!(
+                map.address(map.node_of(0).unwrap()),
+                Some(("10.0.0.9", 7000))
+            );
+            assert!(!map.unnamed && !map.has_gaps(), "{host:?}");
+            let map = SlotMap::from_reply(&reply, &SlotMap::unknown(), None).unwrap();
+            assert_eq!(map.node_of(0), None, "{host:?}");
+            assert!(map.unnamed && map.has_gaps(), "{host:?}");
+            assert_eq!(
+                map.address(map.node_of(100).unwrap()),
+                Some(("10.0.0.2", 6379))
+            );
+        }
+        let reply = Value::Array(vec![unnamed(Value::BulkString(b"?".to_vec()))]);
+        let map = SlotMap::from_reply(&reply, &SlotMap::unknown(), Some("10.0.0.9")).unwrap();
+        assert_eq!(map.node_of(0), None);
+        assert!(!map.unnamed);
     }
 }
 
@@ -313,11 +409,13 @@ mod numbering {
         let before = SlotMap::from_reply(
             &Value::Array(vec![master(0, 8191, 7000), master(8192, 16383, 7001)]),
             &SlotMap::unknown(),
+            None,
         )
         .unwrap();
         let after = SlotMap::from_reply(
             &Value::Array(vec![master(0, 8191, 7002), master(8192, 16383, 7001)]),
             &before,
+            None,
         )
         .unwrap();
         assert_eq!(before.node_id(9000), after.node_id(9000));
