@@ -1,9 +1,10 @@
-//! A Redis Cluster of real servers, created with `redis-cli --cluster create`.
+//! A Redis Cluster of real servers, created with `redis-cli --cluster create` (or, of one
+//! node, by giving it every slot).
 
 use std::process::Command;
 use std::time::Duration;
 
-use redis::cmd;
+use redis::{Value, cmd};
 
 use crate::poll::poll_until;
 use crate::server::{HOW_TO_GET_REDIS, RedisServer};
@@ -32,8 +33,18 @@ impl RedisCluster {
     pub fn start_one_node() -> RedisCluster {
         let node = cluster_node();
         node.query::<()>(cmd("CLUSTER").arg("ADDSLOTSRANGE").arg(0).arg(16383))
-            .expect("CLUSTER ADDSLOTSRANGE");
-        RedisCluster::formed(vec![node], 1)
+            .expect("CLUSTER ADDSLOTSRANGE (Redis 7.0 or later)");
+        let cluster = RedisCluster::formed(vec![node], 1);
+        let slots: Vec<(i64, i64, Vec<Value>)> = cluster.nodes[0]
+            .query(cmd("CLUSTER").arg("SLOTS"))
+            .expect("CLUSTER SLOTS");
+        let named = slots.first().and_then(|(_, _, master)| master.first());
+        assert_eq!(
+            named,
+            Some(&Value::BulkString(Vec::new())),
+            "a cluster of one node names itself by an empty host: {slots:?}"
+        );
+        cluster
     }
 
     /// Waits for every node to report `cluster_state:ok`, then checks that `masters` nodes

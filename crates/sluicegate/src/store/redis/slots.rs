@@ -39,9 +39,9 @@ pub(super) struct SlotMap {
     serving: Vec<bool>,
     /// Whether some slot has no node in this reading.
     gaps: bool,
-    /// Whether some range's master was named by no host, which only the node that answered
-    /// could be (see [`from_reply`](Self::from_reply)), and left unknown.
-    unnamed: bool,
+    /// The ports of the masters named by no host in this reading and left unknown: each the
+    /// node that answered (see [`from_reply`](Self::from_reply)).
+    unnamed: Vec<u16>,
 }
 
 impl SlotMap {
@@ -52,7 +52,7 @@ impl SlotMap {
             addresses: Vec::new(),
             serving: Vec::new(),
             gaps: true,
-            unnamed: false,
+            unnamed: Vec::new(),
         }
     }
 
@@ -60,12 +60,15 @@ impl SlotMap {
     /// its masters numbered as in `known`, a new address after them. `None` when the reply
     /// is not of that shape.
     ///
-    /// A master's host may be empty or null: a node that has met no other knows no address
-    /// of its own (a cluster of one node), and Redis' documentation of the command reads
-    /// that as the node that answered. That node's host is `answering` when the reading was
-    /// sent to a known address; with none, those slots are left unknown. A host `?` is a
-    /// node announced by a hostname it was not given: unknown too. Checks of unknown slots
-    /// are grouped by their own keys and routed by the cluster client.
+    /// A master may be named by no host, which Redis' documentation of the command reads as
+    /// the host of the node that answered: an empty one from a node that knows no address of
+    /// its own (it has met no other: a cluster of one node), a null one from every node of a
+    /// cluster whose `cluster-preferred-endpoint-type` is `unknown-endpoint`; the cluster
+    /// client reads a wildcard (`0.0.0.0`, `::`) alike. That host is `answering` when the
+    /// reading was sent to a known address; with none, the master's slots are left unknown
+    /// and its port kept. A host `?` (announced by hostname, with none configured) is no
+    /// node: its slots are unknown too. Checks of unknown slots are grouped by their own
+    /// keys and routed by the cluster client.
     pub(super) fn from_reply(
         reply: &Value,
         known: &SlotMap,
@@ -88,21 +91,25 @@ impl SlotMap {
             let (Some(host), Some(Value::Int(port))) = (master.first(), master.get(1)) else {
                 return None;
             };
-            let host = match host {
-                Value::BulkString(host) if host.as_slice() == b"?" => continue,
-                Value::BulkString(host) if !host.is_empty() => {
-                    String::from_utf8(host.clone()).ok()?
+            let port = u16::try_from(*port).ok()?;
+            let named = match host {
+                Value::BulkString(host) => {
+                    Some(std::str::from_utf8(host).ok()?).filter(|host| !answers_for(host))
                 }
-                Value::BulkString(_) | Value::Nil => match answering {
-                    Some(answering) => answering.to_owned(),
-                    None => {
-                        map.unnamed = true;
-                        continue;
-                    }
-                },
+                Value::Nil => None,
                 _ => return None,
             };
-            let address = (host, u16::try_from(*port).ok()?);
+            if named == Some("?") {
+                continue;
+            }
+            let host = match (named, answering) {
+                (Some(host), _) | (None, Some(host)) => host.to_owned(),
+                (None, None) => {
+                    map.unnamed.push(port);
+                    continue;
+                }
+            };
+            let address = (host, port);
             let node = match addresses.iter().position(|known| *known == address) {
                 Some(i) => i,
                 None => {
@@ -180,6 +187,20 @@ impl SlotMap {
     pub(super) fn has_gaps(&self) -> bool {
         self.gaps
     }
+
+    /// The seeds that could name a master this reading named by no host: those on its port.
+    fn seeds_to_name<'s>(
+        &self,
+        seeds: &'s [(String, u16)],
+    ) -> impl Iterator<Item = &'s (String, u16)> {
+        seeds.iter().filter(|(_, port)| self.unnamed.contains(port))
+    }
+
+    /// Whether a seed could name a master this reading left unknown: the map is read again
+    /// after [`REFRESH_GAP`], as a reading that failed is.
+    fn wants_a_seed(&self, seeds: &[(String, u16)]) -> bool {
+        self.seeds_to_name(seeds).next().is_some()
+    }
 }
 
 /// The slot map in force, read by every check without a lock, and read again from the
@@ -203,7 +224,7 @@ impl Slots {
         timeout: Duration,
         seeds: Arc<[(String, u16)]>,
     ) -> Slots {
-        let unread = first.is_none();
+        let unread = first.as_ref().is_none_or(|map| map.wants_a_seed(&seeds));
         let map = Arc::new(ArcSwap::from_pointee(
             first.unwrap_or_else(SlotMap::unknown),
         ));
@@ -238,8 +259,8 @@ impl Slots {
 }
 
 /// Reads the slot map when `asked` (or first, if `unread`), installs what it read in
-/// `map`, and waits [`REFRESH_GAP`] before the next reading; a reading that failed is tried
-/// again after that gap, unasked.
+/// `map`, and waits [`REFRESH_GAP`] before the next reading; a reading that failed, or that
+/// left a master a seed could name unknown, is tried again after that gap, unasked.
 async fn keep_fresh(
     map: Arc<ArcSwap<SlotMap>>,
     mut asked: mpsc::Receiver<()>,
@@ -258,8 +279,9 @@ async fn keep_fresh(
         let reading = read(&mut connection, timeout, &map.load(), &seeds).await;
         unread = match reading {
             Some(read) => {
+                let again = read.wants_a_seed(&seeds);
                 map.store(Arc::new(read));
-                false
+                again
             }
             None => true,
         };
@@ -269,8 +291,12 @@ async fn keep_fresh(
 
 /// The slot map as `CLUSTER SLOTS` (from any node) says it now, numbered as `known`;
 /// `None` when no answer came within `timeout`, or not one of that shape. A reading that
-/// names a master by no host, the node that answered, is read again from each of `seeds`
-/// in turn, whose host that then is; if none answers, those slots stay unknown.
+/// names a master by no host (the node that answered) is read again from the seeds on that
+/// master's port, in turn until one answers, its host then the seed's; if none answers,
+/// or no seed is on that port, its slots stay unknown. Only those seeds: the cluster client
+/// routes to an address only while it holds a connection there, which it keeps for the
+/// nodes a reading names (for a master named by no host, the address it asked at with the
+/// master's port), and any other address makes it connect to every node anew.
 pub(super) async fn read(
     connection: &mut ClusterConnection,
     timeout: Duration,
@@ -281,10 +307,7 @@ pub(super) async fn read(
         .await
         .ok()
         .and_then(|reply| SlotMap::from_reply(&reply, known, None))?;
-    if !from_any.unnamed {
-        return Some(from_any);
-    }
-    for (host, port) in seeds {
+    for (host, port) in from_any.seeds_to_name(seeds) {
         let route = SingleNodeRoutingInfo::ByAddress {
             host: host.clone(),
             port: *port,
@@ -303,6 +326,12 @@ pub(super) async fn read(
     Some(from_any)
 }
 
+/// Hosts that name no node but the one that answered, as the cluster client reads them.
+fn answers_for(host: &str) -> bool {
+    host.is_empty() || host == "0.0.0.0" || host == "::"
+}
+
+/// `CLUSTER SLOTS`.
 fn cluster_slots() -> redis::Cmd {
     let mut command = redis::cmd("CLUSTER");
     command.arg("SLOTS");
@@ -348,9 +377,9 @@ mod tests {
         assert_eq!(SlotMap::unknown().node_of(7), None);
     }
 
-    /// A master named by an empty or a null host is the node that answered: its host when
-    /// the reading went to a known address, else its slots are unknown and the map says a
-    /// node went unnamed. A host `?` is unknown either way.
+    /// A master named by no host (empty, null or a wildcard) is the node that answered: its
+    /// host when the reading went to a known address, else its slots are unknown and its
+    /// port kept, which names the seeds that could name it. A host `?` is unknown either way.
     #[test]
     fn a_master_named_by_no_host_is_the_node_that_answered() {
         let unnamed = |host: Value| {
@@ -360,7 +389,13 @@ mod tests {
                 Value::Array(vec![host, Value::Int(7000)]),
             ])
         };
-        for host in [Value::BulkString(Vec::new()), Value::Nil] {
+        let seeds = [("10.0.0.8".to_owned(), 7001), ("10.0.0.9".to_owned(), 7000)];
+        for host in [
+            Value::BulkString(Vec::new()),
+            Value::Nil,
+            Value::BulkString(b"0.0.0.0".to_vec()),
+            Value::BulkString(b"::".to_vec()),
+        ] {
             let reply = Value::Array(vec![
                 unnamed(host.clone()),
                 range(100, 16383, "10.0.0.2", 6379),
@@ -370,10 +405,16 @@ mod tests {
                 map.address(map.node_of(0).unwrap()),
                 Some(("10.0.0.9", 7000))
             );
-            assert!(!map.unnamed && !map.has_gaps(), "{host:?}");
+            assert!(!map.has_gaps() && !map.wants_a_seed(&seeds), "{host:?}");
             let map = SlotMap::from_reply(&reply, &SlotMap::unknown(), None).unwrap();
             assert_eq!(map.node_of(0), None, "{host:?}");
-            assert!(map.unnamed && map.has_gaps(), "{host:?}");
+            assert!(map.has_gaps(), "{host:?}");
+            assert_eq!(
+                map.seeds_to_name(&seeds).collect::<Vec<_>>(),
+                [&seeds[1]],
+                "{host:?}"
+            );
+            assert!(!map.wants_a_seed(&seeds[..1]), "{host:?}");
             assert_eq!(
                 map.address(map.node_of(100).unwrap()),
                 Some(("10.0.0.2", 6379))
@@ -382,7 +423,8 @@ mod tests {
         let reply = Value::Array(vec![unnamed(Value::BulkString(b"?".to_vec()))]);
         let map = SlotMap::from_reply(&reply, &SlotMap::unknown(), Some("10.0.0.9")).unwrap();
         assert_eq!(map.node_of(0), None);
-        assert!(!map.unnamed);
+        let map = SlotMap::from_reply(&reply, &SlotMap::unknown(), None).unwrap();
+        assert!(!map.wants_a_seed(&seeds));
     }
 }
 
