@@ -215,9 +215,9 @@ pub(super) struct Slots {
 
 impl Slots {
     /// Starts with `first` (the map read at connect, if it could be) and a task that reads
-    /// the map again from `connection` when asked (at once when `first` is unknown), each
-    /// reading bounded by `timeout`, as [`read`] does with `seeds`; the task ends when these
-    /// slots are dropped.
+    /// the map again from `connection` when asked (at once when `first` is unknown or wants
+    /// a seed to name a master), each reading bounded by `timeout`, as [`read`] does with
+    /// `seeds`; the task ends when these slots are dropped.
     pub(super) fn start(
         first: Option<SlotMap>,
         connection: ClusterConnection,
