@@ -125,13 +125,14 @@ local function zset_log_steps()
     end
     -- The check fits once the oldest total + units - L entries have expired: once the
     -- newest of them, at that rank, has. That entry is also the one a refusal waits for
-    -- (answer_log's), so one read decides and answers. More units than L never fit, and no
-    -- entry says when.
+    -- (answer_log's), so one read decides and answers; when it is the newest entry (units
+    -- = L: a limit of one, for one unit), it was read just above. More units than L never
+    -- fit, and no entry says when.
     local rank = total + units - limit - 1
     if rank >= total then
       return false, now, total, expired, latest, false
     end
-    local awaited = entry_of(key, rank)
+    local awaited = rank == total - 1 and latest or entry_of(key, rank)
     return awaited <= now - window, now, total, expired, latest, awaited
   end
 
