@@ -228,6 +228,41 @@ async fn a_zset_log_at_its_limit_admits_without_reading_an_entry() {
     assert_eq!(entries(), before_refusal, "a refusal changed the log");
 }
 
+/// Under a limit of one, the entry a refusal waits for is the newest, which the refusal reads
+/// for `reset_after`: it is read once.
+#[tokio::test]
+async fn a_zset_refusal_under_a_limit_of_one_reads_its_entry_once() {
+    let server = RedisServer::start(&[]);
+    let store = store_on(&server, Scripting::Auto).await;
+    let rule = Rule::new(
+        "one",
+        &RuleSpec {
+            layout: Some(LogLayout::Zset),
+            ..RuleSpec::new(Algorithm::SlidingLog, 1, Duration::from_micros(1000))
+        },
+    )
+    .unwrap();
+    let limits = [Limit {
+        rule: &rule,
+        key: "k",
+    }];
+    let start = 1_700_000_000_000_000;
+    let check_at = |micros: u64| Check {
+        at: Some(Duration::from_micros(start + micros)),
+        ..Check::new(&limits, 1)
+    };
+    assert!(store.check(&check_at(0)).await.unwrap().decision.allowed);
+    let reads = calls_of(&server, "zrange");
+    let refused = store.check(&check_at(300)).await.unwrap().decision;
+    assert!(!refused.allowed);
+    assert_eq!(
+        refused.retry_after(),
+        RetryAfter::After(Duration::from_micros(700))
+    );
+    assert_eq!(refused.reset_after(), Duration::from_micros(700));
+    assert_eq!(calls_of(&server, "zrange"), reads + 1);
+}
+
 /// Consistency of the cluster path: every master holds the library after connect.
 #[tokio::test]
 async fn every_master_of_a_cluster_holds_the_library() {

@@ -126,8 +126,8 @@ local function zset_log_steps()
     -- The check fits once the oldest total + units - L entries have expired: once the
     -- newest of them, at that rank, has. That entry is also the one a refusal waits for
     -- (answer_log's), so one read decides and answers; when it is the newest entry (units
-    -- = L: a limit of one, for one unit), it was read just above. More units than L never
-    -- fit, and no entry says when.
+    -- = L, as for decide's checks under a limit of one), it was read just above. More units
+    -- than L never fit, and no entry says when.
     local rank = total + units - limit - 1
     if rank >= total then
       return false, now, total, expired, latest, false
@@ -199,8 +199,8 @@ local function zset_log_steps()
   -- of at least one (log_decides: most checks of a zset log), decided in one step, to the
   -- state and numbers evaluate, record and answer give it there, without a rule slot's
   -- bookkeeping. Its commands differ only on a full log, pruned first (stand): an admission
-  -- there sends a prune and a count where those steps read two entries. Returns the check's
-  -- status and numbers (main.lua, add_answer).
+  -- there sends a prune and a count where those steps read one or two entries. Returns the
+  -- check's status and numbers (main.lua, add_answer).
   local function decide(r, key, t, _, _, _, _, margin)
     local limit, window = r.limit, r.window
     local fits, now, total, expired, latest, awaited = stand(key, t, 1, true, limit, window)
