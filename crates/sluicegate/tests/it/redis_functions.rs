@@ -163,6 +163,26 @@ async fn a_server_without_functions_is_sent_evalsha() {
     assert!(calls_of(&server, "evalsha") >= 5);
 }
 
+/// A sliding log of `limit` per 1,000 µs, in the zset layout.
+fn zset_log(name: &str, limit: u64) -> Rule {
+    Rule::new(
+        name,
+        &RuleSpec {
+            layout: Some(LogLayout::Zset),
+            ..RuleSpec::new(Algorithm::SlidingLog, limit, Duration::from_micros(1000))
+        },
+    )
+    .unwrap()
+}
+
+/// A check of one unit of `limits` at `micros` past a fixed start, on the client's clock.
+fn one_unit_at<'a>(limits: &'a [Limit<'a>], micros: u64) -> Check<'a> {
+    Check {
+        at: Some(Duration::from_micros(1_700_000_000_000_000 + micros)),
+        ..Check::new(limits, 1)
+    }
+}
+
 /// A zset log at its limit, checked as its oldest entry expires, admits without reading an
 /// entry: the check prunes first and finds room. A refusal there reads the two entries its
 /// answer needs (the one it waits for, the newest) and writes nothing: its prune removes
@@ -171,23 +191,12 @@ async fn a_server_without_functions_is_sent_evalsha() {
 async fn a_zset_log_at_its_limit_admits_without_reading_an_entry() {
     let server = RedisServer::start(&[]);
     let store = store_on(&server, Scripting::Auto).await;
-    let rule = Rule::new(
-        "at-limit",
-        &RuleSpec {
-            layout: Some(LogLayout::Zset),
-            ..RuleSpec::new(Algorithm::SlidingLog, 3, Duration::from_micros(1000))
-        },
-    )
-    .unwrap();
+    let rule = zset_log("at-limit", 3);
     let limits = [Limit {
         rule: &rule,
         key: "k",
     }];
-    let start = 1_700_000_000_000_000;
-    let check_at = |micros: u64| Check {
-        at: Some(Duration::from_micros(start + micros)),
-        ..Check::new(&limits, 1)
-    };
+    let check_at = |micros| one_unit_at(&limits, micros);
     for at in [0, 100, 200] {
         assert!(store.check(&check_at(at)).await.unwrap().decision.allowed);
     }
@@ -234,23 +243,12 @@ async fn a_zset_log_at_its_limit_admits_without_reading_an_entry() {
 async fn a_zset_refusal_under_a_limit_of_one_reads_its_entry_once() {
     let server = RedisServer::start(&[]);
     let store = store_on(&server, Scripting::Auto).await;
-    let rule = Rule::new(
-        "one",
-        &RuleSpec {
-            layout: Some(LogLayout::Zset),
-            ..RuleSpec::new(Algorithm::SlidingLog, 1, Duration::from_micros(1000))
-        },
-    )
-    .unwrap();
+    let rule = zset_log("one", 1);
     let limits = [Limit {
         rule: &rule,
         key: "k",
     }];
-    let start = 1_700_000_000_000_000;
-    let check_at = |micros: u64| Check {
-        at: Some(Duration::from_micros(start + micros)),
-        ..Check::new(&limits, 1)
-    };
+    let check_at = |micros| one_unit_at(&limits, micros);
     assert!(store.check(&check_at(0)).await.unwrap().decision.allowed);
     let reads = calls_of(&server, "zrange");
     let refused = store.check(&check_at(300)).await.unwrap().decision;
