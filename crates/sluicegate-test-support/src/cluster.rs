@@ -132,28 +132,30 @@ impl RedisCluster {
         );
     }
 
-    /// The master serving `slot` now, by `CLUSTER SLOTS` of a node that answers: ranges
-    /// `[start, end, [host, port, …], …]`.
+    /// The master serving `slot` now, by `CLUSTER SLOTS` of a node that answers.
     pub fn master_of(&self, slot: u16) -> &RedisServer {
+        self.serving(slot).expect("every slot is served")
+    }
+
+    /// The master serving `slot` now, by `CLUSTER SLOTS` of the first node that answers:
+    /// ranges `[start, end, [host, port, …], …]`. None while that node names no master for
+    /// it: in a failover a node may answer so for a moment, and a test polling for the
+    /// promotion reads that as not promoted yet.
+    pub fn serving(&self, slot: u16) -> Option<&RedisServer> {
         let reply: Vec<Vec<redis::Value>> = self
             .nodes
             .iter()
             .find_map(|node| node.query(cmd("CLUSTER").arg("SLOTS")).ok())
             .expect("a node answers CLUSTER SLOTS");
-        let port = reply
-            .iter()
-            .find_map(|range| {
-                let start: u16 = redis::from_redis_value_ref(&range[0]).ok()?;
-                let end: u16 = redis::from_redis_value_ref(&range[1]).ok()?;
-                let master: Vec<redis::Value> = redis::from_redis_value_ref(&range[2]).ok()?;
-                let port: u16 = redis::from_redis_value_ref(&master[1]).ok()?;
-                (start..=end).contains(&slot).then_some(port)
-            })
-            .expect("every slot is served");
-        self.nodes
-            .iter()
-            .find(|node| node.port == port)
-            .expect("the master is a node of the cluster")
+        let port = reply.iter().find_map(|range| {
+            let start: u16 = redis::from_redis_value_ref(&range[0]).ok()?;
+            let end: u16 = redis::from_redis_value_ref(&range[1]).ok()?;
+            let master: Vec<redis::Value> = redis::from_redis_value_ref(&range[2]).ok()?;
+            let port: u16 = redis::from_redis_value_ref(&master[1]).ok()?;
+            (start..=end).contains(&slot).then_some(port)
+        })?;
+        let master = self.nodes.iter().find(|node| node.port == port);
+        Some(master.expect("the master is a node of the cluster"))
     }
 
     /// Moves `slot` from master `source` to master `target`, as a reshard does: `CLUSTER

@@ -216,7 +216,12 @@ async fn fail_over(setup: &Setup, limiter: &Arc<Limiter<RedisStore>>, rule: &Arc
                 unsent,
             };
         }
-        if promoted.is_none() && setup.cluster.master_of(victim_slot).port != setup.victim {
+        if promoted.is_none()
+            && setup
+                .cluster
+                .serving(victim_slot)
+                .is_some_and(|master| master.port != setup.victim)
+        {
             promoted = Some(Instant::now());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
