@@ -1,16 +1,18 @@
 //! The check script as a Redis Function: loaded once and called with FCALL, loaded again
 //! when the server lost it (FUNCTION FLUSH, a restart), and EVALSHA where the server has no
-//! functions; and what a zset log at its limit sends — each against a redis-server of its
-//! own, whose INFO commandstats say which commands the store sent.
+//! functions; and what a zset log's checks send, under a limit of one and a longer one at
+//! its limit — each against a redis-server of its own, whose INFO commandstats say which
+//! commands the store sent.
 
 #![cfg(feature = "redis")]
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use sluicegate::redis::Scripting;
 use sluicegate::{
-    Algorithm, Check, Limit, LogLayout, RedisStore, RedisStoreConfig, RetryAfter, Rule, RuleSpec,
-    Store, StoreError,
+    Algorithm, Check, Decision, Limit, LogLayout, RedisStore, RedisStoreConfig, RetryAfter, Rule,
+    RuleSpec, Store, StoreError,
 };
 use sluicegate_test_support::{self as support, RedisServer, cmd};
 
@@ -37,17 +39,23 @@ async fn remaining(store: &RedisStore, rule: &Rule) -> Result<u64, StoreError> {
     Ok(outcome.decision.remaining)
 }
 
-/// How many times the server ran `command` (lower case), from INFO commandstats.
-fn calls_of(server: &RedisServer, command: &str) -> u64 {
+/// How many times the server ran each command (lower case), from INFO commandstats.
+fn command_counts(server: &RedisServer) -> BTreeMap<String, u64> {
     let info: String = server
         .query(cmd("INFO").arg("commandstats"))
         .expect("INFO commandstats");
-    let prefix = format!("cmdstat_{command}:calls=");
     info.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .map_or(0, |rest| {
-            rest.split(',').next().unwrap().parse().expect("a count")
+        .filter_map(|line| {
+            let (command, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            let calls = rest.split(',').next().unwrap().parse().expect("a count");
+            Some((command.to_owned(), calls))
         })
+        .collect()
+}
+
+/// How many times the server ran `command` (lower case).
+fn calls_of(server: &RedisServer, command: &str) -> u64 {
+    command_counts(server).get(command).copied().unwrap_or(0)
 }
 
 /// The names of the function libraries the server holds.
@@ -183,64 +191,51 @@ fn one_unit_at<'a>(limits: &'a [Limit<'a>], micros: u64) -> Check<'a> {
     }
 }
 
-/// A zset log at its limit, checked as its oldest entry expires, admits without reading an
-/// entry: the check prunes first and finds room. A refusal there reads the two entries its
-/// answer needs (the one it waits for, the newest) and writes nothing: its prune removes
-/// none.
-#[tokio::test]
-async fn a_zset_log_at_its_limit_admits_without_reading_an_entry() {
-    let server = RedisServer::start(&[]);
-    let store = store_on(&server, Scripting::Auto).await;
-    let rule = zset_log("at-limit", 3);
-    let limits = [Limit {
-        rule: &rule,
-        key: "k",
-    }];
-    let check_at = |micros| one_unit_at(&limits, micros);
-    for at in [0, 100, 200] {
-        assert!(store.check(&check_at(at)).await.unwrap().decision.allowed);
-    }
-    let state = store.state_key(&rule, "k");
-    // Read with ZRANGEBYSCORE: ZRANGE counts the store's reads.
-    let entries = || -> Vec<String> {
-        server
-            .query(cmd("ZRANGEBYSCORE").arg(&state).arg("-inf").arg("+inf"))
-            .unwrap()
-    };
-    let (reads, prunes) = (
-        calls_of(&server, "zrange"),
-        calls_of(&server, "zremrangebyscore"),
-    );
-
-    // At 1000 µs the entry of 0 has expired (W = 1000 µs).
-    let admitted = store.check(&check_at(1000)).await.unwrap().decision;
-    assert!(admitted.allowed);
-    assert_eq!(admitted.remaining, 0);
-    assert_eq!(
-        calls_of(&server, "zrange"),
-        reads,
-        "an admission read an entry"
-    );
-    assert_eq!(calls_of(&server, "zremrangebyscore"), prunes + 1);
-    let before_refusal = entries();
-    assert_eq!(before_refusal.len(), 3, "{before_refusal:?}");
-
-    // At 1050 µs the oldest live entry (100) expires in 50 µs; the newest (1000) in 950.
-    let refused = store.check(&check_at(1050)).await.unwrap().decision;
-    assert!(!refused.allowed);
-    assert_eq!(
-        refused.retry_after(),
-        RetryAfter::After(Duration::from_micros(50))
-    );
-    assert_eq!(refused.reset_after(), Duration::from_micros(950));
-    assert_eq!(calls_of(&server, "zrange"), reads + 2);
-    assert_eq!(entries(), before_refusal, "a refusal changed the log");
+/// The decision of a check of one unit of `limits` at `micros` (one_unit_at), and the
+/// commands of the log (its sorted set's and its TTL's) the check sent: each it sent, how
+/// many times.
+async fn check_sending(
+    server: &RedisServer,
+    store: &RedisStore,
+    limits: &[Limit<'_>],
+    micros: u64,
+) -> (Decision, BTreeMap<String, u64>) {
+    let before = command_counts(server);
+    let decision = store
+        .check(&one_unit_at(limits, micros))
+        .await
+        .unwrap()
+        .decision;
+    let sent = command_counts(server)
+        .into_iter()
+        .filter(|(command, _)| command.starts_with('z') || command == "pexpire")
+        .filter_map(|(command, calls)| {
+            let sent = calls - before.get(&command).copied().unwrap_or(0);
+            (sent > 0).then_some((command, sent))
+        })
+        .collect();
+    (decision, sent)
 }
 
-/// Under a limit of one, the entry a refusal waits for is the newest, which the refusal reads
-/// for `reset_after`: it is read once.
+/// Commands by name and count, as check_sending gives them.
+fn commands(sent: &[(&str, u64)]) -> BTreeMap<String, u64> {
+    sent.iter()
+        .map(|&(command, calls)| (command.to_owned(), calls))
+        .collect()
+}
+
+/// The entries of the log `state`, read with ZRANGEBYSCORE (ZRANGE is the checks' read).
+fn entries(server: &RedisServer, state: &str) -> Vec<String> {
+    server
+        .query(cmd("ZRANGEBYSCORE").arg(state).arg("-inf").arg("+inf"))
+        .unwrap()
+}
+
+/// Under a limit of one, the newest entry decides a check: it is the entry a refusal waits
+/// for, and the key's latest time. A refusal reads it and sends nothing else; an admission
+/// reads it and prunes only if it has expired.
 #[tokio::test]
-async fn a_zset_refusal_under_a_limit_of_one_reads_its_entry_once() {
+async fn a_zset_check_under_a_limit_of_one_decides_on_one_read() {
     let server = RedisServer::start(&[]);
     let store = store_on(&server, Scripting::Auto).await;
     let rule = zset_log("one", 1);
@@ -248,17 +243,106 @@ async fn a_zset_refusal_under_a_limit_of_one_reads_its_entry_once() {
         rule: &rule,
         key: "k",
     }];
-    let check_at = |micros| one_unit_at(&limits, micros);
-    assert!(store.check(&check_at(0)).await.unwrap().decision.allowed);
-    let reads = calls_of(&server, "zrange");
-    let refused = store.check(&check_at(300)).await.unwrap().decision;
+    let (first, sent) = check_sending(&server, &store, &limits, 0).await;
+    assert!(first.allowed);
+    assert_eq!(
+        sent,
+        commands(&[("zrange", 1), ("zadd", 1), ("pexpire", 1)])
+    );
+    let state = store.state_key(&rule, "k");
+    let before_refusal = entries(&server, &state);
+
+    // W = 1000 µs: the entry of 0 expires at 1000.
+    let (refused, sent) = check_sending(&server, &store, &limits, 300).await;
     assert!(!refused.allowed);
     assert_eq!(
         refused.retry_after(),
         RetryAfter::After(Duration::from_micros(700))
     );
     assert_eq!(refused.reset_after(), Duration::from_micros(700));
-    assert_eq!(calls_of(&server, "zrange"), reads + 1);
+    assert_eq!(sent, commands(&[("zrange", 1)]));
+    assert_eq!(entries(&server, &state), before_refusal, "a refusal wrote");
+
+    let (admitted, sent) = check_sending(&server, &store, &limits, 1000).await;
+    assert!(admitted.allowed);
+    assert_eq!(admitted.remaining, 0);
+    assert_eq!(
+        sent,
+        commands(&[
+            ("zrange", 1),
+            ("zremrangebyscore", 1),
+            ("zadd", 1),
+            ("pexpire", 1)
+        ])
+    );
+    assert_eq!(entries(&server, &state).len(), 1);
+}
+
+/// Under a longer limit a zset log is counted. At its limit it is pruned first: an admission
+/// as its oldest entry expires reads no entry, and a refusal reads the two its answer needs
+/// (the one it waits for, the newest) after a prune that removed none. Under a limit
+/// lowered below what the log holds, a refusal reads them and prunes nothing.
+#[tokio::test]
+async fn a_zset_log_at_its_limit_admits_without_reading_an_entry() {
+    let server = RedisServer::start(&[]);
+    let store = store_on(&server, Scripting::Auto).await;
+    let rule = zset_log("long", 20);
+    let limits = [Limit {
+        rule: &rule,
+        key: "k",
+    }];
+    for at in (0..200).step_by(10) {
+        assert!(check_sending(&server, &store, &limits, at).await.0.allowed);
+    }
+
+    // At 1000 µs the entry of 0 has expired (W = 1000 µs).
+    let (admitted, sent) = check_sending(&server, &store, &limits, 1000).await;
+    assert!(admitted.allowed);
+    assert_eq!(admitted.remaining, 0);
+    assert_eq!(
+        sent,
+        commands(&[
+            ("zcard", 1),
+            ("zremrangebyscore", 1),
+            ("zcount", 1),
+            ("zadd", 1),
+            ("pexpire", 1)
+        ])
+    );
+    let state = store.state_key(&rule, "k");
+    let before_refusal = entries(&server, &state);
+    assert_eq!(before_refusal.len(), 20, "{before_refusal:?}");
+
+    // At 1005 µs the oldest live entry (10) expires in 5 µs; the newest (1000) in 995.
+    let (refused, sent) = check_sending(&server, &store, &limits, 1005).await;
+    assert!(!refused.allowed);
+    assert_eq!(
+        refused.retry_after(),
+        RetryAfter::After(Duration::from_micros(5))
+    );
+    assert_eq!(refused.reset_after(), Duration::from_micros(995));
+    assert_eq!(
+        sent,
+        commands(&[("zcard", 1), ("zremrangebyscore", 1), ("zrange", 2)])
+    );
+    assert_eq!(entries(&server, &state), before_refusal, "a refusal wrote");
+
+    // Under L = 17 the check waits for the 17th newest entry, 40 (rules of one name and
+    // window share their log).
+    let lowered = zset_log("long", 17);
+    let limits = [Limit {
+        rule: &lowered,
+        key: "k",
+    }];
+    let (refused, sent) = check_sending(&server, &store, &limits, 1006).await;
+    assert!(!refused.allowed);
+    assert_eq!(
+        refused.retry_after(),
+        RetryAfter::After(Duration::from_micros(34))
+    );
+    assert_eq!(refused.reset_after(), Duration::from_micros(994));
+    assert_eq!(sent, commands(&[("zcard", 1), ("zrange", 2)]));
+    assert_eq!(entries(&server, &state), before_refusal, "a refusal wrote");
 }
 
 /// Consistency of the cluster path: every master holds the library after connect.
