@@ -18,7 +18,7 @@ use sluicegate_test_support::{self as support, cmd};
 use crate::redis_trace;
 use crate::redis_trace::stores;
 
-use redis_trace::compact::{self, Scripted};
+use redis_trace::scripted::{self, Scripted};
 use redis_trace::{CASES, Line, Trace, check_of, limits_of};
 use stores::{prefix, store_at};
 
@@ -120,28 +120,38 @@ async fn cluster_agrees_with_the_reference() {
     agrees_with_the_reference(&store, 104_729, 2, 500).await;
 }
 
-/// The compact log's scripted traces (redis_trace/compact.rs) through functions, EVALSHA
-/// and on the cluster: far beyond its entries' span, grown and shrunk, it decides as the
-/// reference does.
+/// The scripted traces of sliding logs (redis_trace/scripted.rs), in either layout, through
+/// functions, EVALSHA and on the cluster: a compact log far beyond its entries' span, grown
+/// and shrunk, either log holding more than a lowered limit, and plain checks under a limit
+/// of one at every edge: each decides as the reference does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn compact_logs_beyond_their_span_grown_and_shrunk_agree_with_the_reference() {
+async fn scripted_sliding_logs_agree_with_the_reference() {
     let stores = [
-        store_at(&support::standalone().url(), "compact", Scripting::Auto).await,
-        evalsha_store("compact-evalsha").await,
-        store_at(&support::cluster().url(), "compact", Scripting::Auto).await,
+        store_at(&support::standalone().url(), "long", Scripting::Auto).await,
+        evalsha_store("long-evalsha").await,
+        store_at(&support::cluster().url(), "long", Scripting::Auto).await,
     ];
     for (i, store) in stores.iter().enumerate() {
-        for (trace, Scripted { rules, lines }) in [
-            ("spanning", compact::spanning(&format!("spanning-{i}"))),
-            (
-                "growing",
-                compact::growing_and_shrinking(&format!("growing-{i}")),
-            ),
-        ] {
-            let reference = reference();
-            for (n, line) in lines.iter().enumerate() {
-                let what = format!("store {i}, {trace} line {n}");
-                decide_both(store, &reference, &rules, line, &what).await;
+        for layout in [LogLayout::Compact, LogLayout::Zset] {
+            for (trace, Scripted { rules, lines }) in [
+                (
+                    "spanning",
+                    scripted::spanning(&format!("spanning-{i}-{layout:?}"), layout),
+                ),
+                (
+                    "growing",
+                    scripted::growing_and_shrinking(&format!("growing-{i}-{layout:?}"), layout),
+                ),
+                (
+                    "one",
+                    scripted::limit_of_one(&format!("one-{i}-{layout:?}"), layout),
+                ),
+            ] {
+                let reference = reference();
+                for (n, line) in lines.iter().enumerate() {
+                    let what = format!("store {i}, {layout:?}, {trace} line {n}");
+                    decide_both(store, &reference, &rules, line, &what).await;
+                }
             }
         }
     }
@@ -173,7 +183,7 @@ fn compact_log_of(bytes: &[u8]) -> ([u64; 4], Vec<u64>) {
 async fn a_compact_log_reads_its_entries_far_beyond_their_span() {
     const SPAN: u64 = 1 << 24;
     let store = store_at(&support::standalone().url(), "span", Scripting::Auto).await;
-    let Scripted { rules, lines } = compact::spanning("span");
+    let Scripted { rules, lines } = scripted::spanning("span", LogLayout::Compact);
     let key = store.state_key(&rules[0], "user:1");
     let window = saturating_micros(rules[0].window());
     let reference = reference();

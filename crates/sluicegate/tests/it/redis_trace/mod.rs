@@ -3,8 +3,8 @@
 //! hit every rounding edge.
 
 pub(crate) mod cases;
-pub(crate) mod compact;
 pub(crate) mod random;
+pub(crate) mod scripted;
 pub(crate) mod stores;
 pub(crate) mod usage;
 
