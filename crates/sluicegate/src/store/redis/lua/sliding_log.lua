@@ -203,7 +203,7 @@ local function zset_log_steps()
   -- limit of one the newest entry is read first, and it decides: it is the key's latest
   -- time and the entry a refusal waits for, and every older one has expired. A refusal
   -- there sends nothing else. (Under a longer limit that read decides nothing, and made in
-  -- place of stand's count it cost every admission about 4k instructions more:
+  -- place of stand's count it cost every admission 4-5k instructions more:
   -- scripts/redis-instructions.) Returns
   -- the check's status and numbers (main.lua, add_answer); refused, over the limit for one
   -- unit (never more than L: the limit is at least one), L entries are live, and the answer
