@@ -33,8 +33,7 @@ async fn store_on(server: &RedisServer, scripting: Scripting) -> RedisStore {
 
 /// One check of the rule for key `k`: its `remaining`.
 async fn remaining(store: &RedisStore, rule: &Rule) -> Result<u64, StoreError> {
-    let limits = [Limit { rule, key: "k" }];
-    let outcome = store.check(&Check::new(&limits, 1)).await?;
+    let outcome = store.check(&Check::new(&limits_of(rule), 1)).await?;
     assert!(outcome.decision.allowed);
     Ok(outcome.decision.remaining)
 }
@@ -231,6 +230,21 @@ fn entries(server: &RedisServer, state: &str) -> Vec<String> {
         .unwrap()
 }
 
+/// Checks of `rule` for key `k`.
+fn limits_of(rule: &Rule) -> [Limit<'_>; 1] {
+    [Limit { rule, key: "k" }]
+}
+
+/// `decision` refused, to be retried after `retry` µs, its window reset after `reset`.
+fn assert_refused(decision: &Decision, retry: u64, reset: u64) {
+    assert!(!decision.allowed);
+    assert_eq!(
+        decision.retry_after(),
+        RetryAfter::After(Duration::from_micros(retry))
+    );
+    assert_eq!(decision.reset_after(), Duration::from_micros(reset));
+}
+
 /// Under a limit of one, the newest entry decides a check: it is the entry a refusal waits
 /// for, and the key's latest time. A refusal reads it and sends nothing else; an admission
 /// reads it and prunes only if it has expired.
@@ -239,10 +253,7 @@ async fn a_zset_check_under_a_limit_of_one_decides_on_one_read() {
     let server = RedisServer::start(&[]);
     let store = store_on(&server, Scripting::Auto).await;
     let rule = zset_log("one", 1);
-    let limits = [Limit {
-        rule: &rule,
-        key: "k",
-    }];
+    let limits = limits_of(&rule);
     let (first, sent) = check_sending(&server, &store, &limits, 0).await;
     assert!(first.allowed);
     assert_eq!(
@@ -254,12 +265,7 @@ async fn a_zset_check_under_a_limit_of_one_decides_on_one_read() {
 
     // W = 1000 µs: the entry of 0 expires at 1000.
     let (refused, sent) = check_sending(&server, &store, &limits, 300).await;
-    assert!(!refused.allowed);
-    assert_eq!(
-        refused.retry_after(),
-        RetryAfter::After(Duration::from_micros(700))
-    );
-    assert_eq!(refused.reset_after(), Duration::from_micros(700));
+    assert_refused(&refused, 700, 700);
     assert_eq!(sent, commands(&[("zrange", 1)]));
     assert_eq!(entries(&server, &state), before_refusal, "a refusal wrote");
 
@@ -287,10 +293,7 @@ async fn a_zset_log_at_its_limit_admits_without_reading_an_entry() {
     let server = RedisServer::start(&[]);
     let store = store_on(&server, Scripting::Auto).await;
     let rule = zset_log("long", 20);
-    let limits = [Limit {
-        rule: &rule,
-        key: "k",
-    }];
+    let limits = limits_of(&rule);
     for at in (0..200).step_by(10) {
         assert!(check_sending(&server, &store, &limits, at).await.0.allowed);
     }
@@ -315,12 +318,7 @@ async fn a_zset_log_at_its_limit_admits_without_reading_an_entry() {
 
     // At 1005 µs the oldest live entry (10) expires in 5 µs; the newest (1000) in 995.
     let (refused, sent) = check_sending(&server, &store, &limits, 1005).await;
-    assert!(!refused.allowed);
-    assert_eq!(
-        refused.retry_after(),
-        RetryAfter::After(Duration::from_micros(5))
-    );
-    assert_eq!(refused.reset_after(), Duration::from_micros(995));
+    assert_refused(&refused, 5, 995);
     assert_eq!(
         sent,
         commands(&[("zcard", 1), ("zremrangebyscore", 1), ("zrange", 2)])
@@ -330,17 +328,9 @@ async fn a_zset_log_at_its_limit_admits_without_reading_an_entry() {
     // Under L = 17 the check waits for the 17th newest entry, 40 (rules of one name and
     // window share their log).
     let lowered = zset_log("long", 17);
-    let limits = [Limit {
-        rule: &lowered,
-        key: "k",
-    }];
+    let limits = limits_of(&lowered);
     let (refused, sent) = check_sending(&server, &store, &limits, 1006).await;
-    assert!(!refused.allowed);
-    assert_eq!(
-        refused.retry_after(),
-        RetryAfter::After(Duration::from_micros(34))
-    );
-    assert_eq!(refused.reset_after(), Duration::from_micros(994));
+    assert_refused(&refused, 34, 994);
     assert_eq!(sent, commands(&[("zcard", 1), ("zrange", 2)]));
     assert_eq!(entries(&server, &state), before_refusal, "a refusal wrote");
 }
