@@ -246,30 +246,48 @@ fn assert_refused(decision: &Decision, retry: u64, reset: u64) {
 }
 
 /// Under a limit of one, the newest entry decides a check: it is the entry a refusal waits
-/// for, and the key's latest time. A refusal reads it and sends nothing else; an admission
-/// reads it and prunes only if it has expired.
+/// for, and the key's latest time, and once it has expired so has every older one. A refusal
+/// reads it and sends nothing else; an admission reads it and prunes only if an entry is
+/// there. So too on a log that holds more than one entry (its limit lowered to one).
 #[tokio::test]
 async fn a_zset_check_under_a_limit_of_one_decides_on_one_read() {
     let server = RedisServer::start(&[]);
     let store = store_on(&server, Scripting::Auto).await;
-    let rule = zset_log("one", 1);
-    let limits = limits_of(&rule);
+    let one = zset_log("one", 1);
+    let limits = limits_of(&one);
     let (first, sent) = check_sending(&server, &store, &limits, 0).await;
     assert!(first.allowed);
     assert_eq!(
         sent,
         commands(&[("zrange", 1), ("zadd", 1), ("pexpire", 1)])
     );
-    let state = store.state_key(&rule, "k");
-    let before_refusal = entries(&server, &state);
+    let state = store.state_key(&one, "k");
+    assert_eq!(entries(&server, &state), ["1700000000000000:11"]);
 
     // W = 1000 µs: the entry of 0 expires at 1000.
     let (refused, sent) = check_sending(&server, &store, &limits, 300).await;
     assert_refused(&refused, 700, 700);
     assert_eq!(sent, commands(&[("zrange", 1)]));
+
+    // Under L = 3 (rules of one name and window share their log) the log holds 0, 100, 200.
+    let three = zset_log("one", 3);
+    for at in [100, 200] {
+        assert!(
+            check_sending(&server, &store, &limits_of(&three), at)
+                .await
+                .0
+                .allowed
+        );
+    }
+    let before_refusal = entries(&server, &state);
+    assert_eq!(before_refusal.len(), 3, "{before_refusal:?}");
+    let (refused, sent) = check_sending(&server, &store, &limits, 1000).await;
+    assert_refused(&refused, 200, 200);
+    assert_eq!(sent, commands(&[("zrange", 1)]));
     assert_eq!(entries(&server, &state), before_refusal, "a refusal wrote");
 
-    let (admitted, sent) = check_sending(&server, &store, &limits, 1000).await;
+    // At 1200 µs the newest entry, 200, has expired, and the two before it.
+    let (admitted, sent) = check_sending(&server, &store, &limits, 1200).await;
     assert!(admitted.allowed);
     assert_eq!(admitted.remaining, 0);
     assert_eq!(
@@ -281,7 +299,7 @@ async fn a_zset_check_under_a_limit_of_one_decides_on_one_read() {
             ("pexpire", 1)
         ])
     );
-    assert_eq!(entries(&server, &state).len(), 1);
+    assert_eq!(entries(&server, &state), ["1700000000001200:11"]);
 }
 
 /// Under a longer limit a zset log is counted. At its limit it is pruned first: an admission

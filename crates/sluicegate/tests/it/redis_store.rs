@@ -127,9 +127,9 @@ async fn cluster_agrees_with_the_reference() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripted_sliding_logs_agree_with_the_reference() {
     let stores = [
-        store_at(&support::standalone().url(), "long", Scripting::Auto).await,
-        evalsha_store("long-evalsha").await,
-        store_at(&support::cluster().url(), "long", Scripting::Auto).await,
+        store_at(&support::standalone().url(), "scripted", Scripting::Auto).await,
+        evalsha_store("scripted-evalsha").await,
+        store_at(&support::cluster().url(), "scripted", Scripting::Auto).await,
     ];
     for (i, store) in stores.iter().enumerate() {
         for layout in [LogLayout::Compact, LogLayout::Zset] {

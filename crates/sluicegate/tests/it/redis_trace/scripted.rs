@@ -79,7 +79,7 @@ impl Writer {
     }
 
     /// `count` plain checks of one unit under rule `rule`, steps below `step_below` µs: the
-    /// checks a sliding log decides on a path of its own (main.lua, run_short).
+    /// checks a sliding log's layout decides in a step of its own (main.lua, short_decider).
     fn checks(&mut self, rule: usize, count: usize, step_below: u64) {
         for _ in 0..count {
             self.t += self.random.below(step_below);

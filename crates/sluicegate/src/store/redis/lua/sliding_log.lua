@@ -198,16 +198,16 @@ local function zset_log_steps()
   -- A short check (main.lua, run_short) of one unit that records if it fits, under a limit
   -- of at least one (log_decides: most checks of a zset log), decided in one step, to the
   -- state and numbers evaluate, record and answer give it there, without a rule slot's
-  -- bookkeeping. Its commands differ only on a full log, pruned first (stand): an admission
-  -- there sends a prune and a count where those steps read one or two entries. Under a
-  -- limit of one the newest entry is read first, and it decides: it is the key's latest
-  -- time and the entry a refusal waits for, and every older one has expired. A refusal
-  -- there sends nothing else. (Under a longer limit that read decides nothing, and made in
-  -- place of stand's count it cost every admission 4-5k instructions more:
-  -- scripts/redis-instructions.) Returns
-  -- the check's status and numbers (main.lua, add_answer); refused, over the limit for one
-  -- unit (never more than L: the limit is at least one), L entries are live, and the answer
-  -- counts none (answer_log).
+  -- bookkeeping. Returns the check's status and numbers (main.lua, add_answer); refused,
+  -- over the limit for one unit (never more than L: the limit is at least one), at least L
+  -- entries are live, and the answer counts none (answer_log).
+  -- Under a limit of one the newest entry is read first, and it decides: it is the key's
+  -- latest time and the entry a refusal waits for, and once it has expired so has every
+  -- older one. A refusal sends nothing else; an admission prunes only if an entry is there.
+  -- Under a longer limit that read would decide nothing, and reading and parsing a member
+  -- costs more than the count stand makes in its place, on every admission. There the
+  -- commands differ from those steps' only on a full log, pruned first (stand): an
+  -- admission there sends a prune and a count where those steps read one or two entries.
   local function decide(r, key, t, _, _, _, _, margin)
     local limit, window = r.limit, r.window
     if limit == 1 then
