@@ -273,11 +273,8 @@ const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
 /// of three after nine minutes): past [`CREATE_TIMEOUT`] it is stopped, and the nodes are
 /// joined as [`join_after_a_stalled_create`] does.
 fn create_cluster(nodes: &[RedisServer], replicas: usize) {
-    let log = std::env::temp_dir().join(format!(
-        "sluicegate-cluster-create-{}-{}.log",
-        std::process::id(),
-        nodes[0].port
-    ));
+    // In the first node's directory, which goes with the node.
+    let log = nodes[0].directory().join("cluster-create.log");
     let out = std::fs::File::create(&log).expect("a log for redis-cli");
     let mut create = Command::new("redis-cli");
     create.arg("--cluster").arg("create");

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
+use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -32,8 +33,8 @@ pub(crate) struct Access {
 }
 
 /// One redis-server process listening on 127.0.0.1, with no persistence and a scratch
-/// directory of its own. It is killed when this value is dropped or the test process
-/// exits.
+/// directory of its own. It is killed, and its directory removed, when this value is
+/// dropped or the test process exits (a server in a `static` is never dropped).
 pub struct RedisServer {
     /// The loopback port it listens on (its TLS port when it speaks only TLS).
     pub port: u16,
@@ -41,11 +42,10 @@ pub struct RedisServer {
     access: Access,
     /// A cluster node's bus port, held as `port` is.
     cluster_bus: Option<u16>,
-    /// Where its output goes: see [`log`](Self::log).
-    log: PathBuf,
-    /// The shell the server runs under: dropping it closes the pipe the shell waits on,
-    /// and the shell then kills the server.
-    _shell: Child,
+    /// Its scratch directory: its log, and what it saves.
+    directory: PathBuf,
+    /// The shell the server runs under ([`spawn_under_shell`]).
+    shell: Child,
 }
 
 impl RedisServer {
@@ -79,9 +79,17 @@ impl RedisServer {
         server
     }
 
-    /// A server on a given port: to restart one that was [shut down](Self::shutdown).
-    pub fn start_at(port: u16, extra: &[&str]) -> RedisServer {
+    /// This server started again with `extra` options, on its port and in its directory
+    /// (it finds what it saved there), once it was [shut down](Self::shutdown) or
+    /// [killed](Self::kill): its directory is kept for the new process.
+    pub fn restart(mut self, extra: &[&str]) -> RedisServer {
+        let port = self.port;
         *HELD_PORTS.lock().unwrap().entry(port).or_default() += 1;
+        let mut pipe = self.shell.stdin.take().expect("the shell's pipe");
+        pipe.write_all(KEEP_DIRECTORY)
+            .expect("the shell reads its pipe until the server is dropped");
+        drop(pipe);
+        drop(self);
         RedisServer::launch(port, None, extra, Access::default())
     }
 
@@ -92,9 +100,10 @@ impl RedisServer {
         RedisServer::launch_new(hold_free_port(), Some(config), extra, access)
     }
 
-    /// [`launch`](Self::launch)es a new server on `port`, from an empty scratch directory: a
-    /// server this process dropped may have had the port, and a new one must not start from
-    /// what it left (a cluster node would take up the old cluster from its nodes.conf).
+    /// [`launch`](Self::launch)es a new server on `port`, from an empty scratch directory: an
+    /// earlier process of the same id may have left one for the port (its shell killed
+    /// before it could remove it), and a new server must not start from what that holds (a
+    /// cluster node would take up the old cluster from its nodes.conf).
     fn launch_new(port: u16, config: Option<&str>, extra: &[&str], access: Access) -> RedisServer {
         match std::fs::remove_dir_all(scratch_directory(port)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -139,13 +148,12 @@ impl RedisServer {
                 .chain(extra)
                 .map(|s| (*s).to_owned()),
         );
-        let log = dir.join("log");
         let server = RedisServer {
             port,
             access,
             cluster_bus: None,
-            _shell: spawn_under_shell(&args, &log),
-            log,
+            shell: spawn_under_shell(&dir, &args),
+            directory: dir,
         };
         let answers = poll_until(Duration::from_secs(10), || {
             server
@@ -166,7 +174,12 @@ impl RedisServer {
     /// What it has written to standard output and error so far: for a test's failure
     /// message, where the server's own account of what it did says why.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        std::fs::read_to_string(self.directory.join(LOG)).unwrap_or_default()
+    }
+
+    /// Its scratch directory, which holds its log and what it saves.
+    pub fn directory(&self) -> &Path {
+        &self.directory
     }
 
     /// `redis://127.0.0.1:PORT`.
@@ -340,13 +353,19 @@ fn hold_free_port() -> u16 {
 }
 
 /// The ports of this process's servers, as many times as a server holds each: a server
-/// that was shut down keeps its port until it is dropped, since a test restarts it there,
-/// and a free port picked meanwhile for another server must not be that one (two servers
-/// would then answer for each other).
+/// that was shut down keeps its port until it is dropped, since a test may restart it
+/// there, and a free port picked meanwhile for another server must not be that one (two
+/// servers would then answer for each other).
 static HELD_PORTS: Mutex<BTreeMap<u16, usize>> = Mutex::new(BTreeMap::new());
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        // Closing the pipe has the shell kill the server and remove its directory (unless
+        // a restart kept it); once the shell is done, the port is free for another server.
+        drop(self.shell.stdin.take());
+        if let Err(e) = self.shell.wait() {
+            eprintln!("the shell of redis-server on {}: {e}", self.port);
+        }
         let mut held = HELD_PORTS.lock().unwrap_or_else(|e| e.into_inner());
         for port in std::iter::once(self.port).chain(self.cluster_bus) {
             if let Some(count) = held.get_mut(&port) {
@@ -359,16 +378,27 @@ impl Drop for RedisServer {
     }
 }
 
-/// Runs `redis-server ARGS` (output to `log`) under a shell that waits on a pipe from this
-/// process and kills the server once the pipe closes: when the returned child is dropped,
-/// or when this process exits, however it exits.
-fn spawn_under_shell(args: &[String], log: &Path) -> Child {
+/// The file in a server's directory that its output goes to.
+const LOG: &str = "log";
+
+/// What [`RedisServer::restart`] writes to the shell's pipe, so that the shell leaves the
+/// directory to the server that starts in it next.
+const KEEP_DIRECTORY: &[u8] = b"keep\n";
+
+/// Runs `redis-server ARGS` in `directory` (output to its [`LOG`]) under a shell that waits
+/// on a pipe from this process: once the pipe closes (the returned child's stdin is closed
+/// or this process exits, however it exits), the shell kills the server (SIGKILL: a stopped
+/// or busy server too), waits for it, and removes `directory`, unless the pipe said
+/// [`KEEP_DIRECTORY`] first.
+fn spawn_under_shell(directory: &Path, args: &[String]) -> Child {
     let script = "command -v redis-server >/dev/null || exit 127; \
-         log=$1; shift; redis-server \"$@\" >\"$log\" 2>&1 & server=$!; \
-         read _; kill $server 2>/dev/null";
+         dir=$1; log=$2; shift 2; redis-server \"$@\" >\"$log\" 2>&1 & server=$!; \
+         read -r kept; kill -KILL $server 2>/dev/null; wait $server 2>/dev/null; \
+         [ \"$kept\" = keep ] || rm -rf \"$dir\"";
     Command::new("sh")
         .args(["-c", script, "sh"])
-        .arg(log)
+        .arg(directory)
+        .arg(directory.join(LOG))
         .args(args)
         .stdin(Stdio::piped())
         .spawn()
@@ -392,8 +422,8 @@ mod tests {
         );
     }
 
-    /// A new server on a port that a dropped server of this process had starts from
-    /// nothing that server left in their scratch directory.
+    /// A new server on a port whose scratch directory is left over (from an earlier
+    /// process of the same id) starts from nothing that directory holds.
     #[test]
     fn a_new_server_on_a_port_used_before_starts_empty() {
         let first = RedisServer::start(&[]);
@@ -402,11 +432,14 @@ mod tests {
             .query::<()>(cmd("SET").arg("left").arg("behind"))
             .expect("SET");
         first.query::<()>(&cmd("SAVE")).expect("SAVE");
+        let saved = std::fs::read(first.directory().join("dump.rdb")).expect("the saved data");
         drop(first);
         let gone = poll_until(Duration::from_secs(10), || {
             std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
         });
         assert!(gone, "the first server still listens on {port}");
+        std::fs::create_dir_all(scratch_directory(port)).expect("a leftover directory");
+        std::fs::write(scratch_directory(port).join("dump.rdb"), saved).expect("leftover data");
         *HELD_PORTS.lock().unwrap().entry(port).or_default() += 1;
         let second = RedisServer::launch_new(port, None, &[], Access::default());
         assert_eq!(second.query::<u64>(&cmd("DBSIZE")).ok(), Some(0));

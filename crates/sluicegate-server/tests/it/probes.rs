@@ -120,14 +120,13 @@ fn probes_fail_while_redis_is_down_and_recover() {
         (200, "OK".to_owned())
     );
     assert_eq!(grpc_health(&server.address, "ratelimit"), "SERVING");
-    let port = redis.port;
     redis.shutdown();
     eventually(500, || curl(&server.address, "/healthcheck").0);
     eventually("NOT_SERVING".to_owned(), || {
         grpc_health(&server.address, "ratelimit")
     });
     assert_eq!(grpc_health(&server.address, ""), "NOT_SERVING");
-    let _back = RedisServer::start_at(port, &[]);
+    let _back = redis.restart(&[]);
     eventually(200, || curl(&server.address, "/healthcheck").0);
     eventually("SERVING".to_owned(), || grpc_health(&server.address, ""));
 }

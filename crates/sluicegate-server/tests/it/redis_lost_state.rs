@@ -21,10 +21,8 @@ fn a_restart_without_persistence_is_logged_counted_and_shown() {
         server.request("GET", "/readyz", ""),
         (200, "ready\n".to_owned())
     );
-    let port = redis.port;
     redis.shutdown();
-    drop(redis);
-    let redis = RedisServer::start_at(port, &[]);
+    let redis = redis.restart(&[]);
 
     let counter = format!(
         "sluicegate_store_state_lost_total{{node=\"{}\",reason=\"restarted\"}}",

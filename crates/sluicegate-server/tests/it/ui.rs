@@ -201,10 +201,8 @@ fn live_page_shows_lost_state() {
     ]);
     let page = rendered(&server.address);
     assert!(page.contains(r#"<span id="lost-wrap" hidden="""#), "{page}");
-    let port = redis.port;
     redis.shutdown();
-    drop(redis);
-    let _redis = support::RedisServer::start_at(port, &[]);
+    let _redis = redis.restart(&[]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !server
         .request("GET", "/readyz", "")

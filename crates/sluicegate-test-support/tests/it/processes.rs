@@ -1,7 +1,9 @@
 //! The support crate's own promises: servers answer, stop and restart, die with their
-//! handle, and a Sentinel deployment knows its master.
+//! handle or their process and leave no directory behind, and a Sentinel deployment knows
+//! its master.
 
 use std::collections::HashMap;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sluicegate_test_support::{RedisSentinel, RedisServer, cmd};
@@ -13,21 +15,84 @@ fn a_server_answers_stops_and_restarts_on_its_port() {
     assert_eq!(server.query::<String>(cmd("GET").arg("k")).unwrap(), "v");
     server.shutdown();
     assert!(server.query::<()>(&cmd("PING")).is_err());
-    let restarted = RedisServer::start_at(server.port, &[]);
+    let restarted = server.restart(&[]);
     // Nothing was saved: the restarted server starts empty.
     assert_eq!(restarted.query::<u64>(&cmd("DBSIZE")).unwrap(), 0);
 }
 
 #[test]
-fn a_dropped_server_is_killed() {
+fn a_restarted_server_finds_what_it_saved_and_its_directory_goes_with_it() {
+    let server = RedisServer::start(&[]);
+    server.query::<()>(cmd("SET").arg("k").arg("v")).unwrap();
+    server.query::<()>(&cmd("SAVE")).unwrap();
+    server.shutdown();
+    let restarted = server.restart(&[]);
+    assert_eq!(restarted.query::<String>(cmd("GET").arg("k")).unwrap(), "v");
+    let directory = restarted.directory().to_owned();
+    drop(restarted);
+    assert!(
+        !directory.exists(),
+        "{} outlived its server",
+        directory.display()
+    );
+}
+
+#[test]
+fn a_dropped_server_is_killed_and_its_directory_removed() {
     let server = RedisServer::start(&[]);
     let port = server.port;
+    let directory = server.directory().to_owned();
+    assert!(directory.join("log").exists());
     drop(server);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    assert!(
+        !directory.exists(),
+        "{} outlived its server",
+        directory.display()
+    );
+}
+
+/// Set in the test process that the next test starts, to have it leave a server behind.
+const LEAVE_A_SERVER: &str = "SLUICEGATE_TEST_LEAVE_A_SERVER";
+
+/// A server that is never dropped (one in a `static`) is killed, and its directory removed,
+/// once its test process exits: this test runs itself again in a process of its own, which
+/// starts a server, says where, and exits without dropping it.
+#[test]
+fn a_server_never_dropped_goes_with_its_process() {
+    if std::env::var_os(LEAVE_A_SERVER).is_some() {
+        let server = RedisServer::start(&[]);
+        println!(
+            "{LEAVE_A_SERVER} {} {}",
+            server.port,
+            server.directory().display()
+        );
+        std::mem::forget(server);
+        return;
+    }
+    let run = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_server_never_dropped_goes_with_its_process",
+            "--nocapture",
+        ])
+        .env(LEAVE_A_SERVER, "1")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{said}");
+    let (port, directory) = said
+        .lines()
+        .find_map(|line| line.strip_prefix(LEAVE_A_SERVER)?.trim().split_once(' '))
+        .unwrap_or_else(|| panic!("the process left no server: {said}"));
+    let port: u16 = port.parse().unwrap();
+    let directory = std::path::Path::new(directory);
+    // Its shell cleans up once the process is gone, on its own time.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() || directory.exists() {
         assert!(
             Instant::now() < deadline,
-            "redis-server on {port} outlived its handle"
+            "redis-server on {port} or {} outlived its process",
+            directory.display()
         );
         std::thread::sleep(Duration::from_millis(20));
     }

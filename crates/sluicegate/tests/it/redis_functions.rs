@@ -122,9 +122,7 @@ async fn a_restarted_server_gets_the_library_again() {
     let rule = rule();
     assert_eq!(remaining(&store, &rule).await.unwrap(), 4);
     server.shutdown();
-    let port = server.port;
-    drop(server);
-    let restarted = RedisServer::start_at(port, &[]);
+    let restarted = server.restart(&[]);
     // Waiting for the store to reconnect to the real process; a fresh server (no
     // persistence) has neither the state nor the library.
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -87,10 +87,8 @@ fn run_id(server: &RedisServer) -> String {
 /// Restarts `server` (same port, same directory) with `extra` options, after a stop that
 /// saves nothing; the new process.
 fn restart(server: RedisServer, extra: &[&str]) -> RedisServer {
-    let port = server.port;
     server.shutdown();
-    drop(server);
-    RedisServer::start_at(port, extra)
+    server.restart(extra)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -57,7 +57,6 @@ async fn check(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_policy_answers_when_redis_dies_and_redis_decides_again_after_a_restart() {
     let server = support::RedisServer::start(&[]);
-    let port = server.port;
     let cool_down = Duration::from_millis(300);
     let config = |policy| LimiterConfig {
         on_store_error: policy,
@@ -131,7 +130,7 @@ async fn every_policy_answers_when_redis_dies_and_redis_decides_again_after_a_re
         assert!(limiter.stats().store_errors >= 6);
     }
 
-    let restarted = support::RedisServer::start_at(port, &[]);
+    let restarted = server.restart(&[]);
     let back = Instant::now();
     for (limiter, policy) in limiters.iter().zip(policies) {
         loop {
@@ -619,7 +618,6 @@ fn one_instance_with_the_local_fallback() -> LimiterConfig {
 async fn one_instance_never_passes_l_across_a_redis_restart_with_the_local_fallback() {
     let persistent = ["--appendonly", "yes", "--appendfsync", "always"];
     let server = support::RedisServer::start(&persistent);
-    let port = server.port;
     let limiter = Limiter::with_config(
         store_at(&server.url(), "write-back", COUNTING_TIMEOUT).await,
         one_instance_with_the_local_fallback(),
@@ -634,7 +632,7 @@ async fn one_instance_never_passes_l_across_a_redis_restart_with_the_local_fallb
     let mut tallies = fill_to_150(&limiter, &rule, &keys).await;
     server.shutdown();
     fill_from_150_with_the_local_fallback(&limiter, &rule, &keys, &mut tallies).await;
-    let restarted = support::RedisServer::start_at(port, &persistent);
+    let restarted = server.restart(&persistent);
     until_the_store_refuses_each(
         &limiter,
         &rule,
@@ -667,7 +665,6 @@ async fn one_instance_never_passes_l_across_a_redis_restart_with_the_local_fallb
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restarted_without_its_data_is_seeded_before_it_decides_a_busy_key() {
     let server = support::RedisServer::start(&[]);
-    let port = server.port;
     let limiter = Arc::new(Limiter::with_config(
         store_on(&server, "restart-seeded").await,
         LimiterConfig {
@@ -691,7 +688,6 @@ async fn a_redis_restarted_without_its_data_is_seeded_before_it_decides_a_busy_k
         }
     }
     server.shutdown();
-    drop(server);
     // Every key, round after round, until each has been refused by the restarted Redis:
     // admissions since the restart by key, and the keys Redis refused.
     let record = Arc::new(parking_lot::Mutex::new((
@@ -725,7 +721,7 @@ async fn a_redis_restarted_without_its_data_is_seeded_before_it_decides_a_busy_k
             }
         })
     };
-    let restarted = support::RedisServer::start_at(port, &[]);
+    let restarted = server.restart(&[]);
     tokio::time::timeout(Duration::from_secs(20), checking)
         .await
         .expect("every key refused by the restarted Redis within 20 s")
