@@ -81,8 +81,19 @@ impl RedisServer {
 
     /// This server started again with `extra` options, on its port and in its directory
     /// (it finds what it saved there), once it was [shut down](Self::shutdown) or
-    /// [killed](Self::kill): its directory is kept for the new process.
+    /// [killed](Self::kill): its directory is kept for the new process. For a server
+    /// [`start`](Self::start)ed plain: the new one is started so, without the TLS, users,
+    /// configuration file or cluster bus another kind would need again.
     pub fn restart(mut self, extra: &[&str]) -> RedisServer {
+        let plain = self.cluster_bus.is_none()
+            && self.access.tls_ca.is_none()
+            && self.access.user.is_none()
+            && !self.directory.join(CONFIG_FILE).exists();
+        assert!(
+            plain,
+            "restart starts plain servers only (port {})",
+            self.port
+        );
         let port = self.port;
         *HELD_PORTS.lock().unwrap().entry(port).or_default() += 1;
         let mut pipe = self.shell.stdin.take().expect("the shell's pipe");
@@ -121,7 +132,7 @@ impl RedisServer {
         std::fs::create_dir_all(&dir).expect("a scratch directory");
         let mut args: Vec<String> = Vec::new();
         if let Some(config) = config {
-            let file = dir.join("redis.conf");
+            let file = dir.join(CONFIG_FILE);
             std::fs::write(&file, config).expect("a configuration file");
             args.push(file.display().to_string());
         }
@@ -381,6 +392,9 @@ impl Drop for RedisServer {
 /// The file in a server's directory that its output goes to.
 const LOG: &str = "log";
 
+/// The configuration file in a server's directory, for a server started with one.
+const CONFIG_FILE: &str = "redis.conf";
+
 /// What [`RedisServer::restart`] writes to the shell's pipe, so that the shell leaves the
 /// directory to the server that starts in it next.
 const KEEP_DIRECTORY: &[u8] = b"keep\n";
@@ -433,14 +447,11 @@ mod tests {
             .expect("SET");
         first.query::<()>(&cmd("SAVE")).expect("SAVE");
         let saved = std::fs::read(first.directory().join("dump.rdb")).expect("the saved data");
+        // Held on for the second server: a parallel test must not take the port meanwhile.
+        *HELD_PORTS.lock().unwrap().entry(port).or_default() += 1;
         drop(first);
-        let gone = poll_until(Duration::from_secs(10), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
-        });
-        assert!(gone, "the first server still listens on {port}");
         std::fs::create_dir_all(scratch_directory(port)).expect("a leftover directory");
         std::fs::write(scratch_directory(port).join("dump.rdb"), saved).expect("leftover data");
-        *HELD_PORTS.lock().unwrap().entry(port).or_default() += 1;
         let second = RedisServer::launch_new(port, None, &[], Access::default());
         assert_eq!(second.query::<u64>(&cmd("DBSIZE")).ok(), Some(0));
     }

@@ -3,6 +3,7 @@
 //! its master.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -37,14 +38,22 @@ fn a_restarted_server_finds_what_it_saved_and_its_directory_goes_with_it() {
     );
 }
 
+/// Whether process `pid` exists (a zombie too: until its parent reaps it).
+fn process_exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
 #[test]
 fn a_dropped_server_is_killed_and_its_directory_removed() {
     let server = RedisServer::start(&[]);
-    let port = server.port;
+    let pid = server.pid();
     let directory = server.directory().to_owned();
     assert!(directory.join("log").exists());
     drop(server);
-    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    assert!(
+        !process_exists(pid),
+        "redis-server {pid} outlived its handle"
+    );
     assert!(
         !directory.exists(),
         "{} outlived its server",
@@ -52,19 +61,20 @@ fn a_dropped_server_is_killed_and_its_directory_removed() {
     );
 }
 
-/// Set in the test process that the next test starts, to have it leave a server behind.
+/// Set for the process that [`a_server_never_dropped_goes_with_its_process`] starts, to
+/// have the test leave a server behind there.
 const LEAVE_A_SERVER: &str = "SLUICEGATE_TEST_LEAVE_A_SERVER";
 
 /// A server that is never dropped (one in a `static`) is killed, and its directory removed,
 /// once its test process exits: this test runs itself again in a process of its own, which
-/// starts a server, says where, and exits without dropping it.
+/// starts a server, says which and where, and exits without dropping it.
 #[test]
 fn a_server_never_dropped_goes_with_its_process() {
     if std::env::var_os(LEAVE_A_SERVER).is_some() {
         let server = RedisServer::start(&[]);
         println!(
             "{LEAVE_A_SERVER} {} {}",
-            server.port,
+            server.pid(),
             server.directory().display()
         );
         std::mem::forget(server);
@@ -72,7 +82,8 @@ fn a_server_never_dropped_goes_with_its_process() {
     }
     let run = Command::new(std::env::current_exe().unwrap())
         .args([
-            "a_server_never_dropped_goes_with_its_process",
+            "--exact",
+            "processes::a_server_never_dropped_goes_with_its_process",
             "--nocapture",
         ])
         .env(LEAVE_A_SERVER, "1")
@@ -80,18 +91,19 @@ fn a_server_never_dropped_goes_with_its_process() {
         .unwrap();
     let said = String::from_utf8_lossy(&run.stdout);
     assert!(run.status.success(), "{said}");
-    let (port, directory) = said
+    // libtest may print the test's name on the same line, before it.
+    let (pid, directory) = said
         .lines()
-        .find_map(|line| line.strip_prefix(LEAVE_A_SERVER)?.trim().split_once(' '))
+        .find_map(|line| line.split_once(LEAVE_A_SERVER)?.1.trim().split_once(' '))
         .unwrap_or_else(|| panic!("the process left no server: {said}"));
-    let port: u16 = port.parse().unwrap();
-    let directory = std::path::Path::new(directory);
+    let pid: u32 = pid.parse().unwrap();
+    let directory = Path::new(directory);
     // Its shell cleans up once the process is gone, on its own time.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() || directory.exists() {
+    while process_exists(pid) || directory.exists() {
         assert!(
             Instant::now() < deadline,
-            "redis-server on {port} or {} outlived its process",
+            "redis-server {pid} or {} outlived its process",
             directory.display()
         );
         std::thread::sleep(Duration::from_millis(20));
