@@ -42,8 +42,6 @@ pub struct RedisServer {
     access: Access,
     /// A cluster node's bus port, held as `port` is.
     cluster_bus: Option<u16>,
-    /// Its scratch directory: its log, and what it saves.
-    directory: PathBuf,
     /// The shell the server runs under ([`spawn_under_shell`]).
     shell: Child,
 }
@@ -88,7 +86,7 @@ impl RedisServer {
         let plain = self.cluster_bus.is_none()
             && self.access.tls_ca.is_none()
             && self.access.user.is_none()
-            && !self.directory.join(CONFIG_FILE).exists();
+            && !self.directory().join(CONFIG_FILE).exists();
         assert!(
             plain,
             "restart starts plain servers only (port {})",
@@ -164,7 +162,6 @@ impl RedisServer {
             access,
             cluster_bus: None,
             shell: spawn_under_shell(&dir, &args),
-            directory: dir,
         };
         let answers = poll_until(Duration::from_secs(10), || {
             server
@@ -185,12 +182,12 @@ impl RedisServer {
     /// What it has written to standard output and error so far: for a test's failure
     /// message, where the server's own account of what it did says why.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.directory.join(LOG)).unwrap_or_default()
+        std::fs::read_to_string(self.directory().join(LOG)).unwrap_or_default()
     }
 
     /// Its scratch directory, which holds its log and what it saves.
-    pub fn directory(&self) -> &Path {
-        &self.directory
+    pub fn directory(&self) -> PathBuf {
+        scratch_directory(self.port)
     }
 
     /// `redis://127.0.0.1:PORT`.

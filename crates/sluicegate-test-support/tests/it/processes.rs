@@ -29,7 +29,7 @@ fn a_restarted_server_finds_what_it_saved_and_its_directory_goes_with_it() {
     server.shutdown();
     let restarted = server.restart(&[]);
     assert_eq!(restarted.query::<String>(cmd("GET").arg("k")).unwrap(), "v");
-    let directory = restarted.directory().to_owned();
+    let directory = restarted.directory();
     drop(restarted);
     assert!(
         !directory.exists(),
@@ -47,7 +47,7 @@ fn process_exists(pid: u32) -> bool {
 fn a_dropped_server_is_killed_and_its_directory_removed() {
     let server = RedisServer::start(&[]);
     let pid = server.pid();
-    let directory = server.directory().to_owned();
+    let directory = server.directory();
     assert!(directory.join("log").exists());
     drop(server);
     assert!(
