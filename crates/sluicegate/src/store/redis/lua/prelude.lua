@@ -187,7 +187,7 @@ local RULE_VALUES = 8
 
 -- The standard functions the chunk uses, bound on the first call (see the header), and the
 -- call's keys and arguments (set by `check`).
-local call, floor, max, min, format, tonumber, find, sub, pack, unpack_struct, pcall
+local call, floor, max, min, format, tonumber, find, sub, rep, pack, unpack_struct, pcall
 local argv, keys
 -- How a whole number is written: '%d' where Lua's integer format holds 2^53 exactly (a
 -- 64-bit long), '%.0f' otherwise.
@@ -198,7 +198,7 @@ local function bind_globals()
   call = redis.call
   floor, max, min = math.floor, math.max, math.min
   format, tonumber = string.format, _G.tonumber
-  find, sub = string.find, string.sub
+  find, sub, rep = string.find, string.sub, string.rep
   pack, unpack_struct, pcall = struct.pack, struct.unpack, _G.pcall
   INT = format('%d', 2 ^ 53) == '9007199254740992' and '%d' or '%.0f'
 end
@@ -272,11 +272,11 @@ end
 -- with Redis TIME the TTL is exact. PEXPIRE takes ms: µs round up, so a key never expires
 -- before its state stops mattering. Written as a string, the last one kept: the checks
 -- of one rule mostly share their TTL, in a call and from call to call.
-local last_ttl_ms, last_ttl = false, ''
+local last_ttl_micros, last_ttl_margin, last_ttl = false, false, ''
 local function ttl_ms(micros, margin)
-  local ms = max(1, floor((micros + 999) / 1000)) + margin
-  if ms ~= last_ttl_ms then
-    last_ttl_ms, last_ttl = ms, int(ms)
+  if micros ~= last_ttl_micros or margin ~= last_ttl_margin then
+    last_ttl_micros, last_ttl_margin = micros, margin
+    last_ttl = int(max(1, floor((micros + 999) / 1000)) + margin)
   end
   return last_ttl
 end
