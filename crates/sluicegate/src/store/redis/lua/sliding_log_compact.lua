@@ -64,18 +64,27 @@ local function compact_log_steps(w)
     return true
   end
 
-  -- The string's `n` bytes from offset `o`: from what read_header read when they lie in it
-  -- and the check has not written since (every write forgets it).
-  local function read_bytes(r, o, n)
-    if o + n <= #r.read then
-      return sub(r.read, o + 1, o + n)
+  -- Where the string's `n` bytes from offset `o` are: a string that holds them and the
+  -- position of the first in it (from 1). That is what read_header read when they lie in it
+  -- and the check has not written since (every write forgets it), read in place (a copy
+  -- would cost a function call and a new string); else a read of just those bytes.
+  local function locate(r, o, n)
+    local read = r.read
+    if o + n <= #read then
+      return read, o + 1
     end
-    return call('GETRANGE', r.key, int(o), int(o + n - 1))
+    return call('GETRANGE', r.key, int(o), int(o + n - 1)), 1
+  end
+
+  -- The string's `n` bytes from offset `o` (locate).
+  local function read_bytes(r, o, n)
+    local bytes, at = locate(r, o, n)
+    return sub(bytes, at, at + n - 1)
   end
 
   -- The time of entry i (from 0, oldest first).
   local function entry(r, i)
-    return decoded(r, unpack_struct(ENTRY, read_bytes(r, RING + w * ((r.head + i) % r.room), w)))
+    return decoded(r, unpack_struct(ENTRY, locate(r, RING + w * ((r.head + i) % r.room), w)))
   end
 
   -- Where a check at `t` stands on the ring, read into `r` (read_header): the time decided
@@ -86,20 +95,31 @@ local function compact_log_steps(w)
   -- all have: nothing is read.
   local function stand(r, t)
     read_header(r)
-    local now = max(t, r.latest)
-    local count = r.count
+    local latest, count = r.latest, r.count
+    local now = t > latest and t or latest
     if count == 0 then
       return now, 0
     end
     local cutoff = now - r.window
-    if r.latest <= cutoff then
+    if latest <= cutoff then
       return now, count
     end
-    local front = min(count, COMPACT_FRONT, r.room - r.head)
-    local entries = read_bytes(r, RING + w * r.head, w * front)
+    local head = r.head
+    local front = r.room - head
+    if count < front then
+      front = count
+    end
+    if COMPACT_FRONT < front then
+      front = COMPACT_FRONT
+    end
+    local entries, at = locate(r, RING + w * head, w * front)
+    -- (Each entry decoded as `decoded` does, written out: this runs on every check of a log
+    -- with entries.)
+    local latest_residue = r.latest_residue
     local expired = 0
     while expired < front
-      and decoded(r, unpack_struct(ENTRY, entries, w * expired + 1)) <= cutoff do
+      and latest - (latest_residue - unpack_struct(ENTRY, entries, at + w * expired)) % SPAN
+        <= cutoff do
       expired = expired + 1
     end
     if expired < front or front == count then
@@ -191,7 +211,7 @@ local function compact_log_steps(w)
     local entries = read_entries(r, r.expired, live)
     r.room, r.read = room_for(needed, r.limit), ''
     call('SET', r.key, pack(HEADER, r.room, 0, needed, now) .. entries
-      .. string.rep(pack(ENTRY, now % SPAN), cost) .. string.rep('\0', w * (r.room - needed)),
+      .. rep(pack(ENTRY, now % SPAN), cost) .. rep('\0', w * (r.room - needed)),
       'PX', ttl_ms(r.window, margin))
     set_latest(r, now)
   end
@@ -210,7 +230,10 @@ local function compact_log_steps(w)
       rewrite(r, cost, margin)
       return
     end
-    local entries = string.rep(pack(ENTRY, r.now % SPAN), cost)
+    local entries = pack(ENTRY, r.now % SPAN)
+    if cost > 1 then
+      entries = rep(entries, cost)
+    end
     local head = (r.head + r.expired) % room
     local first = (head + live) % room
     local read = r.read
