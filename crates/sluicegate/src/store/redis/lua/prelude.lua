@@ -270,8 +270,9 @@ end
 -- Redis expires keys on its own clock. A check that carries its own time (replay, tests)
 -- may run that time far faster than Redis's, so such keys get a minute more (`margin`);
 -- with Redis TIME the TTL is exact. PEXPIRE takes ms: µs round up, so a key never expires
--- before its state stops mattering. Written as a string, the last one kept: the checks
--- of one rule mostly share their TTL, in a call and from call to call.
+-- before its state stops mattering. Written as a string, the last one kept with the
+-- window and margin it is for: the checks of one rule share them, in a call and from call to
+-- call, and it is worked out again (two calls into C) only when they change from the last.
 local last_ttl_micros, last_ttl_margin, last_ttl = false, false, ''
 local function ttl_ms(micros, margin)
   if micros ~= last_ttl_micros or margin ~= last_ttl_margin then

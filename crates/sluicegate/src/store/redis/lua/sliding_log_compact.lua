@@ -48,7 +48,7 @@ local function compact_log_steps(w)
   end
 
   -- Reads the header into `r`, and keeps the string's first COMPACT_READ bytes as read
-  -- (r.read) for what the check reads until it writes (read_bytes); false when there is no
+  -- (r.read) for what the check reads until it writes (locate); false when there is no
   -- key, which reads as an empty ring with no room and no latest time.
   local function read_header(r)
     local read = call('GETRANGE', r.key, '0', READ_LAST)
@@ -92,7 +92,8 @@ local function compact_log_steps(w)
   -- Admissions drop what has expired, so what has expired since is usually a few of the
   -- oldest entries: one read of up to COMPACT_FRONT of them finds where the live ones start;
   -- only when all of those have expired does a binary search go on. Once the latest has,
-  -- all have: nothing is read.
+  -- all have: nothing is read. This runs on every check: it compares where math.max and
+  -- math.min would cost a call into C, and decodes each entry as `decoded` does, written out.
   local function stand(r, t)
     read_header(r)
     local latest, count = r.latest, r.count
@@ -112,13 +113,11 @@ local function compact_log_steps(w)
     if COMPACT_FRONT < front then
       front = COMPACT_FRONT
     end
-    local entries, at = locate(r, RING + w * head, w * front)
-    -- (Each entry decoded as `decoded` does, written out: this runs on every check of a log
-    -- with entries.)
+    local bytes, at = locate(r, RING + w * head, w * front)
     local latest_residue = r.latest_residue
     local expired = 0
     while expired < front
-      and latest - (latest_residue - unpack_struct(ENTRY, entries, at + w * expired)) % SPAN
+      and latest - (latest_residue - unpack_struct(ENTRY, bytes, at + w * expired)) % SPAN
         <= cutoff do
       expired = expired + 1
     end
@@ -230,8 +229,9 @@ local function compact_log_steps(w)
       rewrite(r, cost, margin)
       return
     end
+    -- (A check of one unit, the most common, without string.rep's call into C.)
     local entries = pack(ENTRY, r.now % SPAN)
-    if cost > 1 then
+    if cost ~= 1 then
       entries = rep(entries, cost)
     end
     local head = (r.head + r.expired) % room
