@@ -271,8 +271,9 @@ end
 -- may run that time far faster than Redis's, so such keys get a minute more (`margin`);
 -- with Redis TIME the TTL is exact. PEXPIRE takes ms: µs round up, so a key never expires
 -- before its state stops mattering. Written as a string, the last one kept with the
--- window and margin it is for: the checks of one rule share them, in a call and from call to
--- call, and it is worked out again (two calls into C) only when they change from the last.
+-- duration and margin it is for: the checks of one rule mostly share them (a sliding log's
+-- window always), in a call and from call to call, and a check that does is spared working
+-- it out (math.max and math.floor, two calls into C).
 local last_ttl_micros, last_ttl_margin, last_ttl = false, false, ''
 local function ttl_ms(micros, margin)
   if micros ~= last_ttl_micros or margin ~= last_ttl_margin then

@@ -48,7 +48,7 @@ local function compact_log_steps(w)
   end
 
   -- Reads the header into `r`, and keeps the string's first COMPACT_READ bytes as read
-  -- (r.read) for what the check reads until it writes (locate); false when there is no
+  -- (r.read) for what the check reads until it writes (locate, record); false when there is no
   -- key, which reads as an empty ring with no room and no latest time.
   local function read_header(r)
     local read = call('GETRANGE', r.key, '0', READ_LAST)
@@ -93,7 +93,8 @@ local function compact_log_steps(w)
   -- oldest entries: one read of up to COMPACT_FRONT of them finds where the live ones start;
   -- only when all of those have expired does a binary search go on. Once the latest has,
   -- all have: nothing is read. This runs on every check: it compares where math.max and
-  -- math.min would cost a call into C, and decodes each entry as `decoded` does, written out.
+  -- math.min would cost a call into C, and decodes the oldest entries it reads as `decoded`
+  -- does, written out.
   local function stand(r, t)
     read_header(r)
     local latest, count = r.latest, r.count
