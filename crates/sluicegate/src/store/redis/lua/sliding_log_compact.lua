@@ -76,9 +76,13 @@ local function compact_log_steps(w)
     return call('GETRANGE', r.key, int(o), int(o + n - 1)), 1
   end
 
-  -- The string's `n` bytes from offset `o` (locate).
+  -- The string's `n` bytes from offset `o` (locate): a read of just them as it is (a ring of
+  -- a long limit is megabytes, not to be gone over twice), else cut from what was read.
   local function read_bytes(r, o, n)
     local bytes, at = locate(r, o, n)
+    if #bytes == n then
+      return bytes
+    end
     return sub(bytes, at, at + n - 1)
   end
 
