@@ -1,10 +1,12 @@
-# Sourced by the benchmarks that can place their processes (bench, bench-cluster).
+# Sourced by the benchmarks that can place their processes (bench, bench-cluster). Needs the
+# caller's die and python3.
 
 # place_processes PIN: sets on_servers and on_loads, the prefixes of the commands that start
 # a redis-server and a load (an array each), and placement, what they do in words. With PIN
 # true every redis-server runs on the last CPU this process may use and the loads on the
-# others (taskset), so that a server's CPU does not depend on where the scheduler wakes a
-# load, nor a load take the server's CPU; with false both are empty, the scheduler's choice.
+# others (taskset), so that a server's figures do not depend on where the scheduler puts a
+# load, and no load runs on the servers' CPU; with false both are empty, the scheduler's
+# choice.
 place_processes() {
   on_servers=()
   on_loads=()
@@ -19,5 +21,5 @@ place_processes() {
   load_cpus=$(IFS=,; echo "${cpus[*]:0:${#cpus[@]}-1}")
   on_servers=(taskset -c "$server_cpu")
   on_loads=(taskset -c "$load_cpus")
-  placement="the servers on CPU $server_cpu, the loads on CPU $load_cpus"
+  placement="Redis on CPU $server_cpu, the loads on CPU $load_cpus"
 }
