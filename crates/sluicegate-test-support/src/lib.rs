@@ -34,7 +34,7 @@ pub use cluster::RedisCluster;
 pub use proxy::{Direction, FaultProxy};
 pub use redis::{Cmd, cmd};
 pub use sentinel::{RedisSentinel, SentinelOptions};
-pub use server::RedisServer;
+pub use server::{RedisServer, free_port};
 #[cfg(target_os = "linux")]
 pub use sockets::{OwnSocket, own_tcp_sockets};
 

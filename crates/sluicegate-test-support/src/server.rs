@@ -1,12 +1,13 @@
 //! One redis-server process on a loopback port, and the client calls tests make to it.
 
 use std::collections::BTreeMap;
-use std::collections::btree_map::Entry;
 use std::io::Write;
 use std::net::TcpListener;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisResult, TlsCertificates, Value, cmd};
@@ -344,26 +345,62 @@ fn scratch_directory(port: u16) -> PathBuf {
     std::env::temp_dir().join(format!("sluicegate-redis-{port}-{}", std::process::id()))
 }
 
+/// A loopback port for a process that must be told its port before it starts (a service
+/// under test, one of its listeners), held for the rest of this process: no server started
+/// here, and no later call, is given it.
+pub fn free_port() -> u16 {
+    hold_free_port()
+}
+
 /// A free loopback port, counted in [`HELD_PORTS`] in the same step that found it free:
-/// tests start servers from several threads, and the kernel may hand the port it just
-/// freed to the next thread's probe before the first server has bound it.
+/// tests start servers from several threads. It lies below the kernel's ephemeral range
+/// ([`ports_to_pick`]): a port the kernel picks (for a bind to port 0, or for the local end
+/// of any outgoing connection) and frees again may go to another test's connection before
+/// the process told to listen on it has bound it.
 fn hold_free_port() -> u16 {
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free loopback port");
-        if let Entry::Vacant(free) = HELD_PORTS.lock().unwrap().entry(port) {
-            free.insert(1);
+    let ports = ports_to_pick();
+    let span = u32::from(ports.end - ports.start);
+    // Processes start at different ports, so that two test processes at once seldom meet.
+    let offset = std::process::id().wrapping_mul(7919);
+    let mut held = HELD_PORTS.lock().unwrap();
+    for _ in 0..span {
+        let pick = NEXT_PICK
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_add(offset)
+            % span;
+        let port = ports.start + pick as u16;
+        if !held.contains_key(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            held.insert(port, 1);
             return port;
         }
     }
+    panic!("no free loopback port in {ports:?}");
 }
 
-/// The ports of this process's servers, as many times as a server holds each: a server
-/// that was shut down keeps its port until it is dropped, since a test may restart it
-/// there, and a free port picked meanwhile for another server must not be that one (two
-/// servers would then answer for each other).
+/// How many ports [`hold_free_port`] has tried in this process.
+static NEXT_PICK: AtomicU32 = AtomicU32::new(0);
+
+/// The ports tests pick from: 10000 up to the kernel's ephemeral range (Linux:
+/// net.ipv4.ip_local_port_range, 32768 to 60999 by default), none of which the kernel
+/// hands out by itself.
+fn ports_to_pick() -> Range<u16> {
+    const FIRST: u16 = 10000;
+    let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    assert!(
+        first_ephemeral > FIRST,
+        "the kernel's ephemeral ports start at {first_ephemeral}: tests pick ports from \
+         {FIRST} up to them (net.ipv4.ip_local_port_range)"
+    );
+    FIRST..first_ephemeral
+}
+
+/// The ports of this process's servers, as many times as a server holds each, and those
+/// [`free_port`] gave out, for good: a server that was shut down keeps its port until it is
+/// dropped, since a test may restart it there, and a free port picked meanwhile for another
+/// server must not be that one (two servers would then answer for each other).
 static HELD_PORTS: Mutex<BTreeMap<u16, usize>> = Mutex::new(BTreeMap::new());
 
 impl Drop for RedisServer {
@@ -419,6 +456,23 @@ fn spawn_under_shell(directory: &Path, args: &[String]) -> Child {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A port picked for a process lies below the kernel's ephemeral range, where neither a
+    /// bind to port 0 nor an outgoing connection of another test can be given it before the
+    /// process binds it; and no two picks are alike.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn free_ports_lie_below_the_kernels_ephemeral_range() {
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+        let first_ephemeral: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
+        let picked: Vec<u16> = (0..64).map(|_| free_port()).collect();
+        assert!(
+            picked.iter().all(|&port| port < first_ephemeral),
+            "{picked:?}: not all below {first_ephemeral}"
+        );
+        let distinct: std::collections::BTreeSet<u16> = picked.iter().copied().collect();
+        assert_eq!(distinct.len(), picked.len(), "{picked:?}");
+    }
 
     /// A cluster node starts where the port + 10000, its bus port unless told, is taken.
     #[test]

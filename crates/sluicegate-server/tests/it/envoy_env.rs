@@ -8,25 +8,16 @@
 //! run crossing a minute's edge, and a day's edge falls inside a test but once a day.
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluicegate_test_support::certificates::Authority;
-use sluicegate_test_support::{RedisServer, cmd};
+use sluicegate_test_support::{RedisServer, cmd, free_port};
 
 use crate::python;
 
 use python::run_python;
-
-/// A port free now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
 
 /// `curl -s http://ADDRESS/PATH`: the status and the body; status 0 when nothing answers.
 fn curl(address: &str, path: &str) -> (u16, String) {

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use python::run_python;
 use serde_json::{Value, json};
 use server::Server;
-use sluicegate_test_support::RedisServer;
 use sluicegate_test_support::certificates::{Authority, Issued};
+use sluicegate_test_support::{RedisServer, free_port};
 
 /// The longest wait for a management server or the client, on a loaded machine.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -1075,7 +1075,7 @@ fn start_without_config_serves_before_the_first_push() {
 fn without_start_without_config_nothing_is_served_before_the_first_push() {
     let dir = scratch("wait-start");
     let mut management = ManagementServer::start(&["--node", NODE]);
-    let address = format!("127.0.0.1:{}", server::free_port());
+    let address = format!("127.0.0.1:{}", free_port());
     let mut args = vec!["serve".to_owned(), "--listen".to_owned(), address.clone()];
     args.extend(xds_flags(&management));
     let binary = Binary::spawn(Command::new(env!("CARGO_BIN_EXE_sluicegate")).args(&args));
@@ -1182,11 +1182,7 @@ struct EnvoyListeners {
 
 impl EnvoyListeners {
     fn on_loopback() -> EnvoyListeners {
-        let (http, grpc, debug) = (
-            server::free_port(),
-            server::free_port(),
-            server::free_port(),
-        );
+        let (http, grpc, debug) = (free_port(), free_port(), free_port());
         let variables = [
             ("HOST", "127.0.0.1".to_owned()),
             ("PORT", http.to_string()),
@@ -1319,7 +1315,7 @@ fn envoy_gateways_deployment_environment() {
     ]);
     management.push("eg-1", &[golden("month-year-rule")]);
     let redis = RedisServer::start(&[]);
-    let prometheus = server::free_port();
+    let prometheus = free_port();
     let mut env: Vec<(String, String)> = environment
         .into_iter()
         .map(|(name, value)| {

@@ -381,14 +381,6 @@ pub fn request_to(
     })
 }
 
-/// A loopback port free now, for a process that must be told its port before it starts.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
-
 /// Envoy's `ShouldRateLimit` request in `domain` of one descriptor of `pairs`, each
 /// descriptor adding `hits` (0: Envoy's default, one).
 pub fn rls_request(domain: &str, pairs: &[(&str, &str)], hits: u32) -> RateLimitRequest {
