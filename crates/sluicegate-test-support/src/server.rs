@@ -346,17 +346,18 @@ fn scratch_directory(port: u16) -> PathBuf {
 }
 
 /// A loopback port for a process that must be told its port before it starts (a service
-/// under test, one of its listeners), held for the rest of this process: no server started
-/// here, and no later call, is given it.
+/// under test, one of its listeners), or one nothing must listen on, held for the rest of
+/// this process: no server started here, and no later call, is given it.
 pub fn free_port() -> u16 {
     hold_free_port()
 }
 
-/// A free loopback port, counted in [`HELD_PORTS`] in the same step that found it free:
-/// tests start servers from several threads. It lies below the kernel's ephemeral range
+/// A free loopback port, counted in [`HELD_PORTS`] in the same step that found it free: the
+/// check's listener is closed at once, so another thread's check would find the port free
+/// too until the first server binds it. It lies below the kernel's ephemeral range
 /// ([`ports_to_pick`]): a port the kernel picks (for a bind to port 0, or for the local end
-/// of any outgoing connection) and frees again may go to another test's connection before
-/// the process told to listen on it has bound it.
+/// of an outgoing connection) and frees again may go to another test's connection or bind
+/// to port 0 before the process told to listen on it has bound it.
 fn hold_free_port() -> u16 {
     let ports = ports_to_pick();
     let span = u32::from(ports.end - ports.start);
@@ -374,6 +375,8 @@ fn hold_free_port() -> u16 {
             return port;
         }
     }
+    // Unlocked first, so that other tests fail with this message, not a poisoned lock.
+    drop(held);
     panic!("no free loopback port in {ports:?}");
 }
 

@@ -84,10 +84,8 @@ fn check_without_a_decision_says_why() {
     let (_, status) = answer(&check(&server.address, &user));
     assert_eq!(status, Some(0), "decided while Redis runs");
     redis.shutdown();
-    // A port nothing listens on: bound, then closed.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let nowhere = closed.local_addr().unwrap().to_string();
-    drop(closed);
+    // A port nothing listens on.
+    let nowhere = format!("127.0.0.1:{}", support::free_port());
     // How each protocol says the store failed: HTTP's 503, gRPC's UNAVAILABLE.
     for (protocol, store_failed) in [(&[][..], "503"), (&["--grpc"][..], "Unavailable")] {
         let args = [protocol, &user].concat();

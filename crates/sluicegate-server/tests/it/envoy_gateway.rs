@@ -929,11 +929,12 @@ fn a_bad_push_is_nacked_and_the_previous_configuration_still_answers() {
 #[test]
 fn the_configuration_outlives_the_management_server_and_the_client_reconnects() {
     let dir = scratch("restart");
-    let mut management = ManagementServer::start(&["--node", NODE]);
+    // A port held for this test, so that nothing else takes it while the server is away.
+    let port = free_port().to_string();
+    let mut management = ManagementServer::start(&["--node", NODE, "--port", &port]);
     management.push("v1", &[resource(&dir, "users", USERS)]);
     let server = serve_from(&management, &[]);
     management.wait_for_ack("v1");
-    let port = management.port.to_string();
     drop(management);
 
     let address = &server.address;

@@ -393,9 +393,7 @@ fn spans_are_sent_while_serving() {
 /// the exporter's bounded last flush.
 #[test]
 fn a_collector_that_is_down_costs_the_checks_nothing() {
-    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let endpoint = format!("http://{}", nobody.local_addr().unwrap());
-    drop(nobody);
+    let endpoint = format!("http://127.0.0.1:{}", support::free_port());
     let server = Server::binary_with_env(
         &["--otlp-endpoint", &endpoint],
         &[("OTEL_BSP_SCHEDULE_DELAY".to_owned(), "100".to_owned())],

@@ -32,7 +32,7 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
 use futures_util::{Stream, StreamExt as _};
 use prost::{Message as _, Name as _};
 use server::Server;
-use sluicegate_test_support::certificates::Authority;
+use sluicegate_test_support::{certificates::Authority, free_port};
 use tokio::sync::watch;
 use tonic::codegen::tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
@@ -372,8 +372,9 @@ fn fast_retries(management: SocketAddr) -> Vec<String> {
 
 #[test]
 fn pushes_are_put_in_force_acked_nacked_and_survive_the_server() {
+    // A port held for this test, so that nothing else takes it while the server is away.
     let mut management = ManagementServer::start(
-        "127.0.0.1:0".parse().unwrap(),
+        SocketAddr::from(([127, 0, 0, 1], free_port())),
         Some((
             "v1".into(),
             vec![Any {

@@ -53,11 +53,7 @@ fn tls_redis(
     let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     let authority = support::certificates::Authority::new(&dir, "ca");
     let server_cert = authority.issue("server");
-    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let tls_port = support::free_port();
     let path = |path: &Path| path.display().to_string();
     let (cert, key, ca) = (
         path(&server_cert.cert),

@@ -182,11 +182,7 @@ async fn a_key_of_the_wrong_type_is_a_typed_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_an_error_naming_it() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = support::free_port();
     let config = RedisStoreConfig::new(&format!("redis://127.0.0.1:{port}"));
     let err = RedisStore::connect(config).await.unwrap_err();
     assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
