@@ -51,7 +51,7 @@ impl RedisServer {
     /// A server on a free port, with `extra` redis-server options (`["--requirepass",
     /// "secret"]`). Returns once it answers `PING`.
     pub fn start(extra: &[&str]) -> RedisServer {
-        RedisServer::launch_new(hold_free_port(), None, extra, Access::default())
+        RedisServer::launch_new(free_port(), None, extra, Access::default())
     }
 
     /// A Redis Cluster node on a free port, with `extra` redis-server options. Its cluster
@@ -59,7 +59,7 @@ impl RedisServer {
     /// on the port + 10000, which no one holds for it, so that another server, or a
     /// connection the kernel gave that port to, could keep the node from starting.
     pub(crate) fn start_cluster_node(extra: &[&str]) -> RedisServer {
-        RedisServer::launch_cluster_node(hold_free_port(), extra)
+        RedisServer::launch_cluster_node(free_port(), extra)
     }
 
     /// A cluster node's bus port (what `CLUSTER MEET` is told besides its port).
@@ -69,7 +69,7 @@ impl RedisServer {
 
     /// Starts a cluster node on `port`, which the caller has counted in [`HELD_PORTS`].
     fn launch_cluster_node(port: u16, extra: &[&str]) -> RedisServer {
-        let bus = hold_free_port();
+        let bus = free_port();
         let bus_arg = bus.to_string();
         let mut options = vec!["--cluster-enabled", "yes", "--cluster-port", &bus_arg];
         options.extend_from_slice(extra);
@@ -107,7 +107,7 @@ impl RedisServer {
     /// needs one it can rewrite), then `extra` options; reached as `access` says. A TLS
     /// one listens on its TLS port only: `extra` or `config` names its certificate files.
     pub(crate) fn start_configured(config: &str, extra: &[&str], access: Access) -> RedisServer {
-        RedisServer::launch_new(hold_free_port(), Some(config), extra, access)
+        RedisServer::launch_new(free_port(), Some(config), extra, access)
     }
 
     /// [`launch`](Self::launch)es a new server on `port`, from an empty scratch directory: an
@@ -345,20 +345,16 @@ fn scratch_directory(port: u16) -> PathBuf {
     std::env::temp_dir().join(format!("sluicegate-redis-{port}-{}", std::process::id()))
 }
 
-/// A loopback port for a process that must be told its port before it starts (a service
-/// under test, one of its listeners), or one nothing must listen on, held for the rest of
-/// this process: no server started here, and no later call, is given it.
+/// A free loopback port, for a server started here or a process that must be told its port
+/// before it starts (a service under test, one of its listeners), or one nothing must listen
+/// on. It is counted in [`HELD_PORTS`] in the same step that found it free: the check's
+/// listener is closed at once, so another thread's check would find the port free too until
+/// the first server binds it. A port held for a server is freed when the server is dropped;
+/// any other, never. It lies below the kernel's ephemeral range ([`ports_to_pick`]): a port
+/// the kernel picks (for a bind to port 0, or for the local end of an outgoing connection)
+/// and frees again may go to another test's connection or bind to port 0 before the process
+/// told to listen on it has bound it.
 pub fn free_port() -> u16 {
-    hold_free_port()
-}
-
-/// A free loopback port, counted in [`HELD_PORTS`] in the same step that found it free: the
-/// check's listener is closed at once, so another thread's check would find the port free
-/// too until the first server binds it. It lies below the kernel's ephemeral range
-/// ([`ports_to_pick`]): a port the kernel picks (for a bind to port 0, or for the local end
-/// of an outgoing connection) and frees again may go to another test's connection or bind
-/// to port 0 before the process told to listen on it has bound it.
-fn hold_free_port() -> u16 {
     let ports = ports_to_pick();
     let span = u32::from(ports.end - ports.start);
     // Processes start at different ports, so that two test processes at once seldom meet.
@@ -380,7 +376,7 @@ fn hold_free_port() -> u16 {
     panic!("no free loopback port in {ports:?}");
 }
 
-/// How many ports [`hold_free_port`] has tried in this process.
+/// How many ports [`free_port`] has tried in this process.
 static NEXT_PICK: AtomicU32 = AtomicU32::new(0);
 
 /// The ports tests pick from: 10000 up to the kernel's ephemeral range (Linux:
@@ -400,10 +396,10 @@ fn ports_to_pick() -> Range<u16> {
     FIRST..first_ephemeral
 }
 
-/// The ports of this process's servers, as many times as a server holds each, and those
-/// [`free_port`] gave out, for good: a server that was shut down keeps its port until it is
-/// dropped, since a test may restart it there, and a free port picked meanwhile for another
-/// server must not be that one (two servers would then answer for each other).
+/// The ports [`free_port`] gave out: a server's as many times as servers hold it, any other
+/// for good. A server that was shut down keeps its port until it is dropped, since a test may
+/// restart it there, and a free port picked meanwhile for another server must not be that one
+/// (two servers would then answer for each other).
 static HELD_PORTS: Mutex<BTreeMap<u16, usize>> = Mutex::new(BTreeMap::new());
 
 impl Drop for RedisServer {
@@ -480,7 +476,7 @@ mod tests {
     /// A cluster node starts where the port + 10000, its bus port unless told, is taken.
     #[test]
     fn a_cluster_node_starts_where_its_port_plus_10000_is_taken() {
-        let port = hold_free_port();
+        let port = free_port();
         // Taken here, unless it is taken already.
         let _taken = TcpListener::bind(("127.0.0.1", port + 10000));
         let node = RedisServer::launch_cluster_node(port, &[]);
