@@ -1,0 +1,79 @@
+# Sourced by the scripts that start servers of their own on loopback ports: a redis-server,
+# a service under measurement. Each such script defines die MESSAGE.
+
+# pick_port OFFSET [TAKEN…]: a loopback port P that is free, with P + OFFSET free too when
+# OFFSET is not 0, and is none of the TAKEN ports (picked for servers that have not bound them
+# yet), on standard output. Every port lies below the kernel's ephemeral range (Linux:
+# net.ipv4.ip_local_port_range, 32768 to 60999 by default), as the tests' do: a port the
+# kernel picks for a bind to port 0 or an outgoing connection could be taken between this
+# check and the server's start.
+pick_port() {
+  python3 - "$@" <<'PY'
+import random, socket, sys
+
+offset = int(sys.argv[1])
+taken = {int(port) for port in sys.argv[2:]}
+try:
+    first_ephemeral = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except OSError:
+    first_ephemeral = 32768
+end = min(first_ephemeral, 65536) - offset
+if end - 10000 < 1000:
+    raise SystemExit(f"no free port below the ephemeral range, which starts at {first_ephemeral}")
+while True:
+    port = random.randrange(10000, end)
+    if port in taken:
+        continue
+    try:
+        socket.socket().bind(("127.0.0.1", port))
+        if offset:
+            socket.socket().bind(("127.0.0.1", port + offset))
+    except OSError:
+        continue
+    print(port)
+    break
+PY
+}
+
+# free_port [TAKEN…]: a free loopback port, none of the TAKEN ones (pick_port).
+free_port() {
+  pick_port 0 "$@"
+}
+
+# cluster_port: a free loopback port for a redis-server in cluster mode. Such a server also
+# listens on its port + 10,000 (the cluster bus), free too, and below the ephemeral range.
+cluster_port() {
+  pick_port 10000
+}
+
+# start_redis PORT DIR [OPTION…]: a redis-server on 127.0.0.1:PORT (free_port's or
+# cluster_port's), without persistence, its files and its log (DIR/redis.log) in DIR, the
+# OPTIONs after those; run by the command in the array on_servers (placement.sh's) when it is
+# set. Waits up to 10 s for it to answer PING, or stops it and dies with the log's tail. Sets
+# redis_port and redis_pid (the server's own process).
+start_redis() {
+  local dir=$2
+  redis_port=$1
+  shift 2
+  mkdir -p "$dir"
+  ${on_servers[@]+"${on_servers[@]}"} redis-server --port "$redis_port" --bind 127.0.0.1 \
+    --save '' --appendonly no --dir "$dir" --logfile "$dir/redis.log" "$@" &
+  redis_pid=$!
+  for _ in $(seq 100); do
+    if redis-cli -h 127.0.0.1 -p "$redis_port" PING >/dev/null 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  kill "$redis_pid" 2>/dev/null || true
+  die "redis-server did not start on port $redis_port: $(tail -n 5 "$dir/redis.log")"
+}
+
+# stop_process PID: SIGTERM, SIGKILL after 5 s, and reaped.
+stop_process() {
+  kill "$1" 2>/dev/null || true
+  for _ in $(seq 50); do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
