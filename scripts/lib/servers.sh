@@ -1,5 +1,5 @@
 # Sourced by the scripts that start servers of their own on loopback ports: a redis-server,
-# a service under measurement. Each such script defines die MESSAGE.
+# the service under measurement. Each such script defines die MESSAGE.
 
 # pick_port OFFSET [TAKEN…]: a loopback port P that is free, with P + OFFSET free too when
 # OFFSET is not 0, and is none of the TAKEN ports (picked for servers that have not bound them
@@ -76,4 +76,31 @@ stop_process() {
   done
   kill -KILL "$1" 2>/dev/null || true
   wait "$1" 2>/dev/null || true
+}
+
+# start_serve LOG COMMAND…: runs COMMAND, a `sluicegate serve --listen 127.0.0.1:0 …` (perhaps
+# behind a launcher such as taskset), logging to LOG at RUST_LOG=info, and waits up to 10 s
+# for the address= it logs: the port the service bound itself, which nothing could take
+# first. Sets service_pid and service_address.
+start_serve() {
+  local log=$1
+  shift
+  : >"$log" # before the service opens it, so that the first look finds a file
+  RUST_LOG=info NO_COLOR=1 "$@" >/dev/null 2>"$log" &
+  service_pid=$!
+  service_address=""
+  for _ in $(seq 100); do
+    service_address=$(sed 's/\x1b\[[0-9;]*m//g' "$log" |
+      grep -o 'address=127\.0\.0\.1:[0-9]*' | head -n 1 | cut -d= -f2) || true
+    [ -z "$service_address" ] || return 0
+    kill -0 "$service_pid" 2>/dev/null || die "serve exited: $(tail -n 5 "$log")"
+    sleep 0.1
+  done
+  die "serve did not log its address= within 10 s: $(tail -n 5 "$log")"
+}
+
+# stop_serve: stops start_serve's service (SIGTERM: it drains and exits; stop_process).
+stop_serve() {
+  stop_process "$service_pid"
+  service_pid=""
 }
