@@ -6,7 +6,8 @@
 # yet), on standard output. Every port lies below the kernel's ephemeral range (Linux:
 # net.ipv4.ip_local_port_range, 32768 to 60999 by default), as the tests' do: a port the
 # kernel picks for a bind to port 0 or an outgoing connection could be taken between this
-# check and the server's start.
+# check and the server's start. (The tests pick from the same range, checked free the same
+# way: a script run beside scripts/test shares only that moment's race.)
 pick_port() {
   python3 - "$@" <<'PY'
 import random, socket, sys
@@ -49,21 +50,24 @@ cluster_port() {
 # start_redis PORT DIR [OPTION…]: a redis-server on 127.0.0.1:PORT (free_port's or
 # cluster_port's), without persistence, its files and its log (DIR/redis.log) in DIR, the
 # OPTIONs after those; run by the command in the array on_servers (placement.sh's) when it is
-# set. Waits up to 10 s for it to answer PING, or stops it and dies with the log's tail. Sets
-# redis_port and redis_pid (the server's own process).
+# set. Sets redis_port and redis_pid (the server's own process, for the caller's cleanup to
+# kill: it is set before the wait) and waits up to 10 s for it to answer PING; dies with the
+# log's tail when it exits first or does not answer, the server stopped.
 start_redis() {
   local dir=$2
   redis_port=$1
   shift 2
+  [[ $redis_port =~ ^[1-9][0-9]*$ ]] || die "no port for a redis-server (got '$redis_port')"
   mkdir -p "$dir"
   ${on_servers[@]+"${on_servers[@]}"} redis-server --port "$redis_port" --bind 127.0.0.1 \
     --save '' --appendonly no --dir "$dir" --logfile "$dir/redis.log" "$@" &
   redis_pid=$!
   for _ in $(seq 100); do
     if redis-cli -h 127.0.0.1 -p "$redis_port" PING >/dev/null 2>&1; then return 0; fi
+    kill -0 "$redis_pid" 2>/dev/null || break
     sleep 0.1
   done
-  kill "$redis_pid" 2>/dev/null || true
+  stop_process "$redis_pid"
   die "redis-server did not start on port $redis_port: $(tail -n 5 "$dir/redis.log")"
 }
 
