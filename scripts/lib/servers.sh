@@ -1,5 +1,5 @@
 # Sourced by the scripts that start servers of their own on loopback ports: a redis-server,
-# the service under measurement. Each such script defines die MESSAGE.
+# the service under measurement, limitador beside it. Each such script defines die MESSAGE.
 
 # pick_port OFFSET [TAKEN…]: a loopback port P that is free, with P + OFFSET free too when
 # OFFSET is not 0, and is none of the TAKEN ports (picked for servers that have not bound them
@@ -107,4 +107,34 @@ start_serve() {
 stop_serve() {
   stop_process "$service_pid"
   service_pid=""
+}
+
+# wait_for_port PORT PID LOG: waits up to 10 s for 127.0.0.1:PORT to take a connection; dies
+# with LOG's tail when PID exits first, or when nothing does.
+wait_for_port() {
+  local port=$1 pid=$2 log=$3
+  for _ in $(seq 100); do
+    if python3 -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' \
+      "$port" 2>/dev/null; then
+      return 0
+    fi
+    kill -0 "$pid" 2>/dev/null || die "process $pid exited: $(tail -n 5 "$log")"
+    sleep 0.1
+  done
+  die "nothing listens on $port after 10 s: $(tail -n 5 "$log")"
+}
+
+# start_limitador LOG BINARY LIMITS [STORAGE…]: limitador-server (Kuadrant's) serving RLS on
+# a free loopback port, its HTTP API on another, with the limits file LIMITS and its storage
+# arguments (`memory` when none: `redis URL`, `redis_cached URL`), logging to LOG; waits until
+# its RLS port takes connections. Sets service_pid and service_address.
+start_limitador() {
+  local log=$1 binary=$2 limits=$3 port
+  shift 3
+  port=$(free_port)
+  "$binary" -b 127.0.0.1 -p "$port" -B 127.0.0.1 -P "$(free_port "$port")" "$limits" \
+    "${@:-memory}" >/dev/null 2>"$log" &
+  service_pid=$!
+  service_address="127.0.0.1:$port"
+  wait_for_port "$port" "$service_pid" "$log"
 }
