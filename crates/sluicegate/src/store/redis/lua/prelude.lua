@@ -292,7 +292,9 @@ end
 -- and it is written when a record of another key takes its place, when a check that is not
 -- a plain check starts (its steps read and write Redis themselves: main.lua, `holding`),
 -- and when the call ends. Only the plain steps of the hash algorithms hold (fixed_window.lua,
--- gcra.lua); the state is the algorithm's own fields, written by `held_write`.
+-- gcra.lua); the state is the algorithm's own fields, written by `held_write`. A check of
+-- one rule holds only a key that is held already or that the next check is of too
+-- (main.lua, run_short_checks); the others write their own.
 --
 -- A write that fails when the state is written out would leave checks answered as admitted
 -- whose units Redis never took; so it fails the whole call (`held_failure`, main.lua):
