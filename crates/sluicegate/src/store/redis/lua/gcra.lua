@@ -57,7 +57,7 @@ local function gcra_steps()
 
   local function write(r, tat, margin)
     local ttl = ttl_ms(tat - r.now, margin)
-    if holding then
+    if holds(r.key) then
       if hold(r.key, write_held_state) then
         held_state.blank = false
       end

@@ -379,11 +379,9 @@ local function run_check(shape, k)
   end
   holding = plain
   if shape.short then
-    local r, key = slot_of(1, shape.specs[1]), keys[k + 1]
+    local r = slot_of(1, shape.specs[1])
     local run = short_decider(r, shape.cost, shape.dry)
-    -- As run_short_checks holds: the next check's keys follow this one rule's.
-    holding = key == held_key or key == keys[k + shape.keys_per_rule + 1]
-    add_answer(run(r, key, shape.t or redis_time(), shape.cost,
+    add_answer(run(r, keys[k + 1], shape.t or redis_time(), shape.cost,
       units_of(r.algorithm, shape.cost, shape.charge), shape.dry, shape.charge, shape.margin))
     return
   end
@@ -557,8 +555,9 @@ end
 -- per check costs more than the rest of a check's Lua): when a check fails, its numbers
 -- are dropped, its error takes their place, and the run goes on from the next check.
 local check_count, done, k
--- Where the current check's keys and answer start, and where the next check's keys do.
-local next_k, answer_start
+-- Where the current check's answer starts (its keys: `k`; the next check's: next_k,
+-- prelude.lua).
+local answer_start
 local function run_checks()
   while done < check_count do
     local shape = shape_count == 1 and shapes[1] or shapes[tonumber(argv[p + 2 + done])]
@@ -599,12 +598,7 @@ local function new_short_shape(text)
   return shape
 end
 
--- The checks of a short call, one key each, in order (as run_checks). A check holds its
--- key's state (prelude.lua) while that key is held already, or when the next check is of
--- it too: held for a check followed by one of another key, the state would be written out
--- by that check, a write put off for nothing: over distinct keys, 16 a call, holding every
--- check's state cost Redis about a tenth more time per fixed-window check
--- (scripts/redis-cost --algorithm fixed-window).
+-- The checks of a short call, one key each, in order (as run_checks).
 local short_shape, short_time, short_margin
 local function run_short_checks()
   local run, r, cost, units = short_shape.run, short_shape.r, short_shape.cost, short_shape.units
@@ -613,9 +607,7 @@ local function run_short_checks()
   while done < check_count do
     next_k = k + 1
     answer_start = result_count
-    local key = keys[next_k]
-    holding = key == held_key or key == keys[next_k + 1]
-    add_answer(run(r, key, t, cost, units, dry, charge, short_margin))
+    add_answer(run(r, keys[next_k], t, cost, units, dry, charge, short_margin))
     k, done = next_k, done + 1
   end
 end
@@ -669,6 +661,7 @@ local function check(call_keys, call_argv, is_routed, routed_time)
   local run = run_checks
   if short_shape then
     short_time, short_margin = time_and_margin(time)
+    holding = true
     check_count, run = #keys, run_short_checks
   else
     spec_count = tonumber(argv[1])
