@@ -45,13 +45,13 @@ local function fixed_window_steps()
   end
 
   -- Sets `key`'s window to `index` (ending at `window_end`; a new one when the stored
-  -- window was another), its count to `n` and its latest time to `now`: held where it
-  -- holds (prelude.lua), else written. The count was read when evaluating, and nothing
+  -- window was another), its count to `n` and its latest time to `now`: held where a step
+  -- holds a key (prelude.lua), else written. The count was read when evaluating, and nothing
   -- runs between: one write sets it and the latest time (an increment, then a set, would
   -- be two commands per check).
   local function keep(key, stored_window, index, n, now, window_end, margin)
     local ttl = stored_window ~= index and ttl_ms(window_end - now, margin)
-    if holds(key) then
+    if holding and (key == held_key or key == keys[next_k + 1]) then
       if hold(key, write_held_state) then
         held_state.ttl = false
       end

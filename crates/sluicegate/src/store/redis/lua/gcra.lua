@@ -57,15 +57,16 @@ local function gcra_steps()
 
   local function write(r, tat, margin)
     local ttl = ttl_ms(tat - r.now, margin)
-    if holds(r.key) then
-      if hold(r.key, write_held_state) then
+    local key = r.key
+    if holding and (key == held_key or key == keys[next_k + 1]) then
+      if hold(key, write_held_state) then
         held_state.blank = false
       end
       held_state.tat, held_state.t, held_state.T, held_state.ttl = tat, r.now, r.interval, ttl
       held_state.blank = held_state.blank or r.undo_kept
       return
     end
-    write_fields(r.key, tat, r.now, r.interval, r.undo_kept, ttl)
+    write_fields(key, tat, r.now, r.interval, r.undo_kept, ttl)
   end
 
   local function record(r, cost, margin)

@@ -292,8 +292,14 @@ end
 -- and it is written when a record of another key takes its place, when a check that is not
 -- a plain check starts (its steps read and write Redis themselves: main.lua, `holding`),
 -- and when the call ends. Only the plain steps of the hash algorithms hold (fixed_window.lua,
--- gcra.lua), and only a key that is held already or that the next check is of too (holds);
--- the state is the algorithm's own fields, written by `held_write`.
+-- gcra.lua); the state is the algorithm's own fields, written by `held_write`.
+--
+-- A step holds a key only while `holding`, and only when the key is held already or the
+-- call's next check is of it too (its first key: `keys[next_k + 1]`). Held for a check
+-- followed by one of another key, the state would be written out by that check: a write
+-- put off for nothing, which over distinct keys, 16 a call, cost Redis about a tenth more
+-- time per fixed-window check (scripts/redis-cost --algorithm fixed-window). The steps test
+-- it inline: a function call costs a hot key's check more than the test.
 --
 -- A write that fails when the state is written out would leave checks answered as admitted
 -- whose units Redis never took; so it fails the whole call (`held_failure`, main.lua):
@@ -315,15 +321,6 @@ local function write_held()
     held_write(key, held_state)
     writing_held = false
   end
-end
-
--- Whether a plain step holds `key`'s state (hold) rather than writing it: while `holding`,
--- when the key is held already or the call's next check is of it too (its first key). Held
--- for a check followed by one of another key, the state would be written out by that check:
--- a write put off for nothing, which over distinct keys, 16 a call, cost Redis about a tenth
--- more time per fixed-window check (scripts/redis-cost --algorithm fixed-window).
-local function holds(key)
-  return holding and (key == held_key or key == keys[next_k + 1])
 end
 
 -- Holds `key`'s state, written by `write`, from now on (the one held before is written
