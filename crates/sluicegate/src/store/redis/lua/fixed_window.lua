@@ -52,7 +52,8 @@ local function fixed_window_steps()
   local function keep(key, stored_window, index, n, now, window_end, margin)
     local ttl = stored_window ~= index and ttl_ms(window_end - now, margin)
     if holding and (key == held_key or key == keys[next_k + 1]) then
-      if hold(key, write_held_state) then
+      if key ~= held_key then
+        hold(key, write_held_state)
         held_state.ttl = false
       end
       held_state.k, held_state.n, held_state.t = index, n, now

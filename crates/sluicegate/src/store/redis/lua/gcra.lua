@@ -59,7 +59,8 @@ local function gcra_steps()
     local ttl = ttl_ms(tat - r.now, margin)
     local key = r.key
     if holding and (key == held_key or key == keys[next_k + 1]) then
-      if hold(key, write_held_state) then
+      if key ~= held_key then
+        hold(key, write_held_state)
         held_state.blank = false
       end
       held_state.tat, held_state.t, held_state.T, held_state.ttl = tat, r.now, r.interval, ttl
