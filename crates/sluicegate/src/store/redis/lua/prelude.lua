@@ -297,10 +297,9 @@ end
 -- A step holds a key only while `holding`, and only when the key is held already or the
 -- call's next check is of it too (its first key: `keys[next_k + 1]`). Held for a check
 -- followed by one of another key, the state would be written out by that check: a write
--- put off for nothing, which over distinct keys, 16 a call, cost Redis about a tenth more
--- time per fixed-window check (scripts/redis-cost --algorithm fixed-window). The steps test
--- it inline, and call hold only to take up another key: a function call costs a hot key's
--- check more than the test.
+-- put off for nothing, which over distinct keys, 16 a call, cost a fixed-window check 7-8 %
+-- more instructions (scripts/redis-instructions). The steps test it inline, and call hold
+-- only to take up another key: a function call costs a hot key's check more than the test.
 --
 -- A write that fails when the state is written out would leave checks answered as admitted
 -- whose units Redis never took; so it fails the whole call (`held_failure`, main.lua):
