@@ -6,13 +6,17 @@
 # (store/redis/script/library_tests.rs) holds the first two to what the store does.
 
 # check_library [REV]: the joined chunk on standard output, at revision REV or, without
-# one, in the checkout; fails when there are no pieces to join.
+# one, in the checkout, each line that is only a comment left empty, as the store sends it
+# (script.rs, library_source); fails when there are no pieces to join.
 check_library() {
-  local rev=${1:-} dir=crates/sluicegate/src/store/redis pieces piece
+  local - rev=${1:-} dir=crates/sluicegate/src/store/redis pieces piece
+  set -o pipefail # a piece that cannot be read fails the call, sed or not
   mapfile -t pieces < <(repository_file "$rev" "$dir/script.rs" |
     sed -n 's|.*include_str!("lua/\(.*\)\.lua").*|\1|p')
   [ ${#pieces[@]} -gt 0 ] || return 1
-  for piece in "${pieces[@]}"; do repository_file "$rev" "$dir/lua/$piece.lua" || return 1; done
+  for piece in "${pieces[@]}"; do
+    repository_file "$rev" "$dir/lua/$piece.lua" | sed 's/^[[:space:]]*--.*$//' || return 1
+  done
 }
 
 # repository_file REV PATH: PATH inside the repository, at REV or (REV empty) in the checkout.

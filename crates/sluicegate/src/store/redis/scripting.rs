@@ -13,7 +13,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
-use super::script::{CHECK_LIBRARY, ScriptCheck, command, routed_command};
+use super::script::{ScriptCheck, command, library_source, routed_command};
 
 /// How a [`RedisStore`](super::RedisStore) runs its script.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,12 +51,13 @@ const UNKNOWN_COMMAND: &str = "unknown command";
 
 impl CheckScript {
     pub(super) fn new() -> CheckScript {
-        let eval = format!("{CHECK_LIBRARY}return check(KEYS, ARGV)\n");
+        let source = library_source();
+        let eval = format!("{source}return check(KEYS, ARGV)\n");
         let sha1 = redis::Script::new(&eval).get_hash().to_owned();
         let function = format!("sluicegate_{}", &sha1[..16]);
         let routed_function = format!("{function}_routed");
         let library = format!(
-            "#!lua name={function}\n{CHECK_LIBRARY}\
+            "#!lua name={function}\n{source}\
              redis.register_function{{function_name = '{function}', callback = check}}\n\
              redis.register_function{{function_name = '{routed_function}', \
              callback = check_routed, flags = {{'allow-cross-slot-keys'}}}}\n"

@@ -56,7 +56,20 @@ fn arguments_after_keys(command: &redis::Cmd) -> Vec<String> {
 
 #[test]
 fn the_shell_joins_the_library_the_store_loads() {
-    assert_eq!(shell("check_library"), CHECK_LIBRARY);
+    assert_eq!(shell("check_library"), library_source());
+}
+
+#[test]
+fn the_library_is_sent_with_its_comment_lines_empty_and_every_other_line_as_it_is() {
+    // A long bracket would make a line starting with `--` text, not a comment.
+    assert!(!CHECK_LIBRARY.contains("[[") && !CHECK_LIBRARY.contains("[="));
+    let sent = library_source();
+    assert_eq!(sent.lines().count(), CHECK_LIBRARY.lines().count());
+    for (number, (sent, written)) in sent.lines().zip(CHECK_LIBRARY.lines()).enumerate() {
+        let comment = written.trim_start().starts_with("--");
+        let expected = if comment { "" } else { written };
+        assert_eq!(sent, expected, "line {}", number + 1);
+    }
 }
 
 #[test]
