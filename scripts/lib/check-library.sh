@@ -1,5 +1,5 @@
 # Sourced by the scripts that load sluicegate's check library into a redis-server of their
-# own (bench, redis-cost, redis-instructions): the library as the store joins it, its
+# own (bench, redis-cost, redis-instructions): the library as the store sends it, its
 # pieces in the order crates/sluicegate/src/store/redis/script.rs includes them, the
 # arguments of a plain check as the store sends them, and the naive sorted-set script the
 # library is measured against. Needs $repo, the repository's root. A test of the crate
@@ -7,7 +7,9 @@
 
 # check_library [REV]: the joined chunk on standard output, at revision REV or, without
 # one, in the checkout, each line that is only a comment left empty, as the store sends it
-# (script.rs, library_source); fails when there are no pieces to join.
+# (script.rs, library_source); a revision whose store sent its comments gets them emptied
+# too, which changes no figure per call (Lua reads a library once). Fails when there are no
+# pieces to join.
 check_library() {
   local - rev=${1:-} dir=crates/sluicegate/src/store/redis pieces piece
   set -o pipefail # a piece that cannot be read fails the call, sed or not

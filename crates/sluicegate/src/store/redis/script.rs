@@ -23,14 +23,19 @@ pub(super) const CHECK_LIBRARY: &str = concat!(
     include_str!("lua/main.lua"),
 );
 
-/// The check library as Redis is sent it: [`CHECK_LIBRARY`] with each line that is only a
-/// comment left empty. Comments are about half its bytes, and Redis keeps each library and script
-/// it is sent whole, as the service keeps its copies. Emptied rather than removed, the lines
-/// keep the numbers Redis' error messages give. Sound while the library has no long brackets
-/// (`[[`), inside which such a line would be text: a test holds it so.
+/// The check library as it is sent to Redis: [`CHECK_LIBRARY`], its comment lines emptied.
 pub(super) fn library_source() -> String {
-    let mut source = String::with_capacity(CHECK_LIBRARY.len());
-    for line in CHECK_LIBRARY.lines() {
+    without_comment_lines(CHECK_LIBRARY)
+}
+
+/// Lua `text` with each line that is only a comment left empty. Comments are about half the
+/// library's bytes, and Redis keeps each library and script it is sent whole, as the service
+/// keeps its copies. Emptied rather than removed, the lines keep the numbers Redis' error
+/// messages give. Sound for text with no long brackets (`[[`), inside which such a line would
+/// be text: a test holds the library so.
+fn without_comment_lines(text: &str) -> String {
+    let mut source = String::with_capacity(text.len());
+    for line in text.lines() {
         if !line.trim_start().starts_with("--") {
             source.push_str(line);
         }
